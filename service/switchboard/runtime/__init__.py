@@ -1,0 +1,1 @@
+"""The live-session runtime: pure asyncio + pydantic, no HTTP and no database."""

@@ -1,0 +1,78 @@
+"""Events: the per-session, gap-free log of state changes (I6)."""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import itertools
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from .chat import utcnow
+
+if TYPE_CHECKING:
+    from .ports import EventSink
+
+EVENT_TYPES = (
+    "session.started",
+    "session.recovered",
+    "session.closed",
+    "session.failed",
+    "agent.state",
+    "agent.handoff",
+    "user.input",
+    "speech.created",
+    "generation.started",
+    "generation.failed",
+    "speech.started",
+    "speech.interrupted",
+    "speech.done",
+    "chat.item",
+    "tool.started",
+    "tool.progress",
+    "tool.ended",
+)
+
+
+class Event(BaseModel):
+    seq: int
+    session_id: str
+    type: str
+    at: datetime = Field(default_factory=utcnow)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+def type_matcher(patterns: Iterable[str] | None) -> Callable[[str], bool]:
+    """A predicate for event types from glob patterns such as ``tool.*`` (None or empty: everything)."""
+    pats = [p.strip() for p in patterns or () if p.strip()]
+    if not pats:
+        return lambda _type: True
+    return lambda event_type: any(fnmatch.fnmatchcase(event_type, p) for p in pats)
+
+
+class EventLog:
+    """Assigns each session event the next ``seq`` and hands it to the sink, in order.
+
+    ``emit`` is synchronous so that seq order equals call order even across tasks; it returns an awaitable that
+    resolves once the sink has made the event durable and delivered it.
+    """
+
+    def __init__(self, session_id: str, sink: EventSink, *, last_seq: int = 0) -> None:
+        self.session_id = session_id
+        self._sink = sink
+        self._seq = itertools.count(last_seq + 1)
+        self.last_seq = last_seq
+
+    def emit(self, type: str, **data: Any) -> Awaitable[None]:
+        event = Event(seq=next(self._seq), session_id=self.session_id, type=type, data=data)
+        self.last_seq = event.seq
+        return self._sink.publish(event)
+
+
+def done_future() -> asyncio.Future[None]:
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    fut.set_result(None)
+    return fut

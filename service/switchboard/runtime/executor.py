@@ -1,0 +1,526 @@
+"""ToolExecutor: runs tool calls and commits each call/output pair the moment the call ends (I1, I5)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from .aio import cancel_and_wait, resolve
+from .chat import ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .events import EventLog
+from .ports import Commit, SessionState
+from .speech import SpeechHandle, SpeechInterrupted
+from .tools import (
+    CONFIRM_FIELD,
+    FunctionTool,
+    ProgressUpdate,
+    RunContext,
+    StopResponse,
+    ToolCallInfo,
+    ToolCancelled,
+    ToolError,
+    ToolStatus,
+    format_validation_error,
+    function_tool,
+    render_output,
+)
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+logger = logging.getLogger("switchboard.runtime.tools")
+
+TOOL_CANCEL_GRACE_S = 1.0
+COMPANION_TOOLS = frozenset({"list_running_tool_calls", "cancel_tool_call"})
+INTERNAL_ERROR_OUTPUT = "An internal error occurred"
+
+
+class ToolCallNotFound(LookupError):
+    pass
+
+
+class NotCancellable(Exception):
+    """The tool does not allow cancellation."""
+
+
+class AlreadyEnded(Exception):
+    """The tool call has already ended."""
+
+    def __init__(self, info: ToolCallInfo) -> None:
+        super().__init__(f"tool call {info.call_id} already ended {info.status}")
+        self.info = info
+
+
+@dataclass
+class Outcome:
+    status: ToolStatus
+    output: str
+    is_error: bool = False
+    needs_reply: bool = True
+    handoff: Agent | None = None
+
+
+HandoffHook = Callable[["RunningCall", "Agent"], Awaitable[tuple[list[ChatItem], SessionState]]]
+
+
+@dataclass(eq=False)
+class RunningCall:
+    """The live state of one tool call. ``settled_fut`` resolves when the call ended or moved to the background."""
+
+    executor: ToolExecutor
+    item: FunctionCall
+    info: ToolCallInfo
+    tool: FunctionTool | None
+    speech: SpeechHandle | None
+    step: int
+    arguments_error: str | None = None
+    needs_reply: bool = True
+    cancel_reason: str | None = None
+    task: asyncio.Task[None] | None = None
+    tool_task: asyncio.Task[Any] | None = None
+    cancel_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    settled_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    ended_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @property
+    def ended(self) -> bool:
+        return self.info.ended
+
+    @property
+    def foreground(self) -> bool:
+        """Still blocking the reply that started it (running and not moved to the background)."""
+        return not self.ended and not self.info.background
+
+
+class ToolExecutor:
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        chat: ChatContext,
+        events: EventLog,
+        commit: Callable[[Commit], Awaitable[None]],
+        on_ended: Callable[[RunningCall], None],
+        on_handoff: HandoffHook,
+        cancel_grace_s: float = TOOL_CANCEL_GRACE_S,
+    ) -> None:
+        self.session_id = session_id
+        self.userdata: dict[str, Any] = {}
+        self._chat = chat
+        self._events = events
+        self._commit = commit
+        self._on_ended = on_ended
+        self._on_handoff = on_handoff
+        self._cancel_grace_s = cancel_grace_s
+        self._calls: dict[str, RunningCall] = {}
+        self._closing = False
+
+    # -- queries --------------------------------------------------------------------------------------------
+
+    def get(self, call_id: str) -> RunningCall | None:
+        return self._calls.get(call_id)
+
+    def calls(self) -> list[RunningCall]:
+        return list(self._calls.values())
+
+    def running(self) -> list[RunningCall]:
+        return [c for c in self._calls.values() if not c.ended]
+
+    def adopt(self, info: ToolCallInfo) -> None:
+        """Remember an ended call from before a restart (so it can be listed and is never run again)."""
+        if info.call_id not in self._calls and info.ended:
+            item = FunctionCall(id=new_id("item"), call_id=info.call_id, name=info.name, arguments=info.arguments)
+            rc = RunningCall(self, item, info, None, None, 0)
+            resolve(rc.settled_fut, None)
+            resolve(rc.ended_fut, None)
+            self._calls[info.call_id] = rc
+
+    # -- starting -------------------------------------------------------------------------------------------
+
+    def start(
+        self,
+        item: FunctionCall,
+        *,
+        tools: Mapping[str, FunctionTool],
+        speech: SpeechHandle | None,
+        step: int,
+        agent: str | None,
+        arguments_error: str | None = None,
+    ) -> RunningCall:
+        """Start executing ``item`` now. Returns at once; the call commits its own pair when it ends."""
+        if item.call_id in self._calls:
+            # a model that reuses a call id must not re-run (or overwrite) an earlier call
+            item = item.model_copy(update={"call_id": f"{item.call_id}~{new_id('dup')}"})
+        tool = tools.get(item.name)
+        companion = item.name in COMPANION_TOOLS
+        if companion and tool is None:
+            tool = self._companions().get(item.name)
+        info = ToolCallInfo(
+            call_id=item.call_id,
+            name=item.name,
+            arguments=item.arguments,
+            cancellable=bool(tool and tool.allow_cancellation),
+            scope=tool.scope if tool else "agent",
+            speech_id=speech.id if speech else None,
+            agent=agent,
+            started_at=utcnow(),
+        )
+        rc = RunningCall(self, item, info, tool, speech, step, arguments_error=arguments_error)
+        self._calls[item.call_id] = rc
+        available = sorted({*tools, *(self._companions() if self.has_cancellable(tools) else {})})
+        rc.task = asyncio.create_task(self._run(rc, available), name=f"tool:{item.name}:{item.call_id}")
+        return rc
+
+    @staticmethod
+    def has_cancellable(tools: Mapping[str, FunctionTool]) -> bool:
+        return any(t.allow_cancellation for t in tools.values())
+
+    def tools_for_model(self, tools: Mapping[str, FunctionTool]) -> dict[str, FunctionTool]:
+        """The agent's tools plus the companion tools whenever one of them is cancellable."""
+        if not self.has_cancellable(tools):
+            return dict(tools)
+        return {**self._companions(), **tools}
+
+    # -- running --------------------------------------------------------------------------------------------
+
+    async def _run(self, rc: RunningCall, available: list[str]) -> None:
+        await self._commit(Commit(tool_calls=[rc.info]))
+        self._events.emit(
+            "tool.started",
+            call_id=rc.info.call_id,
+            name=rc.info.name,
+            arguments=rc.info.arguments,
+            cancellable=rc.info.cancellable,
+            speech_id=rc.info.speech_id,
+        )
+        try:
+            outcome = await self._execute(rc, available)
+        except asyncio.CancelledError:
+            # only a forced teardown cancels the runner: record the call as interrupted, then re-raise
+            await cancel_and_wait(rc.tool_task)
+            if rc.cancel_reason is not None:
+                outcome = Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", True)
+            else:
+                outcome = Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", True, False)
+            await asyncio.shield(self._finish(rc, outcome))
+            raise
+        await self._finish(rc, outcome)
+
+    async def _execute(self, rc: RunningCall, available: list[str]) -> Outcome:
+        name = rc.info.name
+        if rc.tool is None:
+            return Outcome(
+                ToolStatus.FAILED,
+                f"Unknown tool '{name}'. Available tools: {', '.join(available) or '(none)'}.",
+                is_error=True,
+            )
+        if rc.arguments_error is not None:
+            return Outcome(ToolStatus.FAILED, f"Invalid arguments for {name}: {rc.arguments_error}", True)
+        try:
+            args = rc.tool.parse_arguments(rc.item.arguments)
+        except ValidationError as err:
+            return Outcome(ToolStatus.FAILED, format_validation_error(name, err), is_error=True)
+
+        refused = await self._apply_duplicate_policy(rc, args)
+        if refused is not None:
+            return refused
+
+        ctx = RunContext(rc)
+        rc.tool_task = asyncio.create_task(rc.tool.invoke(ctx, args), name=f"tool-body:{name}")
+        await asyncio.wait({rc.tool_task})
+        return self._outcome_of(rc)
+
+    def _outcome_of(self, rc: RunningCall) -> Outcome:
+        assert rc.tool_task is not None
+        name = rc.info.name
+        cancelled_output = f"The tool call was cancelled ({rc.cancel_reason or 'cancelled'})."
+        if rc.tool_task.cancelled():
+            if rc.cancel_reason is not None:
+                return Outcome(ToolStatus.CANCELLED, cancelled_output, is_error=True)
+            return Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", is_error=True, needs_reply=False)
+        exc = rc.tool_task.exception()
+        if exc is None:
+            result = rc.tool_task.result()
+            if rc.cancel_reason is not None:
+                partial = render_output(result)
+                return Outcome(ToolStatus.CANCELLED, partial or cancelled_output, is_error=not partial)
+            return self._completed(rc, result)
+        if isinstance(exc, ToolCancelled):
+            return Outcome(ToolStatus.CANCELLED, cancelled_output, is_error=True)
+        if isinstance(exc, StopResponse):
+            return Outcome(ToolStatus.COMPLETED, "", needs_reply=False)
+        if isinstance(exc, SpeechInterrupted):
+            return Outcome(
+                ToolStatus.INTERRUPTED,
+                "The tool was interrupted because the user interrupted the agent.",
+                is_error=True,
+                needs_reply=False,
+            )
+        if isinstance(exc, ToolError):
+            logger.warning(
+                "tool %s failed: %s",
+                name,
+                exc,
+                extra={"session_id": self.session_id, "call_id": rc.info.call_id},
+            )
+            return Outcome(ToolStatus.FAILED, str(exc) or "The tool failed.", is_error=True)
+        logger.error(
+            "tool %s raised an unexpected exception",
+            name,
+            exc_info=exc,
+            extra={"session_id": self.session_id, "call_id": rc.info.call_id},
+        )
+        return Outcome(ToolStatus.FAILED, INTERNAL_ERROR_OUTPUT, is_error=True)
+
+    def _completed(self, rc: RunningCall, result: Any) -> Outcome:
+        from .agent import Agent  # local: agent.py imports tools, not the executor
+
+        handoff: Agent | None = None
+        if isinstance(result, Agent):
+            handoff, result = result, None
+        elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Agent):
+            handoff, result = result
+        if handoff is None:
+            return Outcome(ToolStatus.COMPLETED, render_output(result))
+        target = handoff.name
+        if rc.speech is not None and rc.speech.interrupted:
+            return Outcome(
+                ToolStatus.INTERRUPTED,
+                f"The handoff to {target} was not done because the agent was interrupted.",
+                is_error=True,
+                needs_reply=False,
+            )
+        text = render_output(result) or f"Transferred to {target}."
+        return Outcome(ToolStatus.COMPLETED, text, handoff=handoff)
+
+    async def _apply_duplicate_policy(self, rc: RunningCall, args: dict[str, Any]) -> Outcome | None:
+        tool = rc.tool
+        assert tool is not None
+        if tool.on_duplicate == "allow" or rc.info.name in COMPANION_TOOLS:
+            return None
+        same = [
+            other
+            for other in self.running()
+            if other is not rc
+            and other.info.name == rc.info.name
+            and (
+                tool.duplicate_scope == "name"
+                or _strip_confirm(other.item.arguments) == _strip_confirm(rc.item.arguments)
+            )
+        ]
+        if not same:
+            return None
+        ids = ", ".join(o.info.call_id for o in same)
+        if tool.on_duplicate == "reject":
+            return Outcome(
+                ToolStatus.REJECTED,
+                f"Not started: {tool.name} is already running (call {ids}). Wait for its result.",
+                is_error=True,
+            )
+        if tool.on_duplicate == "confirm":
+            if args.get(CONFIRM_FIELD):
+                return None
+            return Outcome(
+                ToolStatus.REJECTED,
+                f"Not started: {tool.name} is already running (call {ids}). Ask the user to confirm they want "
+                f"it run again; if they do, call it again with {CONFIRM_FIELD}=true.",
+                is_error=True,
+            )
+        # replace: the running duplicates are cancelled (the tool's author opted into this), then this one runs
+        await asyncio.gather(*(self._cancel(o, f"replaced by {rc.info.call_id}") for o in same))
+        return None
+
+    async def _finish(self, rc: RunningCall, outcome: Outcome) -> None:
+        if rc.ended:
+            return
+        now = utcnow()
+        name = rc.info.name
+        if rc.info.background:
+            final_id = f"{rc.info.call_id}/final"
+            call_item = FunctionCall(
+                id=new_id("item"), call_id=final_id, name=name, arguments=rc.item.arguments, created_at=now
+            )
+        else:
+            final_id, call_item = rc.info.call_id, rc.item
+        output = FunctionCallOutput(
+            id=new_id("item"),
+            call_id=final_id,
+            name=name,
+            output=outcome.output,
+            is_error=outcome.is_error,
+            created_at=now,
+        )
+        extra: list[ChatItem] = []
+        state: SessionState | None = None
+        if outcome.handoff is not None:
+            extra, state = await self._on_handoff(rc, outcome.handoff)
+        info = rc.info.model_copy(
+            update={
+                "status": outcome.status,
+                "output": outcome.output,
+                "is_error": outcome.is_error,
+                "ended_at": now,
+            }
+        )
+        items: list[ChatItem] = [call_item, output, *extra]
+        await self._commit(Commit(items=items, tool_calls=[info], session=state))
+        rc.info = info
+        rc.needs_reply = outcome.needs_reply
+        self._chat.append(*items)
+        for it in items:
+            self._events.emit("chat.item", item=it.model_dump(mode="json"))
+        if state is not None:
+            self._events.emit("agent.handoff", from_agent=rc.info.agent, to_agent=state.agent)
+        self._events.emit(
+            "tool.ended",
+            call_id=info.call_id,
+            name=name,
+            status=info.status.value,
+            output=info.output,
+            is_error=info.is_error,
+        )
+        resolve(rc.settled_fut, None)
+        resolve(rc.ended_fut, None)
+        try:
+            self._on_ended(rc)
+        except Exception:
+            logger.exception("on_ended hook failed", extra={"session_id": self.session_id})
+
+    async def report_progress(self, rc: RunningCall, message: str, progress: float | None) -> None:
+        if rc.ended:
+            return
+        update = ProgressUpdate(message=message, progress=progress, at=utcnow())
+        info = rc.info.model_copy(update={"progress": [*rc.info.progress, update], "background": True})
+        if not rc.info.background:
+            # first update: the call moves to the background, with a pair the model can see right away
+            output = FunctionCallOutput(
+                id=new_id("item"),
+                call_id=rc.info.call_id,
+                name=rc.info.name,
+                output=f"Started and running in the background ({message}). The result will be shared when it is "
+                "ready; do not call this tool again for it.",
+                created_at=update.at,
+            )
+            await self._commit(Commit(items=[rc.item, output], tool_calls=[info]))
+            rc.info = info
+            self._chat.append(rc.item, output)
+            for it in (rc.item, output):
+                self._events.emit("chat.item", item=it.model_dump(mode="json"))
+        else:
+            await self._commit(Commit(tool_calls=[info]))
+            rc.info = info
+        self._events.emit("tool.progress", call_id=rc.info.call_id, message=message, progress=progress)
+        resolve(rc.settled_fut, None)
+
+    # -- cancelling and draining ----------------------------------------------------------------------------
+
+    async def cancel(self, call_id: str, *, reason: str = "cancelled by an operator") -> ToolCallInfo:
+        """Cancel a running cancellable call and return its record once it has ended."""
+        rc = self._calls.get(call_id)
+        if rc is None:
+            raise ToolCallNotFound(call_id)
+        if rc.ended:
+            raise AlreadyEnded(rc.info)
+        if not rc.info.cancellable:
+            raise NotCancellable(f"tool call {call_id} ({rc.info.name}) does not allow cancellation")
+        await self._cancel(rc, reason)
+        if rc.info.status is not ToolStatus.CANCELLED:
+            raise AlreadyEnded(rc.info)
+        return rc.info
+
+    async def _cancel(self, rc: RunningCall, reason: str) -> None:
+        if rc.ended:
+            return
+        if rc.cancel_reason is None:
+            rc.cancel_reason = reason
+            resolve(rc.cancel_fut, None)
+            # cooperative first; a tool that ignores ctx.cancelled is cancelled after a grace period
+            loop = asyncio.get_running_loop()
+            loop.call_later(self._cancel_grace_s, _cancel_task, rc)
+            if rc.tool_task is None:
+                _cancel_task(rc)  # not started yet (policy or validation stage): nothing to be graceful about
+        await asyncio.shield(rc.ended_fut)
+
+    async def drain(self, *, scope: str | None = None, exclude: Iterable[str] = ()) -> None:
+        """Cancel the cancellable running calls (of ``scope``, or all) and wait for the others to end."""
+        skip = set(exclude)
+        targets = [
+            rc for rc in self.running() if rc.info.call_id not in skip and (scope is None or rc.info.scope == scope)
+        ]
+        waits = [
+            self._cancel(rc, "agent handoff" if scope == "agent" else "session closed")
+            if rc.info.cancellable
+            else asyncio.shield(rc.ended_fut)
+            for rc in targets
+        ]
+        if waits:
+            await asyncio.gather(*waits)
+
+    async def aclose(self, *, timeout_s: float) -> None:
+        """Drain every call; whatever is still running after ``timeout_s`` is stopped and ends interrupted."""
+        self._closing = True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.drain()
+        except TimeoutError:
+            stuck = self.running()
+            logger.error(
+                "%d tool call(s) still running at close; stopping them",
+                len(stuck),
+                extra={"session_id": self.session_id},
+            )
+            await cancel_and_wait(*(rc.task for rc in stuck))
+        await asyncio.gather(*(rc.task for rc in self._calls.values() if rc.task), return_exceptions=True)
+
+    # -- companion tools for the model ----------------------------------------------------------------------
+
+    def _companions(self) -> dict[str, FunctionTool]:
+        executor = self
+
+        @function_tool(name="list_running_tool_calls")
+        async def list_running_tool_calls() -> str:
+            """List the tool calls that are still running, with their ids and whether they can be cancelled."""
+            rows = [
+                {
+                    "call_id": rc.info.call_id,
+                    "name": rc.info.name,
+                    "arguments": rc.info.arguments,
+                    "cancellable": rc.info.cancellable,
+                    "progress": rc.info.progress[-1].message if rc.info.progress else None,
+                }
+                for rc in executor.running()
+                if rc.info.name not in COMPANION_TOOLS
+            ]
+            return json.dumps(rows)
+
+        @function_tool(name="cancel_tool_call")
+        async def cancel_tool_call(call_id: str) -> str:
+            """Cancel a running tool call by its id (see list_running_tool_calls)."""
+            try:
+                info = await executor.cancel(call_id, reason="cancelled at the user's request")
+            except ToolCallNotFound:
+                raise ToolError(f"There is no tool call {call_id}.") from None
+            except NotCancellable:
+                raise ToolError(f"Tool call {call_id} cannot be cancelled.") from None
+            except AlreadyEnded as err:
+                raise ToolError(f"Tool call {call_id} already ended ({err.info.status.value}).") from None
+            return f"Cancelled {info.name} ({call_id})."
+
+        return {t.name: t for t in (list_running_tool_calls, cancel_tool_call)}
+
+
+def _cancel_task(rc: RunningCall) -> None:
+    if rc.tool_task is not None and not rc.tool_task.done():
+        rc.tool_task.cancel()
+    elif rc.tool_task is None and rc.task is not None and not rc.ended and rc.cancel_reason is not None:
+        rc.task.cancel()
+
+
+def _strip_confirm(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in arguments.items() if k != CONFIRM_FIELD}

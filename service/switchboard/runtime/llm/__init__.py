@@ -1,0 +1,16 @@
+"""Language models: the protocol the session speaks and the providers that implement it."""
+
+from .base import LLM, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage, build_llm
+from .scripted import ScriptedLLM, Turn
+
+__all__ = [
+    "LLM",
+    "LLMError",
+    "LLMRequest",
+    "ScriptedLLM",
+    "TextDelta",
+    "ToolCallChunk",
+    "Turn",
+    "Usage",
+    "build_llm",
+]

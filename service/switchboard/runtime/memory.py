@@ -1,0 +1,83 @@
+"""In-memory implementations of the ports, for tests and for running a session without a database."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable
+
+from .chat import ChatItem, order_items
+from .events import Event, done_future
+from .ports import ChatStore, Commit, EventSink, SessionState
+from .speech import SpeechInfo
+from .tools import ToolCallInfo
+
+
+class MemoryStore(ChatStore):
+    """Keeps every commit in dictionaries. ``fail_next`` makes the next N commits raise (fault tests)."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, list[ChatItem]] = defaultdict(list)
+        self.tool_calls: dict[str, dict[str, ToolCallInfo]] = defaultdict(dict)
+        self.speeches: dict[str, dict[str, SpeechInfo]] = defaultdict(dict)
+        self.sessions: dict[str, SessionState] = {}
+        self.commits: list[tuple[str, Commit]] = []
+        self.fail_next = 0
+
+    async def commit(self, session_id: str, commit: Commit) -> None:
+        await asyncio.sleep(0)  # a real store yields; so does this one
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            raise ConnectionError("store unavailable (simulated)")
+        self.commits.append((session_id, commit))
+        known = {it.id for it in self.items[session_id]}
+        self.items[session_id].extend(it for it in commit.items if it.id not in known)
+        for tc in commit.tool_calls:
+            self.tool_calls[session_id][tc.call_id] = tc
+        for sp in commit.speeches:
+            self.speeches[session_id][sp.id] = sp
+        if commit.session is not None:
+            self.sessions[session_id] = commit.session
+
+    def chat(self, session_id: str) -> list[ChatItem]:
+        return order_items(self.items[session_id])
+
+
+class MemoryEventLog(EventSink):
+    """Keeps events per session and fans them out to subscribers (unbounded queues)."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, list[Event]] = defaultdict(list)
+        self._subscribers: dict[str, list[asyncio.Queue[Event]]] = defaultdict(list)
+
+    def publish(self, event: Event) -> Awaitable[None]:
+        log = self.events[event.session_id]
+        if log and event.seq != log[-1].seq + 1:
+            raise AssertionError(f"seq gap: {log[-1].seq} -> {event.seq}")
+        log.append(event)
+        for q in self._subscribers[event.session_id]:
+            q.put_nowait(event)
+        return done_future()
+
+    def types(self, session_id: str) -> list[str]:
+        return [e.type for e in self.events[session_id]]
+
+    def of_type(self, session_id: str, type: str) -> list[Event]:
+        return [e for e in self.events[session_id] if e.type == type]
+
+    async def subscribe(self, session_id: str, since: int = 0) -> AsyncIterator[Event]:
+        q: asyncio.Queue[Event] = asyncio.Queue()
+        backlog = [e for e in self.events[session_id] if e.seq > since]
+        self._subscribers[session_id].append(q)
+        try:
+            last = since
+            for e in backlog:
+                last = e.seq
+                yield e
+            while True:
+                e = await q.get()
+                if e.seq > last:
+                    last = e.seq
+                    yield e
+        finally:
+            self._subscribers[session_id].remove(q)

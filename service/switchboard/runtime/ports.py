@@ -1,0 +1,65 @@
+"""Ports: what the runtime needs from persistence. The store implements them; tests use the in-memory ones."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from typing import Any, Protocol
+
+from pydantic import BaseModel, Field
+
+from .chat import ChatItem
+from .events import Event
+from .speech import SpeechInfo
+from .tools import ToolCallInfo
+
+
+class SessionState(BaseModel):
+    """The runtime-owned part of a session's persisted state."""
+
+    agent: str
+    state: str = "active"
+    llm_state: dict[str, Any] | None = None
+    current_speech_id: str | None = None
+
+
+class Commit(BaseModel):
+    """One unit of work for the store: everything in it is written in a single transaction."""
+
+    items: list[ChatItem] = Field(default_factory=list)
+    tool_calls: list[ToolCallInfo] = Field(default_factory=list)
+    speeches: list[SpeechInfo] = Field(default_factory=list)
+    session: SessionState | None = None
+
+
+class ChatStore(Protocol):
+    async def commit(self, session_id: str, commit: Commit) -> None:
+        """Write ``commit`` atomically. Appending items costs O(1) whatever the context size."""
+        ...
+
+
+class EventSink(Protocol):
+    def publish(self, event: Event) -> Awaitable[None]:
+        """Accept ``event`` now, in call order; the awaitable resolves once it is durable and delivered.
+
+        Events of one session arrive with strictly increasing ``seq``; the sink must keep that order.
+        """
+        ...
+
+
+class Persistence(Protocol):
+    """A ChatStore and EventSink together (what a session host wires up)."""
+
+    def sink(self) -> EventSink: ...
+
+    def store(self) -> ChatStore: ...
+
+
+def merge_commits(commits: Sequence[Commit]) -> Commit:
+    out = Commit()
+    for c in commits:
+        out.items.extend(c.items)
+        out.tool_calls.extend(c.tool_calls)
+        out.speeches.extend(c.speeches)
+        if c.session is not None:
+            out.session = c.session
+    return out

@@ -1,0 +1,232 @@
+"""The reply loop: one task per speech. Generation -> playout -> tools -> (tool reply step) ...
+
+Every wait races the speech's interrupt future (I3). On interruption the loop stops playout at once, cancels the
+generation, commits only what was heard, and ends; tools already started run on and commit their own pairs (I1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from .aio import cancel_and_wait, first_of
+from .chat import ChatMessage, FunctionCall, new_id, utcnow
+from .executor import RunningCall
+from .generation import Generation
+from .llm.base import LLMError, TextDelta, ToolCallChunk
+from .playout import PlayoutStream
+from .ports import Commit
+from .speech import SpeechHandle, SpeechState
+
+if TYPE_CHECKING:
+    from .session import AgentSession
+
+logger = logging.getLogger("switchboard.runtime.reply")
+
+
+@dataclass(eq=False)
+class ReplyJob:
+    speech: SpeechHandle
+    kind: Literal["reply", "say"]
+    text: str = ""
+    instructions: str | None = None
+    add_to_chat: bool = True
+    preemptive: Generation | None = None
+
+
+@dataclass(eq=False)
+class _Step:
+    index: int
+    stream: PlayoutStream
+    created_at: object = field(default_factory=utcnow)
+    text: str = ""
+    calls: list[RunningCall] = field(default_factory=list)
+    started_playing: bool = False
+
+
+async def run_job(session: AgentSession, job: ReplyJob) -> None:
+    try:
+        if job.kind == "say":
+            await _say(session, job)
+        else:
+            await _reply(session, job)
+    finally:
+        if job.preemptive is not None:
+            await job.preemptive.aclose()
+    await session.finish_speech(job.speech)
+
+
+async def _commit_message(
+    session: AgentSession, speech: SpeechHandle, step: _Step, text: str, *, interrupted: bool
+) -> None:
+    """Commit the assistant message of one step: what was heard, never an empty message."""
+    text = text.strip()
+    if not text:
+        return
+    item = ChatMessage(
+        id=new_id("item"),
+        role="assistant",
+        text=text,
+        interrupted=interrupted,
+        created_at=step.created_at,
+    )
+    await session.commit(Commit(items=[item], speeches=[speech.info()]))
+    session.chat.append(item)
+    session.events.emit("chat.item", item=item.model_dump(mode="json"))
+
+
+async def _on_interrupted(session: AgentSession, speech: SpeechHandle, step: _Step | None) -> None:
+    played = ""
+    if step is not None:
+        played = step.stream.played_text  # read now: the sink is never waited on to acknowledge the stop
+        step.stream.stop()
+        speech.played_text = (speech.played_text + " " + played).strip()
+        await _commit_message(session, speech, step, played, interrupted=True)
+    session.events.emit("speech.interrupted", speech_id=speech.id, played_text=speech.played_text)
+
+
+def _begin_playing(session: AgentSession, speech: SpeechHandle, step: _Step) -> None:
+    if step.started_playing:
+        return
+    step.started_playing = True
+    speech.state = SpeechState.PLAYING
+    if not speech.started:
+        speech.started = True
+        session.events.emit("speech.started", speech_id=speech.id)
+    session.set_agent_state("speaking")
+
+
+async def _say(session: AgentSession, job: ReplyJob) -> None:
+    speech = job.speech
+    index = speech._begin_step()
+    step = _Step(index, session.playout.start(speech.id))
+    speech.text = job.text
+    _begin_playing(session, speech, step)
+    step.stream.push(job.text)
+    step.stream.end_input()
+    finished, _ = await first_of(step.stream.wait_done(), speech._interrupt_fut)
+    if not finished or speech.interrupted:
+        if job.add_to_chat:
+            await _on_interrupted(session, speech, step)
+        else:
+            speech.played_text = step.stream.played_text
+            step.stream.stop()
+            session.events.emit("speech.interrupted", speech_id=speech.id, played_text=speech.played_text)
+        return
+    speech.played_text = step.stream.played_text
+    if job.add_to_chat:
+        await _commit_message(session, speech, step, speech.played_text, interrupted=False)
+    speech._end_step()
+
+
+async def _consume(session: AgentSession, speech: SpeechHandle, gen: Generation, step: _Step) -> None:
+    """Stream the model's output: text to playout, each tool call to the executor as soon as it is complete."""
+    tools = session.executor.tools_for_model(session.agent.tools)
+    async for chunk in gen:
+        if isinstance(chunk, TextDelta):
+            if not chunk.text:
+                continue
+            _begin_playing(session, speech, step)
+            step.text += chunk.text
+            speech.text += chunk.text
+            step.stream.push(chunk.text)
+        elif isinstance(chunk, ToolCallChunk):
+            if gen.request.tool_choice == "none":
+                logger.warning("model called %s although tools were off; ignored", chunk.name)
+                continue
+            arguments, error = _parse_arguments(chunk.arguments)
+            item = FunctionCall(
+                id=new_id("item"),
+                call_id=chunk.call_id or new_id("call"),
+                name=chunk.name,
+                arguments=arguments,
+            )
+            rc = session.executor.start(
+                item,
+                tools=tools,
+                speech=speech,
+                step=step.index,
+                agent=session.agent.name,
+                arguments_error=error,
+            )
+            step.calls.append(rc)
+
+
+def _parse_arguments(raw: str) -> tuple[dict[str, object], str | None]:
+    if not raw.strip():
+        return {}, None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as err:
+        return {}, f"arguments are not valid JSON ({err.msg})"
+    if not isinstance(value, dict):
+        return {}, "arguments must be a JSON object"
+    return value, None
+
+
+async def _reply(session: AgentSession, job: ReplyJob) -> None:
+    speech = job.speech
+    while True:
+        index = speech._begin_step()
+        preemptive = job.preemptive if index == 0 else None
+        if preemptive is not None:
+            gen = preemptive
+        else:
+            request = session.build_request(speech=speech, step=index, instructions=job.instructions)
+            gen = session.start_generation(request)
+        speech.state = SpeechState.GENERATING
+        session.set_agent_state("thinking")
+        session.events.emit("generation.started", speech_id=speech.id, step=index, preemptive=preemptive is not None)
+        step = _Step(index, session.playout.start(speech.id))
+
+        consume = _consume(session, speech, gen, step)
+        try:
+            finished, _ = await first_of(consume, speech._interrupt_fut)
+        except LLMError as err:
+            await _on_generation_failed(session, speech, step, err)
+            return
+        except Exception as err:
+            logger.exception("generation failed", extra={"session_id": session.id, "speech_id": speech.id})
+            await _on_generation_failed(session, speech, step, err)
+            return
+        finally:
+            if gen is not preemptive:
+                await gen.aclose()
+        if finished:
+            step.stream.end_input()
+            finished, _ = await first_of(step.stream.wait_done(), speech._interrupt_fut)
+        if not finished or speech.interrupted:
+            await _on_interrupted(session, speech, step)
+            return
+        speech.played_text = (speech.played_text + " " + step.stream.played_text).strip()
+        await _commit_message(session, speech, step, step.stream.played_text, interrupted=False)
+        speech._end_step()
+
+        if not step.calls:
+            return
+        session.set_agent_state("thinking")
+        settled = await speech.wait_if_not_interrupted([rc.settled_fut for rc in step.calls])
+        if not settled or speech.interrupted:
+            await _on_interrupted(session, speech, None)
+            return
+        if not any(rc.needs_reply for rc in step.calls):
+            return
+        if index >= session.options.max_tool_steps:
+            return
+
+
+async def _on_generation_failed(session: AgentSession, speech: SpeechHandle, step: _Step, err: BaseException) -> None:
+    played = step.stream.played_text
+    step.stream.stop()
+    await _commit_message(session, speech, step, played, interrupted=True)
+    session.events.emit(
+        "generation.failed",
+        speech_id=speech.id,
+        step=step.index,
+        error=str(err) or type(err).__name__,
+    )
+
+
+__all__ = ["ReplyJob", "cancel_and_wait", "run_job"]

@@ -1,0 +1,210 @@
+"""SpeechHandle: one unit of agent output, as a bundle of futures.
+
+Every wait on a speech races its interrupt future, so an interruption unblocks waiters at once (I3), without any
+audio sink having to acknowledge anything. The forced cancel after ``force_timeout_s`` is only a safety net.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from .aio import first_of, resolve
+from .chat import new_id, utcnow
+
+logger = logging.getLogger("switchboard.runtime.speech")
+
+INTERRUPT_FORCE_TIMEOUT_S = 5.0
+
+SpeechSource = Literal["reply", "say", "tool_reply", "deferred_reply"]
+
+
+class SpeechInterrupted(Exception):
+    """Raised by a wait on a speech that was interrupted."""
+
+    def __init__(self, speech_id: str) -> None:
+        super().__init__(f"speech {speech_id} was interrupted")
+        self.speech_id = speech_id
+
+
+class NotInterruptible(Exception):
+    """The speech does not allow interruptions (pass ``force=True`` to interrupt anyway)."""
+
+
+class SpeechState(StrEnum):
+    SCHEDULED = "scheduled"
+    GENERATING = "generating"
+    PLAYING = "playing"
+    DONE = "done"
+
+
+class SpeechInfo(BaseModel):
+    """The persisted / API view of a speech."""
+
+    id: str
+    source: str
+    state: SpeechState
+    interrupted: bool
+    allow_interruptions: bool
+    text: str
+    played_text: str
+    created_at: datetime
+
+
+class SpeechHandle:
+    """A handle on one speech. Created by the session; safe to wait on from anywhere."""
+
+    # Counts safety-net firings process-wide; tests assert it stays at zero in normal flows.
+    forced_cancels = 0
+
+    def __init__(
+        self,
+        *,
+        source: SpeechSource,
+        allow_interruptions: bool = True,
+        speech_id: str | None = None,
+        force_timeout_s: float = INTERRUPT_FORCE_TIMEOUT_S,
+    ) -> None:
+        self.id = speech_id or new_id("speech")
+        self.source = source
+        self.allow_interruptions = allow_interruptions
+        self.created_at = utcnow()
+        self.state = SpeechState.SCHEDULED
+        self.text = ""  # generated text, all steps
+        self.played_text = ""  # heard text, all steps
+        self.force_timeout_s = force_timeout_s
+        self.forced = False
+        self.started = False  # has begun playing
+        loop = asyncio.get_running_loop()
+        self._interrupt_fut: asyncio.Future[None] = loop.create_future()
+        self._done_fut: asyncio.Future[None] = loop.create_future()
+        self._steps: list[asyncio.Future[None]] = []
+        self._task: asyncio.Task[Any] | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+
+    def __repr__(self) -> str:
+        return f"<SpeechHandle {self.id} {self.source} {self.state}{' interrupted' if self.interrupted else ''}>"
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupt_fut.done()
+
+    @property
+    def done(self) -> bool:
+        return self._done_fut.done()
+
+    @property
+    def step(self) -> int:
+        """Index of the current generation step (0 is the first reply, 1.. are tool replies)."""
+        return max(len(self._steps) - 1, 0)
+
+    def info(self) -> SpeechInfo:
+        return SpeechInfo(
+            id=self.id,
+            source=self.source,
+            state=self.state,
+            interrupted=self.interrupted,
+            allow_interruptions=self.allow_interruptions,
+            text=self.text,
+            played_text=self.played_text,
+            created_at=self.created_at,
+        )
+
+    # -- control --------------------------------------------------------------------------------------------
+
+    def interrupt(self, *, force: bool = False) -> bool:
+        """Interrupt the speech. Returns False when it had already finished (a no-op).
+
+        Raises ``NotInterruptible`` when the speech disallows interruptions and ``force`` is false.
+        """
+        if self.done:
+            return False
+        if self.interrupted:
+            return True
+        if not self.allow_interruptions and not force:
+            raise NotInterruptible(f"speech {self.id} does not allow interruptions")
+        resolve(self._interrupt_fut, None)
+        if self._task is not None and self._watchdog is None:
+            loop = asyncio.get_running_loop()
+            self._watchdog = loop.call_later(self.force_timeout_s, self._force_cancel)
+        return True
+
+    def _force_cancel(self) -> None:
+        if self.done or self._task is None or self._task.done():
+            return
+        SpeechHandle.forced_cancels += 1
+        self.forced = True
+        logger.error(
+            "speech %s did not stop within %.1fs of its interruption; cancelling it",
+            self.id,
+            self.force_timeout_s,
+            extra={"speech_id": self.id},
+        )
+        self._task.cancel()
+
+    # -- waits ----------------------------------------------------------------------------------------------
+
+    async def wait_for_playout(self) -> None:
+        """Wait until the speech has finished playing; raises ``SpeechInterrupted`` at once when interrupted."""
+        finished, _ = await first_of(self._done_fut, self._interrupt_fut)
+        if not finished or self.interrupted:
+            raise SpeechInterrupted(self.id)
+
+    async def wait_done(self) -> None:
+        """Wait until the speech is completely done (interrupted or not). Cancelling the waiter is harmless."""
+        await asyncio.shield(self._done_fut)
+
+    async def wait_for_interrupt(self) -> None:
+        await asyncio.shield(self._interrupt_fut)
+
+    async def wait_for_step(self, step: int) -> None:
+        """Wait for the playout of one generation step (what a tool's ``wait_for_playout`` means).
+
+        Raises ``SpeechInterrupted`` as soon as the speech is interrupted, even if that step had played.
+        """
+        if step >= len(self._steps):
+            raise ValueError(f"speech {self.id} has no step {step}")
+        finished, _ = await first_of(self._steps[step], self._interrupt_fut)
+        if not finished or self.interrupted:
+            raise SpeechInterrupted(self.id)
+
+    async def wait_if_not_interrupted(self, aws: Sequence[Awaitable[Any]]) -> bool:
+        """Wait for all of ``aws`` unless the speech is interrupted first. Returns True if they all finished.
+
+        Futures passed in are never cancelled; coroutines are run as tasks and cancelled on interruption.
+        """
+        if not aws:
+            return not self.interrupted
+
+        async def _all() -> None:
+            await asyncio.gather(*aws)
+
+        finished, _ = await first_of(_all(), self._interrupt_fut)
+        return finished
+
+    # -- used by the session --------------------------------------------------------------------------------
+
+    def _attach_task(self, task: asyncio.Task[Any]) -> None:
+        self._task = task
+
+    def _begin_step(self) -> int:
+        self._steps.append(asyncio.get_running_loop().create_future())
+        return len(self._steps) - 1
+
+    def _end_step(self) -> None:
+        if self._steps:
+            resolve(self._steps[-1], None)
+
+    def _mark_done(self) -> None:
+        self.state = SpeechState.DONE
+        for fut in self._steps:
+            resolve(fut, None)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        resolve(self._done_fut, None)

@@ -1,0 +1,319 @@
+"""Function tools: the decorator, the JSON schema from type hints, and the RunContext a tool receives."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import typing
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from .aio import first_of
+from .chat import FunctionCall
+
+if TYPE_CHECKING:
+    from .executor import RunningCall
+    from .speech import SpeechHandle
+
+T = TypeVar("T")
+
+OnDuplicate = Literal["allow", "reject", "replace", "confirm"]
+DuplicateScope = Literal["name", "name_and_args"]
+OnRestart = Literal["fail", "retry"]
+ToolScope = Literal["agent", "session"]
+
+CONFIRM_FIELD = "confirm_duplicate"
+
+
+class ToolStatus(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+    INTERRUPTED = "interrupted"
+
+
+TERMINAL_STATUSES = frozenset(s for s in ToolStatus if s is not ToolStatus.RUNNING)
+
+
+class ToolError(Exception):
+    """An expected failure: the message goes to the model as an ``is_error`` output; no traceback is logged."""
+
+
+class StopResponse(Exception):
+    """Ends the tool call without a tool reply from the model."""
+
+
+class ToolCancelled(Exception):
+    """Raised by ``RunContext.wait_if_not_cancelled`` when the call was cancelled meanwhile."""
+
+
+class ProgressUpdate(BaseModel):
+    message: str
+    progress: float | None = None
+    at: datetime
+
+
+class ToolCallInfo(BaseModel):
+    """The lifecycle record of one tool call (persisted, and what the API shows)."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    status: ToolStatus = ToolStatus.RUNNING
+    cancellable: bool = False
+    scope: ToolScope = "agent"
+    background: bool = False
+    progress: list[ProgressUpdate] = Field(default_factory=list)
+    output: str | None = None
+    is_error: bool = False
+    speech_id: str | None = None
+    agent: str | None = None
+    started_at: datetime
+    ended_at: datetime | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    doc = inspect.getdoc(fn) or ""
+    return doc.split("\n\n", 1)[0].replace("\n", " ").strip()
+
+
+def _strip_titles(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _strip_titles(v) for k, v in schema.items() if k != "title"}
+    if isinstance(schema, list):
+        return [_strip_titles(v) for v in schema]
+    return schema
+
+
+class FunctionTool:
+    """A tool the model can call. Created by ``@function_tool``; binds like a method when defined on an Agent."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        on_duplicate: OnDuplicate = "allow",
+        duplicate_scope: DuplicateScope = "name",
+        allow_cancellation: bool = False,
+        on_restart: OnRestart = "fail",
+        scope: ToolScope = "agent",
+        instance: Any = None,
+    ) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"function tool {fn.__qualname__} must be an async function")
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.description = description if description is not None else _describe(fn)
+        self.on_duplicate: OnDuplicate = on_duplicate
+        self.duplicate_scope: DuplicateScope = duplicate_scope
+        self.allow_cancellation = allow_cancellation
+        self.on_restart: OnRestart = on_restart
+        self.scope: ToolScope = scope
+        self._instance = instance
+        self._ctx_param, self.args_model = self._build_model()
+
+    def __repr__(self) -> str:
+        return f"<FunctionTool {self.name}>"
+
+    def _build_model(self) -> tuple[str | None, type[BaseModel]]:
+        sig = inspect.signature(self.fn)
+        hints = typing.get_type_hints(self.fn)
+        ctx_param: str | None = None
+        fields: dict[str, Any] = {}
+        params = list(sig.parameters.values())
+        if params and params[0].name == "self":
+            params = params[1:]
+        for p in params:
+            hint = hints.get(p.name, Any)
+            if hint is RunContext or (p.name in ("ctx", "context") and hint is Any):
+                ctx_param = p.name
+                continue
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise TypeError(f"function tool {self.name}: *args/**kwargs are not supported")
+            default = ... if p.default is p.empty else p.default
+            fields[p.name] = (hint, default)
+        if self.on_duplicate == "confirm":
+            fields[CONFIRM_FIELD] = (
+                bool,
+                Field(
+                    default=False,
+                    description="Set to true only after the user confirmed running this again while an "
+                    "identical call is still in progress.",
+                ),
+            )
+        model = create_model(f"{self.name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+        return ctx_param, typing.cast(type[BaseModel], model)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> FunctionTool:
+        if instance is None or self._instance is not None:
+            return self
+        bound = object.__new__(FunctionTool)
+        bound.__dict__.update(self.__dict__)
+        bound._instance = instance
+        return bound
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        schema = _strip_titles(self.args_model.model_json_schema())
+        schema.setdefault("properties", {})
+        return typing.cast(dict[str, Any], schema)
+
+    def schema(self) -> dict[str, Any]:
+        """OpenAI-style function description."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def parse_arguments(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Validate the model's arguments; raises ``ValidationError``."""
+        parsed = self.args_model.model_validate(raw)
+        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
+
+    async def invoke(self, ctx: RunContext, arguments: dict[str, Any]) -> Any:
+        kwargs = {k: v for k, v in arguments.items() if k != CONFIRM_FIELD}
+        if self._ctx_param is not None:
+            kwargs[self._ctx_param] = ctx
+        if self._instance is not None:
+            return await self.fn(self._instance, **kwargs)
+        return await self.fn(**kwargs)
+
+
+@overload
+def function_tool(fn: Callable[..., Awaitable[Any]], /) -> FunctionTool: ...
+
+
+@overload
+def function_tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    on_duplicate: OnDuplicate = "allow",
+    duplicate_scope: DuplicateScope = "name",
+    allow_cancellation: bool = False,
+    on_restart: OnRestart = "fail",
+    scope: ToolScope = "agent",
+) -> Callable[[Callable[..., Awaitable[Any]]], FunctionTool]: ...
+
+
+def function_tool(
+    fn: Callable[..., Awaitable[Any]] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    on_duplicate: OnDuplicate = "allow",
+    duplicate_scope: DuplicateScope = "name",
+    allow_cancellation: bool = False,
+    on_restart: OnRestart = "fail",
+    scope: ToolScope = "agent",
+) -> FunctionTool | Callable[[Callable[..., Awaitable[Any]]], FunctionTool]:
+    """Declare a tool. Used bare (``@function_tool``) or called (``@function_tool(on_duplicate="reject")``).
+
+    The docstring's first paragraph is the description for the model; parameters and their JSON schema come from
+    the type hints. A parameter annotated ``RunContext`` receives the call's context.
+    """
+
+    def wrap(f: Callable[..., Awaitable[Any]]) -> FunctionTool:
+        return FunctionTool(
+            f,
+            name=name,
+            description=description,
+            on_duplicate=on_duplicate,
+            duplicate_scope=duplicate_scope,
+            allow_cancellation=allow_cancellation,
+            on_restart=on_restart,
+            scope=scope,
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def format_validation_error(tool: str, err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        field = ".".join(str(x) for x in e["loc"]) or "(arguments)"
+        parts.append(f"{field}: {e['msg']}")
+    return f"Invalid arguments for {tool}: " + "; ".join(parts)
+
+
+def render_output(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+class RunContext:
+    """What a running tool sees: its call, its speech, progress, playout and cancellation."""
+
+    def __init__(self, call: RunningCall) -> None:
+        self._call = call
+
+    @property
+    def call_id(self) -> str:
+        return self._call.info.call_id
+
+    @property
+    def function_call(self) -> FunctionCall:
+        return self._call.item
+
+    @property
+    def session_id(self) -> str:
+        return self._call.executor.session_id
+
+    @property
+    def speech(self) -> SpeechHandle | None:
+        """The speech whose generation produced this call (None for recovered calls re-run after a restart)."""
+        return self._call.speech
+
+    @property
+    def userdata(self) -> dict[str, Any]:
+        """Per-session scratch space shared by all tools and agents of the session."""
+        return self._call.executor.userdata
+
+    @property
+    def cancelled(self) -> bool:
+        return self._call.cancel_fut.done()
+
+    async def update(self, message: str, progress: float | None = None) -> None:
+        """Report progress. The first update moves the call to the background: the reply goes on without it."""
+        if progress is not None and not 0.0 <= progress <= 1.0:
+            raise ValueError("progress must be between 0 and 1")
+        await self._call.executor.report_progress(self._call, message, progress)
+
+    async def wait_for_playout(self) -> None:
+        """Wait for the speech that produced this call to finish playing its text (the tool's preamble).
+
+        Raises ``SpeechInterrupted`` promptly if that speech is interrupted.
+        """
+        speech = self._call.speech
+        if speech is not None:
+            await speech.wait_for_step(self._call.step)
+
+    async def wait_if_not_cancelled(self, aw: Awaitable[T]) -> T:
+        """Await ``aw`` unless the call is cancelled first, in which case ``ToolCancelled`` is raised."""
+        finished, result = await first_of(aw, self._call.cancel_fut)
+        if not finished:
+            raise ToolCancelled(self.call_id)
+        return typing.cast(T, result)
+
+    async def sleep(self, seconds: float) -> None:
+        """``asyncio.sleep`` that ends early with ``ToolCancelled`` if the call is cancelled."""
+        await self.wait_if_not_cancelled(asyncio.sleep(seconds))
