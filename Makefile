@@ -29,5 +29,12 @@ fmt: $(STAMP)
 test: lint
 	$(BIN)/pytest -q
 
+openapi: $(STAMP)
+	$(BIN)/switchboard openapi --output openapi/openapi.json
+
+bench: $(STAMP)
+	$(BIN)/python bench/runtime_interrupt.py
+	$(BIN)/python bench/store_append.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -26,6 +26,7 @@ EVENT_TYPES = (
     "user.input",
     "speech.created",
     "generation.started",
+    "generation.speculative",
     "generation.failed",
     "speech.started",
     "speech.interrupted",
@@ -43,6 +44,8 @@ class Event(BaseModel):
     type: str
     at: datetime = Field(default_factory=utcnow)
     data: dict[str, Any] = Field(default_factory=dict)
+    #: Position in the store's global log, set once durable (not part of the wire format of a session stream).
+    cursor: int | None = Field(default=None, exclude=True)
 
 
 def type_matcher(patterns: Iterable[str] | None) -> Callable[[str], bool]:

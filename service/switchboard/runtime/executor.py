@@ -120,6 +120,8 @@ class ToolExecutor:
         self._cancel_grace_s = cancel_grace_s
         self._calls: dict[str, RunningCall] = {}
         self._closing = False
+        self._abandoning = False
+        self._handing_off = False
 
     # -- queries --------------------------------------------------------------------------------------------
 
@@ -204,6 +206,8 @@ class ToolExecutor:
         except asyncio.CancelledError:
             # only a forced teardown cancels the runner: record the call as interrupted, then re-raise
             await cancel_and_wait(rc.tool_task)
+            if self._abandoning:
+                raise  # shutdown: the call stays `running` in the store and is recovered on the next start
             if rc.cancel_reason is not None:
                 outcome = Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", True)
             else:
@@ -227,9 +231,11 @@ class ToolExecutor:
         except ValidationError as err:
             return Outcome(ToolStatus.FAILED, format_validation_error(name, err), is_error=True)
 
-        refused = await self._apply_duplicate_policy(rc, args)
+        refused = await self._apply_duplicate_policy(rc, args) if rc.cancel_reason is None else None
         if refused is not None:
             return refused
+        if rc.cancel_reason is not None:  # cancelled before its body started: it never runs
+            return Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", is_error=True)
 
         ctx = RunContext(rc)
         rc.tool_task = asyncio.create_task(rc.tool.invoke(ctx, args), name=f"tool-body:{name}")
@@ -304,10 +310,12 @@ class ToolExecutor:
         assert tool is not None
         if tool.on_duplicate == "allow" or rc.info.name in COMPANION_TOOLS:
             return None
+        # only calls started before this one count: duplicates started together must not refuse (or cancel) each other
+        calls = list(self._calls.values())
         same = [
             other
-            for other in self.running()
-            if other is not rc
+            for other in calls[: calls.index(rc)]
+            if not other.ended
             and other.info.name == rc.info.name
             and (
                 tool.duplicate_scope == "name"
@@ -339,6 +347,13 @@ class ToolExecutor:
     async def _finish(self, rc: RunningCall, outcome: Outcome) -> None:
         if rc.ended:
             return
+        if outcome.handoff is not None and self._handing_off:
+            # one handoff at a time: the one in progress drains (awaits) this call, so this one must not wait for it
+            outcome = Outcome(
+                ToolStatus.FAILED,
+                f"The handoff to {outcome.handoff.name} was not done: another handoff was in progress.",
+                is_error=True,
+            )
         now = utcnow()
         name = rc.info.name
         if rc.info.background:
@@ -359,7 +374,11 @@ class ToolExecutor:
         extra: list[ChatItem] = []
         state: SessionState | None = None
         if outcome.handoff is not None:
-            extra, state = await self._on_handoff(rc, outcome.handoff)
+            self._handing_off = True
+            try:
+                extra, state = await self._on_handoff(rc, outcome.handoff)
+            finally:
+                self._handing_off = False
         info = rc.info.model_copy(
             update={
                 "status": outcome.status,
@@ -443,8 +462,8 @@ class ToolExecutor:
             # cooperative first; a tool that ignores ctx.cancelled is cancelled after a grace period
             loop = asyncio.get_running_loop()
             loop.call_later(self._cancel_grace_s, _cancel_task, rc)
-            if rc.tool_task is None:
-                _cancel_task(rc)  # not started yet (policy or validation stage): nothing to be graceful about
+            # not started yet: the runner sees cancel_reason before starting the body (cancelling the runner itself
+            # could hit its first commit, and the call would then never end)
         await asyncio.shield(rc.ended_fut)
 
     async def drain(self, *, scope: str | None = None, exclude: Iterable[str] = ()) -> None:
@@ -477,6 +496,11 @@ class ToolExecutor:
             )
             await cancel_and_wait(*(rc.task for rc in stuck))
         await asyncio.gather(*(rc.task for rc in self._calls.values() if rc.task), return_exceptions=True)
+
+    async def abandon(self) -> None:
+        """Stop every running call without recording an end (service shutdown; recovery ends or re-runs them)."""
+        self._abandoning = True
+        await cancel_and_wait(*(rc.task for rc in self.running()))
 
     # -- companion tools for the model ----------------------------------------------------------------------
 
@@ -518,8 +542,6 @@ class ToolExecutor:
 def _cancel_task(rc: RunningCall) -> None:
     if rc.tool_task is not None and not rc.tool_task.done():
         rc.tool_task.cancel()
-    elif rc.tool_task is None and rc.task is not None and not rc.ended and rc.cancel_reason is not None:
-        rc.task.cancel()
 
 
 def _strip_confirm(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ class ReplyJob:
     instructions: str | None = None
     add_to_chat: bool = True
     preemptive: Generation | None = None
+    streams: list[PlayoutStream] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -53,6 +54,8 @@ async def run_job(session: AgentSession, job: ReplyJob) -> None:
         else:
             await _reply(session, job)
     finally:
+        for stream in job.streams:
+            stream.stop()  # idempotent; covers a cancelled speech task
         if job.preemptive is not None:
             await job.preemptive.aclose()
     await session.finish_speech(job.speech)
@@ -102,6 +105,7 @@ async def _say(session: AgentSession, job: ReplyJob) -> None:
     speech = job.speech
     index = speech._begin_step()
     step = _Step(index, session.playout.start(speech.id))
+    job.streams.append(step.stream)
     speech.text = job.text
     _begin_playing(session, speech, step)
     step.stream.push(job.text)
@@ -180,6 +184,7 @@ async def _reply(session: AgentSession, job: ReplyJob) -> None:
         session.set_agent_state("thinking")
         session.events.emit("generation.started", speech_id=speech.id, step=index, preemptive=preemptive is not None)
         step = _Step(index, session.playout.start(speech.id))
+        job.streams.append(step.stream)
 
         consume = _consume(session, speech, gen, step)
         try:

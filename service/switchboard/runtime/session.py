@@ -102,6 +102,7 @@ class AgentSession:
         self._speculative: Generation | None = None
         self._interim_text: str | None = None
         self._preempt_pending = False
+        self._deferred_scheduling: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<AgentSession {self.id} {self.state} agent={self.agent.name}>"
@@ -117,12 +118,31 @@ class AgentSession:
         self._set_agent_state("listening")
         self._scheduler_task = asyncio.create_task(self._schedule_loop(), name=f"scheduler:{self.id}")
 
+    async def suspend(self) -> None:
+        """Stop this session's work without closing it (service shutdown): it stays live in the store and is
+        recovered on the next start, exactly as after a crash, but with every pending write flushed."""
+        if self.state in ("closing", "closed", "suspended"):
+            return
+        self.state = "suspended"
+        spec, self._speculative = self._speculative, None
+        if spec is not None:
+            await spec.aclose()
+        await cancel_and_wait(self._scheduler_task)
+        for job in self._queue:
+            if job.preemptive is not None:
+                await job.preemptive.aclose()
+        await self.executor.abandon()
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
     async def aclose(self) -> None:
         """Close: stop speaking, cancel cancellable tools, await the others, emit the final events."""
         if self.state in ("closing", "closed"):
             return
         self.state = "closing"
         await self._discard_speculative()
+        if self._deferred_scheduling is not None:  # a deferred reply being committed: queue it, then close it
+            await asyncio.shield(self._deferred_scheduling)
         for job in list(self._queue):
             job.speech.interrupt(force=True)
         if self._current is not None:
@@ -184,6 +204,7 @@ class AgentSession:
             self._on_interim(text)
             return InputResult(None, None)
         async with self._op_lock:
+            self._check_open()  # the session may have started closing while this input waited
             spec, self._speculative = self._speculative, None
             self._interim_text, self._preempt_pending = None, False
             if interrupt and self._current is not None:
@@ -200,6 +221,9 @@ class AgentSession:
             )
             if spec is not None and not usable:
                 await self._drop_generation(spec)
+                self.events.emit("generation.speculative", state="discarded", user_text=spec.user_text)
+            elif spec is not None:
+                self.events.emit("generation.speculative", state="used", user_text=spec.user_text)
             item = ChatMessage(id=new_id("item"), role=role, text=text)
             job = self._new_job("reply", preemptive=spec if usable else None) if reply else None
             await self.commit(Commit(items=[item], speeches=[job.speech.info()] if job else []))
@@ -233,6 +257,7 @@ class AgentSession:
         """
         self._check_open()
         async with self._op_lock:
+            self._check_open()
             return await self._interrupt_current(force=force)
 
     async def cancel_tool(self, call_id: str) -> ToolCallInfo:
@@ -360,6 +385,13 @@ class AgentSession:
         if speech.done:
             return
         speech._mark_done()
+        # in its own task: a caller cancelled meanwhile (the scheduler, at close) must not lose the commit and event
+        task = asyncio.create_task(self._speech_done(speech), name=f"speech-done:{speech.id}")
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        await asyncio.shield(task)
+
+    async def _speech_done(self, speech: SpeechHandle) -> None:
         await self.commit(Commit(speeches=[speech.info()]))
         self.events.emit("speech.done", speech_id=speech.id, interrupted=speech.interrupted)
 
@@ -428,6 +460,7 @@ class AgentSession:
         old, self._speculative = self._speculative, None
         if old is not None:
             self._rollback(old)
+            self.events.emit("generation.speculative", state="discarded", user_text=old.user_text)
             task = asyncio.create_task(old.aclose())
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
@@ -436,6 +469,7 @@ class AgentSession:
         self._speculative = Generation(
             self.llm, request, version=self.chat.version, user_text=text, llm_state_before=before
         )
+        self.events.emit("generation.speculative", state="started", user_text=text)
 
     def _rollback(self, gen: Generation) -> None:
         # A discarded speculative reply gives its script turn back, unless another generation has used the
@@ -457,19 +491,31 @@ class AgentSession:
     def _on_call_ended(self, rc: RunningCall) -> None:
         if self.state != "active":
             return
-        if rc.info.background and rc.needs_reply and rc.cancel_reason not in ("agent handoff", "session closed"):
+        # a result that arrives outside of any reply (background, or re-run after a restart) gets a deferred reply
+        detached = rc.info.background or rc.speech is None
+        if detached and rc.needs_reply and rc.cancel_reason not in ("agent handoff", "session closed"):
             self._schedule_deferred_reply()
         if self._preempt_pending and self._interim_text and not self._foreground_tool_running():
             self._start_speculative(self._interim_text)
 
     def _schedule_deferred_reply(self) -> None:
-        # one queued deferred reply covers every result that arrives before it starts
-        if any(job.speech.source == "deferred_reply" for job in self._queue):
+        # one queued (or being queued) deferred reply covers every result that arrives before it starts
+        if self._deferred_scheduling is not None or any(j.speech.source == "deferred_reply" for j in self._queue):
             return
         job = self._new_job("reply", source="deferred_reply")
-        task = asyncio.create_task(self.commit(Commit(speeches=[job.speech.info()])))
+        task = asyncio.create_task(self._enqueue_durable(job), name=f"deferred:{self.id}")
+        self._deferred_scheduling = task
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
+
+    async def _enqueue_durable(self, job: ReplyJob) -> None:
+        # speech.created is published only once the speech is durable (I6)
+        try:
+            await self.commit(Commit(speeches=[job.speech.info()]))
+        finally:
+            self._deferred_scheduling = None
+        if self.state in ("closing", "closed"):
+            job.speech.interrupt(force=True)  # queued only to be ended by the close, never started
         self._enqueue(job)
 
     async def _handoff(self, rc: RunningCall, new_agent: Agent) -> tuple[list[ChatItem], SessionState]:

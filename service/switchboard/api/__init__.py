@@ -1,0 +1,1 @@
+"""The HTTP/WebSocket control plane: thin routers over the session host and the store."""

@@ -1,0 +1,212 @@
+"""WebSocket event streams: one session's log (resumable by seq) and a multi-session stream (by cursor).
+
+Each connection is two pumps in a task group — events out, client messages in — plus an overflow watch; whichever
+ends first cancels the others. Replay from the store and the live hub are joined without gap or duplicate: the hub
+subscription starts before the replay query, and live events at or below the last replayed seq are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from ..hub import Subscription
+from ..runtime.aio import cancel_and_wait
+from ..runtime.events import Event
+from . import deps
+from .auth import AuthError, authenticate, bearer, check
+
+logger = logging.getLogger("switchboard.api.ws")
+router = APIRouter(tags=["events"])
+
+REPLAY_PAGE = 500
+SEND_TIMEOUT_S = 10.0
+CLOSE_BAD_REQUEST = 4400
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+CLOSE_SLOW_CONSUMER = 4008
+
+
+class _Closed(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+
+
+def _types(raw: str | None) -> list[str] | None:
+    if not raw:
+        return None
+    return [t.strip() for t in raw.split(",") if t.strip()] or None
+
+
+def _int_param(ws: WebSocket, name: str) -> int:
+    raw = ws.query_params.get(name, "0")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _Closed(CLOSE_BAD_REQUEST, f"{name} must be an integer") from None
+    if value < 0:
+        raise _Closed(CLOSE_BAD_REQUEST, f"{name} must be >= 0")
+    return value
+
+
+def _authorize(ws: WebSocket, session_id: str | None) -> None:
+    settings = deps.settings(ws)  # type: ignore[arg-type]
+    credential = ws.query_params.get("token") or bearer(None, ws.headers.get("authorization"))
+    try:
+        principal = authenticate(settings, credential)
+        check(principal, "events:read", session_id)
+        if session_id is None and principal.session_id is not None:
+            raise AuthError(403, "forbidden", "A session token cannot read the multi-session stream.")
+    except AuthError as err:
+        raise _Closed(CLOSE_UNAUTHENTICATED if err.status == 401 else CLOSE_FORBIDDEN, err.code) from None
+
+
+async def _close(ws: WebSocket, code: int, reason: str) -> None:
+    if ws.application_state == WebSocketState.CONNECTED and ws.client_state == WebSocketState.CONNECTED:
+        with contextlib.suppress(Exception):
+            await ws.close(code=code, reason=reason[:120])
+
+
+async def _send(ws: WebSocket, text: str) -> None:
+    async with asyncio.timeout(SEND_TIMEOUT_S):
+        await ws.send_text(text)
+
+
+async def _receive(ws: WebSocket) -> None:
+    """Answer application-level pings; return when the client goes away."""
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        text = message.get("text")
+        if text is None:
+            raise _Closed(1003, "binary frames are not supported")
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise _Closed(CLOSE_BAD_REQUEST, "messages must be JSON") from None
+        if isinstance(data, dict) and data.get("type") == "ping":
+            await _send(ws, json.dumps({"type": "pong"}))
+
+
+async def _watch_overflow(sub: Subscription, resume: list[int]) -> None:
+    await sub.overflow_ev.wait()
+    raise _Closed(CLOSE_SLOW_CONSUMER, f"too slow; resume with since={resume[0]}")
+
+
+async def _run(ws: WebSocket, sub: Subscription, pump: Coroutine[Any, Any, None], resume: list[int]) -> None:
+    metrics = ws.app.state.metrics
+    metrics.ws_connections.inc()
+    tasks = [
+        asyncio.create_task(pump, name="ws-pump"),
+        asyncio.create_task(_receive(ws), name="ws-receive"),
+        asyncio.create_task(_watch_overflow(sub, resume), name="ws-overflow"),
+    ]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_and_wait(*tasks)
+        metrics.ws_connections.dec()
+        sub.close()
+    errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+    err = errors[0] if errors else None
+    if isinstance(err, _Closed):
+        if err.code == CLOSE_SLOW_CONSUMER:
+            metrics.ws_dropped.inc()
+        await _close(ws, err.code, err.reason)
+        return
+    if err is not None and not isinstance(err, WebSocketDisconnect | ConnectionError | TimeoutError | RuntimeError):
+        logger.error("event stream failed", exc_info=err)
+        await _close(ws, 1011, "internal error")
+        return
+    await _close(ws, 1000, "bye")  # a failed send is a disconnect, not a crash
+
+
+@router.websocket("/v1/sessions/{sid}/events")
+async def session_events(ws: WebSocket, sid: str) -> None:
+    """Stream one session's events: replay those after `since`, then live ones. Filter with `types=tool.*,...`."""
+    await ws.accept()
+    try:
+        _authorize(ws, sid)
+        since = _int_param(ws, "since")
+        types = _types(ws.query_params.get("types"))
+        host, store = deps.host(ws), deps.store(ws)  # type: ignore[arg-type]
+        if host.live(sid) is None and await store.get_session(sid) is None:
+            raise _Closed(CLOSE_NOT_FOUND, "session_not_found")
+    except _Closed as closed:
+        await _close(ws, closed.code, closed.reason)
+        return
+    settings = deps.settings(ws)  # type: ignore[arg-type]
+    sub = host.hub.subscribe(session_ids=[sid], types=types, maxsize=settings.ws_buffer)
+    resume = [since]
+
+    async def pump() -> None:
+        last = since
+        while True:  # replay what is stored
+            page = await store.events(sid, since=last, limit=REPLAY_PAGE, types=types)
+            for event in page:
+                await _send(ws, event.model_dump_json())
+                last = resume[0] = event.seq
+            if len(page) < REPLAY_PAGE:
+                break
+        while True:  # then live
+            _, event, text = await sub.get()
+            if event.seq <= last:
+                continue
+            await _send(ws, text)
+            last = resume[0] = event.seq
+            if event.type == "session.closed":
+                raise _Closed(1000, "session closed")
+
+    await _run(ws, sub, pump(), resume)
+
+
+@router.websocket("/v1/events")
+async def all_events(ws: WebSocket) -> None:
+    """Stream events of many sessions (all, or `session_ids=a,b`), resumable by the `cursor` each frame carries."""
+    await ws.accept()
+    try:
+        _authorize(ws, None)
+        cursor = _int_param(ws, "cursor")
+        types = _types(ws.query_params.get("types"))
+        raw_ids = ws.query_params.get("session_ids")
+        session_ids = [s for s in raw_ids.split(",") if s] if raw_ids else None
+    except _Closed as closed:
+        await _close(ws, closed.code, closed.reason)
+        return
+    host, store = deps.host(ws), deps.store(ws)  # type: ignore[arg-type]
+    settings = deps.settings(ws)  # type: ignore[arg-type]
+    sub = host.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer)
+    resume = [cursor]
+
+    def frame(c: int, event: Event) -> str:
+        return json.dumps({"cursor": c, **event.model_dump(mode="json")})
+
+    async def pump() -> None:
+        last = cursor
+        matches = sub._matches
+        while True:
+            page = await store.events_multi(session_ids=session_ids, since_id=last, limit=REPLAY_PAGE)
+            for c, event in page:
+                last = resume[0] = c
+                if matches(event.type):
+                    await _send(ws, frame(c, event))
+            if len(page) < REPLAY_PAGE:
+                break
+        while True:
+            c, event, _ = await sub.get()
+            if c <= last:
+                continue
+            await _send(ws, frame(c, event))
+            last = resume[0] = c
+
+    await _run(ws, sub, pump(), resume)

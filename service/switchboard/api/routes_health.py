@@ -1,0 +1,38 @@
+"""Liveness, readiness and metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import deps
+from .schemas import Health
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", operation_id="healthz", response_model=Health, response_model_exclude_none=True)
+async def healthz() -> Health:
+    """The process is up."""
+    return Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    operation_id="readyz",
+    response_model=Health,
+    responses={503: {"model": Health, "description": "The database is unreachable"}},
+)
+async def readyz(request: Request) -> Response:
+    """The service can reach its database."""
+    if await deps.store(request).ping():
+        return JSONResponse(Health(status="ok").model_dump(exclude_none=True))
+    body = Health(status="unavailable", detail="database unreachable").model_dump(exclude_none=True)
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "2"})
+
+
+@router.get("/metrics", operation_id="metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics."""
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

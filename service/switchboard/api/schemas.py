@@ -1,0 +1,139 @@
+"""Request and response bodies of the public API (separate from the runtime's and the store's models)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..runtime.chat import ChatItem
+
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PlayoutConfig(_In):
+    words_per_second: float = Field(default=3.0, gt=0, le=1000)
+
+
+class SessionCreate(_In):
+    id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN, description="Client-chosen id (idempotent).")
+    agent: str = Field(min_length=1, max_length=100)
+    llm: dict[str, Any] | None = Field(
+        default=None, description='Model configuration, e.g. {"provider": "scripted", "turns": [...]}.'
+    )
+    playout: PlayoutConfig | None = None
+    preemptive_generation: bool | None = None
+    allow_interruptions: bool | None = None
+    max_tool_steps: int | None = Field(default=None, ge=0, le=20)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionRead(BaseModel):
+    id: str
+    agent: str
+    state: str
+    agent_state: str
+    current_speech_id: str | None
+    created_at: datetime
+    metadata: dict[str, Any]
+
+
+class SessionList(BaseModel):
+    items: list[SessionRead]
+    next_cursor: str | None
+
+
+class ChatRead(BaseModel):
+    items: list[ChatItem]
+
+
+class InputCreate(_In):
+    text: str = Field(min_length=1)
+    final: bool = True
+    interrupt: bool = True
+    force: bool = False
+    reply: bool = True
+    role: Literal["user", "system", "developer"] = "user"
+
+
+class InputAccepted(BaseModel):
+    item_id: str | None
+    speech_id: str | None
+
+
+class SayCreate(_In):
+    text: str = Field(min_length=1)
+    allow_interruptions: bool = True
+    add_to_chat: bool = True
+
+
+class SayAccepted(BaseModel):
+    speech_id: str
+
+
+class InterruptCreate(_In):
+    force: bool = False
+
+
+class InterruptResult(BaseModel):
+    speech_id: str | None
+    interrupted: bool
+
+
+class SpeechRead(BaseModel):
+    id: str
+    source: str
+    state: str
+    interrupted: bool
+    allow_interruptions: bool
+    text: str
+    played_text: str
+    created_at: datetime
+
+
+class ProgressRead(BaseModel):
+    message: str
+    progress: float | None
+    at: datetime
+
+
+class ToolCallRead(BaseModel):
+    session_id: str
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    status: str
+    cancellable: bool
+    scope: str
+    background: bool
+    progress: list[ProgressRead]
+    output: str | None
+    is_error: bool
+    speech_id: str | None
+    started_at: datetime
+    ended_at: datetime | None
+
+
+class ToolCallList(BaseModel):
+    items: list[ToolCallRead]
+
+
+class TokenCreate(_In):
+    ttl_s: int | None = Field(default=None, ge=10, le=7 * 24 * 3600)
+
+
+class TokenRead(BaseModel):
+    token: str
+    session_id: str
+    scopes: list[str]
+    expires_at: datetime
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+    detail: str | None = None

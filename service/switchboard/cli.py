@@ -1,0 +1,122 @@
+"""The ``switchboard`` command: serve, migrate, openapi."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from . import logs
+from .settings import Settings
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {}
+    for name in ("host", "port", "database_url", "agents", "log_level"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    return Settings(**overrides)
+
+
+def _ensure_sqlite_dir(url: str) -> None:
+    prefix = "sqlite+aiosqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + ":memory:"):
+        Path(url[len(prefix) :]).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+
+    settings = _settings(args)
+    try:
+        settings.check_bind()
+    except ValueError as err:
+        print(f"switchboard: {err}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level, json_lines=settings.log_json)
+    _ensure_sqlite_dir(settings.database_url)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        ws_ping_interval=settings.ws_ping_interval_s,
+        ws_ping_timeout=settings.ws_ping_interval_s,
+        timeout_graceful_shutdown=10,
+        lifespan="on",
+    )
+    uvicorn.Server(config).run()
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from .store import Store
+
+    settings = _settings(args)
+    logs.configure(settings.log_level)
+    _ensure_sqlite_dir(settings.database_url)
+
+    async def run() -> None:
+        store = Store.from_url(settings.database_url)
+        try:
+            await store.migrate()
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
+    print("database is at the latest revision")
+    return 0
+
+
+def openapi_spec() -> dict[str, object]:
+    from .app import create_app
+
+    return create_app(Settings(api_keys=[])).openapi()
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    text = json.dumps(openapi_spec(), indent=2, sort_keys=True) + "\n"
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="switchboard", description="Control plane for live AI agent sessions.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the HTTP/WebSocket service")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--database-url", dest="database_url")
+    serve.add_argument("--agents", help="pkg.module:AGENTS[,other.module:AGENTS]")
+    serve.add_argument("--log-level", dest="log_level")
+    serve.set_defaults(func=cmd_serve)
+
+    migrate = sub.add_parser("migrate", help="upgrade the database to the latest schema")
+    migrate.add_argument("--database-url", dest="database_url")
+    migrate.set_defaults(func=cmd_migrate)
+
+    spec = sub.add_parser("openapi", help="write the OpenAPI document")
+    spec.add_argument("--output", "-o", default="openapi/openapi.json")
+    spec.set_defaults(func=cmd_openapi)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,193 @@
+"""SessionHost: the live sessions of this process, wired to the store, the registry and the event hub."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .demo import DEMO_SCRIPT
+from .hub import EventHub
+from .runtime.agent import AgentRegistry, UnknownAgent
+from .runtime.chat import ChatItem, new_id, utcnow
+from .runtime.events import Event, EventLog
+from .runtime.llm import build_llm
+from .runtime.playout import SimulatedPlayout
+from .runtime.ports import EventSink
+from .runtime.recovery import recover
+from .runtime.session import AgentSession, SessionOptions
+from .settings import Settings
+from .store import SessionExists, SessionRecord, Store
+
+logger = logging.getLogger("switchboard.host")
+
+RECOVERY_CONCURRENCY = 32
+
+
+class SessionConflict(Exception):
+    """A session with this id exists with a different configuration."""
+
+
+class TooManySessions(Exception):
+    pass
+
+
+def session_options(config: dict[str, Any]) -> SessionOptions:
+    opts: dict[str, Any] = {}
+    for key in ("max_tool_steps", "preemptive_generation", "allow_interruptions"):
+        if config.get(key) is not None:
+            opts[key] = config[key]
+    return SessionOptions(**opts)
+
+
+class SessionHost:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        registry: AgentRegistry,
+        hub: EventHub,
+        settings: Settings,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.hub = hub
+        self.settings = settings
+        self.sessions: dict[str, AgentSession] = {}
+        self.records: dict[str, SessionRecord] = {}
+        self._on_event = on_event
+        self._sink: EventSink = store.event_sink(on_durable=self._on_durable)
+        self._create_lock = asyncio.Lock()
+        self.recovered: list[str] = []
+        self.failed: list[str] = []
+
+    def _on_durable(self, events: list[Event]) -> None:
+        pairs = [(e.cursor or 0, e) for e in events]
+        self.hub.publish(pairs)
+        if self._on_event is not None:
+            for _, event in pairs:
+                self._on_event(event)
+
+    # -- building sessions ----------------------------------------------------------------------------------
+
+    def _build(self, rec: SessionRecord, *, items: list[ChatItem] = (), last_seq: int = 0) -> AgentSession:  # type: ignore[assignment]
+        agent = self.registry.create(rec.agent)
+        llm_config = rec.config.get("llm")
+        if llm_config is None and rec.config.get("agent") == "demo":
+            llm_config = DEMO_SCRIPT
+        llm = build_llm(llm_config)
+        if rec.llm_state is not None:
+            llm.load_state(rec.llm_state)
+        wps = (rec.config.get("playout") or {}).get("words_per_second") or self.settings.words_per_second
+        return AgentSession(
+            session_id=rec.id,
+            agent=agent,
+            llm=llm,
+            playout=SimulatedPlayout(float(wps)),
+            store=self.store.chat_store(),
+            events=self._sink,
+            options=session_options(rec.config),
+            items=items,
+            last_seq=last_seq,
+        )
+
+    async def create(self, config: dict[str, Any], metadata: dict[str, Any]) -> tuple[SessionRecord, bool]:
+        """Create and start a session. Returns (record, created); the same id with the same body is a no-op."""
+        sid = config.get("id") or new_id("sess")
+        config = {**config, "id": sid}
+        async with self._create_lock:
+            existing = self.sessions.get(sid)
+            rec = await self.store.get_session(sid) if existing is None else None
+            if existing is not None or rec is not None:
+                found = rec or await self.store.get_session(sid)
+                assert found is not None
+                if found.config == config and found.metadata == metadata:
+                    return found, False
+                raise SessionConflict(sid)
+            if len(self.sessions) >= self.settings.max_sessions:
+                raise TooManySessions(f"this server hosts at most {self.settings.max_sessions} live sessions")
+            now = utcnow()
+            rec = SessionRecord(
+                id=sid,
+                agent=config["agent"],
+                state="initializing",
+                config=config,
+                metadata=metadata,
+                llm_state=None,
+                current_speech_id=None,
+                created_at=now,
+                updated_at=now,
+            )
+            session = self._build(rec)  # validates agent and llm before anything is stored
+            try:
+                await self.store.create_session(rec)
+            except SessionExists:
+                raise SessionConflict(sid) from None
+            self.sessions[sid] = session
+            self.records[sid] = rec
+        await session.start()
+        return rec, True
+
+    def live(self, sid: str) -> AgentSession | None:
+        return self.sessions.get(sid)
+
+    async def close(self, sid: str) -> bool:
+        session = self.sessions.get(sid)
+        if session is None:
+            return False
+        try:
+            await session.aclose()
+        finally:
+            self.sessions.pop(sid, None)
+            self.records.pop(sid, None)
+        return True
+
+    # -- recovery and shutdown ------------------------------------------------------------------------------
+
+    async def recover_all(self) -> None:
+        records = await self.store.live_sessions()
+        if not records:
+            return
+        sem = asyncio.Semaphore(RECOVERY_CONCURRENCY)
+
+        async def one(rec: SessionRecord) -> None:
+            async with sem:
+                await self._recover(rec)
+
+        await asyncio.gather(*(one(rec) for rec in records))
+        logger.info("recovered %d session(s); %d failed", len(self.recovered), len(self.failed))
+
+    async def _recover(self, rec: SessionRecord) -> None:
+        last_seq = await self.store.last_seq(rec.id)
+        if rec.agent not in self.registry:
+            logger.error("session %s: agent %r no longer exists; marking it failed", rec.id, rec.agent)
+            await self.store.mark_session(rec.id, "failed")
+            log = EventLog(rec.id, self._sink, last_seq=last_seq)
+            await log.emit("session.failed", reason=f"unknown agent {rec.agent!r}", agent=rec.agent)
+            self.failed.append(rec.id)
+            return
+        try:
+            items = await self.store.chat_items(rec.id)
+            calls = await self.store.tool_calls(rec.id)
+            speeches = await self.store.speeches(rec.id)
+            session = self._build(rec, items=items, last_seq=last_seq)
+        except (UnknownAgent, ValueError) as err:
+            logger.error("session %s cannot be recovered: %s", rec.id, err)
+            await self.store.mark_session(rec.id, "failed")
+            log = EventLog(rec.id, self._sink, last_seq=last_seq)
+            await log.emit("session.failed", reason=str(err))
+            self.failed.append(rec.id)
+            return
+        self.sessions[rec.id] = session
+        self.records[rec.id] = rec
+        await recover(session, tool_calls=calls, speeches=speeches)
+        self.recovered.append(rec.id)
+
+    async def aclose(self) -> None:
+        """Service shutdown: suspend every session (they stay live and are recovered on the next start)."""
+        sessions = list(self.sessions.values())
+        await asyncio.gather(*(s.suspend() for s in sessions), return_exceptions=True)
+        self.sessions.clear()
+        self.records.clear()

@@ -1,0 +1,129 @@
+"""EventHub: in-process fan-out of durable events to live subscribers, with bounded buffers.
+
+A subscriber that cannot keep up is not allowed to grow memory without bound: once its buffer is full it is marked
+as overflowed and the WebSocket layer closes it with the seq to resume from. Nothing is lost: the events are in the
+store and a client resumes with ``since``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from .runtime.events import Event, type_matcher
+
+
+class SubscriberOverflow(Exception):
+    def __init__(self, resume_from: int) -> None:
+        super().__init__(f"subscriber fell behind; resume from seq {resume_from}")
+        self.resume_from = resume_from
+
+
+class Subscription:
+    def __init__(
+        self,
+        hub: EventHub,
+        *,
+        session_ids: frozenset[str] | None,
+        types: Iterable[str] | None,
+        maxsize: int,
+    ) -> None:
+        self._hub = hub
+        self.session_ids = session_ids
+        self._matches: Callable[[str], bool] = type_matcher(types)
+        self._buffer: deque[tuple[int, Event, str]] = deque()
+        self.overflow_ev = asyncio.Event()
+        self._maxsize = maxsize
+        self._ready = asyncio.Event()
+        self.overflowed = False
+        self.closed = False
+
+    def _offer(self, cursor: int, event: Event, text: str) -> None:
+        if self.overflowed or self.closed or not self._matches(event.type):
+            return
+        if len(self._buffer) >= self._maxsize:
+            self.overflowed = True
+            self._hub.dropped_subscribers += 1
+            self._buffer.clear()
+            self.overflow_ev.set()
+        else:
+            self._buffer.append((cursor, event, text))
+        self._ready.set()
+
+    async def get(self) -> tuple[int, Event, str]:
+        """Next (cursor, event, event as JSON). Raises ``SubscriberOverflow`` once the buffer overflowed."""
+        while not self._buffer:
+            if self.overflowed:
+                raise SubscriberOverflow(-1)
+            self._ready.clear()
+            await self._ready.wait()
+        if self.overflowed:
+            raise SubscriberOverflow(-1)
+        return self._buffer.popleft()
+
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._hub._remove(self)
+            self._ready.set()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EventHub:
+    def __init__(self, *, default_buffer: int = 1000) -> None:
+        self.default_buffer = default_buffer
+        self._by_session: dict[str, set[Subscription]] = {}
+        self._global: set[Subscription] = set()
+        self.dropped_subscribers = 0
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._global) + sum(len(s) for s in self._by_session.values())
+
+    def subscribe(
+        self,
+        *,
+        session_ids: Iterable[str] | None = None,
+        types: Iterable[str] | None = None,
+        maxsize: int | None = None,
+    ) -> Subscription:
+        ids = frozenset(session_ids) if session_ids is not None else None
+        sub = Subscription(self, session_ids=ids, types=types, maxsize=maxsize or self.default_buffer)
+        if ids is None:
+            self._global.add(sub)
+        else:
+            for sid in ids:
+                self._by_session.setdefault(sid, set()).add(sub)
+        return sub
+
+    def _remove(self, sub: Subscription) -> None:
+        if sub.session_ids is None:
+            self._global.discard(sub)
+            return
+        for sid in sub.session_ids:
+            subs = self._by_session.get(sid)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._by_session[sid]
+
+    def publish(self, events: Iterable[tuple[int, Event]]) -> None:
+        """Deliver durable events (with their global cursor) to every matching subscriber, in order."""
+        for cursor, event in events:
+            subs = self._by_session.get(event.session_id)
+            if not subs and not self._global:
+                continue
+            text = event.model_dump_json()  # serialised once, shared by every subscriber
+            for sub in subs or ():
+                sub._offer(cursor, event, text)
+            for sub in self._global:
+                sub._offer(cursor, event, text)

@@ -1,0 +1,103 @@
+"""Recovery after a restart: end what the crash left half-done, exactly once, with an output for every call."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from .chat import ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .ports import Commit
+from .session import AgentSession
+from .speech import SpeechInfo, SpeechState
+from .tools import ToolCallInfo, ToolStatus
+
+logger = logging.getLogger("switchboard.runtime.recovery")
+
+RESTART_OUTPUT = "The tool call was interrupted by a service restart."
+
+
+async def recover(
+    session: AgentSession,
+    *,
+    tool_calls: Sequence[ToolCallInfo],
+    speeches: Sequence[SpeechInfo] = (),
+) -> dict[str, list[str]]:
+    """Start ``session`` as recovered and settle what was in flight when the process died.
+
+    Calls left ``running`` end ``interrupted`` with an is_error output (one pair, committed with the status in one
+    transaction), unless their tool is declared ``on_restart="retry"``: those are run again. Speeches that had
+    not finished end interrupted. Returns the call ids by outcome.
+    """
+    for info in tool_calls:
+        session.executor.adopt(info)
+    running = [info for info in tool_calls if not info.ended]
+    tools = session.agent.tools
+    retry = [info for info in running if (t := tools.get(info.name)) is not None and t.on_restart == "retry"]
+    retry_ids = {info.call_id for info in retry}
+    interrupted = [info for info in running if info.call_id not in retry_ids]
+    unfinished = [sp for sp in speeches if sp.state != SpeechState.DONE]
+
+    await session.start(
+        recovered=True,
+        interrupted_calls=[i.call_id for i in interrupted],
+        retried_calls=sorted(retry_ids),
+        interrupted_speeches=[sp.id for sp in unfinished],
+    )
+    if unfinished:
+        ended = [sp.model_copy(update={"state": SpeechState.DONE, "interrupted": True}) for sp in unfinished]
+        await session.commit(Commit(speeches=ended))
+        for sp in ended:
+            session.events.emit("speech.done", speech_id=sp.id, interrupted=True)
+
+    for info in interrupted:
+        await _end_interrupted(session, info)
+    for info in retry:
+        item = FunctionCall(
+            id=new_id("item"),
+            call_id=info.call_id,
+            name=info.name,
+            arguments=info.arguments,
+            created_at=info.started_at,
+        )
+        logger.info("session %s: re-running %s (%s) after a restart", session.id, info.name, info.call_id)
+        session.executor.start(item, tools=tools, speech=None, step=0, agent=session.agent.name)
+    return {"interrupted": [i.call_id for i in interrupted], "retried": sorted(retry_ids)}
+
+
+async def _end_interrupted(session: AgentSession, info: ToolCallInfo) -> None:
+    now = utcnow()
+    if info.background:
+        # its first pair (the "running in the background" output) is already committed; the end gets its own pair
+        call_id = f"{info.call_id}/final"
+        created_at = now
+    else:
+        call_id, created_at = info.call_id, info.started_at
+    items: list[ChatItem] = []
+    if session.chat.find_call(call_id) is None:
+        items.append(
+            FunctionCall(
+                id=new_id("item"), call_id=call_id, name=info.name, arguments=info.arguments, created_at=created_at
+            )
+        )
+    if not session.chat.has_output(call_id):
+        items.append(
+            FunctionCallOutput(
+                id=new_id("item"), call_id=call_id, name=info.name, output=RESTART_OUTPUT, is_error=True, created_at=now
+            )
+        )
+    ended = info.model_copy(
+        update={"status": ToolStatus.INTERRUPTED, "output": RESTART_OUTPUT, "is_error": True, "ended_at": now}
+    )
+    await session.commit(Commit(items=items, tool_calls=[ended]))
+    session.chat.append(*items)
+    session.executor.adopt(ended)
+    for it in items:
+        session.events.emit("chat.item", item=it.model_dump(mode="json"))
+    session.events.emit(
+        "tool.ended",
+        call_id=info.call_id,
+        name=info.name,
+        status=ended.status.value,
+        output=RESTART_OUTPUT,
+        is_error=True,
+    )

@@ -1,0 +1,76 @@
+"""Configuration from the environment (prefix ``SWITCHBOARD_``)."""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Scope = Literal["sessions:read", "sessions:write", "sessions:control", "tools:cancel", "tools:report", "events:read"]
+ALL_SCOPES: tuple[Scope, ...] = (
+    "sessions:read",
+    "sessions:write",
+    "sessions:control",
+    "tools:cancel",
+    "tools:report",
+    "events:read",
+)
+
+
+class ApiKey(BaseModel):
+    key: str = Field(min_length=16)
+    scopes: list[Scope]
+    name: str | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SWITCHBOARD_", env_file=None, extra="ignore")
+
+    database_url: str = "sqlite+aiosqlite:///./var/switchboard.db"
+    agents: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    log_level: str = "INFO"
+    log_json: bool = False
+    migrate_on_start: bool = True
+
+    api_keys: list[ApiKey] = Field(default_factory=list)
+    token_secret: str = Field(default_factory=lambda: secrets.token_urlsafe(32))
+    token_ttl_s: int = Field(default=3600, ge=10, le=7 * 24 * 3600)
+
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_text_chars: int = Field(default=8000, ge=1)
+    max_sessions: int = Field(default=1000, ge=1)
+    ws_buffer: int = Field(default=1000, ge=10)
+    ws_ping_interval_s: float = Field(default=20.0, gt=0)
+    request_timeout_s: float = Field(default=10.0, gt=0)
+    idempotency_ttl_s: int = Field(default=24 * 3600, ge=24 * 3600)
+    words_per_second: float = Field(default=3.0, gt=0)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _empty_keys(cls, value: object) -> object:
+        return [] if value in ("", None) else value
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)
+
+    def check_bind(self, host: str | None = None) -> None:
+        """With no API keys, refuse to listen anywhere but loopback."""
+        host = host or self.host
+        if self.auth_enabled:
+            return
+        if host in ("localhost", ""):
+            return
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ValueError(
+                f"refusing to bind {host!r} with authentication off: set SWITCHBOARD_API_KEYS or bind 127.0.0.1"
+            )

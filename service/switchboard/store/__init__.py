@@ -1,0 +1,23 @@
+"""Persistence: SQLAlchemy 2 async on SQLite or PostgreSQL, implementing the runtime's ports.
+
+Never imports the web layer. Alembic owns the schema (``migrations/``); ``Store.migrate()`` upgrades to head.
+"""
+
+from .engine import make_engine
+from .migrate import downgrade, upgrade
+from .records import IdempotencyRecord, ReadError, SessionExists, SessionRecord, StoreClosed, StoreError
+from .store import InvalidCursor, Store
+
+__all__ = [
+    "IdempotencyRecord",
+    "InvalidCursor",
+    "ReadError",
+    "SessionExists",
+    "SessionRecord",
+    "Store",
+    "StoreClosed",
+    "StoreError",
+    "downgrade",
+    "make_engine",
+    "upgrade",
+]

@@ -1,0 +1,108 @@
+"""Engine construction: SQLite pragmas and transaction control, PostgreSQL schema selection, tolerant JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry
+
+SQLITE_BUSY_TIMEOUT_MS = 5000
+
+# Execution option that makes a SQLite transaction take the write lock at BEGIN (the group-commit writer uses it,
+# so a read-then-write batch never fails halfway with SQLITE_BUSY_SNAPSHOT).
+IMMEDIATE = "switchboard_sqlite_immediate"
+
+
+class CorruptJSON:
+    """What a JSON column holds when its stored text does not parse (only possible on SQLite)."""
+
+    __slots__ = ("error", "raw")
+
+    def __init__(self, raw: str, error: str) -> None:
+        self.raw = raw
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"CorruptJSON({self.raw[:40]!r}, {self.error!r})"
+
+
+def _loads(raw: str | bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError as err:  # a corrupt row must not make the whole read fail; callers report it
+        return CorruptJSON(raw if isinstance(raw, str) else raw.decode("utf-8", "replace"), str(err))
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def make_engine(
+    url: str,
+    *,
+    schema: str | None = None,
+    busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+    application_name: str | None = None,
+) -> AsyncEngine:
+    """An async engine for ``sqlite+aiosqlite:///path`` or ``postgresql+asyncpg://...``.
+
+    SQLite: WAL, ``synchronous=NORMAL``, ``busy_timeout``, foreign keys on; transactions are begun explicitly
+    (so DDL is transactional and the writer can ``BEGIN IMMEDIATE``); the file's directory is created.
+    PostgreSQL: ``schema`` becomes the ``search_path`` (tests use one schema each); connections are pre-pinged.
+    """
+    u = make_url(url)
+    backend = u.get_backend_name()
+    # Plain URLs get the async drivers this store is built on.
+    if u.drivername in ("sqlite", "postgresql", "postgres"):
+        backend = "sqlite" if u.drivername == "sqlite" else "postgresql"
+        u = u.set(drivername="sqlite+aiosqlite" if backend == "sqlite" else "postgresql+asyncpg")
+    if backend == "sqlite":
+        database = u.database or ""
+        if database in ("", ":memory:") or "memory" in database.split("?")[0].split(":"):
+            # The writer holds a connection of its own while readers use others: an in-memory database would be
+            # a different (empty) database on each connection.
+            raise ValueError("in-memory SQLite is not supported; use a file, e.g. sqlite+aiosqlite:///./var/test.db")
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(u, json_serializer=_dumps, json_deserializer=_loads)
+        _configure_sqlite(engine, busy_timeout_ms=busy_timeout_ms)
+        return engine
+    if backend == "postgresql":
+        server_settings: dict[str, str] = {}
+        if schema:
+            server_settings["search_path"] = schema
+        if application_name:
+            server_settings["application_name"] = application_name
+        connect_args: dict[str, Any] = {"server_settings": server_settings} if server_settings else {}
+        return create_async_engine(
+            u,
+            json_serializer=_dumps,
+            json_deserializer=_loads,
+            pool_pre_ping=True,
+            connect_args=connect_args,
+        )
+    raise ValueError(f"unsupported database URL {u.render_as_string(hide_password=True)!r}: use SQLite or PostgreSQL")
+
+
+def _configure_sqlite(engine: AsyncEngine, *, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
+        # Let SQLAlchemy, not the driver, decide when transactions begin (see _on_begin).
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        immediate = conn.get_execution_options().get(IMMEDIATE, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

@@ -1,0 +1,152 @@
+"""The schema, as SQLAlchemy Core tables. Alembic owns the DDL (migrations/versions); a test checks they agree."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+
+
+class TZDateTime(sa.TypeDecorator[datetime]):
+    """A timezone-aware timestamp, stored and returned in UTC on every dialect.
+
+    SQLite has no timestamp type: values are stored as UTC text and come back naive, so they are re-tagged here.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: timestamps must be timezone-aware")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def json_type() -> sa.types.TypeEngine[Any]:
+    """JSON, as JSONB on PostgreSQL. ``None`` is stored as SQL NULL."""
+    return sa.JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
+
+
+# A bigint primary key that still autoincrements on SQLite (only INTEGER PRIMARY KEY aliases the rowid there).
+BigIntPK = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+    }
+)
+
+
+def _session_fk() -> sa.ForeignKey:
+    return sa.ForeignKey("sessions.id", ondelete="CASCADE")
+
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("id", sa.String(), primary_key=True),
+    sa.Column("agent", sa.String(), nullable=False),
+    sa.Column("state", sa.String(), nullable=False),
+    sa.Column("config", json_type(), nullable=False),
+    sa.Column("metadata", json_type(), nullable=False),
+    sa.Column("llm_state", json_type(), nullable=True),
+    sa.Column("current_speech_id", sa.String(), nullable=True),
+    sa.Column("created_at", TZDateTime(), nullable=False),
+    sa.Column("updated_at", TZDateTime(), nullable=False),
+    sa.Index(None, "state"),
+    sa.Index(None, "created_at", "id"),
+)
+
+# Append-only. ``pos`` is the per-session insertion sequence (0, 1, 2, ...): the order is a view built from it.
+chat_items = sa.Table(
+    "chat_items",
+    metadata,
+    sa.Column("session_id", sa.String(), _session_fk(), primary_key=True),
+    sa.Column("pos", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("item_id", sa.String(), nullable=False),
+    sa.Column("type", sa.String(), nullable=False),
+    sa.Column("call_id", sa.String(), nullable=True),
+    sa.Column("created_at", TZDateTime(), nullable=False),
+    sa.Column("data", json_type(), nullable=False),
+    sa.UniqueConstraint("session_id", "item_id"),
+    sa.Index(None, "session_id", "call_id"),
+    sa.Index(None, "session_id", "type"),
+    sa.Index(None, "session_id", "created_at"),
+)
+
+tool_calls = sa.Table(
+    "tool_calls",
+    metadata,
+    sa.Column("session_id", sa.String(), _session_fk(), primary_key=True),
+    sa.Column("call_id", sa.String(), primary_key=True),
+    sa.Column("name", sa.String(), nullable=False),
+    sa.Column("status", sa.String(), nullable=False),
+    sa.Column("arguments", json_type(), nullable=False),
+    sa.Column("progress", json_type(), nullable=False),
+    sa.Column("output", sa.Text(), nullable=True),
+    sa.Column("is_error", sa.Boolean(), nullable=False),
+    sa.Column("cancellable", sa.Boolean(), nullable=False),
+    sa.Column("scope", sa.String(), nullable=False),
+    sa.Column("background", sa.Boolean(), nullable=False),
+    sa.Column("speech_id", sa.String(), nullable=True),
+    sa.Column("agent", sa.String(), nullable=True),
+    sa.Column("started_at", TZDateTime(), nullable=False),
+    sa.Column("ended_at", TZDateTime(), nullable=True),
+    sa.Index(None, "status", "started_at"),
+)
+
+speeches = sa.Table(
+    "speeches",
+    metadata,
+    sa.Column("session_id", sa.String(), _session_fk(), primary_key=True),
+    sa.Column("id", sa.String(), primary_key=True),
+    sa.Column("source", sa.String(), nullable=False),
+    sa.Column("state", sa.String(), nullable=False),
+    sa.Column("interrupted", sa.Boolean(), nullable=False),
+    sa.Column("allow_interruptions", sa.Boolean(), nullable=False),
+    sa.Column("text", sa.Text(), nullable=False),
+    sa.Column("played_text", sa.Text(), nullable=False),
+    sa.Column("created_at", TZDateTime(), nullable=False),
+)
+
+# ``id`` is a global, monotonic cursor for the multi-session dashboard stream; (session_id, seq) is the log key.
+# It is the primary key (not (session_id, seq)) because SQLite can only autoincrement an INTEGER PRIMARY KEY.
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    sa.Column("session_id", sa.String(), _session_fk(), nullable=False),
+    sa.Column("seq", sa.BigInteger(), nullable=False),
+    sa.Column("type", sa.String(), nullable=False),
+    sa.Column("at", TZDateTime(), nullable=False),
+    sa.Column("data", json_type(), nullable=False),
+    sa.UniqueConstraint("session_id", "seq"),
+    sa.Index(None, "session_id", "type"),
+    sqlite_autoincrement=True,  # never reuse an id: dashboard cursors rely on ids only growing
+)
+
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    sa.Column("key", sa.String(), primary_key=True),
+    sa.Column("scope", sa.String(), primary_key=True),
+    sa.Column("request_hash", sa.String(), nullable=False),
+    sa.Column("status_code", sa.Integer(), nullable=False),
+    sa.Column("response_body", json_type(), nullable=True),
+    sa.Column("created_at", TZDateTime(), nullable=False),
+    sa.Index(None, "created_at"),
+)

@@ -1,0 +1,63 @@
+"""Records the store reads and writes besides the runtime's own types, and its exceptions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+LIVE_STATES = ("active", "initializing", "closing")
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+class SessionRecord(BaseModel):
+    """A session row. ``config`` is the create body (llm, playout, options...); the runtime owns
+    ``agent``/``state``/``llm_state``/``current_speech_id`` and updates them through ``Commit.session``."""
+
+    id: str
+    agent: str
+    state: str = "initializing"
+    config: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    llm_state: dict[str, Any] | None = None
+    current_speech_id: str | None = None
+    created_at: datetime = Field(default_factory=now_utc)
+    updated_at: datetime = Field(default_factory=now_utc)
+
+
+class IdempotencyRecord(BaseModel):
+    """The remembered outcome of one operator command sent with an ``Idempotency-Key`` (I7)."""
+
+    key: str
+    scope: str  # e.g. "POST /v1/sessions/s1/input"
+    request_hash: str
+    status_code: int
+    response_body: Any = None
+    created_at: datetime = Field(default_factory=now_utc)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadError:
+    """A stored row that could not be turned back into its type; it was skipped."""
+
+    table: str
+    session_id: str | None
+    key: str  # the row's key within its table (pos, call_id, seq, ...)
+    error: str
+
+
+class StoreError(Exception):
+    pass
+
+
+class SessionExists(StoreError):
+    """``create_session`` with an id that is already taken."""
+
+
+class StoreClosed(StoreError):
+    """The store was closed (or closed before this write could be made durable)."""

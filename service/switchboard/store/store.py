@@ -1,0 +1,373 @@
+"""Store: the SQL implementation of the runtime's ports, plus the reads the API and recovery need.
+
+>>> store = Store.from_url("sqlite+aiosqlite:///var/switchboard.db")
+>>> await store.migrate(); await store.start()
+>>> await store.create_session(SessionRecord(id="s1", agent="demo"))
+>>> await store.chat_store().commit("s1", Commit(items=[message("user", "hi")]))
+>>> await store.aclose()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ..runtime.chat import ChatItem, order_items
+from ..runtime.events import Event
+from ..runtime.ports import ChatStore, Commit, EventSink
+from ..runtime.speech import SpeechInfo
+from ..runtime.tools import ToolCallInfo, ToolStatus
+from . import models as m
+from .engine import make_engine
+from .migrate import upgrade_engine
+from .records import LIVE_STATES, IdempotencyRecord, ReadError, SessionExists, SessionRecord, StoreError
+from .rows import (
+    BadRow,
+    event_from_row,
+    idempotency_from_row,
+    idempotency_row,
+    item_from_row,
+    session_from_row,
+    session_row,
+    speech_from_row,
+    tool_call_from_row,
+)
+from .writer import GroupCommitWriter
+from .writes import DurableCallback, Op, dialect_insert
+
+logger = logging.getLogger("switchboard.store")
+
+T = TypeVar("T")
+
+READ_ERROR_LOG_MAX = 100
+PING_TIMEOUT_S = 2.0
+
+
+class InvalidCursor(StoreError, ValueError):
+    """A ``list_sessions`` cursor that this store did not hand out."""
+
+
+def _retrieve(fut: asyncio.Future[None]) -> None:
+    # The writer logs failed writes; an event nobody awaited must not also log "exception never retrieved".
+    if not fut.cancelled():
+        fut.exception()
+
+
+class StoreChatStore(ChatStore):
+    """The ``ChatStore`` port: each commit is one transaction (shared with others queued at the same time)."""
+
+    def __init__(self, writer: GroupCommitWriter) -> None:
+        self._writer = writer
+
+    async def commit(self, session_id: str, commit: Commit) -> None:
+        if not (commit.items or commit.tool_calls or commit.speeches or commit.session is not None):
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._writer.submit(Op(session_id, fut, commit=commit))
+        await asyncio.shield(fut)  # a cancelled caller does not cancel the write
+
+
+class StoreEventSink(EventSink):
+    """The ``EventSink`` port: ``publish`` queues at once (call order is write order); the awaitable resolves
+    after the event is committed and ``on_durable`` has been called with it."""
+
+    def __init__(self, writer: GroupCommitWriter, on_durable: DurableCallback | None) -> None:
+        self._writer = writer
+        self._on_durable = on_durable
+
+    def publish(self, event: Event) -> Awaitable[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_retrieve)
+        self._writer.submit(Op(event.session_id, fut, event=event, on_durable=self._on_durable))
+        return fut
+
+
+class Store:
+    """Persistence for Switchboard on SQLite or PostgreSQL (SQLAlchemy 2 async).
+
+    Writes from the runtime ports go through one group-commit writer task; reads use pooled connections.
+    One process owns a database: the in-memory chat position counters and the global event cursor assume it.
+    """
+
+    def __init__(self, engine: AsyncEngine, *, batch_max: int = 256) -> None:
+        self.engine = engine
+        self.writer = GroupCommitWriter(engine, batch_max=batch_max)
+        self._started = False
+        self.read_errors = 0
+        self.read_error_log: deque[ReadError] = deque(maxlen=READ_ERROR_LOG_MAX)
+
+    @classmethod
+    def from_url(cls, url: str, *, batch_max: int = 256, schema: str | None = None) -> Store:
+        """``sqlite+aiosqlite:///path/to.db`` or ``postgresql+asyncpg://user@host/db`` (``schema``: PostgreSQL
+        search_path, to keep several stores in one database)."""
+        return cls(make_engine(url, schema=schema), batch_max=batch_max)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the writer task. Does not migrate (call ``migrate()`` first)."""
+        self._started = True
+        self.writer.start()
+
+    async def aclose(self, *, timeout_s: float | None = 30.0) -> None:
+        """Flush queued writes (for at most ``timeout_s`` if the database is down), stop, dispose the engine."""
+        await self.writer.aclose(timeout_s=timeout_s)
+        await self.engine.dispose()
+
+    async def migrate(self) -> None:
+        """``alembic upgrade head`` on this store's database."""
+        await upgrade_engine(self.engine, "head")
+
+    async def ping(self) -> bool:
+        """Ready: the database answers and the writer is running and not stuck on an unavailable database."""
+        try:
+            async with asyncio.timeout(PING_TIMEOUT_S), self.engine.connect() as conn:
+                await conn.execute(sa.select(1))
+        except Exception:
+            return False
+        return not self.writer.unavailable and (self.writer.running or not self._started)
+
+    # -- runtime ports ----------------------------------------------------------------------------------------
+
+    def chat_store(self) -> ChatStore:
+        return StoreChatStore(self.writer)
+
+    def event_sink(self, on_durable: Callable[[list[Event]], None] | None = None) -> EventSink:
+        """An event sink; after each committed batch ``on_durable`` gets that batch's events (per session in
+        ``seq`` order), before the publishers' awaitables resolve."""
+        return StoreEventSink(self.writer, on_durable)
+
+    # -- sessions ---------------------------------------------------------------------------------------------
+
+    async def create_session(self, rec: SessionRecord) -> None:
+        """Insert a session row; raises ``SessionExists`` if the id is taken."""
+        try:
+            async with self.engine.begin() as conn:
+                await conn.execute(sa.insert(m.sessions), [session_row(rec)])
+        except sa_exc.IntegrityError as err:
+            if await self.get_session(rec.id) is not None:
+                raise SessionExists(rec.id) from err
+            raise
+
+    async def get_session(self, sid: str) -> SessionRecord | None:
+        rows = await self._fetch(sa.select(m.sessions).where(m.sessions.c.id == sid))
+        return self._first(rows, session_from_row, "sessions")
+
+    async def list_sessions(
+        self, *, state: str | None = None, cursor: str | None = None, limit: int = 50
+    ) -> tuple[list[SessionRecord], str | None]:
+        """Sessions oldest first, ``limit`` at a time; pass the returned cursor to get the next page (None: done)."""
+        t = m.sessions
+        stmt = sa.select(t).order_by(t.c.created_at, t.c.id).limit(limit + 1)
+        if state is not None:
+            stmt = stmt.where(t.c.state == state)
+        if cursor:
+            after_at, after_id = _decode_cursor(cursor)
+            stmt = stmt.where(sa.or_(t.c.created_at > after_at, sa.and_(t.c.created_at == after_at, t.c.id > after_id)))
+        rows = await self._fetch(stmt)
+        page = rows[:limit]
+        next_cursor = _encode_cursor(page[-1]["created_at"], page[-1]["id"]) if len(rows) > limit else None
+        return self._convert(page, session_from_row, "sessions"), next_cursor
+
+    async def live_sessions(self) -> list[SessionRecord]:
+        """Sessions that were live (active, initializing, closing): what recovery resumes."""
+        t = m.sessions
+        rows = await self._fetch(sa.select(t).where(t.c.state.in_(LIVE_STATES)).order_by(t.c.created_at, t.c.id))
+        return self._convert(rows, session_from_row, "sessions")
+
+    async def mark_session(self, sid: str, state: str) -> None:
+        """Set a session's state (e.g. "failed"), in order with the writes queued before it."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.writer.submit(Op(sid, fut, mark_state=state))
+        await asyncio.shield(fut)
+
+    # -- reads ------------------------------------------------------------------------------------------------
+
+    async def chat_items(self, sid: str) -> list[ChatItem]:
+        """The session's chat context, ordered (``order_items``: by created_at, each output after its call)."""
+        t = m.chat_items
+        stmt = sa.select(t.c.session_id, t.c.pos, t.c.data).where(t.c.session_id == sid).order_by(t.c.pos)
+        return order_items(self._convert(await self._fetch(stmt), item_from_row, "chat_items"))
+
+    async def tool_calls(self, sid: str, status: str | None = None) -> list[ToolCallInfo]:
+        t = m.tool_calls
+        stmt = sa.select(t).where(t.c.session_id == sid).order_by(t.c.started_at, t.c.call_id)
+        if status is not None:
+            stmt = stmt.where(t.c.status == status)
+        return self._convert(await self._fetch(stmt), tool_call_from_row, "tool_calls")
+
+    async def tool_call(self, sid: str, call_id: str) -> ToolCallInfo | None:
+        t = m.tool_calls
+        rows = await self._fetch(sa.select(t).where(t.c.session_id == sid, t.c.call_id == call_id))
+        return self._first(rows, tool_call_from_row, "tool_calls")
+
+    async def running_tool_calls(self, limit: int = 1000) -> list[tuple[str, ToolCallInfo]]:
+        """Tool calls still running, across sessions, oldest first: ``(session_id, call)``."""
+        t = m.tool_calls
+        stmt = sa.select(t).where(t.c.status == ToolStatus.RUNNING.value).order_by(t.c.started_at).limit(limit)
+        rows = await self._fetch(stmt)
+        return [(row["session_id"], info) for row, info in self._convert_pairs(rows, tool_call_from_row, "tool_calls")]
+
+    async def speeches(self, sid: str) -> list[SpeechInfo]:
+        t = m.speeches
+        stmt = sa.select(t).where(t.c.session_id == sid).order_by(t.c.created_at, t.c.id)
+        return self._convert(await self._fetch(stmt), speech_from_row, "speeches")
+
+    async def speech(self, sid: str, speech_id: str) -> SpeechInfo | None:
+        t = m.speeches
+        rows = await self._fetch(sa.select(t).where(t.c.session_id == sid, t.c.id == speech_id))
+        return self._first(rows, speech_from_row, "speeches")
+
+    async def events(
+        self, sid: str, *, since: int = 0, limit: int = 1000, types: list[str] | None = None
+    ) -> list[Event]:
+        """Durable events of ``sid`` with ``seq > since``, in order. ``types`` are globs such as ``tool.*``."""
+        t = m.events
+        stmt = (
+            sa.select(t.c.id, t.c.session_id, t.c.seq, t.c.type, t.c.at, t.c.data)
+            .where(t.c.session_id == sid, t.c.seq > since)
+            .order_by(t.c.seq)
+            .limit(limit)
+        )
+        type_filter = _type_filter(t.c.type, types)
+        if type_filter is not None:
+            stmt = stmt.where(type_filter)
+        return self._convert(await self._fetch(stmt), event_from_row, "events")
+
+    async def events_multi(
+        self, *, session_ids: list[str] | None, since_id: int, limit: int
+    ) -> list[tuple[int, Event]]:
+        """Events of many sessions (None: all) after the global cursor ``since_id``: ``(id, event)`` by id."""
+        if session_ids is not None and not session_ids:
+            return []
+        t = m.events
+        stmt = sa.select(t).where(t.c.id > since_id).order_by(t.c.id).limit(limit)
+        if session_ids is not None:
+            stmt = stmt.where(t.c.session_id.in_(session_ids))
+        rows = await self._fetch(stmt)
+        return [(row["id"], ev) for row, ev in self._convert_pairs(rows, event_from_row, "events")]
+
+    async def last_seq(self, sid: str) -> int:
+        """The highest durable event ``seq`` of ``sid`` (0 if none): where a recovered event log continues."""
+        t = m.events
+        async with self.engine.connect() as conn:
+            value = await conn.scalar(sa.select(sa.func.max(t.c.seq)).where(t.c.session_id == sid))
+        return int(value or 0)
+
+    # -- idempotency (I7) -------------------------------------------------------------------------------------
+
+    async def idempotency_get(self, key: str, scope: str) -> IdempotencyRecord | None:
+        t = m.idempotency_keys
+        rows = await self._fetch(sa.select(t).where(t.c.key == key, t.c.scope == scope))
+        return self._first(rows, idempotency_from_row, "idempotency_keys")
+
+    async def idempotency_put(self, rec: IdempotencyRecord) -> bool:
+        """Remember ``rec``; False (and nothing written) if ``(key, scope)`` is already taken."""
+        t = m.idempotency_keys
+        async with self.engine.begin() as conn:
+            stmt = dialect_insert(conn, t).on_conflict_do_nothing(index_elements=["key", "scope"]).returning(t.c.key)
+            inserted = (await conn.execute(stmt, [idempotency_row(rec)])).first()
+        return inserted is not None
+
+    async def idempotency_purge(self, older_than: datetime) -> int:
+        """Forget records created before ``older_than``; returns how many."""
+        t = m.idempotency_keys
+        async with self.engine.begin() as conn:
+            result = await conn.execute(sa.delete(t).where(t.c.created_at < older_than))
+        return int(result.rowcount)
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+
+    async def _fetch(self, stmt: sa.Select[Any]) -> Sequence[RowMapping]:
+        async with self.engine.connect() as conn:
+            result = await conn.execute(stmt)
+            rows: Sequence[RowMapping] = result.mappings().all()
+        return rows
+
+    def _convert_pairs(
+        self, rows: Sequence[RowMapping], convert: Callable[[RowMapping], T], table: str
+    ) -> list[tuple[RowMapping, T]]:
+        out: list[tuple[RowMapping, T]] = []
+        for row in rows:
+            try:
+                out.append((row, convert(row)))
+            except BadRow as err:
+                self._report(table, row, err)
+        return out
+
+    def _convert(self, rows: Sequence[RowMapping], convert: Callable[[RowMapping], T], table: str) -> list[T]:
+        return [value for _, value in self._convert_pairs(rows, convert, table)]
+
+    def _first(self, rows: Sequence[RowMapping], convert: Callable[[RowMapping], T], table: str) -> T | None:
+        values = self._convert(rows[:1], convert, table)
+        return values[0] if values else None
+
+    def _report(self, table: str, row: RowMapping, err: BadRow) -> None:
+        sid = row.get("session_id", row.get("id") if table == "sessions" else None)
+        key_column = {
+            "chat_items": "pos",
+            "tool_calls": "call_id",
+            "speeches": "id",
+            "events": "seq",
+            "sessions": "id",
+            "idempotency_keys": "key",
+        }[table]
+        key = str(row.get(key_column))
+        self.read_errors += 1
+        self.read_error_log.append(ReadError(table=table, session_id=sid, key=key, error=str(err)))
+        logger.error(
+            "store: skipping unreadable %s row (session %s, %s=%s): %s",
+            table,
+            sid,
+            key_column,
+            key,
+            err,
+            extra={"session_id": sid},
+        )
+
+
+def _type_filter(column: sa.ColumnElement[str], patterns: list[str] | None) -> sa.ColumnElement[bool] | None:
+    """SQL for event type globs (``*`` and ``?``), or None for no filter."""
+    pats = [p.strip() for p in patterns or () if p.strip()]
+    if not pats:
+        return None
+    exact = [p for p in pats if "*" not in p and "?" not in p]
+    clauses: list[sa.ColumnElement[bool]] = [column.in_(exact)] if exact else []
+    for p in pats:
+        if p in exact:
+            continue
+        like = p.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_").replace("*", "%").replace("?", "_")
+        clauses.append(column.like(like, escape="\\"))
+    return sa.or_(*clauses)
+
+
+def _encode_cursor(created_at: datetime, sid: str) -> str:
+    raw = json.dumps([created_at.isoformat(), sid]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, sid = json.loads(raw)
+        created_at = datetime.fromisoformat(at)
+        if created_at.tzinfo is None or not isinstance(sid, str):
+            raise ValueError(cursor)
+    except (ValueError, TypeError) as err:
+        raise InvalidCursor(f"invalid cursor {cursor!r}") from err
+    return created_at, sid

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from switchboard.app import create_app
+from switchboard.demo import AGENTS as DEMO_AGENTS
+from switchboard.runtime.agent import AgentRegistry
+from switchboard.settings import Settings
+from tests.agents_fixture import AGENTS as TEST_AGENTS
+
+
+def make_settings(tmp_path: Any, **kw: Any) -> Settings:
+    kw.setdefault("database_url", f"sqlite+aiosqlite:///{tmp_path}/api.db")
+    kw.setdefault("words_per_second", 100.0)
+    kw.setdefault("request_timeout_s", 5.0)
+    return Settings(**kw)
+
+
+@pytest.fixture
+def registry() -> AgentRegistry:
+    return AgentRegistry({**DEMO_AGENTS, **TEST_AGENTS})
+
+
+class Api:
+    def __init__(self, client: httpx.AsyncClient, app: Any) -> None:
+        self.client = client
+        self.app = app
+
+    async def create(self, **body: Any) -> dict[str, Any]:
+        body.setdefault("agent", "tester")
+        r = await self.client.post("/v1/sessions", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+
+@pytest.fixture
+async def api(tmp_path: Any, registry: AgentRegistry) -> AsyncIterator[Api]:
+    app = create_app(make_settings(tmp_path), registry=registry)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield Api(client, app)

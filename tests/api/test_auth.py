@@ -1,0 +1,97 @@
+"""API keys with scopes, per-session tokens, and the loopback-only rule when auth is off."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from switchboard.app import create_app
+from switchboard.runtime.agent import AgentRegistry
+from switchboard.settings import ALL_SCOPES, ApiKey, Settings
+
+from .conftest import make_settings
+
+ADMIN = "admin-key-0123456789abcdef"
+READER = "reader-key-0123456789abcdef"
+CONTROL = "control-key-0123456789abcdef"
+
+
+@pytest.fixture
+async def client(tmp_path: Any, registry: AgentRegistry) -> AsyncIterator[httpx.AsyncClient]:
+    keys = [
+        ApiKey(key=ADMIN, scopes=list(ALL_SCOPES)),
+        ApiKey(key=READER, scopes=["sessions:read", "events:read"]),
+        ApiKey(key=CONTROL, scopes=["sessions:control"]),
+    ]
+    app = create_app(make_settings(tmp_path, api_keys=keys), registry=registry)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+            yield c
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_missing_invalid_and_insufficient_credentials(client: httpx.AsyncClient):
+    r = await client.get("/v1/sessions")
+    assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+    assert r.headers["www-authenticate"] == "Bearer"
+    r = await client.get("/v1/sessions", headers=auth("wrong-key-0123456789"))
+    assert r.status_code == 401 and r.json()["code"] == "invalid_key"
+    r = await client.post("/v1/sessions", json={"agent": "tester"}, headers=auth(READER))
+    assert r.status_code == 403 and r.json()["code"] == "forbidden"
+    r = await client.post("/v1/sessions", json={"agent": "tester", "id": "a1"}, headers=auth(ADMIN))
+    assert r.status_code == 201
+    assert (await client.get("/v1/sessions/a1", headers=auth(READER))).status_code == 200
+    assert (await client.post("/v1/sessions/a1/input", json={"text": "x"}, headers=auth(READER))).status_code == 403
+    assert (await client.post("/v1/sessions/a1/input", json={"text": "x"}, headers=auth(CONTROL))).status_code == 202
+    assert (await client.get("/v1/sessions/a1", headers=auth(CONTROL))).status_code == 403
+    assert (await client.get("/healthz")).status_code == 200  # probes stay open
+
+
+async def test_session_tokens_read_one_session_only(client: httpx.AsyncClient):
+    for sid in ("t1", "t2"):
+        await client.post("/v1/sessions", json={"agent": "tester", "id": sid}, headers=auth(ADMIN))
+    r = await client.post("/v1/sessions/t1/tokens", json={"ttl_s": 60}, headers=auth(READER))
+    assert r.status_code == 201
+    token = r.json()["token"]
+    assert (await client.get("/v1/sessions/t1", headers=auth(token))).status_code == 200
+    assert (await client.get("/v1/sessions/t2", headers=auth(token))).status_code == 403
+    assert (await client.post("/v1/sessions/t1/input", json={"text": "x"}, headers=auth(token))).status_code == 403
+    tampered = token[:-3] + ("AAA" if not token.endswith("AAA") else "BBB")
+    bad = await client.get("/v1/sessions/t1", headers=auth(tampered))
+    assert bad.status_code == 401 and bad.json()["code"] == "invalid_token"
+
+
+async def test_expired_session_token(tmp_path: Any, registry: AgentRegistry):
+    from switchboard.api.auth import issue_token
+
+    settings = make_settings(tmp_path, api_keys=[ApiKey(key=ADMIN, scopes=list(ALL_SCOPES))])
+    app = create_app(settings, registry=registry)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+            await c.post("/v1/sessions", json={"agent": "tester", "id": "e1"}, headers=auth(ADMIN))
+            token, _ = issue_token(settings, "e1", ttl_s=-5)
+            r = await c.get("/v1/sessions/e1", headers=auth(token))
+            assert r.status_code == 401 and r.json()["code"] == "token_expired"
+
+
+def test_no_keys_means_loopback_only():
+    s = Settings(api_keys=[])
+    s.check_bind("127.0.0.1")
+    s.check_bind("::1")
+    s.check_bind("localhost")
+    for host in ("0.0.0.0", "10.0.0.5", "::"):
+        with pytest.raises(ValueError, match="refusing to bind"):
+            s.check_bind(host)
+    Settings(api_keys=[ApiKey(key=ADMIN, scopes=["sessions:read"])]).check_bind("0.0.0.0")
+
+
+def test_api_keys_from_environment(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SWITCHBOARD_API_KEYS", f'[{{"key": "{ADMIN}", "scopes": ["sessions:read"]}}]')
+    s = Settings()
+    assert s.auth_enabled and s.api_keys[0].scopes == ["sessions:read"]

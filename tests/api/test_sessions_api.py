@@ -1,0 +1,255 @@
+"""REST endpoints in-process (httpx ASGI transport): happy paths and every documented error."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from .conftest import Api
+
+PROBLEM = "application/problem+json"
+LONG = " ".join(f"w{i}" for i in range(300))
+
+
+async def until(pred: Callable[[], Any], timeout: float = 3.0) -> Any:
+    async with asyncio.timeout(timeout):
+        while True:
+            value = await pred() if asyncio.iscoroutinefunction(pred) else pred()
+            if value:
+                return value
+            await asyncio.sleep(0.01)
+
+
+def assert_problem(r: Any, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(PROBLEM)
+    body = r.json()
+    assert body["status"] == status and body["code"] == code and body["title"]
+    return body
+
+
+async def test_create_get_list_and_idempotent_create(api: Api):
+    s = await api.create(id="alpha", metadata={"team": "a"})
+    assert s["id"] == "alpha" and s["agent"] == "tester" and s["state"] == "active"
+    assert s["metadata"] == {"team": "a"}
+    again = await api.client.post("/v1/sessions", json={"id": "alpha", "agent": "tester", "metadata": {"team": "a"}})
+    assert again.status_code == 200 and again.json()["id"] == "alpha"
+    conflict = await api.client.post("/v1/sessions", json={"id": "alpha", "agent": "demo"})
+    assert_problem(conflict, 409, "session_exists")
+    got = await api.client.get("/v1/sessions/alpha")
+    assert got.status_code == 200 and got.json()["agent_state"] in ("listening", "initializing")
+    await api.create()
+    listed = (await api.client.get("/v1/sessions")).json()
+    assert len(listed["items"]) == 2 and "next_cursor" in listed
+
+
+async def test_list_pagination(api: Api):
+    for i in range(5):
+        await api.create(id=f"p{i}")
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 2}
+        if cursor:
+            params["cursor"] = cursor
+        page = (await api.client.get("/v1/sessions", params=params)).json()
+        seen += [s["id"] for s in page["items"]]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert sorted(seen) == [f"p{i}" for i in range(5)]
+
+
+async def test_create_errors(api: Api):
+    assert_problem(await api.client.post("/v1/sessions", json={"agent": "nobody"}), 422, "unknown_agent")
+    assert_problem(await api.client.post("/v1/sessions", json={}), 422, "invalid_request")
+    assert_problem(await api.client.post("/v1/sessions", json={"agent": "tester", "bogus": 1}), 422, "invalid_request")
+    assert_problem(
+        await api.client.post("/v1/sessions", json={"agent": "tester", "llm": {"provider": "nope"}}),
+        422,
+        "invalid_session_config",
+    )
+    assert_problem(
+        await api.client.post("/v1/sessions", json={"agent": "tester", "id": "bad id!"}), 422, "invalid_request"
+    )
+    bad_json = await api.client.post("/v1/sessions", content=b"{not json", headers={"content-type": "application/json"})
+    assert_problem(bad_json, 422, "invalid_request")
+
+
+async def test_unknown_session_is_404_everywhere(api: Api):
+    for method, path in [
+        ("GET", "/v1/sessions/nope"),
+        ("DELETE", "/v1/sessions/nope"),
+        ("GET", "/v1/sessions/nope/chat"),
+        ("POST", "/v1/sessions/nope/input"),
+        ("POST", "/v1/sessions/nope/say"),
+        ("POST", "/v1/sessions/nope/interrupt"),
+        ("GET", "/v1/sessions/nope/speeches/x"),
+        ("GET", "/v1/sessions/nope/tool-calls"),
+        ("GET", "/v1/sessions/nope/tool-calls/x"),
+        ("POST", "/v1/sessions/nope/tool-calls/x/cancel"),
+        ("POST", "/v1/sessions/nope/tokens"),
+    ]:
+        body = {"text": "hi"} if path.endswith(("input", "say")) else None
+        r = await api.client.request(method, path, json=body)
+        assert_problem(r, 404, "session_not_found")
+
+
+async def test_input_reply_chat_and_speech(api: Api):
+    turns = [
+        {"text": "Booking.", "tool_calls": [{"name": "book", "arguments": {"what": "table"}}]},
+        {"text": "Done: {{tool_output:book}}"},
+    ]
+    s = await api.create(llm={"provider": "scripted", "turns": turns})
+    r = await api.client.post(f"/v1/sessions/{s['id']}/input", json={"text": "book a table"})
+    assert r.status_code == 202
+    accepted = r.json()
+    assert accepted["item_id"] and accepted["speech_id"]
+
+    async def reply_done() -> bool:
+        sp = (await api.client.get(f"/v1/sessions/{s['id']}/speeches/{accepted['speech_id']}")).json()
+        return sp["state"] == "done"
+
+    await until(reply_done)
+    chat = (await api.client.get(f"/v1/sessions/{s['id']}/chat")).json()["items"]
+    shape = [(i["type"], i.get("role")) for i in chat]
+    assert shape == [
+        ("message", "user"),
+        ("message", "assistant"),
+        ("function_call", None),
+        ("function_call_output", None),
+        ("message", "assistant"),
+    ]
+    assert chat[3]["output"] == "booked table" and chat[4]["text"] == "Done: booked table"
+    speech = (await api.client.get(f"/v1/sessions/{s['id']}/speeches/{accepted['speech_id']}")).json()
+    assert speech["interrupted"] is False and speech["played_text"].endswith("booked table")
+    assert_problem(await api.client.get(f"/v1/sessions/{s['id']}/speeches/nope"), 404, "speech_not_found")
+    calls = (await api.client.get(f"/v1/sessions/{s['id']}/tool-calls")).json()["items"]
+    assert [(c["name"], c["status"]) for c in calls] == [("book", "completed")]
+    one = await api.client.get(f"/v1/sessions/{s['id']}/tool-calls/{calls[0]['call_id']}")
+    assert one.json()["output"] == "booked table"
+    assert_problem(await api.client.get(f"/v1/sessions/{s['id']}/tool-calls/nope"), 404, "tool_call_not_found")
+
+
+async def test_interim_input_commits_nothing(api: Api):
+    s = await api.create()
+    r = await api.client.post(f"/v1/sessions/{s['id']}/input", json={"text": "hel", "final": False})
+    assert r.status_code == 202 and r.json() == {"item_id": None, "speech_id": None}
+    assert (await api.client.get(f"/v1/sessions/{s['id']}/chat")).json()["items"] == []
+
+
+async def test_interrupt_returns_after_commit_and_409_when_not_interruptible(api: Api):
+    s = await api.create(llm={"provider": "scripted", "turns": [{"text": LONG}]})
+    await api.client.post(f"/v1/sessions/{s['id']}/input", json={"text": "talk"})
+
+    async def speaking() -> bool:
+        return (await api.client.get(f"/v1/sessions/{s['id']}")).json()["agent_state"] == "speaking"
+
+    await until(speaking)
+    await asyncio.sleep(0.05)
+    r = await api.client.post(f"/v1/sessions/{s['id']}/interrupt")
+    assert r.status_code == 200 and r.json()["interrupted"] is True
+    chat = (await api.client.get(f"/v1/sessions/{s['id']}/chat")).json()["items"]
+    assert chat[-1]["role"] == "assistant" and chat[-1]["interrupted"] is True  # committed before the response
+    nothing = await api.client.post(f"/v1/sessions/{s['id']}/interrupt", json={})
+    assert nothing.json() == {"speech_id": None, "interrupted": False}
+
+    say = await api.client.post(f"/v1/sessions/{s['id']}/say", json={"text": LONG, "allow_interruptions": False})
+    assert say.status_code == 202
+
+    async def playing() -> bool:
+        sp = (await api.client.get(f"/v1/sessions/{s['id']}/speeches/{say.json()['speech_id']}")).json()
+        return sp["state"] == "playing"
+
+    await until(playing)
+    assert_problem(await api.client.post(f"/v1/sessions/{s['id']}/interrupt"), 409, "not_interruptible")
+    forced = await api.client.post(f"/v1/sessions/{s['id']}/interrupt", json={"force": True})
+    assert forced.json()["interrupted"] is True
+
+
+async def test_cancel_tool_call_rest(api: Api):
+    turns = [
+        {"text": "Searching.", "tool_calls": [{"name": "search", "arguments": {"query": "q", "seconds": 5}}]},
+        {"text": "Started."},
+        {"text": "The search was cancelled."},  # the deferred reply to the cancelled background call
+        {"text": "Slow.", "tool_calls": [{"name": "slow", "arguments": {"seconds": 1.0}}]},
+    ]
+    s = await api.create(llm={"provider": "scripted", "turns": turns})
+    sid = s["id"]
+    await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "search"})
+
+    async def running() -> list[dict[str, Any]]:
+        return (await api.client.get(f"/v1/sessions/{sid}/tool-calls", params={"status": "running"})).json()["items"]
+
+    call = (await until(running))[0]
+    across = (await api.client.get("/v1/tool-calls", params={"status": "running"})).json()["items"]
+    assert [(c["session_id"], c["call_id"]) for c in across] == [(sid, call["call_id"])]
+    r = await api.client.post(f"/v1/sessions/{sid}/tool-calls/{call['call_id']}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    again = await api.client.post(f"/v1/sessions/{sid}/tool-calls/{call['call_id']}/cancel")
+    assert_problem(again, 409, "already_ended")
+    assert_problem(await api.client.post(f"/v1/sessions/{sid}/tool-calls/nope/cancel"), 404, "tool_call_not_found")
+
+    await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "slow please"})
+    slow = (await until(running))[0]
+    assert slow["name"] == "slow" and slow["cancellable"] is False
+    refused = await api.client.post(f"/v1/sessions/{sid}/tool-calls/{slow['call_id']}/cancel")
+    assert_problem(refused, 409, "not_cancellable")
+
+
+async def test_close_session_then_commands_conflict(api: Api):
+    s = await api.create()
+    assert (await api.client.delete(f"/v1/sessions/{s['id']}")).status_code == 204
+    got = (await api.client.get(f"/v1/sessions/{s['id']}")).json()
+    assert got["state"] == "closed"
+    assert_problem(
+        await api.client.post(f"/v1/sessions/{s['id']}/input", json={"text": "hi"}), 409, "session_not_active"
+    )
+    assert (await api.client.delete(f"/v1/sessions/{s['id']}")).status_code == 204  # idempotent
+
+
+async def test_limits_and_validation(api: Api):
+    s = await api.create()
+    too_long = await api.client.post(f"/v1/sessions/{s['id']}/input", json={"text": "x" * 9000})
+    assert_problem(too_long, 413, "text_too_long")
+    huge = await api.client.post(f"/v1/sessions/{s['id']}/input", content=b"x" * 100_000)
+    assert_problem(huge, 413, "body_too_large")
+    assert_problem(await api.client.post(f"/v1/sessions/{s['id']}/input", json={"text": ""}), 422, "invalid_request")
+    assert_problem(
+        await api.client.post(f"/v1/sessions/{s['id']}/input", json={"text": "x", "role": "root"}),
+        422,
+        "invalid_request",
+    )
+
+
+async def test_idempotency_key(api: Api):
+    s = await api.create()
+    sid = s["id"]
+    h = {"Idempotency-Key": "k-1"}
+    first = await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "once"}, headers=h)
+    second = await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "once"}, headers=h)
+    assert first.status_code == second.status_code == 202
+    assert first.json() == second.json()
+    assert second.headers.get("idempotent-replayed") == "true"
+    users = [i for i in (await api.client.get(f"/v1/sessions/{sid}/chat")).json()["items"] if i.get("role") == "user"]
+    assert [u["text"] for u in users] == ["once"]
+    reuse = await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "different"}, headers=h)
+    assert_problem(reuse, 409, "idempotency_key_reused")
+    # concurrent retries with one key apply once
+    h2 = {"Idempotency-Key": "k-2"}
+    rs = await asyncio.gather(
+        *(api.client.post(f"/v1/sessions/{sid}/input", json={"text": "burst"}, headers=h2) for _ in range(5))
+    )
+    assert len({r.json()["item_id"] for r in rs}) == 1
+    users = [i for i in (await api.client.get(f"/v1/sessions/{sid}/chat")).json()["items"] if i.get("text") == "burst"]
+    assert len(users) == 1
+
+
+async def test_health_ready_and_metrics(api: Api):
+    assert (await api.client.get("/healthz")).json() == {"status": "ok"}
+    assert (await api.client.get("/readyz")).json() == {"status": "ok"}
+    await api.create()
+    text = (await api.client.get("/metrics")).text
+    assert "switchboard_sessions_live 1.0" in text
+    assert "switchboard_interrupt_latency_seconds_bucket" in text
