@@ -183,6 +183,12 @@ async def test_cancel_tool_call_rest(api: Api):
         return (await api.client.get(f"/v1/sessions/{sid}/tool-calls", params={"status": "running"})).json()["items"]
 
     call = (await until(running))[0]
+
+    async def backgrounded() -> bool:  # the search reported progress: its body is running
+        one = (await api.client.get(f"/v1/sessions/{sid}/tool-calls/{call['call_id']}")).json()
+        return bool(one["progress"])
+
+    await until(backgrounded)
     across = (await api.client.get("/v1/tool-calls", params={"status": "running"})).json()["items"]
     assert [(c["session_id"], c["call_id"]) for c in across] == [(sid, call["call_id"])]
     r = await api.client.post(f"/v1/sessions/{sid}/tool-calls/{call['call_id']}/cancel")

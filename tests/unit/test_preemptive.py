@@ -47,7 +47,6 @@ async def test_I2_no_speculative_generation_while_a_foreground_tool_runs():
     agent = Gated()
     turns = [
         {"text": "One moment.", "tool_calls": [{"name": "lookup", "arguments": {"what": "x"}, "id": "c1"}]},
-        {"text": "Speculative answer."},
         {"text": "Here it is: {{tool_output:lookup}}"},
         {"text": "Tomorrow is fine."},
     ]
@@ -61,22 +60,22 @@ async def test_I2_no_speculative_generation_while_a_foreground_tool_runs():
         assert h.session._speculative is None
 
         agent.gate.set()
-        await wait_requests(h, 2)
-        spec = h.llm.requests[1]
-        assert spec.preemptive is True, "the speculative reply starts once the tool has ended"
+        await wait_requests(h, 3)
+        # the tool reply goes first; the speculative reply waits until nothing is about to change the context
+        assert [r.preemptive for r in h.llm.requests] == [False, False, True]
+        spec = h.llm.requests[2]
         assert last_user_text(spec) == "what about tomorrow"
-        # its snapshot holds the completed pair, never a call without its output
+        # its snapshot holds the completed pair and the tool reply, never a call without its output
         outputs = [it for it in spec.items if isinstance(it, FunctionCallOutput)]
         assert [(o.call_id, o.output) for o in outputs] == [("c1", "found x")]
+        assert any(isinstance(it, ChatMessage) and it.text == "Here it is: found x" for it in spec.items)
         await h.idle()
-        assert h.summary()[-1] == ("assistant", "Here it is: found x")
 
-        # the context moved on (the tool reply was committed): the speculative result is not used
-        res = await h.session.input("what about tomorrow")
+        res = await h.session.input("what about tomorrow")  # matches, context unchanged: the speculation is used
         await h.idle()
         started = h.of_type("generation.started")[-1]
-        assert started.data == {"speech_id": res.speech_id, "step": 0, "preemptive": False}
-        assert [r.preemptive for r in h.llm.requests] == [False, True, False, False]
+        assert started.data == {"speech_id": res.speech_id, "step": 0, "preemptive": True}
+        assert len(h.llm.requests) == 3
         assert h.summary()[-2:] == [("user", "what about tomorrow"), ("assistant", "Tomorrow is fine.")]
         assert_requests_valid(h)
         h.check_invariants()

@@ -161,8 +161,8 @@ class ToolExecutor:
             item = item.model_copy(update={"call_id": f"{item.call_id}~{new_id('dup')}"})
         tool = tools.get(item.name)
         companion = item.name in COMPANION_TOOLS
-        if companion and tool is None:
-            tool = self._companions().get(item.name)
+        if companion and tool is None and self.has_cancellable(tools):
+            tool = self._companions().get(item.name)  # only when they were offered to the model
         info = ToolCallInfo(
             call_id=item.call_id,
             name=item.name,
@@ -192,19 +192,19 @@ class ToolExecutor:
     # -- running --------------------------------------------------------------------------------------------
 
     async def _run(self, rc: RunningCall, available: list[str]) -> None:
-        await self._commit(Commit(tool_calls=[rc.info]))
-        self._events.emit(
-            "tool.started",
-            call_id=rc.info.call_id,
-            name=rc.info.name,
-            arguments=rc.info.arguments,
-            cancellable=rc.info.cancellable,
-            speech_id=rc.info.speech_id,
-        )
         try:
+            await self._commit(Commit(tool_calls=[rc.info]))
+            self._events.emit(
+                "tool.started",
+                call_id=rc.info.call_id,
+                name=rc.info.name,
+                arguments=rc.info.arguments,
+                cancellable=rc.info.cancellable,
+                speech_id=rc.info.speech_id,
+            )
             outcome = await self._execute(rc, available)
         except asyncio.CancelledError:
-            # only a forced teardown cancels the runner: record the call as interrupted, then re-raise
+            # only a forced teardown cancels the runner: record the call's end, then re-raise
             await cancel_and_wait(rc.tool_task)
             if self._abandoning:
                 raise  # shutdown: the call stays `running` in the store and is recovered on the next start
@@ -214,7 +214,8 @@ class ToolExecutor:
                 outcome = Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", True, False)
             await asyncio.shield(self._finish(rc, outcome))
             raise
-        await self._finish(rc, outcome)
+        # the end is recorded even if a teardown cancels this task meanwhile (I5: every call ends exactly once)
+        await asyncio.shield(self._finish(rc, outcome))
 
     async def _execute(self, rc: RunningCall, available: list[str]) -> Outcome:
         name = rc.info.name

@@ -63,11 +63,11 @@ async def run_job(session: AgentSession, job: ReplyJob) -> None:
 
 async def _commit_message(
     session: AgentSession, speech: SpeechHandle, step: _Step, text: str, *, interrupted: bool
-) -> None:
+) -> bool:
     """Commit the assistant message of one step: what was heard, never an empty message."""
     text = text.strip()
     if not text:
-        return
+        return False
     item = ChatMessage(
         id=new_id("item"),
         role="assistant",
@@ -78,15 +78,18 @@ async def _commit_message(
     await session.commit(Commit(items=[item], speeches=[speech.info()]))
     session.chat.append(item)
     session.events.emit("chat.item", item=item.model_dump(mode="json"))
+    return True
 
 
 async def _on_interrupted(session: AgentSession, speech: SpeechHandle, step: _Step | None) -> None:
-    played = ""
+    committed = False
     if step is not None:
         played = step.stream.played_text  # read now: the sink is never waited on to acknowledge the stop
         step.stream.stop()
         speech.played_text = (speech.played_text + " " + played).strip()
-        await _commit_message(session, speech, step, played, interrupted=True)
+        committed = await _commit_message(session, speech, step, played, interrupted=True)
+    if not committed:  # the event reports the interruption only once it is durable (I6)
+        await session.commit(Commit(speeches=[speech.info()]))
     session.events.emit("speech.interrupted", speech_id=speech.id, played_text=speech.played_text)
 
 
@@ -117,6 +120,7 @@ async def _say(session: AgentSession, job: ReplyJob) -> None:
         else:
             speech.played_text = step.stream.played_text
             step.stream.stop()
+            await session.commit(Commit(speeches=[speech.info()]))
             session.events.emit("speech.interrupted", speech_id=speech.id, played_text=speech.played_text)
         return
     speech.played_text = step.stream.played_text

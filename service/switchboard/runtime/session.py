@@ -367,6 +367,7 @@ class AgentSession:
                 if not job.speech.done:  # forced cancel (logged by the speech): still end it properly
                     await self.finish_speech(job.speech)
                 self._current = None
+            self._start_pending_speculative()
             if not task.cancelled() and task.exception() is not None:
                 logger.error(
                     "speech %s failed",
@@ -495,7 +496,19 @@ class AgentSession:
         detached = rc.info.background or rc.speech is None
         if detached and rc.needs_reply and rc.cancel_reason not in ("agent handoff", "session closed"):
             self._schedule_deferred_reply()
-        if self._preempt_pending and self._interim_text and not self._foreground_tool_running():
+        self._start_pending_speculative()
+
+    def _start_pending_speculative(self) -> None:
+        """Start a speculative reply that waited for tools, once nothing is about to change the context: no
+        foreground tool running and no speech playing or queued (a tool reply would invalidate it at once)."""
+        if (
+            self._preempt_pending
+            and self._interim_text
+            and self.state == "active"
+            and self._current is None
+            and not self._queue
+            and not self._foreground_tool_running()
+        ):
             self._start_speculative(self._interim_text)
 
     def _schedule_deferred_reply(self) -> None:
