@@ -2,32 +2,64 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
 from . import __version__
-from .api import problems, routes_events, routes_health, routes_sessions, routes_tools
+from .agents_file import load_agents_file
+from .api import problems, routes_events, routes_health, routes_reports, routes_sessions, routes_tools
 from .api.limits import BodyLimit
 from .demo import AGENTS as DEMO_AGENTS
 from .host import SessionHost
 from .hub import EventHub
 from .metrics import Metrics
 from .runtime.agent import AgentRegistry
+from .runtime.aio import cancel_and_wait
 from .settings import Settings
 from .store import Store
+from .webhooks import Webhooks
 
 logger = logging.getLogger("switchboard.app")
+
+CONSOLE_DIR = Path(__file__).parent / "console"
 
 DESCRIPTION = """Control plane for live AI agent sessions: inject input, interrupt speech, watch tool progress,
 cancel tools. Errors are `application/problem+json`. Every POST accepts an `Idempotency-Key` header."""
 
 
+IDEMPOTENCY_PURGE_EVERY_S = 3600.0
+
+
+async def _purge_idempotency_keys(store: Store, settings: Settings) -> None:
+    """Forget idempotency keys older than their retention (at least 24 h), once an hour."""
+    while True:
+        try:
+            cutoff = datetime.now(UTC) - timedelta(seconds=settings.idempotency_ttl_s)
+            purged = await store.idempotency_purge(cutoff)
+            if purged:
+                logger.info("purged %d idempotency key(s)", purged)
+        except Exception:
+            logger.exception("idempotency key purge failed; will retry")
+        await asyncio.sleep(IDEMPOTENCY_PURGE_EVERY_S)
+
+
 def create_app(settings: Settings | None = None, *, registry: AgentRegistry | None = None) -> FastAPI:
     settings = settings or Settings()
     registry = registry or AgentRegistry.load(settings.agents, builtin=DEMO_AGENTS)
+    webhooks = Webhooks()
+    default_llms: dict[str, dict[str, Any]] = {}
+    if settings.agents_file is not None:
+        declared = load_agents_file(settings.agents_file, webhooks)  # AgentsFileError: the service does not start
+        declared.register(registry)
+        default_llms = declared.default_llms
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -37,15 +69,25 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
         await store.start()
         hub = EventHub(default_buffer=settings.ws_buffer)
         metrics: Metrics = app.state.metrics
-        host = SessionHost(store=store, registry=registry, hub=hub, settings=settings, on_event=metrics.on_event)
+        host = SessionHost(
+            store=store,
+            registry=registry,
+            hub=hub,
+            settings=settings,
+            on_event=metrics.on_event,
+            default_llms=default_llms,
+        )
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
         app.state.store, app.state.hub, app.state.host = store, hub, host
+        purge_task = asyncio.create_task(_purge_idempotency_keys(store, settings), name="idempotency-purge")
         try:
             await host.recover_all()
             logger.info("switchboard ready (%d live sessions)", len(host.sessions))
             yield
         finally:
+            await cancel_and_wait(purge_task)
             await host.aclose()
+            await webhooks.aclose()
             await store.aclose()
 
     app = FastAPI(
@@ -62,11 +104,15 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
     )
     app.state.settings = settings
     app.state.registry = registry
+    app.state.webhooks = webhooks
     app.state.metrics = Metrics()
     problems.install(app)
     app.include_router(routes_sessions.router)
     app.include_router(routes_tools.router)
+    app.include_router(routes_reports.router)
     app.include_router(routes_events.router)
     app.include_router(routes_health.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # the operator console: static ES modules, a pure client of the public API (/console redirects to /console/)
+    app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, read_timeout_s=settings.body_read_timeout_s)
     return app

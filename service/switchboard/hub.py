@@ -39,8 +39,8 @@ class Subscription:
         self.overflowed = False
         self.closed = False
 
-    def _offer(self, cursor: int, event: Event, text: str) -> None:
-        if self.overflowed or self.closed or not self._matches(event.type):
+    def _offer(self, item: tuple[int, Event, str]) -> None:
+        if self.overflowed or self.closed or not self._matches(item[1].type):
             return
         if len(self._buffer) >= self._maxsize:
             self.overflowed = True
@@ -48,7 +48,7 @@ class Subscription:
             self._buffer.clear()
             self.overflow_ev.set()
         else:
-            self._buffer.append((cursor, event, text))
+            self._buffer.append(item)
         self._ready.set()
 
     async def get(self) -> tuple[int, Event, str]:
@@ -122,8 +122,9 @@ class EventHub:
             subs = self._by_session.get(event.session_id)
             if not subs and not self._global:
                 continue
-            text = event.model_dump_json()  # serialised once, shared by every subscriber
+            # serialised once; one tuple shared by every subscriber (no per-subscriber allocation to collect)
+            item = (cursor, event, event.model_dump_json())
             for sub in subs or ():
-                sub._offer(cursor, event, text)
+                sub._offer(item)
             for sub in self._global:
-                sub._offer(cursor, event, text)
+                sub._offer(item)

@@ -4,10 +4,41 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 
 _CONTEXT_FIELDS = ("session_id", "call_id", "speech_id")
+
+# Credentials travel in the Authorization header and, for WebSockets, in ``?token=``; the server's own request lines
+# (uvicorn logs the path with its query string) and debug header dumps would otherwise write them to the log.
+_SECRETS = (
+    (re.compile(r"(?i)\b(authorization[\"']?\s*[:=,]\s*[\"']?)[^\r\n\"']+"), r"\1[redacted]"),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[^\s\"',)]+"), r"\1 [redacted]"),
+    (re.compile(r"(?i)\b((?:access_)?token=)[^&\s\"'<>]+"), r"\1[redacted]"),
+    (re.compile(r"\bsbt_[A-Za-z0-9_\-.=]+"), "sbt_[redacted]"),
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with API keys and session tokens replaced by ``[redacted]``."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class RedactSecrets(logging.Filter):
+    """A handler filter: no credential reaches a log line, whoever logged it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record: let the handler report it
+            return True
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
 
 
 class _TextFormatter(logging.Formatter):
@@ -39,6 +70,7 @@ def configure(level: str = "INFO", *, json_lines: bool = False) -> None:
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactSecrets())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

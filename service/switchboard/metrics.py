@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -19,6 +20,9 @@ class _Live(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("switchboard_sessions_live", "Live sessions in this process", value=self._sessions())
         yield GaugeMetricFamily(
+            "switchboard_asyncio_tasks", "asyncio tasks alive in the event loop", value=len(asyncio.all_tasks())
+        )
+        yield GaugeMetricFamily(
             "switchboard_event_subscribers", "Live event-stream subscriptions", value=self._subscribers()
         )
 
@@ -27,6 +31,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        ProcessCollector(registry=r)  # resident memory, CPU, open fds: what a soak test watches
         self.speeches = Counter("switchboard_speeches", "Speeches created, by source", ["source"], registry=r)
         self.interruptions = Counter("switchboard_speech_interruptions", "Speeches interrupted", registry=r)
         self.tool_calls = Counter("switchboard_tool_calls", "Tool calls ended, by status", ["status"], registry=r)

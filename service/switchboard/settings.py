@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -31,6 +32,7 @@ class Settings(BaseSettings):
 
     database_url: str = "sqlite+aiosqlite:///./var/switchboard.db"
     agents: str | None = None
+    agents_file: Path | None = None  # YAML or JSON agents with webhook tools (see agents_file.py)
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     log_level: str = "INFO"
@@ -42,6 +44,7 @@ class Settings(BaseSettings):
     token_ttl_s: int = Field(default=3600, ge=10, le=7 * 24 * 3600)
 
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    body_read_timeout_s: float = Field(default=10.0, gt=0)  # a body chunk must arrive within this (408)
     max_text_chars: int = Field(default=8000, ge=1)
     max_sessions: int = Field(default=1000, ge=1)
     ws_buffer: int = Field(default=1000, ge=10)

@@ -21,6 +21,7 @@ from switchboard.store.models import metadata
 from .conftest import Db
 
 REPO = Path(__file__).resolve().parents[2]
+HEAD = "0002"
 TABLES = {"sessions", "chat_items", "tool_calls", "speeches", "events", "idempotency_keys"}
 
 
@@ -45,7 +46,7 @@ async def test_upgrade_downgrade_upgrade_and_no_autogenerate_diff(db: Db) -> Non
     tables, diff, rev = await _state(store)
     assert tables >= TABLES
     assert diff == [], f"models and migrations disagree: {diff}"
-    assert rev == "0001"
+    assert rev == HEAD
 
     await downgrade(db.url, "base", schema=db.schema)
     tables, _, rev = await _state(store)
@@ -56,15 +57,15 @@ async def test_upgrade_downgrade_upgrade_and_no_autogenerate_diff(db: Db) -> Non
     tables, diff, rev = await _state(store)
     assert tables >= TABLES
     assert diff == []
-    assert rev == "0001"
+    assert rev == HEAD
     await store.migrate()  # idempotent at head
-    assert await current_revision(store.engine) == "0001"
+    assert await current_revision(store.engine) == HEAD
 
 
 def test_migrations_are_found_from_the_package_and_from_the_repo_root() -> None:
     assert script_location() == REPO / "migrations"
     cfg = Config(str(REPO / "alembic.ini"))
-    assert ScriptDirectory.from_config(cfg).get_current_head() == "0001"
+    assert ScriptDirectory.from_config(cfg).get_current_head() == HEAD
 
 
 def test_alembic_command_line_from_the_repo_root(tmp_path: Path) -> None:
@@ -73,4 +74,4 @@ def test_alembic_command_line_from_the_repo_root(tmp_path: Path) -> None:
     up = subprocess.run([*alembic, "upgrade", "head"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert up.returncode == 0, up.stderr
     current = subprocess.run([*alembic, "current"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert "0001 (head)" in current.stdout, current.stdout + current.stderr
+    assert f"{HEAD} (head)" in current.stdout, current.stdout + current.stderr

@@ -9,6 +9,7 @@ from typing import Any
 from switchboard.runtime.agent import Agent
 from switchboard.runtime.chat import AgentHandoff, ChatItem, ChatMessage, FunctionCall, FunctionCallOutput, validate
 from switchboard.runtime.events import Event
+from switchboard.runtime.llm.base import LLM
 from switchboard.runtime.llm.scripted import ScriptedLLM, Turn
 from switchboard.runtime.memory import MemoryEventLog, MemoryStore
 from switchboard.runtime.playout import Playout, SimulatedPlayout
@@ -27,6 +28,7 @@ class Harness:
         fallback: dict[str, Any] | None = None,
         playout: Playout | None = None,
         session_id: str = "s1",
+        llm: LLM | None = None,
         **options: Any,
     ) -> None:
         self.agent = agent
@@ -39,7 +41,7 @@ class Harness:
         self.session = AgentSession(
             session_id=session_id,
             agent=agent,
-            llm=self.llm,
+            llm=llm or self.llm,  # another provider (a real model on a fake server) instead of the script
             playout=self.playout,
             store=self.store,
             events=self.events,

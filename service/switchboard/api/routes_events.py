@@ -17,9 +17,9 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from ..hub import Subscription
+from ..hub import SubscriberOverflow, Subscription
 from ..runtime.aio import cancel_and_wait
-from ..runtime.events import Event
+from ..runtime.events import Event, type_matcher
 from . import deps
 from .auth import AuthError, authenticate, bearer, check
 
@@ -28,11 +28,13 @@ router = APIRouter(tags=["events"])
 
 REPLAY_PAGE = 500
 SEND_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 2.0
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_SLOW_CONSUMER = 4008
+TERMINAL_EVENTS = ("session.closed", "session.failed")  # nothing follows them: a session stream then ends (1000)
 
 
 class _Closed(Exception):
@@ -72,8 +74,10 @@ def _authorize(ws: WebSocket, session_id: str | None) -> None:
 
 async def _close(ws: WebSocket, code: int, reason: str) -> None:
     if ws.application_state == WebSocketState.CONNECTED and ws.client_state == WebSocketState.CONNECTED:
+        # a client that never reads would hold the closing handshake (and this handler) until its ping timeout
         with contextlib.suppress(Exception):
-            await ws.close(code=code, reason=reason[:120])
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await ws.close(code=code, reason=reason[:120])
 
 
 async def _send(ws: WebSocket, text: str) -> None:
@@ -98,18 +102,21 @@ async def _receive(ws: WebSocket) -> None:
             await _send(ws, json.dumps({"type": "pong"}))
 
 
-async def _watch_overflow(sub: Subscription, resume: list[int]) -> None:
+async def _watch_overflow(sub: Subscription, resume: list[int], key: str) -> None:
     await sub.overflow_ev.wait()
-    raise _Closed(CLOSE_SLOW_CONSUMER, f"too slow; resume with since={resume[0]}")
+    raise _Closed(CLOSE_SLOW_CONSUMER, f"too slow; resume with {key}={resume[0]}")
 
 
-async def _run(ws: WebSocket, sub: Subscription, pump: Coroutine[Any, Any, None], resume: list[int]) -> None:
+async def _run(
+    ws: WebSocket, sub: Subscription, pump: Coroutine[Any, Any, None], resume: list[int], key: str = "since"
+) -> None:
+    """Run the pumps; ``resume[0]`` is the position to resume from, named ``key`` in a 4008 close reason."""
     metrics = ws.app.state.metrics
     metrics.ws_connections.inc()
     tasks = [
         asyncio.create_task(pump, name="ws-pump"),
         asyncio.create_task(_receive(ws), name="ws-receive"),
-        asyncio.create_task(_watch_overflow(sub, resume), name="ws-overflow"),
+        asyncio.create_task(_watch_overflow(sub, resume, key), name="ws-overflow"),
     ]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -118,7 +125,10 @@ async def _run(ws: WebSocket, sub: Subscription, pump: Coroutine[Any, Any, None]
         metrics.ws_connections.dec()
         sub.close()
     errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
-    err = errors[0] if errors else None
+    # the pump (buffer overflowed, send stalled) and the overflow watch can end in the same loop iteration
+    err = next((e for e in errors if isinstance(e, _Closed)), errors[0] if errors else None)
+    if isinstance(err, SubscriberOverflow | TimeoutError):
+        err = _Closed(CLOSE_SLOW_CONSUMER, f"too slow; resume with {key}={resume[0]}")
     if isinstance(err, _Closed):
         if err.code == CLOSE_SLOW_CONSUMER:
             metrics.ws_dropped.inc()
@@ -146,7 +156,13 @@ async def session_events(ws: WebSocket, sid: str) -> None:
         await _close(ws, closed.code, closed.reason)
         return
     settings = deps.settings(ws)  # type: ignore[arg-type]
-    sub = host.hub.subscribe(session_ids=[sid], types=types, maxsize=settings.ws_buffer)
+    # the end of the session is seen even when the filter leaves its event out
+    hub_types = None if types is None else [*types, *TERMINAL_EVENTS]
+    sub = host.hub.subscribe(session_ids=[sid], types=hub_types, maxsize=settings.ws_buffer)
+    matches = type_matcher(types)
+    # checked after subscribing: a session that ends later reports it through the hub; one that has ended has its
+    # terminal event durable already (host.close() returns only after that), so the replay below has all of it
+    ended = host.live(sid) is None and getattr(await store.get_session(sid), "state", None) in ("closed", "failed")
     resume = [since]
 
     async def pump() -> None:
@@ -156,15 +172,20 @@ async def session_events(ws: WebSocket, sid: str) -> None:
             for event in page:
                 await _send(ws, event.model_dump_json())
                 last = resume[0] = event.seq
+                if event.type in TERMINAL_EVENTS:
+                    raise _Closed(1000, "session closed")
             if len(page) < REPLAY_PAGE:
                 break
+        if ended:
+            raise _Closed(1000, "session closed")
         while True:  # then live
             _, event, text = await sub.get()
             if event.seq <= last:
                 continue
-            await _send(ws, text)
-            last = resume[0] = event.seq
-            if event.type == "session.closed":
+            if matches(event.type):
+                await _send(ws, text)
+                last = resume[0] = event.seq
+            if event.type in TERMINAL_EVENTS:
                 raise _Closed(1000, "session closed")
 
     await _run(ws, sub, pump(), resume)
@@ -172,11 +193,13 @@ async def session_events(ws: WebSocket, sid: str) -> None:
 
 @router.websocket("/v1/events")
 async def all_events(ws: WebSocket) -> None:
-    """Stream events of many sessions (all, or `session_ids=a,b`), resumable by the `cursor` each frame carries."""
+    """Stream events of many sessions (all, or `session_ids=a,b`), resumable by the `cursor` each frame carries.
+    `cursor=now` starts at the live tail, without replaying history (for dashboards that load a snapshot first)."""
     await ws.accept()
     try:
         _authorize(ws, None)
-        cursor = _int_param(ws, "cursor")
+        from_now = ws.query_params.get("cursor") == "now"
+        cursor = 0 if from_now else _int_param(ws, "cursor")
         types = _types(ws.query_params.get("types"))
         raw_ids = ws.query_params.get("session_ids")
         session_ids = [s for s in raw_ids.split(",") if s] if raw_ids else None
@@ -194,7 +217,7 @@ async def all_events(ws: WebSocket) -> None:
     async def pump() -> None:
         last = cursor
         matches = sub._matches
-        while True:
+        while not from_now:
             page = await store.events_multi(session_ids=session_ids, since_id=last, limit=REPLAY_PAGE)
             for c, event in page:
                 last = resume[0] = c
@@ -209,4 +232,4 @@ async def all_events(ws: WebSocket) -> None:
             await _send(ws, frame(c, event))
             last = resume[0] = c
 
-    await _run(ws, sub, pump(), resume)
+    await _run(ws, sub, pump(), resume, key="cursor")

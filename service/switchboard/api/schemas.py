@@ -24,7 +24,10 @@ class SessionCreate(_In):
     id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN, description="Client-chosen id (idempotent).")
     agent: str = Field(min_length=1, max_length=100)
     llm: dict[str, Any] | None = Field(
-        default=None, description='Model configuration, e.g. {"provider": "scripted", "turns": [...]}.'
+        default=None,
+        description='Model configuration: {"provider": "scripted", "turns": [...]} (the default) or '
+        '{"provider": "openai", "model": "...", "base_url"?, "api_key_env"?, "temperature"?, "timeout_s"?, '
+        '"max_retries"?} for any OpenAI-compatible server.',
     )
     playout: PlayoutConfig | None = None
     preemptive_generation: bool | None = None
@@ -85,6 +88,13 @@ class InterruptResult(BaseModel):
     interrupted: bool
 
 
+class UsageRead(BaseModel):
+    """Model tokens, summed over a speech's generation steps (0 when the provider reports none)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 class SpeechRead(BaseModel):
     id: str
     source: str
@@ -94,6 +104,7 @@ class SpeechRead(BaseModel):
     text: str
     played_text: str
     created_at: datetime
+    usage: UsageRead = Field(default_factory=UsageRead)
 
 
 class ProgressRead(BaseModel):
@@ -121,6 +132,20 @@ class ToolCallRead(BaseModel):
 
 class ToolCallList(BaseModel):
     items: list[ToolCallRead]
+
+
+class ToolProgressReport(_In):
+    """Progress of a webhook call, from its backend (as the tool's own ``ctx.update()``)."""
+
+    message: str = Field(min_length=1)
+    progress: float | None = Field(default=None, ge=0, le=1)
+
+
+class ToolResultReport(_In):
+    """The result of a webhook call whose backend answered 202."""
+
+    output: str
+    is_error: bool = False
 
 
 class TokenCreate(_In):

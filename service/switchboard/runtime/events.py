@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import itertools
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -53,7 +54,9 @@ def type_matcher(patterns: Iterable[str] | None) -> Callable[[str], bool]:
     pats = [p.strip() for p in patterns or () if p.strip()]
     if not pats:
         return lambda _type: True
-    return lambda event_type: any(fnmatch.fnmatchcase(event_type, p) for p in pats)
+    # one compiled pattern: this runs for every event and every subscriber
+    regex = re.compile("|".join(fnmatch.translate(p) for p in pats))
+    return lambda event_type: regex.match(event_type) is not None
 
 
 class EventLog:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("switchboard.runtime.tools")
 
 TOOL_CANCEL_GRACE_S = 1.0
+PROGRESS_KEPT = 50  # progress updates kept on a tool call's record
 COMPANION_TOOLS = frozenset({"list_running_tool_calls", "cancel_tool_call"})
 INTERNAL_ERROR_OUTPUT = "An internal error occurred"
 
@@ -122,6 +123,7 @@ class ToolExecutor:
         self._closing = False
         self._abandoning = False
         self._handing_off = False
+        self._companion_tools: dict[str, FunctionTool] | None = None
 
     # -- queries --------------------------------------------------------------------------------------------
 
@@ -416,7 +418,9 @@ class ToolExecutor:
         if rc.ended:
             return
         update = ProgressUpdate(message=message, progress=progress, at=utcnow())
-        info = rc.info.model_copy(update={"progress": [*rc.info.progress, update], "background": True})
+        # the record keeps the latest updates (each write stays small); the event log keeps every one of them
+        kept = [*rc.info.progress[-(PROGRESS_KEPT - 1) :], update]
+        info = rc.info.model_copy(update={"progress": kept, "background": True})
         if not rc.info.background:
             # first update: the call moves to the background, with a pair the model can see right away
             output = FunctionCallOutput(
@@ -506,6 +510,12 @@ class ToolExecutor:
     # -- companion tools for the model ----------------------------------------------------------------------
 
     def _companions(self) -> dict[str, FunctionTool]:
+        # Built once: a tool builds a pydantic model, too costly (and too much garbage) for every model request.
+        if self._companion_tools is None:
+            self._companion_tools = self._build_companions()
+        return self._companion_tools
+
+    def _build_companions(self) -> dict[str, FunctionTool]:
         executor = self
 
         @function_tool(name="list_running_tool_calls")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from .chat import ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
-from .ports import Commit
+from .chat import ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .events import EventLog
+from .ports import ChatStore, Commit
 from .session import AgentSession
 from .speech import SpeechInfo, SpeechState
 from .tools import ToolCallInfo, ToolStatus
@@ -52,7 +53,7 @@ async def recover(
     for info in interrupted:
         await _end_interrupted(session, info)
     for info in retry:
-        item = FunctionCall(
+        item = session.chat.find_call(info.call_id) or FunctionCall(
             id=new_id("item"),
             call_id=info.call_id,
             name=info.name,
@@ -60,11 +61,47 @@ async def recover(
             created_at=info.started_at,
         )
         logger.info("session %s: re-running %s (%s) after a restart", session.id, info.name, info.call_id)
-        session.executor.start(item, tools=tools, speech=None, step=0, agent=session.agent.name)
+        rc = session.executor.start(item, tools=tools, speech=None, step=0, agent=session.agent.name)
+        if info.background:
+            # its "running in the background" pair is already committed: the re-run stays in the background (its
+            # updates add no second pair, its result is a `<call_id>/final` pair). Safe: the runner has not started.
+            rc.info = rc.info.model_copy(update={"background": True, "progress": info.progress})
     return {"interrupted": [i.call_id for i in interrupted], "retried": sorted(retry_ids)}
 
 
 async def _end_interrupted(session: AgentSession, info: ToolCallInfo) -> None:
+    items, ended = restart_end(info, session.chat)
+    await session.commit(Commit(items=items, tool_calls=[ended]))
+    session.chat.append(*items)
+    session.executor.adopt(ended)
+    _report(session.events, items, ended)
+
+
+async def end_orphaned_calls(
+    session_id: str,
+    *,
+    tool_calls: Sequence[ToolCallInfo],
+    chat: ChatContext,
+    store: ChatStore,
+    events: EventLog,
+) -> list[str]:
+    """For a session that cannot be recovered (its agent is gone): end the calls it left running as interrupted,
+    each with its output, so that every call still ends exactly once (I5). Returns their call ids."""
+    ended_ids: list[str] = []
+    for info in tool_calls:
+        if info.ended:
+            continue
+        items, ended = restart_end(info, chat)
+        await store.commit(session_id, Commit(items=items, tool_calls=[ended]))
+        chat.append(*items)
+        _report(events, items, ended)
+        ended_ids.append(info.call_id)
+    return ended_ids
+
+
+def restart_end(info: ToolCallInfo, chat: ChatContext) -> tuple[list[ChatItem], ToolCallInfo]:
+    """What ends ``info`` as interrupted by the restart: the items ``chat`` still lacks (the call's pair; for a call
+    already in the background, a ``<call_id>/final`` pair) and the ended record. Commit them together."""
     now = utcnow()
     if info.background:
         # its first pair (the "running in the background" output) is already committed; the end gets its own pair
@@ -73,13 +110,13 @@ async def _end_interrupted(session: AgentSession, info: ToolCallInfo) -> None:
     else:
         call_id, created_at = info.call_id, info.started_at
     items: list[ChatItem] = []
-    if session.chat.find_call(call_id) is None:
+    if chat.find_call(call_id) is None:
         items.append(
             FunctionCall(
                 id=new_id("item"), call_id=call_id, name=info.name, arguments=info.arguments, created_at=created_at
             )
         )
-    if not session.chat.has_output(call_id):
+    if not chat.has_output(call_id):
         items.append(
             FunctionCallOutput(
                 id=new_id("item"), call_id=call_id, name=info.name, output=RESTART_OUTPUT, is_error=True, created_at=now
@@ -88,15 +125,16 @@ async def _end_interrupted(session: AgentSession, info: ToolCallInfo) -> None:
     ended = info.model_copy(
         update={"status": ToolStatus.INTERRUPTED, "output": RESTART_OUTPUT, "is_error": True, "ended_at": now}
     )
-    await session.commit(Commit(items=items, tool_calls=[ended]))
-    session.chat.append(*items)
-    session.executor.adopt(ended)
+    return items, ended
+
+
+def _report(events: EventLog, items: Sequence[ChatItem], ended: ToolCallInfo) -> None:
     for it in items:
-        session.events.emit("chat.item", item=it.model_dump(mode="json"))
-    session.events.emit(
+        events.emit("chat.item", item=it.model_dump(mode="json"))
+    events.emit(
         "tool.ended",
-        call_id=info.call_id,
-        name=info.name,
+        call_id=ended.call_id,
+        name=ended.name,
         status=ended.status.value,
         output=RESTART_OUTPUT,
         is_error=True,

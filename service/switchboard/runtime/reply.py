@@ -15,7 +15,7 @@ from .aio import cancel_and_wait, first_of
 from .chat import ChatMessage, FunctionCall, new_id, utcnow
 from .executor import RunningCall
 from .generation import Generation
-from .llm.base import LLMError, TextDelta, ToolCallChunk
+from .llm.base import LLMError, TextDelta, ToolCallChunk, Usage
 from .playout import PlayoutStream
 from .ports import Commit
 from .speech import SpeechHandle, SpeechState
@@ -160,6 +160,8 @@ async def _consume(session: AgentSession, speech: SpeechHandle, gen: Generation,
                 arguments_error=error,
             )
             step.calls.append(rc)
+        elif isinstance(chunk, Usage):
+            speech.add_usage(chunk.prompt_tokens, chunk.completion_tokens)
 
 
 def _parse_arguments(raw: str) -> tuple[dict[str, object], str | None]:

@@ -132,6 +132,7 @@ class AgentSession:
             if job.preemptive is not None:
                 await job.preemptive.aclose()
         await self.executor.abandon()
+        await self.llm.aclose()
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
@@ -152,6 +153,7 @@ class AgentSession:
         while self._queue:
             await self._finish_unstarted(self._queue.popleft())
         await self.executor.aclose(timeout_s=self.options.close_timeout_s)
+        await self.llm.aclose()
         self.state = "closed"
         self._set_agent_state("listening")
         await self.commit(Commit(session=self.snapshot()))

@@ -13,7 +13,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from .aio import first_of, resolve
 from .chat import new_id, utcnow
@@ -44,6 +44,15 @@ class SpeechState(StrEnum):
     DONE = "done"
 
 
+class SpeechUsage(BaseModel):
+    """Tokens the model used for a speech, summed over its generation steps."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 class SpeechInfo(BaseModel):
     """The persisted / API view of a speech."""
 
@@ -55,6 +64,7 @@ class SpeechInfo(BaseModel):
     text: str
     played_text: str
     created_at: datetime
+    usage: SpeechUsage = Field(default_factory=SpeechUsage)
 
 
 class SpeechHandle:
@@ -78,6 +88,7 @@ class SpeechHandle:
         self.state = SpeechState.SCHEDULED
         self.text = ""  # generated text, all steps
         self.played_text = ""  # heard text, all steps
+        self.usage = SpeechUsage()  # model tokens, all steps
         self.force_timeout_s = force_timeout_s
         self.forced = False
         self.started = False  # has begun playing
@@ -114,6 +125,13 @@ class SpeechHandle:
             text=self.text,
             played_text=self.played_text,
             created_at=self.created_at,
+            usage=self.usage,
+        )
+
+    def add_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.usage = SpeechUsage(
+            prompt_tokens=self.usage.prompt_tokens + prompt_tokens,
+            completion_tokens=self.usage.completion_tokens + completion_tokens,
         )
 
     # -- control --------------------------------------------------------------------------------------------

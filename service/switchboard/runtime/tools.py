@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import json
 import typing
+import weakref
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from enum import StrEnum
@@ -28,6 +30,10 @@ OnRestart = Literal["fail", "retry"]
 ToolScope = Literal["agent", "session"]
 
 CONFIRM_FIELD = "confirm_duplicate"
+_PARAMETERS: weakref.WeakKeyDictionary[type[BaseModel], dict[str, Any]] = weakref.WeakKeyDictionary()
+CONFIRM_DESCRIPTION = (
+    "Set to true only after the user confirmed running this again while an identical call is still in progress."
+)
 
 
 class ToolStatus(StrEnum):
@@ -148,11 +154,7 @@ class FunctionTool:
         if self.on_duplicate == "confirm":
             fields[CONFIRM_FIELD] = (
                 bool,
-                Field(
-                    default=False,
-                    description="Set to true only after the user confirmed running this again while an "
-                    "identical call is still in progress.",
-                ),
+                Field(default=False, description=CONFIRM_DESCRIPTION),
             )
         model = create_model(f"{self.name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
         return ctx_param, typing.cast(type[BaseModel], model)
@@ -167,9 +169,14 @@ class FunctionTool:
 
     @property
     def parameters(self) -> dict[str, Any]:
-        schema = _strip_titles(self.args_model.model_json_schema())
-        schema.setdefault("properties", {})
-        return typing.cast(dict[str, Any], schema)
+        # Generated once per arguments model, shared by every bound copy of the tool: pydantic's schema generation
+        # is slow and leaves cyclic garbage. A copy is returned so that no caller can change it for later requests.
+        schema = _PARAMETERS.get(self.args_model)
+        if schema is None:
+            schema = _strip_titles(self.args_model.model_json_schema())
+            schema.setdefault("properties", {})
+            _PARAMETERS[self.args_model] = schema
+        return copy.deepcopy(schema)
 
     def schema(self) -> dict[str, Any]:
         """OpenAI-style function description."""

@@ -5,13 +5,22 @@ Never imports the web layer. Alembic owns the schema (``migrations/``); ``Store.
 
 from .engine import make_engine
 from .migrate import downgrade, upgrade
-from .records import IdempotencyRecord, ReadError, SessionExists, SessionRecord, StoreClosed, StoreError
+from .records import (
+    IdempotencyRecord,
+    ReadError,
+    SessionData,
+    SessionExists,
+    SessionRecord,
+    StoreClosed,
+    StoreError,
+)
 from .store import InvalidCursor, Store
 
 __all__ = [
     "IdempotencyRecord",
     "InvalidCursor",
     "ReadError",
+    "SessionData",
     "SessionExists",
     "SessionRecord",
     "Store",

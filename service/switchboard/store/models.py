@@ -121,6 +121,8 @@ speeches = sa.Table(
     sa.Column("text", sa.Text(), nullable=False),
     sa.Column("played_text", sa.Text(), nullable=False),
     sa.Column("created_at", TZDateTime(), nullable=False),
+    sa.Column("prompt_tokens", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("completion_tokens", sa.Integer(), nullable=False, server_default="0"),
 )
 
 # ``id`` is a global, monotonic cursor for the multi-session dashboard stream; (session_id, seq) is the log key.

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from ..runtime.chat import ChatItem
+from ..runtime.speech import SpeechInfo
+from ..runtime.tools import ToolCallInfo
 
 LIVE_STATES = ("active", "initializing", "closing")
 
@@ -39,6 +43,16 @@ class IdempotencyRecord(BaseModel):
     status_code: int
     response_body: Any = None
     created_at: datetime = Field(default_factory=now_utc)
+
+
+@dataclass(slots=True)
+class SessionData:
+    """What recovery reads of one session (``Store.load_sessions_bulk``)."""
+
+    items: list[ChatItem] = field(default_factory=list)  # ordered, as ``Store.chat_items`` returns them
+    tool_calls: list[ToolCallInfo] = field(default_factory=list)
+    speeches: list[SpeechInfo] = field(default_factory=list)
+    last_seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)

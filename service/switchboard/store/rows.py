@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from ..runtime.chat import ChatItem, chat_item_adapter
 from ..runtime.events import Event
@@ -50,8 +50,17 @@ def item_row(session_id: str, pos: int, item: ChatItem) -> dict[str, Any]:
 
 
 def item_from_row(row: Mapping[Any, Any]) -> ChatItem:
-    data = _json(row["data"], "data")
-    return _validated(chat_item_adapter.validate_python, data)
+    """From a row whose ``data`` was read as JSON text (``ITEM_DATA``): parsed and validated in one step."""
+    return _validated(chat_item_adapter.validate_json, row["data"])
+
+
+_items_adapter: TypeAdapter[list[ChatItem]] = TypeAdapter(list[ChatItem])
+
+
+def items_from_texts(texts: Sequence[str]) -> list[ChatItem]:
+    """Many items' ``data`` (JSON text) parsed and validated in one call: several times faster than one by one
+    (recovery reads every item of every live session). Raises ``BadRow`` if any of them is bad."""
+    return _validated(_items_adapter.validate_json, "[" + ",".join(texts) + "]")
 
 
 # -- tool calls -------------------------------------------------------------------------------------------------
@@ -108,15 +117,21 @@ def tool_call_from_row(row: Mapping[Any, Any]) -> ToolCallInfo:
 SPEECH_FIELDS = ("id", "source", "state", "interrupted", "allow_interruptions", "text", "played_text", "created_at")
 
 
+USAGE_FIELDS = ("prompt_tokens", "completion_tokens")
+
+
 def speech_row(session_id: str, info: SpeechInfo) -> dict[str, Any]:
     row = {name: getattr(info, name) for name in SPEECH_FIELDS}
     row["state"] = info.state.value
     row["session_id"] = session_id
+    row.update({name: getattr(info.usage, name) for name in USAGE_FIELDS})
     return row
 
 
 def speech_from_row(row: Mapping[Any, Any]) -> SpeechInfo:
-    return _validated(SpeechInfo.model_validate, {name: row[name] for name in SPEECH_FIELDS})
+    data = {name: row[name] for name in SPEECH_FIELDS}
+    data["usage"] = {name: row[name] for name in USAGE_FIELDS}
+    return _validated(SpeechInfo.model_validate, data)
 
 
 # -- events -----------------------------------------------------------------------------------------------------

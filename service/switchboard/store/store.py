@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import logging
 from collections import deque
@@ -31,13 +32,14 @@ from ..runtime.tools import ToolCallInfo, ToolStatus
 from . import models as m
 from .engine import make_engine
 from .migrate import upgrade_engine
-from .records import LIVE_STATES, IdempotencyRecord, ReadError, SessionExists, SessionRecord, StoreError
+from .records import LIVE_STATES, IdempotencyRecord, ReadError, SessionData, SessionExists, SessionRecord, StoreError
 from .rows import (
     BadRow,
     event_from_row,
     idempotency_from_row,
     idempotency_row,
     item_from_row,
+    items_from_texts,
     session_from_row,
     session_row,
     speech_from_row,
@@ -51,6 +53,9 @@ logger = logging.getLogger("switchboard.store")
 T = TypeVar("T")
 
 READ_ERROR_LOG_MAX = 100
+# Chat item data read as JSON text: ``item_from_row`` parses and validates it in one step.
+ITEM_DATA = sa.cast(m.chat_items.c.data, sa.Text).label("data")
+BULK_CHUNK = 500  # sessions per query in load_sessions_bulk (bound parameters stay far below the limits)
 PING_TIMEOUT_S = 2.0
 
 
@@ -201,8 +206,16 @@ class Store:
     async def chat_items(self, sid: str) -> list[ChatItem]:
         """The session's chat context, ordered (``order_items``: by created_at, each output after its call)."""
         t = m.chat_items
-        stmt = sa.select(t.c.session_id, t.c.pos, t.c.data).where(t.c.session_id == sid).order_by(t.c.pos)
-        return order_items(self._convert(await self._fetch(stmt), item_from_row, "chat_items"))
+        stmt = sa.select(t.c.session_id, t.c.pos, ITEM_DATA).where(t.c.session_id == sid).order_by(t.c.pos)
+        return self._items(await self._fetch(stmt))
+
+    def _items(self, rows: Sequence[RowMapping]) -> list[ChatItem]:
+        """One session's item rows (in ``pos`` order) as its ordered chat context; bad rows are skipped."""
+        try:
+            items = items_from_texts([row["data"] for row in rows])
+        except BadRow:  # find, report and skip the bad rows
+            items = self._convert(rows, item_from_row, "chat_items")
+        return order_items(items)
 
     async def tool_calls(self, sid: str, status: str | None = None) -> list[ToolCallInfo]:
         t = m.tool_calls
@@ -268,6 +281,31 @@ class Store:
         async with self.engine.connect() as conn:
             value = await conn.scalar(sa.select(sa.func.max(t.c.seq)).where(t.c.session_id == sid))
         return int(value or 0)
+
+    async def load_sessions_bulk(self, ids: Sequence[str]) -> dict[str, SessionData]:
+        """Chat items (ordered), tool calls, speeches and last event ``seq`` of many sessions (what recovery needs),
+        in four queries per ``BULK_CHUNK`` sessions on one connection, instead of four per session."""
+        out = {sid: SessionData() for sid in ids}
+        ci, tc, sp, ev = m.chat_items, m.tool_calls, m.speeches, m.events
+        async with self.engine.connect() as conn:
+            for start in range(0, len(ids), BULK_CHUNK):
+                chunk = list(ids[start : start + BULK_CHUNK])
+                stmt = sa.select(ci.c.session_id, ci.c.pos, ITEM_DATA).where(ci.c.session_id.in_(chunk))
+                rows = (await conn.execute(stmt.order_by(ci.c.session_id, ci.c.pos))).mappings().all()
+                for sid, session_rows in itertools.groupby(rows, key=lambda row: row["session_id"]):
+                    out[sid].items = self._items(list(session_rows))
+                stmt = sa.select(tc).where(tc.c.session_id.in_(chunk))
+                rows = (await conn.execute(stmt.order_by(tc.c.started_at, tc.c.call_id))).mappings().all()
+                for row, call in self._convert_pairs(rows, tool_call_from_row, "tool_calls"):
+                    out[row["session_id"]].tool_calls.append(call)
+                stmt = sa.select(sp).where(sp.c.session_id.in_(chunk))
+                rows = (await conn.execute(stmt.order_by(sp.c.created_at, sp.c.id))).mappings().all()
+                for row, speech in self._convert_pairs(rows, speech_from_row, "speeches"):
+                    out[row["session_id"]].speeches.append(speech)
+                stmt = sa.select(ev.c.session_id, sa.func.max(ev.c.seq)).where(ev.c.session_id.in_(chunk))
+                for sid, top in await conn.execute(stmt.group_by(ev.c.session_id)):
+                    out[sid].last_seq = int(top or 0)
+        return out
 
     # -- idempotency (I7) -------------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,8 +42,29 @@ def dialect_insert(conn: AsyncConnection, table: sa.Table) -> Any:
     return postgresql.insert(table) if conn.dialect.name == "postgresql" else sqlite.insert(table)
 
 
+@functools.cache
+def _insert_events_stmt(dialect: str) -> Any:
+    stmt = postgresql.insert(m.events) if dialect == "postgresql" else sqlite.insert(m.events)
+    return stmt.on_conflict_do_nothing(index_elements=["session_id", "seq"])
+
+
+# Statements run for every batch are built once (building them leaves cyclic garbage for the collector).
+_EVENT_IDS = sa.select(m.events.c.id, m.events.c.session_id, m.events.c.seq).where(
+    sa.tuple_(m.events.c.session_id, m.events.c.seq).in_(sa.bindparam("keys", expanding=True))
+)
+_EXISTING_ITEMS = sa.select(m.chat_items.c.session_id, m.chat_items.c.item_id).where(
+    sa.tuple_(m.chat_items.c.session_id, m.chat_items.c.item_id).in_(sa.bindparam("keys", expanding=True))
+)
+
+
 def _upsert(conn: AsyncConnection, table: sa.Table, keys: Sequence[str], update: Sequence[str]) -> Any:
-    stmt = dialect_insert(conn, table)
+    return _upsert_stmt(conn.dialect.name, table, tuple(keys), tuple(update))
+
+
+@functools.cache
+def _upsert_stmt(dialect: str, table: sa.Table, keys: tuple[str, ...], update: tuple[str, ...]) -> Any:
+    # Built once per table: ``excluded`` makes a new alias with a proxy per column, cyclic garbage for every batch.
+    stmt = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
     return stmt.on_conflict_do_update(index_elements=list(keys), set_={c: stmt.excluded[c] for c in update})
 
 
@@ -125,16 +147,11 @@ async def apply_batch(conn: AsyncConnection, ops: Sequence[Op], next_pos: dict[s
     if speech_rows:
         await conn.execute(_upsert(conn, m.speeches, ["session_id", "id"], _SPEECH_UPDATE), list(speech_rows.values()))
     if event_rows:
-        stmt = dialect_insert(conn, m.events).on_conflict_do_nothing(index_elements=["session_id", "seq"])
-        await conn.execute(stmt, list(event_rows.values()))
+        await conn.execute(_insert_events_stmt(conn.dialect.name), list(event_rows.values()))
         # Each event learns its global cursor (the multi-session stream resumes by it).
-        t = m.events
         keys = list(event_rows)
         for start in range(0, len(keys), 400):
-            chunk = keys[start : start + 400]
-            found = await conn.execute(
-                sa.select(t.c.id, t.c.session_id, t.c.seq).where(sa.tuple_(t.c.session_id, t.c.seq).in_(chunk))
-            )
+            found = await conn.execute(_EVENT_IDS, {"keys": keys[start : start + 400]})
             for row_id, sid, seq in found:
                 for ev in event_objs.get((sid, seq), ()):
                     ev.cursor = int(row_id)
@@ -169,10 +186,8 @@ async def _append_items(
 
 
 async def _existing_items(conn: AsyncConnection, keys: list[tuple[str, str]]) -> set[tuple[str, str]]:
-    t = m.chat_items
     found: set[tuple[str, str]] = set()
     for start in range(0, len(keys), _LOOKUP_CHUNK):
-        chunk = keys[start : start + _LOOKUP_CHUNK]
-        stmt = sa.select(t.c.session_id, t.c.item_id).where(sa.tuple_(t.c.session_id, t.c.item_id).in_(chunk))
-        found.update((sid, item_id) for sid, item_id in (await conn.execute(stmt)).all())
+        result = await conn.execute(_EXISTING_ITEMS, {"keys": keys[start : start + _LOOKUP_CHUNK]})
+        found.update((sid, item_id) for sid, item_id in result.all())
     return found

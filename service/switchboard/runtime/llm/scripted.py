@@ -73,6 +73,9 @@ class ScriptedLLM:
         if state and isinstance(state.get("position"), int):
             self.position = max(0, min(state["position"], len(self.turns)))
 
+    async def aclose(self) -> None:
+        return None
+
     def _next_turn(self) -> Turn:
         if self.position < len(self.turns):
             turn = self.turns[self.position]

@@ -1,0 +1,417 @@
+"""WebSocket benchmark: tool progress fanned out to 1,000 subscribers, against a plain ``websockets`` broadcast server.
+
+Two phases in one run, measured the same way by the same client processes (asyncio, many connections each, separate
+from the server process):
+
+1. **Switchboard**: a real ``switchboard serve`` process (SQLite in a temp dir, loopback). One session runs the
+   ``ticker`` tool below, which calls ``ctx.update()`` ``--events`` times at ``--rate`` per second on a fixed schedule;
+   each progress message carries ``time.time()`` taken just before ``ctx.update()``. ``--subscribers`` WebSockets
+   stream the session's events with ``types=tool.progress``. Delivery latency = receipt time (``time.time()`` in the
+   client, same machine clock) - that timestamp, per event per subscriber: it covers the durable writes of the update
+   and of its event, the hub, the per-subscriber send and the client's own loop.
+2. **Baseline**: a minimal server of our own built on the ``websockets`` library (``websockets.broadcast``), sending a
+   frame of the same shape and size at the same rate to the same number of clients, timestamped just before the
+   broadcast.
+
+Reported: latency p50/p99/max per phase, events/s delivered, missing frames, closed connections, and the ratio of
+Switchboard's p99 to the baseline's. Budget: Switchboard p99 <= 100 ms and ratio <= 1.5x.
+
+Run: ``.venv/bin/python bench/ws_fanout.py [--subscribers 1000] [--events 200] [--rate 10] [--procs 2]``
+The script stops by itself (every wait is bounded), stops every process it started, and exits non-zero if a budget is
+missed. The other roles (``--role client|baseline``) are started by the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from switchboard import Agent, RunContext, function_tool
+
+SCRIPT = Path(__file__).resolve()
+ROOT = SCRIPT.parents[1]
+BUDGET_P99_MS = 100.0
+BUDGET_RATIO = 1.5
+SESSION_ID = "fanout-bench"
+CONNECT_CONCURRENCY = 50
+
+
+class Ticker(Agent):
+    """The benchmark agent, loaded by the server with ``SWITCHBOARD_AGENTS=bench.ws_fanout:AGENTS``."""
+
+    def __init__(self) -> None:
+        super().__init__(instructions="benchmark agent", name="ticker")
+
+    @function_tool
+    async def ticker(self, ctx: RunContext, events: int, rate: float) -> str:
+        """Report progress ``events`` times, ``rate`` times per second, each update stamped with the time."""
+        start = time.time()
+        for i in range(events):
+            delay = start + i / rate - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await ctx.update(json.dumps({"i": i, "t": time.time()}), progress=round((i + 1) / events, 4))
+        return f"{events} updates sent"
+
+
+AGENTS = {"ticker": Ticker}
+
+
+def raise_nofile(want: int) -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(max(soft, want), hard)
+    if target != soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
+
+
+def run_loop(coro: Any) -> Any:
+    try:
+        import uvloop  # the server runs on uvloop too (uvicorn's default when installed)
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)  # nearest rank
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+# -- role: client ----------------------------------------------------------------------------------------------------
+
+
+async def client_main(url: str, conns: int, expect: int, timeout_s: float) -> None:
+    """Open ``conns`` WebSockets, print READY, collect ``expect`` frames on each (or time out), print RESULT."""
+    from websockets.asyncio.client import connect
+
+    latencies: list[float] = []
+    counts = [0] * conns
+    closes: dict[str, int] = {}
+    first_last = [math.inf, 0.0]
+    all_done = asyncio.Event()
+    finished = [0]
+    sem = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+    async def one(k: int, ready: asyncio.Future[Any]) -> None:
+        try:
+            async with sem:
+                ws = await connect(url, ping_interval=None, max_queue=None, open_timeout=60)
+        except Exception as err:
+            ready.set_exception(err)
+            return
+        ready.set_result(None)
+        try:
+            async for raw in ws:
+                now = time.time()
+                frame = json.loads(raw)
+                sent = json.loads(frame["data"]["message"])["t"]
+                latencies.append((now - sent) * 1000)
+                first_last[0] = min(first_last[0], now)
+                first_last[1] = max(first_last[1], now)
+                counts[k] += 1
+                if counts[k] == expect:
+                    finished[0] += 1
+                    if finished[0] == conns:
+                        all_done.set()
+                    break
+        except Exception as err:
+            closes[type(err).__name__] = closes.get(type(err).__name__, 0) + 1
+        finally:
+            if ws.close_code not in (None, 1000):
+                closes[f"code {ws.close_code}"] = closes.get(f"code {ws.close_code}", 0) + 1
+            with contextlib.suppress(Exception):
+                await ws.close()
+
+    loop = asyncio.get_running_loop()
+    readies = [loop.create_future() for _ in range(conns)]
+    tasks = [asyncio.create_task(one(k, readies[k])) for k in range(conns)]
+    async with asyncio.timeout(120):
+        await asyncio.gather(*readies)
+    print("READY", flush=True)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await all_done.wait()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    result = {
+        "latencies": [round(v, 3) for v in latencies],
+        "received": sum(counts),
+        "missing": sum(max(0, expect - c) for c in counts),
+        "closes": closes,
+        "first": first_last[0],
+        "last": first_last[1],
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# -- role: baseline server -------------------------------------------------------------------------------------------
+
+
+async def baseline_main(port: int, events: int, rate: float) -> None:
+    """A plain ``websockets`` broadcast server: waits for GO on stdin, then broadcasts ``events`` frames at ``rate``."""
+    from websockets.asyncio.server import ServerConnection, broadcast, serve
+
+    clients: set[ServerConnection] = set()
+
+    async def handler(ws: ServerConnection) -> None:
+        clients.add(ws)
+        try:
+            await ws.wait_closed()
+        finally:
+            clients.discard(ws)
+
+    loop = asyncio.get_running_loop()
+    async with serve(handler, "127.0.0.1", port, ping_interval=None):
+        print("LISTENING", flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)  # GO
+        start = time.time()
+        for i in range(events):
+            delay = start + i / rate - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            frame = {  # the shape and size of a Switchboard tool.progress frame
+                "seq": i + 10,
+                "session_id": SESSION_ID,
+                "type": "tool.progress",
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
+                "data": {
+                    "call_id": "call_0123456789abcdef",
+                    "message": json.dumps({"i": i, "t": time.time()}),
+                    "progress": round((i + 1) / events, 4),
+                },
+            }
+            broadcast(clients, json.dumps(frame))
+        print("SENT", flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)  # STOP
+
+
+# -- role: orchestrator ----------------------------------------------------------------------------------------------
+
+
+class Proc:
+    """A child process of this script that speaks in lines on stdout."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
+        self.proc, self.name = proc, name
+
+    @classmethod
+    async def start(cls, name: str, *args: str) -> Proc:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(SCRIPT),
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=64 * 1024 * 1024,
+        )
+        return cls(proc, name)
+
+    async def expect(self, word: str, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                line = (await self.proc.stdout.readline()).decode()
+                if not line:
+                    raise RuntimeError(f"{self.name} exited ({await self.proc.wait()}) before {word}")
+                if line.startswith(word):
+                    return line[len(word) :].strip()
+
+    def say(self, word: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(word.encode() + b"\n")
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        await self.proc.wait()
+
+
+async def run_clients(url: str, args: argparse.Namespace, go: Any) -> dict[str, Any]:
+    """Start the client processes, call ``go()`` once all are connected, and merge their results."""
+    per = [args.subscribers // args.procs + (1 if k < args.subscribers % args.procs else 0) for k in range(args.procs)]
+    timeout = args.events / args.rate + 30
+    clients = [
+        await Proc.start(
+            f"client{k}", "--role", "client", "--url", url, "--conns", str(n), "--events", str(args.events),
+            "--timeout-s", str(timeout),
+        )
+        for k, n in enumerate(per)
+    ]  # fmt: skip
+    try:
+        for c in clients:
+            await c.expect("READY", 180)
+        await go()
+        results = [json.loads(await c.expect("RESULT", timeout + 30)) for c in clients]
+    finally:
+        for c in clients:
+            await c.stop()
+    merged: dict[str, Any] = {"latencies": [], "received": 0, "missing": 0, "closes": {}}
+    for r in results:
+        merged["latencies"].extend(r["latencies"])
+        merged["received"] += r["received"]
+        merged["missing"] += r["missing"]
+        for k, v in r["closes"].items():
+            merged["closes"][k] = merged["closes"].get(k, 0) + v
+    merged["span_s"] = max(r["last"] for r in results) - min(r["first"] for r in results)
+    return merged
+
+
+async def phase_switchboard(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    import httpx
+
+    sys.path.insert(0, str(ROOT))
+    from tests.e2e.server import Server
+
+    server = Server(tmp, SWITCHBOARD_AGENTS="bench.ws_fanout:AGENTS", SWITCHBOARD_MAX_SESSIONS="10").start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            call = {"name": "ticker", "arguments": {"events": args.events, "rate": args.rate}}
+            turn = {"text": "", "tool_calls": [call]}
+            body = {"id": SESSION_ID, "agent": "ticker", "llm": {"provider": "scripted", "turns": [turn]}}
+            (await http.post("/v1/sessions", json=body)).raise_for_status()
+
+            async def go() -> None:
+                async with asyncio.timeout(60):  # every subscription is registered in the hub
+                    while True:
+                        text = (await http.get("/metrics")).text
+                        line = next(ln for ln in text.splitlines() if ln.startswith("switchboard_event_subscribers "))
+                        if float(line.split()[1]) >= args.subscribers:
+                            break
+                        await asyncio.sleep(0.1)
+                await asyncio.sleep(1.0)
+                (await http.post(f"/v1/sessions/{SESSION_ID}/input", json={"text": "go"})).raise_for_status()
+
+            url = f"{server.ws_url}/v1/sessions/{SESSION_ID}/events?types=tool.progress"
+            result = await run_clients(url, args, go)
+            text = (await http.get("/metrics")).text
+            result["server"] = [
+                ln
+                for ln in text.splitlines()
+                if ln.startswith(("switchboard_ws_slow_consumers_dropped_total", "process_cpu_seconds_total"))
+            ]
+        logs = server.logs()
+        result["server_errors"] = [ln[:200] for ln in logs.splitlines() if "ERROR" in ln or "Traceback" in ln][:10]
+        return result
+    finally:
+        server.stop()
+
+
+async def phase_baseline(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from tests.e2e.server import free_port
+
+    port = free_port()
+    server = await Proc.start(
+        "baseline", "--role", "baseline", "--port", str(port), "--events", str(args.events), "--rate", str(args.rate)
+    )
+    try:
+        await server.expect("LISTENING", 30)
+
+        async def go() -> None:
+            await asyncio.sleep(1.0)
+            server.say("GO")
+
+        result = await run_clients(f"ws://127.0.0.1:{port}/", args, go)
+        server.say("STOP")
+        return result
+    finally:
+        await server.stop()
+
+
+def summarise(name: str, r: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
+    lat = r["latencies"]
+    out = {
+        "p50": pct(lat, 50) if lat else math.nan,
+        "p99": pct(lat, 99) if lat else math.nan,
+        "max": max(lat) if lat else math.nan,
+        "delivered_per_s": r["received"] / r["span_s"] if r["span_s"] > 0 else math.nan,
+        "updates_per_s": (args.events - 1) / r["span_s"] if r["span_s"] > 0 else math.nan,
+    }
+    print(
+        f"| {name:<11} | {len(lat):>9,} | {r['missing']:>7} | {out['p50']:8.2f} | {out['p99']:8.2f} "
+        f"| {out['max']:8.2f} | {out['delivered_per_s']:>10,.0f} | {out['updates_per_s']:7.2f} | {r['closes'] or '-'}"
+    )
+    return out
+
+
+async def orchestrate(args: argparse.Namespace) -> int:
+    nofile = raise_nofile(args.subscribers * 2 + 1024)
+    print(f"python {platform.python_version()} on {platform.system()} {platform.machine()}, {os.cpu_count()} cpus")
+    print(
+        f"{args.subscribers} subscribers in {args.procs} client process(es); {args.events} updates at {args.rate:g}/s; "
+        f"open-file limit {nofile}; latencies in ms, receipt time - send time (same clock)\n"
+    )
+    results: dict[str, dict[str, Any]] = {}
+    async with asyncio.timeout(args.timeout_s):
+        with tempfile.TemporaryDirectory(prefix="sb-fanout-") as tmp:
+            for phase in args.order.split(","):
+                print(f"running {phase} ...", flush=True)
+                if phase == "switchboard":
+                    results[phase] = await phase_switchboard(args, Path(tmp))
+                else:
+                    results[phase] = await phase_baseline(args)
+
+    print("\n| server      |    frames | missing |      p50 |      p99 |      max | frames/s   | upd/s   | closed")
+    print("|-------------|----------:|--------:|---------:|---------:|---------:|-----------:|--------:|-------")
+    stats = {name: summarise(name, r, args) for name, r in results.items()}
+    sb = results.get("switchboard", {})
+    for line in sb.get("server", []):
+        print(f"switchboard {line}")
+    for line in sb.get("server_errors", []):
+        print(f"switchboard log: {line}")
+    ok = True
+    if "switchboard" in stats:
+        p99 = stats["switchboard"]["p99"]
+        met = p99 <= BUDGET_P99_MS and sb["missing"] == 0
+        ok = ok and met
+        verdict = "PASS" if met else "FAIL"
+        print(f"\nbudget: switchboard p99 {p99:.2f} ms <= {BUDGET_P99_MS:g} ms, nothing missing -> {verdict}")
+    if "switchboard" in stats and "baseline" in stats:
+        ratio = stats["switchboard"]["p99"] / stats["baseline"]["p99"]
+        met = ratio <= BUDGET_RATIO
+        ok = ok and met
+        verdict = "PASS" if met else "FAIL"
+        print(f"budget: p99 ratio switchboard/baseline {ratio:.2f}x <= {BUDGET_RATIO:g}x -> {verdict}")
+    return 0 if ok else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--role", choices=("main", "client", "baseline"), default="main")
+    parser.add_argument("--subscribers", type=int, default=1000)
+    parser.add_argument("--procs", type=int, default=2, help="client processes")
+    parser.add_argument("--events", type=int, default=200, help="progress updates (20 s at 10/s)")
+    parser.add_argument("--rate", type=float, default=10.0, help="updates per second")
+    parser.add_argument("--order", default="switchboard,baseline")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="stop after this long, whatever happens")
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--conns", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "client":
+        raise_nofile(args.conns + 256)
+        run_loop(client_main(args.url, args.conns, args.events, args.timeout_s))
+        return 0
+    if args.role == "baseline":
+        raise_nofile(2 * 4096)
+        run_loop(baseline_main(args.port, args.events, args.rate))
+        return 0
+    return int(run_loop(orchestrate(args)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

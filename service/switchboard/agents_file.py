@@ -1,0 +1,255 @@
+"""Declarative agents: a YAML or JSON file (``SWITCHBOARD_AGENTS_FILE``) of agents whose tools are webhooks.
+
+The file holds a list of agents, or a mapping of agent names to agents::
+
+    - name: concierge
+      instructions: You book tables.
+      llm: {provider: openai, model: gpt-4o-mini}      # optional: used when a session gives no llm
+      tools:
+        - kind: webhook
+          name: search_tables
+          description: Search free tables.
+          parameters: {type: object, properties: {city: {type: string}}, required: [city]}
+          url: https://backend.example/tools/search_tables
+          secret_env: CONCIERGE_WEBHOOK_SECRET
+
+It is validated completely at startup; every problem is reported with the file and the field
+(``agents.yaml: agents[0].tools[0].url: ...``) and the service does not start.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from .runtime.agent import Agent, AgentFactory, AgentRegistry
+from .runtime.executor import COMPANION_TOOLS
+from .runtime.llm import build_llm
+from .runtime.tools import CONFIRM_FIELD, DuplicateScope, OnDuplicate, OnRestart, ToolScope
+from .schema_model import SchemaError, object_model
+from .webhooks import WebhookEndpoint, Webhooks, WebhookTool, default_cancel_url
+
+AGENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # what model providers accept as a function name
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_TIMEOUT_S = 24 * 3600.0
+
+
+class AgentsFileError(ValueError):
+    """The agents file cannot be used; the message names the file and each bad field."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WebhookToolSpec(_Spec):
+    kind: Literal["webhook"]
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    url: HttpUrl
+    cancel_url: HttpUrl | None = None
+    timeout_s: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT_S)
+    secret_env: str = Field(pattern=ENV_NAME_PATTERN)
+    allow_cancellation: bool = False
+    on_duplicate: OnDuplicate = "allow"
+    duplicate_scope: DuplicateScope = "name"
+    on_restart: OnRestart = "fail"
+    scope: ToolScope = "agent"
+
+    @field_validator("name")
+    @classmethod
+    def _not_companion(cls, value: str) -> str:
+        if value in COMPANION_TOOLS:
+            raise ValueError(f"{value!r} is a built-in tool name")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type", "object") != "object":
+            raise ValueError("must be a JSON Schema of type 'object'")
+        try:
+            object_model(value, "", "arguments")
+        except SchemaError as err:
+            raise ValueError(f"unsupported JSON Schema: {err}") from None
+        if CONFIRM_FIELD in value.get("properties", {}):
+            raise ValueError(f"{CONFIRM_FIELD!r} is reserved (on_duplicate='confirm' adds it)")
+        return value
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_set(cls, value: str, info: ValidationInfo) -> str:
+        environ: Mapping[str, str] = (info.context or {}).get("environ", os.environ)
+        if not environ.get(value):
+            raise ValueError(f"environment variable {value} is not set (it holds the webhook signing secret)")
+        return value
+
+
+class AgentSpec(_Spec):
+    name: str = Field(pattern=AGENT_NAME_PATTERN)
+    instructions: str = Field(min_length=1)
+    llm: dict[str, Any] | None = None
+    tools: list[WebhookToolSpec] = Field(default_factory=list)
+
+    @field_validator("llm")
+    @classmethod
+    def _llm(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            try:
+                build_llm(value)  # providers build lazily: this checks the config, it opens nothing
+            except ValidationError as err:
+                raise ValueError("invalid llm configuration: " + _join_errors(err)) from None
+            except ValueError as err:
+                raise ValueError(f"invalid llm configuration: {err}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _unique_tools(self) -> AgentSpec:
+        names = [t.name for t in self.tools]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError(f"duplicate tool name(s): {', '.join(dups)}")
+        return self
+
+
+class AgentsFile(_Spec):
+    agents: list[AgentSpec]
+
+    @model_validator(mode="after")
+    def _unique_agents(self) -> AgentsFile:
+        names = [a.name for a in self.agents]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError(f"duplicate agent name(s): {', '.join(dups)}")
+        return self
+
+
+def _join_errors(err: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in err.errors())
+
+
+def _location(loc: tuple[int | str, ...], keys: list[str] | None) -> str:
+    """``("agents", 0, "tools", 1, "url")`` -> ``agents[0].tools[1].url`` (or ``concierge.tools[1].url``)."""
+    out = ""
+    parts = list(loc)
+    if parts[:1] == ["agents"]:
+        parts = parts[1:]
+        if keys is not None and parts and isinstance(parts[0], int) and parts[0] < len(keys):
+            out, parts = keys[parts[0]], parts[1:]
+        else:
+            out = "agents"
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out or "agents"
+
+
+def _message(error: Any) -> str:
+    msg = str(error["msg"])
+    return msg.removeprefix("Value error, ")
+
+
+def read_agents_file(path: str | Path, *, environ: Mapping[str, str] | None = None) -> list[AgentSpec]:
+    """Parse and validate the file. Raises ``AgentsFileError`` listing every problem with its location."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise AgentsFileError(f"{path}: cannot read the agents file ({err.strerror or err})") from None
+    is_json = path.suffix.lower() == ".json"
+    try:
+        data = json.loads(text) if is_json else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as err:
+        raise AgentsFileError(f"{path}: not valid {'JSON' if is_json else 'YAML'}: {err}") from None
+    keys: list[str] | None = None
+    if isinstance(data, dict):
+        keys = [str(k) for k in data]
+        entries: list[Any] = []
+        for key, body in data.items():
+            if isinstance(body, dict) and body.get("name", key) != key:
+                raise AgentsFileError(f"{path}: {key}.name: differs from the agent's key {key!r}")
+            entries.append({**body, "name": str(key)} if isinstance(body, dict) else body)
+    elif isinstance(data, list):
+        entries = data
+    else:
+        raise AgentsFileError(f"{path}: must hold a list of agents or a mapping of agent names to agents")
+    try:
+        parsed = AgentsFile.model_validate(
+            {"agents": entries}, context={"environ": os.environ if environ is None else environ}
+        )
+    except ValidationError as err:
+        problems = [f"  {_location(tuple(e['loc']), keys)}: {_message(e)}" for e in err.errors()]
+        raise AgentsFileError(f"{path}: invalid agents file:\n" + "\n".join(problems)) from None
+    return parsed.agents
+
+
+@dataclass(frozen=True)
+class DeclaredAgents:
+    """Agents from an agents file, ready to register: a factory each, and the llm configs they default to."""
+
+    path: Path
+    factories: dict[str, AgentFactory]
+    default_llms: dict[str, dict[str, Any]]
+
+    def register(self, registry: AgentRegistry) -> None:
+        taken = sorted(name for name in self.factories if name in registry)
+        if taken:
+            raise AgentsFileError(
+                f"{self.path}: agent name(s) already defined by a Python agent or the built-ins: {', '.join(taken)}"
+            )
+        for name, factory in self.factories.items():
+            registry.register(name, factory)
+
+
+def webhook_tool(spec: WebhookToolSpec, webhooks: Webhooks, secret: str) -> WebhookTool:
+    url = str(spec.url)
+    endpoint = WebhookEndpoint(
+        url=url,
+        cancel_url=str(spec.cancel_url) if spec.cancel_url else default_cancel_url(url),
+        timeout_s=spec.timeout_s,
+        secret=secret,
+    )
+    return WebhookTool(
+        name=spec.name,
+        description=spec.description,
+        parameters=spec.parameters,
+        endpoint=endpoint,
+        webhooks=webhooks,
+        on_duplicate=spec.on_duplicate,
+        duplicate_scope=spec.duplicate_scope,
+        allow_cancellation=spec.allow_cancellation,
+        on_restart=spec.on_restart,
+        scope=spec.scope,
+    )
+
+
+def load_agents_file(
+    path: str | Path, webhooks: Webhooks, *, environ: Mapping[str, str] | None = None
+) -> DeclaredAgents:
+    """Read the file and build its agents. Secrets are read from the environment once, here."""
+    environ = os.environ if environ is None else environ
+    specs = read_agents_file(path, environ=environ)
+    factories: dict[str, AgentFactory] = {}
+    for spec in specs:
+        tools = tuple(webhook_tool(t, webhooks, environ[t.secret_env]) for t in spec.tools)
+        factories[spec.name] = functools.partial(Agent, instructions=spec.instructions, tools=tools, name=spec.name)
+    llms = {spec.name: spec.llm for spec in specs if spec.llm is not None}
+    return DeclaredAgents(Path(path), factories, llms)

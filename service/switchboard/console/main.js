@@ -1,0 +1,116 @@
+// Entry point: credentials, routing by URL fragment, and wiring of the overview and the session view.
+//
+//   /console/                                  overview; pick a session
+//   /console/#session=<sid>                    a session, with the API key of this tab (if auth is on)
+//   /console/#session=<sid>&token=<sbt_...>    embedded, read-only, with a per-session token
+//
+// The fragment never reaches the server; the API key lives only in sessionStorage.
+
+import { Api } from "./api.js";
+import { Overview } from "./overview.js";
+import { SessionView } from "./session_view.js";
+
+const $ = (id) => document.getElementById(id);
+
+function route() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  return { sid: params.get("session"), token: params.get("token") };
+}
+
+const initial = route();
+const api = new Api({ token: initial.token });
+const app = { api, overview: null, view: null };
+window.switchboard = app; // for debugging and for the browser tests
+
+function notice(message) {
+  const box = $("notice");
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+function authUi() {
+  const hasKey = Boolean(api.apiKey);
+  $("auth-state").textContent = api.readOnly ? "Read-only (session token)" : hasKey ? "Using an API key" : "";
+  $("auth-forget").hidden = !hasKey || api.readOnly;
+  $("auth-open").hidden = api.readOnly;
+}
+
+function askForKey(message) {
+  if (api.readOnly) return;
+  $("auth-form").hidden = false;
+  if (message) notice(message);
+  $("auth-key").focus();
+}
+
+function onError(err, prefix) {
+  if (err.status === 401) return askForKey(api.apiKey ? "That API key was not accepted." : "This service needs an API key.");
+  notice(prefix ? `${prefix}: ${err.message}` : err.message);
+}
+
+function openSession(sid) {
+  if (app.view && app.view.sid === sid) return;
+  if (app.view) app.view.stop();
+  app.view = null;
+  if (app.overview) app.overview.select(sid);
+  const root = $("session-view");
+  if (!sid) {
+    root.innerHTML = '<p class="placeholder muted">Pick a session on the left to see its timeline and control it.</p>';
+    return;
+  }
+  app.view = new SessionView({ root, api, sid });
+  app.view.start();
+  document.title = `${sid} — Switchboard console`;
+  app.view.title.focus({ preventScroll: true });
+}
+
+function restart() {
+  // credentials changed: reload both views with them
+  notice("");
+  authUi();
+  if (app.overview) app.overview.stop();
+  app.overview = embedded ? null : new Overview(overviewParts).start();
+  const sid = app.view?.sid ?? route().sid;
+  if (app.view) app.view.stop();
+  app.view = null;
+  openSession(sid);
+}
+
+const embedded = api.readOnly;
+const overviewParts = {
+  api,
+  sessionsBody: $("sessions"),
+  sessionsEmpty: $("sessions-empty"),
+  toolsList: $("running-tools"),
+  toolsEmpty: $("tools-empty"),
+  status: $("list-status"),
+  onError,
+};
+
+api.onUnauthorized = () => askForKey(api.apiKey ? "That API key was not accepted." : "This service needs an API key.");
+
+$("auth-open").addEventListener("click", () => askForKey(""));
+$("auth-cancel").addEventListener("click", () => {
+  $("auth-form").hidden = true;
+});
+$("auth-forget").addEventListener("click", () => {
+  api.setApiKey(null);
+  restart();
+});
+$("auth-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const key = $("auth-key").value.trim();
+  if (!key) return;
+  api.setApiKey(key);
+  $("auth-key").value = "";
+  $("auth-form").hidden = true;
+  restart();
+});
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape" && !$("auth-form").hidden) $("auth-form").hidden = true;
+});
+window.addEventListener("hashchange", () => openSession(route().sid));
+
+if (embedded) document.body.classList.add("embedded");
+authUi();
+if (!embedded) app.overview = new Overview(overviewParts).start();
+openSession(initial.sid);

@@ -1,0 +1,264 @@
+// One session: its header, the operator controls and the live timeline.
+
+import { Intent } from "./api.js";
+import { h } from "./dom.js";
+import { SessionStream } from "./stream.js";
+import { Timeline } from "./timeline.js";
+
+const STREAM_STATES = {
+  connecting: "Connecting…",
+  live: "Live",
+  reconnecting: "Reconnecting…",
+  ended: "Session closed",
+  failed: "Disconnected",
+};
+
+export class SessionView {
+  constructor({ root, api, sid }) {
+    this.root = root;
+    this.api = api;
+    this.sid = sid;
+    this.path = `/v1/sessions/${encodeURIComponent(sid)}`;
+    this.intents = new Map();
+    this._token = null;
+    this._render();
+    this.timeline = new Timeline({
+      list: this.list,
+      scroller: this.scroller,
+      readOnly: api.readOnly,
+      fetchSpeech: (id) => this.api.get(`${this.path}/speeches/${encodeURIComponent(id)}`),
+      onCancel: (callId, button) => this.cancelTool(callId, button),
+      onChange: (info) => this._updateHeader(info),
+    });
+    this.stream = null;
+  }
+
+  async start() {
+    try {
+      const session = await this.api.get(this.path);
+      this._updateHeader({ agent: session.agent, agentState: session.agent_state, state: session.state });
+    } catch (err) {
+      this._showError(err.message);
+      if (err.status === 404 || err.status === 401 || err.status === 403) return this;
+    }
+    this.stream = new SessionStream({
+      sid: this.sid,
+      wsUrl: (path) => this.api.wsUrl(path),
+      token: (fresh) => this._streamToken(fresh),
+      onEvents: (events) => this.timeline.ingest(events),
+      onState: (state, detail) => this._streamState(state, detail),
+    }).start();
+    return this;
+  }
+
+  stop() {
+    if (this.stream) this.stream.stop();
+  }
+
+  async _streamToken(fresh) {
+    if (this.api.readOnly || !this.api.apiKey) return this.api.credential;
+    if (!this._token || fresh) this._token = await this.api.sessionToken(this.sid);
+    return this._token;
+  }
+
+  // -- layout ----------------------------------------------------------------------------------------------------
+
+  _render() {
+    const ro = this.api.readOnly;
+    this.title = h("h2", { id: "session-title", tabindex: "-1", text: `Session ${this.sid}` });
+    this.meta = {
+      agent: h("dd", { class: "agent" }),
+      state: h("dd", { class: "state" }),
+      agentState: h("dd", { class: "agent-state" }),
+      running: h("dd", { class: "running" }),
+    };
+    this.streamStatus = h("span", { class: "conn", role: "status", "aria-live": "polite" });
+    const header = h(
+      "header",
+      { class: "session-head" },
+      h("div", { class: "title-line" }, this.title, this.streamStatus),
+      h(
+        "dl",
+        { class: "facts" },
+        h("dt", { text: "Agent" }),
+        this.meta.agent,
+        h("dt", { text: "State" }),
+        this.meta.state,
+        h("dt", { text: "Agent state" }),
+        this.meta.agentState,
+        h("dt", { text: "Running tools" }),
+        this.meta.running,
+      ),
+    );
+
+    this.error = h("div", { class: "error-box", role: "alert", hidden: true });
+    this.list = h("ol", {
+      class: "timeline",
+      role: "log",
+      "aria-label": `Timeline of session ${this.sid}`,
+      "aria-live": "polite",
+      "aria-relevant": "additions",
+    });
+    this.scroller = h("div", { class: "timeline-scroll", tabindex: "0", "aria-label": "Timeline" }, this.list);
+    const showAll = h("input", { type: "checkbox", id: "show-all" });
+    showAll.addEventListener("change", () => this.list.classList.toggle("show-all", showAll.checked));
+    const toolbar = h(
+      "div",
+      { class: "timeline-tools" },
+      h("label", { for: "show-all" }, showAll, " Show every event"),
+    );
+
+    const parts = [header, this.error, toolbar, this.scroller];
+    if (!ro) parts.push(this._controls());
+    this.root.replaceChildren(...parts);
+  }
+
+  _controls() {
+    this.text = h("textarea", { id: "op-text", rows: "2", placeholder: "Type a message…", "aria-describedby": "op-help" });
+    this.reply = h("input", { type: "checkbox", id: "op-reply", checked: true });
+    this.interruptFirst = h("input", { type: "checkbox", id: "op-interrupt", checked: true });
+    const send = h("button", { type: "submit", class: "primary", id: "op-send", text: "Send as user" });
+    const say = h("button", { type: "button", id: "op-say", text: "Agent says it" });
+    say.addEventListener("click", () => this.say(say));
+    const form = h(
+      "form",
+      { class: "composer", "aria-label": "Operator input" },
+      h("label", { for: "op-text", class: "sr-only", text: "Message" }),
+      this.text,
+      h(
+        "div",
+        { class: "composer-row" },
+        h("label", { for: "op-reply" }, this.reply, " Agent replies"),
+        h("label", { for: "op-interrupt" }, this.interruptFirst, " Interrupt current speech"),
+        h("span", { class: "spacer" }),
+        send,
+        say,
+      ),
+      h("p", { id: "op-help", class: "muted small", text: "Ctrl+Enter sends as user input." }),
+    );
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      this.sendInput(send);
+    });
+    this.text.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+        e.preventDefault();
+        this.sendInput(send);
+      }
+    });
+
+    const interrupt = h("button", { type: "button", id: "op-interrupt-now", text: "Interrupt" });
+    interrupt.addEventListener("click", () => this.interrupt(interrupt, false));
+    const force = h("button", {
+      type: "button",
+      id: "op-force",
+      class: "warn",
+      text: "Force interrupt",
+      title: "Interrupt even a speech that does not allow interruptions",
+    });
+    force.addEventListener("click", () => this.interrupt(force, true));
+    const close = h("button", { type: "button", id: "op-close", class: "danger", text: "Close session…" });
+    const confirm = h("button", { type: "button", id: "op-close-confirm", class: "danger", hidden: true, text: "Yes, close it" });
+    const keep = h("button", { type: "button", id: "op-close-keep", hidden: true, text: "Keep it open" });
+    close.addEventListener("click", () => {
+      close.hidden = true;
+      confirm.hidden = keep.hidden = false;
+      confirm.focus();
+    });
+    keep.addEventListener("click", () => {
+      confirm.hidden = keep.hidden = true;
+      close.hidden = false;
+      close.focus();
+    });
+    confirm.addEventListener("click", async () => {
+      await this.closeSession(confirm);
+      confirm.hidden = keep.hidden = true;
+      close.hidden = false;
+    });
+    const actions = h("div", { class: "session-actions", role: "group", "aria-label": "Session controls" }, interrupt, force, h("span", { class: "spacer" }), close, confirm, keep);
+    return h("section", { class: "controls", "aria-label": "Controls" }, actions, form);
+  }
+
+  _updateHeader(info) {
+    if (info.agent) this.meta.agent.textContent = info.agent;
+    if (info.state) {
+      this.meta.state.textContent = info.state;
+      this.root.dataset.sessionState = info.state;
+    }
+    if (info.agentState) {
+      this.meta.agentState.textContent = info.agentState;
+      this.meta.agentState.dataset.state = info.agentState;
+    }
+    if (typeof info.running === "number") this.meta.running.textContent = String(info.running);
+    if (typeof info.lastSeq === "number") this.root.dataset.lastSeq = String(info.lastSeq);
+  }
+
+  _streamState(state, detail) {
+    this.streamStatus.textContent = STREAM_STATES[state] || state;
+    this.streamStatus.dataset.state = state;
+    if (state === "failed" && detail) this._showError(detail);
+  }
+
+  _showError(message) {
+    this.error.textContent = message;
+    this.error.hidden = false;
+  }
+
+  _clearError() {
+    this.error.hidden = true;
+    this.error.textContent = "";
+  }
+
+  // -- commands --------------------------------------------------------------------------------------------------
+
+  /** Run one operator command: one Idempotency-Key per intention, button busy meanwhile, errors in plain words. */
+  async _command(name, button, method, path, body, describe) {
+    let intent = this.intents.get(name);
+    if (!intent) this.intents.set(name, (intent = new Intent()));
+    const key = intent.key(`${method} ${path} ${JSON.stringify(body ?? null)}`);
+    if (button.getAttribute("aria-busy") === "true") return null; // the same intention is already on its way
+    button.setAttribute("aria-busy", "true");
+    button.disabled = true;
+    try {
+      const result =
+        method === "DELETE" ? await this.api.delete(path, key) : await this.api.post(path, body, key);
+      this._clearError();
+      return result ?? {};
+    } catch (err) {
+      this._showError(`${describe} failed: ${err.message}`);
+      return null;
+    } finally {
+      button.removeAttribute("aria-busy");
+      button.disabled = false;
+    }
+  }
+
+  async sendInput(button) {
+    const text = this.text.value.trim();
+    if (!text) return this._showError("Type a message first.");
+    const body = { text, reply: this.reply.checked, interrupt: this.interruptFirst.checked };
+    const ok = await this._command("input", button, "POST", `${this.path}/input`, body, "Sending the input");
+    if (ok && this.text.value.trim() === text) this.text.value = "";
+  }
+
+  async say(button) {
+    const text = this.text.value.trim();
+    if (!text) return this._showError("Type what the agent should say first.");
+    const ok = await this._command("say", button, "POST", `${this.path}/say`, { text }, "Saying it");
+    if (ok && this.text.value.trim() === text) this.text.value = "";
+  }
+
+  async interrupt(button, force) {
+    const res = await this._command(force ? "force" : "interrupt", button, "POST", `${this.path}/interrupt`, { force }, "Interrupting");
+    if (res && res.interrupted === false) this._showError("Nothing to interrupt: the agent is not speaking.");
+  }
+
+  async cancelTool(callId, button) {
+    const path = `${this.path}/tool-calls/${encodeURIComponent(callId)}/cancel`;
+    await this._command(`cancel:${callId}`, button, "POST", path, {}, "Cancelling the tool call");
+  }
+
+  async closeSession(button) {
+    await this._command("close", button, "DELETE", this.path, null, "Closing the session");
+  }
+}

@@ -1,0 +1,457 @@
+"""Webhook tools: a declared tool whose calls are POSTed, signed, to a backend that answers at once or reports later.
+
+Delivery: ``POST url`` with ``{call_id, session_id, tool, arguments}`` and the headers ``X-Switchboard-Timestamp``
+(Unix seconds) and ``X-Switchboard-Signature: v1=<hex HMAC-SHA256 of "<timestamp>.<raw body>">``. The backend
+answers ``200 {"output": str, "is_error"?: bool}`` (the result), or ``202`` and later reports progress and the
+result through the API (``WebhookBroker`` routes those reports to the waiting call). Connection failures and 5xx
+are retried with backoff until the call's ``timeout_s``; any other status ends the call with an ``is_error`` output.
+Deliveries are at least once: a backend dedupes on ``call_id``. Cancellation is cooperative, as for Python tools:
+the call ends ``cancelled`` at once and the backend is told by a signed POST to ``cancel_url`` in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import hmac
+import json
+import logging
+import random
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from . import __version__
+from .runtime.aio import cancel_and_wait, first_of, spawn
+from .runtime.tools import (
+    CONFIRM_DESCRIPTION,
+    CONFIRM_FIELD,
+    DuplicateScope,
+    FunctionTool,
+    OnDuplicate,
+    OnRestart,
+    RunContext,
+    ToolCancelled,
+    ToolError,
+    ToolScope,
+)
+from .schema_model import dump, object_model
+
+logger = logging.getLogger("switchboard.webhooks")
+
+TIMESTAMP_HEADER = "X-Switchboard-Timestamp"
+SIGNATURE_HEADER = "X-Switchboard-Signature"
+SIGNATURE_VERSION = "v1"
+REPLAY_WINDOW_S = 300.0  # backends reject a timestamp further than this from their clock
+RETRY_BASE_S = 0.1
+RETRY_MAX_S = 2.0
+CONNECT_TIMEOUT_S = 5.0
+CANCEL_ATTEMPTS = 4
+CANCEL_TIMEOUT_S = 5.0
+CLOSE_GRACE_S = 2.0
+REMEMBER_ENDED = 10_000
+DETAIL_MAX_CHARS = 300
+
+
+# -- signatures ---------------------------------------------------------------------------------------------------
+
+
+def sign(secret: str, timestamp: str | int, body: bytes) -> str:
+    """The signature header value for ``body`` sent at ``timestamp``: ``v1=<hex HMAC-SHA256>``."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"{SIGNATURE_VERSION}={mac}"
+
+
+def signed_headers(secret: str, body: bytes, *, now: float | None = None) -> dict[str, str]:
+    timestamp = str(int(time.time() if now is None else now))
+    return {
+        "content-type": "application/json",
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: sign(secret, timestamp, body),
+    }
+
+
+def verify_signature(
+    secret: str,
+    timestamp: str | int | None,
+    body: bytes | str,
+    signature: str | None,
+    now: float | None = None,
+    window_s: float = REPLAY_WINDOW_S,
+) -> bool:
+    """Check a delivery's signature, for backends. Pass the raw body bytes and the two headers as received.
+
+    False when the signature does not match, or the timestamp is more than ``window_s`` from ``now`` (a replay).
+    ``signature`` may hold several comma-separated values (a backend rotating secrets accepts any that matches).
+
+    >>> ok = verify_signature(secret, request.headers["X-Switchboard-Timestamp"], await request.body(),
+    ...                       request.headers["X-Switchboard-Signature"])
+    """
+    if timestamp is None or not signature:
+        return False
+    try:
+        sent_at = int(timestamp)
+    except (TypeError, ValueError):
+        return False
+    if abs((time.time() if now is None else now) - sent_at) > window_s:
+        return False
+    raw = body.encode() if isinstance(body, str) else body
+    expected = sign(secret, timestamp, raw)
+    return any(hmac.compare_digest(expected, part.strip()) for part in signature.split(","))
+
+
+# -- reports from backends ----------------------------------------------------------------------------------------
+
+
+class BackendResult(BaseModel):
+    """A tool result from a backend: the ``200`` answer to a delivery, or a reported result."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    output: str
+    is_error: bool = False
+
+
+class NotAwaitingReport(LookupError):
+    """No webhook call of this process is waiting for reports under this id."""
+
+
+class CallAlreadyEnded(Exception):
+    """The webhook call has its result, was cancelled, or timed out: a report changes nothing."""
+
+
+@dataclass(eq=False)
+class PendingCall:
+    """A webhook call between its delivery and its end. ``lock`` orders progress reports before the end."""
+
+    session_id: str
+    call_id: str
+    tool: str
+    ctx: RunContext
+    result_fut: asyncio.Future[BackendResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    closed: bool = False
+    sent: bool = False  # a delivery got past connecting: the backend may have the call
+    last_error: str | None = None
+
+    @property
+    def accepting(self) -> bool:
+        return not self.closed and not self.result_fut.done() and not self.ctx.cancelled
+
+
+class WebhookBroker:
+    """The webhook calls of this process waiting for reports, keyed by (session_id, call_id)."""
+
+    def __init__(self, remember: int = REMEMBER_ENDED) -> None:
+        self._pending: dict[tuple[str, str], PendingCall] = {}
+        self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._remember = remember
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def open(self, ctx: RunContext, tool: str) -> PendingCall:
+        pending = PendingCall(ctx.session_id, ctx.call_id, tool, ctx)
+        self._pending[(pending.session_id, pending.call_id)] = pending
+        return pending
+
+    async def close(self, pending: PendingCall) -> None:
+        """No report is accepted from now on; returns once a report being applied has landed."""
+        pending.closed = True
+        key = (pending.session_id, pending.call_id)
+        self._pending.pop(key, None)
+        self._ended[key] = None
+        while len(self._ended) > self._remember:
+            self._ended.popitem(last=False)
+        async with pending.lock:
+            pass
+
+    def ended(self, session_id: str, call_id: str) -> bool:
+        """Whether this process saw the webhook call end (recently)."""
+        return (session_id, call_id) in self._ended
+
+    def _accepting(self, session_id: str, call_id: str) -> PendingCall:
+        pending = self._pending.get((session_id, call_id))
+        if pending is None:
+            if self.ended(session_id, call_id):
+                raise CallAlreadyEnded(call_id)
+            raise NotAwaitingReport(call_id)
+        if not pending.accepting:
+            raise CallAlreadyEnded(call_id)
+        return pending
+
+    async def progress(self, session_id: str, call_id: str, message: str, progress: float | None) -> None:
+        """Apply a progress report as the tool's own ``ctx.update()`` (the first moves the call to the background)."""
+        pending = self._accepting(session_id, call_id)
+        async with pending.lock:
+            if not pending.accepting:
+                raise CallAlreadyEnded(call_id)
+            await pending.ctx.update(message, progress)
+
+    def result(self, session_id: str, call_id: str, result: BackendResult) -> None:
+        """Hand a reported result to the waiting call (which then ends with it)."""
+        self._accepting(session_id, call_id).result_fut.set_result(result)
+
+
+# -- delivery -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WebhookEndpoint:
+    url: str
+    cancel_url: str
+    timeout_s: float
+    secret: str = field(repr=False)
+
+
+def default_cancel_url(url: str) -> str:
+    """``<url>/cancel``, keeping the query string."""
+    parsed = httpx.URL(url)
+    return str(parsed.copy_with(path=parsed.path.rstrip("/") + "/cancel"))
+
+
+def _describe(err: httpx.TransportError) -> str:
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
+class Webhooks:
+    """Per-process webhook machinery: the shared HTTP client, the broker, and background cancel notices."""
+
+    def __init__(self) -> None:
+        self.broker = WebhookBroker()
+        self._client: httpx.AsyncClient | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),  # the call's timeout_s bounds the rest
+                follow_redirects=False,
+                headers={"user-agent": f"switchboard/{__version__}"},
+            )
+        return self._client
+
+    async def deliver(self, endpoint: WebhookEndpoint, body: bytes, pending: PendingCall) -> httpx.Response:
+        """POST until the backend answers with a status below 500 (the caller bounds this by the call's timeout)."""
+        delay = RETRY_BASE_S
+        while True:
+            try:
+                response = await self.client.post(
+                    endpoint.url, content=body, headers=signed_headers(endpoint.secret, body)
+                )
+            except httpx.TransportError as err:
+                pending.sent = pending.sent or not isinstance(err, httpx.ConnectError | httpx.ConnectTimeout)
+                pending.last_error = _describe(err)
+            else:
+                pending.sent = True
+                if response.status_code < 500:
+                    pending.last_error = None
+                    return response
+                pending.last_error = f"HTTP {response.status_code}"
+            logger.info(
+                "webhook delivery of %s failed (%s); retrying",
+                pending.tool,
+                pending.last_error,
+                extra={"session_id": pending.session_id, "call_id": pending.call_id},
+            )
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    def notify_cancel(self, endpoint: WebhookEndpoint, pending: PendingCall, reason: str) -> None:
+        """Tell the backend to stop, in the background (best effort, retried); never delays the cancellation."""
+        if not pending.sent:
+            return  # the backend never got the call: there is nothing to stop
+        body = json.dumps(
+            {"call_id": pending.call_id, "session_id": pending.session_id, "tool": pending.tool, "reason": reason},
+            separators=(",", ":"),
+        ).encode()
+        spawn(self._send_cancel(endpoint, body, pending), name=f"webhook-cancel:{pending.call_id}", tasks=self._tasks)
+
+    async def _send_cancel(self, endpoint: WebhookEndpoint, body: bytes, pending: PendingCall) -> None:
+        delay = RETRY_BASE_S
+        error = ""
+        for attempt in range(CANCEL_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, RETRY_MAX_S)
+            try:
+                response = await self.client.post(
+                    endpoint.cancel_url,
+                    content=body,
+                    headers=signed_headers(endpoint.secret, body),
+                    timeout=CANCEL_TIMEOUT_S,
+                )
+            except httpx.TransportError as err:
+                error = _describe(err)
+                continue
+            if response.status_code < 500:
+                if response.status_code >= 400:
+                    logger.warning(
+                        "the backend of %s refused the cancel notice (HTTP %d)",
+                        pending.tool,
+                        response.status_code,
+                        extra={"session_id": pending.session_id, "call_id": pending.call_id},
+                    )
+                return
+            error = f"HTTP {response.status_code}"
+        logger.warning(
+            "could not tell the backend of %s that the call was cancelled (%s)",
+            pending.tool,
+            error,
+            extra={"session_id": pending.session_id, "call_id": pending.call_id},
+        )
+
+    async def aclose(self) -> None:
+        """Give cancel notices a moment to go out, then close the client."""
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=CLOSE_GRACE_S)
+            await cancel_and_wait(*late)
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+# -- the tool -----------------------------------------------------------------------------------------------------
+
+
+class WebhookTool(FunctionTool):
+    """A tool declared with a JSON Schema whose body runs on a backend. Policies, progress and cancellation are
+    exactly those of a Python ``FunctionTool``: the executor cannot tell them apart."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        description: str,
+        parameters: dict[str, Any],
+        endpoint: WebhookEndpoint,
+        webhooks: Webhooks,
+        on_duplicate: OnDuplicate = "allow",
+        duplicate_scope: DuplicateScope = "name",
+        allow_cancellation: bool = False,
+        on_restart: OnRestart = "fail",
+        scope: ToolScope = "agent",
+    ) -> None:
+        self.declared_parameters = parameters
+        self.endpoint = endpoint
+        self._webhooks = webhooks
+        # FunctionTool wants an async callable for its body; a webhook tool's body is invoke() itself
+        super().__init__(
+            self.invoke,
+            name=name,
+            description=description,
+            on_duplicate=on_duplicate,
+            duplicate_scope=duplicate_scope,
+            allow_cancellation=allow_cancellation,
+            on_restart=on_restart,
+            scope=scope,
+        )
+
+    def __repr__(self) -> str:
+        return f"<WebhookTool {self.name} -> {self.endpoint.url}>"
+
+    def _build_model(self) -> tuple[str | None, type[BaseModel]]:
+        model = object_model(self.declared_parameters, "", f"{self.name}_arguments")
+        if self.on_duplicate == "confirm":
+            confirm: Any = (bool, Field(default=False, description=CONFIRM_DESCRIPTION))
+            model = create_model(f"{self.name}_arguments", __base__=model, **{CONFIRM_FIELD: confirm})
+        return None, model
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        schema = copy.deepcopy(self.declared_parameters)
+        schema.setdefault("type", "object")
+        schema.setdefault("properties", {})
+        schema.setdefault("additionalProperties", False)
+        if self.on_duplicate == "confirm":
+            schema["properties"][CONFIRM_FIELD] = {
+                "type": "boolean",
+                "default": False,
+                "description": CONFIRM_DESCRIPTION,
+            }
+        return schema
+
+    def parse_arguments(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Validate against the declared schema; raises ``ValidationError`` (the executor words it for the model)."""
+        parsed = dump(self.args_model.model_validate(raw))
+        assert isinstance(parsed, dict)
+        return parsed
+
+    async def invoke(self, ctx: RunContext, arguments: dict[str, Any]) -> Any:
+        pending = self._webhooks.broker.open(ctx, self.name)
+        try:
+            result = await ctx.wait_if_not_cancelled(self._result(pending, arguments))
+        except ToolCancelled:
+            self._webhooks.notify_cancel(self.endpoint, pending, "cancelled")
+            raise
+        finally:
+            await self._webhooks.broker.close(pending)
+        if result.is_error:
+            raise ToolError(result.output)
+        return result.output
+
+    async def _result(self, pending: PendingCall, arguments: dict[str, Any]) -> BackendResult:
+        args = {k: v for k, v in arguments.items() if k != CONFIRM_FIELD}
+        body = json.dumps(
+            {"call_id": pending.call_id, "session_id": pending.session_id, "tool": self.name, "arguments": args},
+            separators=(",", ":"),
+        ).encode()
+        timeout_s = self.endpoint.timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                answered, response = await first_of(
+                    self._webhooks.deliver(self.endpoint, body, pending), pending.result_fut
+                )
+                if answered:
+                    assert response is not None
+                    result = self._answer(pending, response)
+                    if result is not None:
+                        return result
+                # accepted (202), or a report overtook the answer: wait for the reported result
+                await asyncio.wait({pending.result_fut})
+                return pending.result_fut.result()
+        except TimeoutError:
+            self._webhooks.notify_cancel(self.endpoint, pending, "timed out")
+            if pending.last_error is not None:
+                raise ToolError(
+                    f"{self.name} failed: its backend could not be reached within {timeout_s:g} s "
+                    f"({pending.last_error})."
+                ) from None
+            raise ToolError(f"{self.name} failed: no result from its backend within {timeout_s:g} s.") from None
+
+    def _answer(self, pending: PendingCall, response: httpx.Response) -> BackendResult | None:
+        status = response.status_code
+        if status == 202:
+            return None
+        extra = {"session_id": pending.session_id, "call_id": pending.call_id}
+        if 200 <= status < 300:
+            try:
+                return BackendResult.model_validate_json(response.content)
+            except ValidationError:
+                logger.warning("the backend of %s answered %d without a valid result", self.name, status, extra=extra)
+                raise ToolError(f"{self.name} failed: its backend answered without a valid result.") from None
+        detail = _detail(response)
+        logger.warning("the backend of %s refused the call (HTTP %d): %s", self.name, status, detail, extra=extra)
+        reason = f"HTTP {status}: {detail}" if detail else f"HTTP {status}"
+        raise ToolError(f"{self.name} failed: its backend refused the call ({reason}).")
+
+
+def _detail(response: httpx.Response) -> str:
+    """A short reason from an error answer: ``output``, ``detail``, ``error`` or ``message`` of a JSON body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    if isinstance(body, dict):
+        for key in ("output", "detail", "error", "message"):
+            if isinstance(body.get(key), str):
+                return str(body[key])[:DETAIL_MAX_CHARS]
+    return ""

@@ -1,0 +1,194 @@
+"""Request limits: oversize bodies (413, with or without Content-Length), oversize text (413), invalid bodies (422),
+and slow bodies (408 or a closed connection, against a real server and a raw socket)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from switchboard.app import create_app
+from switchboard.runtime.agent import AgentRegistry
+from tests.e2e.server import Server
+
+from .conftest import Api, make_settings
+
+MAX_BODY = 2048
+MAX_TEXT = 100
+READ_TIMEOUT_S = 0.5
+
+
+@pytest.fixture
+async def api(tmp_path: Any, registry: AgentRegistry) -> AsyncIterator[Api]:
+    settings = make_settings(tmp_path, max_body_bytes=MAX_BODY, max_text_chars=MAX_TEXT)
+    app = create_app(settings, registry=registry)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            yield Api(client, app)
+
+
+def assert_problem(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/problem+json"), r.headers
+    body = r.json()
+    assert body["status"] == status and body["code"] == code, body
+    return dict(body)
+
+
+def oversized_session_body() -> bytes:
+    return json.dumps({"agent": "tester", "metadata": {"blob": "x" * (MAX_BODY + 10)}}).encode()
+
+
+async def test_body_over_limit_with_content_length(api: Api):
+    body = oversized_session_body()
+    r = await api.client.post("/v1/sessions", content=body, headers={"content-type": "application/json"})
+    assert_problem(r, 413, "body_too_large")
+    assert r.headers.get("connection") == "close"
+    assert (await api.client.get("/v1/sessions")).json()["items"] == []  # nothing was created
+
+
+async def test_body_over_limit_chunked_without_content_length(api: Api):
+    body = oversized_session_body()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(body), 256):
+            yield body[i : i + 256]
+
+    r = await api.client.post("/v1/sessions", content=chunks(), headers={"content-type": "application/json"})
+    assert "content-length" not in r.request.headers and r.request.headers["transfer-encoding"] == "chunked"
+    assert_problem(r, 413, "body_too_large")
+    assert (await api.client.get("/v1/sessions")).json()["items"] == []
+
+
+async def test_body_within_limit_chunked_is_accepted(api: Api):
+    body = json.dumps({"agent": "tester", "id": "chunky", "metadata": {"blob": "x" * (MAX_BODY // 2)}}).encode()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(body), 100):
+            yield body[i : i + 100]
+
+    r = await api.client.post("/v1/sessions", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 201, r.text
+    assert r.json()["id"] == "chunky"
+
+
+async def test_text_over_the_max_text_size(api: Api):
+    sid = (await api.create())["id"]
+    for path in ("input", "say"):
+        r = await api.client.post(f"/v1/sessions/{sid}/{path}", json={"text": "y" * (MAX_TEXT + 1)})
+        body = assert_problem(r, 413, "text_too_long")
+        assert str(MAX_TEXT) in body["detail"]
+    r = await api.client.post(f"/v1/sessions/{sid}/say", json={"text": "y" * MAX_TEXT})
+    assert r.status_code == 202, r.text  # exactly the limit is fine
+    chat = (await api.client.get(f"/v1/sessions/{sid}/chat")).json()["items"]
+    assert not [i for i in chat if i.get("role") == "user"]  # the oversize input was not committed
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/sessions", b"{not json"),
+        ("/v1/sessions", b'{"agent": ""}'),
+        ("/v1/sessions", b'{"agent": "tester", "unknown_field": 1}'),
+        ("/v1/sessions", b'{"agent": "tester", "max_tool_steps": "many"}'),
+        ("/v1/sessions", b'{"agent": "tester", "id": "has spaces"}'),
+        ("/v1/sessions", b"[1, 2, 3]"),
+        ("/v1/sessions/{sid}/input", b"{}"),
+        ("/v1/sessions/{sid}/input", b'{"text": ""}'),
+        ("/v1/sessions/{sid}/input", b'{"text": "hi", "role": "root"}'),
+        ("/v1/sessions/{sid}/say", b'{"text": 5}'),
+        ("/v1/sessions/{sid}/interrupt", b'{"force": "maybe"}'),
+    ],
+)
+async def test_invalid_bodies_are_422(api: Api, path: str, body: bytes):
+    sid = (await api.create())["id"]
+    r = await api.client.post(path.format(sid=sid), content=body, headers={"content-type": "application/json"})
+    problem = assert_problem(r, 422, "invalid_request")
+    assert problem["errors"] and all({"loc", "msg", "type"} <= set(e) for e in problem["errors"])
+
+
+# -- slow bodies against a real server ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp: Path = tmp_path_factory.mktemp("limits")
+    srv = Server(tmp, SWITCHBOARD_BODY_READ_TIMEOUT_S=str(READ_TIMEOUT_S)).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+async def _slow_request(server: Server, head: bytes, first: bytes, trickle: list[bytes], gap_s: float) -> bytes:
+    """Send the head and a first piece of body, then the rest a piece every `gap_s`; return what the server sent
+    before closing (or an empty reply if it just closed)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+
+    async def dribble() -> None:
+        for piece in trickle:
+            await asyncio.sleep(gap_s)
+            writer.write(piece)
+            await writer.drain()
+
+    writer.write(head + first)
+    await writer.drain()
+    feeder = asyncio.create_task(dribble())
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_S * 8):
+            return await reader.read()  # until the server closes the connection
+    finally:
+        feeder.cancel()
+        try:
+            await feeder
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except ConnectionError:
+            pass
+
+
+def _assert_timed_out(reply: bytes) -> None:
+    if reply:  # a 408 problem; a bare close is also acceptable
+        status_line, _, rest = reply.partition(b"\r\n")
+        assert status_line.startswith(b"HTTP/1.1 408"), reply[:300]
+        assert b"body_timeout" in rest
+        assert b'"title":"Request Timeout"' in rest
+
+
+@pytest.mark.e2e
+async def test_slow_body_with_content_length_times_out(slow_server: Server):
+    body = json.dumps({"agent": "tester", "id": "slowloris"}).encode()
+    head = (
+        f"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    started = time.monotonic()
+    reply = await _slow_request(slow_server, head, body[:5], [bytes([b]) for b in body[5:]], READ_TIMEOUT_S * 3)
+    elapsed = time.monotonic() - started
+    _assert_timed_out(reply)
+    assert elapsed < READ_TIMEOUT_S * 6, elapsed  # bounded: not the whole trickle (which would take ~1 minute)
+    async with httpx.AsyncClient(base_url=slow_server.url) as client:
+        assert (await client.get("/v1/sessions/slowloris")).status_code == 404  # never created
+        assert (await client.get("/healthz")).status_code == 200  # the server is fine
+
+
+@pytest.mark.e2e
+async def test_slow_chunked_body_times_out(slow_server: Server):
+    head = (
+        b"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    started = time.monotonic()
+    reply = await _slow_request(slow_server, head, b'5\r\n{"age\r\n', [b"1\r\nn\r\n"] * 50, READ_TIMEOUT_S * 3)
+    elapsed = time.monotonic() - started
+    _assert_timed_out(reply)
+    assert elapsed < READ_TIMEOUT_S * 6, elapsed

@@ -1,0 +1,350 @@
+"""Webhook tools against a real backend on loopback, through the in-process API: they behave like Python tools."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from switchboard.app import create_app
+from switchboard.runtime.agent import AgentRegistry
+from tests.agents_fixture import AGENTS as TEST_AGENTS
+from tests.webhook_backend import FakeBackend
+
+from .conftest import make_settings
+from .test_sessions_api import assert_problem, until
+
+SECRET_ENV = "SB_TEST_WEBHOOK_SECRET"
+SECRET = "test-secret-0123456789"
+ORDER = {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}
+
+
+def agents_file(tmp_path: Path, backend: FakeBackend) -> Path:
+    def hook(name: str, **kw: Any) -> dict[str, Any]:
+        spec = {
+            "kind": "webhook",
+            "name": name,
+            "description": f"The {name} tool.",
+            "parameters": ORDER,
+            "url": backend.url(f"/tools/{name}"),
+            "timeout_s": 5,
+            "secret_env": SECRET_ENV,
+        }
+        return {**spec, **kw}
+
+    agents = [
+        {
+            "name": "hooks",
+            "instructions": "You use webhook tools.",
+            "llm": {"provider": "scripted", "turns": [{"text": "I am the default model."}]},
+            "tools": [
+                hook("lookup"),
+                hook("refund", allow_cancellation=True),
+                hook("exclusive", on_duplicate="reject"),
+                hook("replaceable", on_duplicate="replace", allow_cancellation=True),
+                hook("slowpoke", timeout_s=0.3),
+                hook("flaky"),
+                hook("refused"),
+                hook("unreachable", url=f"http://127.0.0.1:{free_port()}/tools/unreachable", timeout_s=0.4),
+            ],
+        }
+    ]
+    path = tmp_path / "agents.yaml"
+    path.write_text(yaml.safe_dump(agents))
+    return path
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (connections are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Hooks:
+    def __init__(self, client: httpx.AsyncClient, backend: FakeBackend) -> None:
+        self.client = client
+        self.backend = backend
+
+    async def session(self, *turns: dict[str, Any], sid: str | None = None) -> str:
+        body: dict[str, Any] = {"agent": "hooks", "llm": {"provider": "scripted", "turns": list(turns)}}
+        if sid:
+            body["id"] = sid
+        r = await self.client.post("/v1/sessions", json=body)
+        assert r.status_code == 201, r.text
+        sid = str(r.json()["id"])
+        r = await self.client.post(f"/v1/sessions/{sid}/input", json={"text": "go"})
+        assert r.status_code == 202, r.text
+        return sid
+
+    async def call(self, sid: str, name: str, status: str | None = None) -> dict[str, Any]:
+        """The session's latest call of ``name`` (once it has ``status``, if given)."""
+
+        async def find() -> dict[str, Any] | None:
+            items = (await self.client.get(f"/v1/sessions/{sid}/tool-calls")).json()["items"]
+            found = [c for c in items if c["name"] == name]
+            if found and (status is None or found[-1]["status"] == status):
+                return dict(found[-1])
+            return None
+
+        return dict(await until(find))
+
+    async def chat(self, sid: str) -> list[dict[str, Any]]:
+        return list((await self.client.get(f"/v1/sessions/{sid}/chat")).json()["items"])
+
+    async def said(self, sid: str, text: str) -> None:
+        """Wait until the agent said ``text``."""
+
+        async def found() -> bool:
+            return any(i.get("role") == "assistant" and i.get("text") == text for i in await self.chat(sid))
+
+        await until(found)
+
+    async def progress(self, sid: str, call_id: str, message: str, progress: float | None = None, **kw: Any) -> Any:
+        body = {"message": message} if progress is None else {"message": message, "progress": progress}
+        return await self.client.post(f"/v1/sessions/{sid}/tool-calls/{call_id}/progress", json=body, **kw)
+
+    async def result(self, sid: str, call_id: str, output: str, **kw: Any) -> Any:
+        return await self.client.post(f"/v1/sessions/{sid}/tool-calls/{call_id}/result", json={"output": output}, **kw)
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[FakeBackend]:
+    async with FakeBackend(SECRET) as b:
+        yield b
+
+
+@pytest.fixture
+async def hooks(tmp_path: Path, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Hooks]:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    settings = make_settings(tmp_path, agents_file=agents_file(tmp_path, backend))
+    app = create_app(settings, registry=AgentRegistry(TEST_AGENTS))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            yield Hooks(client, backend)
+
+
+def call_turn(name: str, text: str = "On it.", **arguments: Any) -> dict[str, Any]:
+    return {"text": text, "tool_calls": [{"name": name, "arguments": arguments or {"order_id": "A-1"}}]}
+
+
+async def test_a_200_answer_is_the_result_and_the_backend_sees_a_signed_call(hooks: Hooks):
+    hooks.backend.answers["lookup"] = [(200, {"output": "A-1 shipped on Monday"})]
+    sid = await hooks.session(call_turn("lookup"), {"text": "Result: {{tool_output:lookup}}"})
+    call = await hooks.call(sid, "lookup", "completed")
+    assert call["output"] == "A-1 shipped on Monday" and not call["is_error"]
+    delivered = hooks.backend.calls[0]
+    assert delivered == {
+        "call_id": call["call_id"],
+        "session_id": sid,
+        "tool": "lookup",
+        "arguments": {"order_id": "A-1"},
+    }
+    assert hooks.backend.bad_signatures == 0
+
+    async def replied() -> bool:
+        return any(i.get("text") == "Result: A-1 shipped on Monday" for i in await hooks.chat(sid))
+
+    await until(replied)
+    pairs = [(i["type"], i.get("output")) for i in await hooks.chat(sid) if i["type"].startswith("function")]
+    assert pairs == [("function_call", None), ("function_call_output", "A-1 shipped on Monday")]
+
+
+async def test_an_is_error_answer_fails_the_call(hooks: Hooks):
+    hooks.backend.answers["lookup"] = [(200, {"output": "No order A-1.", "is_error": True})]
+    sid = await hooks.session(call_turn("lookup"))
+    call = await hooks.call(sid, "lookup", "failed")
+    assert call["output"] == "No order A-1." and call["is_error"]
+
+
+async def test_202_then_progress_and_result_over_the_api(hooks: Hooks):
+    hooks.backend.answers["refund"] = [(202, None)]
+    sid = await hooks.session(
+        call_turn("refund", "Refunding."), {"text": "Started."}, {"text": "{{tool_output:refund}}"}
+    )
+    delivered = await hooks.backend.next("call")
+    call_id = delivered["call_id"]
+    assert (await hooks.call(sid, "refund"))["status"] == "running"
+
+    r = await hooks.progress(sid, call_id, "contacting the bank", 0.25)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "running" and body["background"] is True
+    assert [(p["message"], p["progress"]) for p in body["progress"]] == [("contacting the bank", 0.25)]
+    r = await hooks.progress(sid, call_id, "almost there", 0.9, headers={"Idempotency-Key": "p2"})
+    assert r.status_code == 200 and len(r.json()["progress"]) == 2
+    again = await hooks.progress(sid, call_id, "almost there", 0.9, headers={"Idempotency-Key": "p2"})
+    assert again.headers.get("Idempotent-Replayed") == "true" and len(again.json()["progress"]) == 2
+
+    r = await hooks.result(sid, call_id, "refunded 12 EUR", headers={"Idempotency-Key": "r1"})
+    assert r.status_code == 200, r.text
+    ended = r.json()
+    assert ended["status"] == "completed" and ended["output"] == "refunded 12 EUR" and ended["ended_at"]
+
+    async def final_reply() -> bool:
+        return any(i.get("text") == "refunded 12 EUR" for i in await hooks.chat(sid))
+
+    await until(final_reply)
+    chat = await hooks.chat(sid)
+    calls = [(i["type"], i["call_id"]) for i in chat if i["type"].startswith("function")]
+    # the background pair at the first progress report, then the result as its own pair (like a Python tool)
+    assert calls == [
+        ("function_call", call_id),
+        ("function_call_output", call_id),
+        ("function_call", f"{call_id}/final"),
+        ("function_call_output", f"{call_id}/final"),
+    ]
+
+    # the same report again is a replay; any other late report is refused and changes nothing
+    replay = await hooks.result(sid, call_id, "refunded 12 EUR", headers={"Idempotency-Key": "r1"})
+    assert replay.status_code == 200 and replay.headers.get("Idempotent-Replayed") == "true"
+    assert_problem(await hooks.result(sid, call_id, "refunded twice"), 409, "already_ended")
+    assert_problem(await hooks.progress(sid, call_id, "still here?"), 409, "already_ended")
+    assert await hooks.chat(sid) == chat
+    final = await hooks.call(sid, "refund")
+    assert final["output"] == "refunded 12 EUR" and len(final["progress"]) == 2
+
+
+async def test_reports_for_unknown_sessions_and_calls(hooks: Hooks):
+    sid = await hooks.session({"text": "Hello."})
+    assert_problem(await hooks.result("nope", "c1", "x"), 404, "session_not_found")
+    assert_problem(await hooks.progress(sid, "c1", "x"), 404, "tool_call_not_found")
+    assert_problem(
+        await hooks.client.post(f"/v1/sessions/{sid}/tool-calls/c1/result", json={"is_error": True}),
+        422,
+        "invalid_request",
+    )
+    assert_problem(await hooks.progress(sid, "c1", "x", 1.5), 422, "invalid_request")
+
+
+async def test_cancel_ends_the_call_at_once_and_notifies_the_backend(hooks: Hooks):
+    hooks.backend.answers["refund"] = [(202, None)]
+    sid = await hooks.session(call_turn("refund"))
+    call_id = (await hooks.backend.next("call"))["call_id"]
+    await hooks.progress(sid, call_id, "working")
+    r = await hooks.client.post(f"/v1/sessions/{sid}/tool-calls/{call_id}/cancel")
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "cancelled" and r.json()["is_error"]
+    notice = await hooks.backend.next("cancel")
+    assert notice == {"call_id": call_id, "session_id": sid, "tool": "refund", "reason": "cancelled"}
+    assert hooks.backend.bad_signatures == 0
+    assert_problem(await hooks.result(sid, call_id, "done anyway"), 409, "already_ended")
+    assert (await hooks.call(sid, "refund"))["status"] == "cancelled"
+
+
+async def test_not_cancellable_and_not_awaiting_reports_like_python_tools(hooks: Hooks):
+    hooks.backend.answers["lookup"] = [(202, None)]
+    sid = await hooks.session(call_turn("lookup"))
+    call_id = (await hooks.backend.next("call"))["call_id"]
+    cancel = await hooks.client.post(f"/v1/sessions/{sid}/tool-calls/{call_id}/cancel")
+    assert_problem(cancel, 409, "not_cancellable")
+    assert (await hooks.result(sid, call_id, "found")).json()["status"] == "completed"
+
+
+async def test_a_call_without_a_result_in_time_fails_and_the_backend_is_told(hooks: Hooks):
+    hooks.backend.answers["slowpoke"] = [(202, None)]
+    sid = await hooks.session(call_turn("slowpoke"))
+    call_id = (await hooks.backend.next("call"))["call_id"]
+    call = await hooks.call(sid, "slowpoke", "failed")
+    assert call["is_error"] and call["output"] == "slowpoke failed: no result from its backend within 0.3 s."
+    assert (await hooks.backend.next("cancel"))["reason"] == "timed out"
+    assert_problem(await hooks.result(sid, call_id, "too late"), 409, "already_ended")
+    outputs = [i["output"] for i in await hooks.chat(sid) if i["type"] == "function_call_output"]
+    assert outputs == [call["output"]]
+
+
+async def test_5xx_is_retried_4xx_is_not_and_an_unreachable_backend_times_out(hooks: Hooks):
+    hooks.backend.answers["flaky"] = [(503, None), (502, None), (200, {"output": "third time lucky"})]
+    hooks.backend.answers["refused"] = [(400, {"detail": "order_id must look like A-1234"})]
+    sid = await hooks.session(
+        {"text": "Three.", "tool_calls": [{"name": n, "arguments": {"order_id": "A-1"}} for n in ("flaky", "refused")]},
+        call_turn("unreachable"),
+    )
+    flaky = await hooks.call(sid, "flaky", "completed")
+    assert flaky["output"] == "third time lucky" and hooks.backend.attempts["flaky"] == 3
+    refused = await hooks.call(sid, "refused", "failed")
+    assert (
+        refused["output"] == "refused failed: its backend refused the call (HTTP 400: order_id must look like A-1234)."
+    )
+    assert hooks.backend.attempts["refused"] == 1
+    r = await hooks.client.post(f"/v1/sessions/{sid}/input", json={"text": "again"})
+    assert r.status_code == 202
+    unreachable = await hooks.call(sid, "unreachable", "failed")
+    assert unreachable["output"].startswith("unreachable failed: its backend could not be reached within 0.4 s (")
+    assert unreachable["is_error"]
+
+
+async def test_bad_arguments_never_reach_the_backend(hooks: Hooks):
+    sid = await hooks.session(call_turn("lookup", order_id=5))
+    call = await hooks.call(sid, "lookup", "failed")
+    assert call["output"] == "Invalid arguments for lookup: order_id: Input should be a valid string"
+    assert hooks.backend.attempts["lookup"] == 0
+
+
+async def test_on_duplicate_reject_and_replace(hooks: Hooks):
+    hooks.backend.answers["exclusive"] = [(202, None)]
+    hooks.backend.answers["replaceable"] = [(202, None)]
+    sid = await hooks.session(call_turn("exclusive"), {"text": "Started."}, call_turn("exclusive"), {"text": "Hm."})
+    first = (await hooks.backend.next("call"))["call_id"]
+    await hooks.progress(sid, first, "queued")  # moves it to the background: the reply goes on
+    await hooks.said(sid, "Started.")
+    await hooks.client.post(f"/v1/sessions/{sid}/input", json={"text": "again"})
+    second = await hooks.call(sid, "exclusive", "rejected")
+    assert second["output"] == f"Not started: exclusive is already running (call {first}). Wait for its result."
+    assert second["is_error"] and hooks.backend.attempts["exclusive"] == 1
+    assert (await hooks.result(sid, first, "done")).json()["status"] == "completed"
+
+    sid2 = await hooks.session(call_turn("replaceable"), {"text": "Started."}, call_turn("replaceable"))
+    old = (await hooks.backend.next("call"))["call_id"]
+    await hooks.progress(sid2, old, "queued")
+    await hooks.said(sid2, "Started.")
+    await hooks.client.post(f"/v1/sessions/{sid2}/input", json={"text": "again"})
+    # the running call is cancelled (and its backend told) before the new one starts, as for a Python tool
+    notice = await hooks.backend.next("cancel")
+    assert notice["call_id"] == old and notice["tool"] == "replaceable"
+    new = (await hooks.backend.next("call"))["call_id"]
+    assert new != old
+    replaced = await hooks.call(sid2, "replaceable")
+    assert replaced["call_id"] == new and replaced["status"] == "running"
+    items = (await hooks.client.get(f"/v1/sessions/{sid2}/tool-calls")).json()["items"]
+    assert [(c["call_id"], c["status"]) for c in items] == [(old, "cancelled"), (new, "running")]
+    assert (await hooks.result(sid2, new, "done")).json()["status"] == "completed"
+
+
+async def test_the_agents_default_llm_is_used_when_a_session_gives_none(hooks: Hooks):
+    r = await hooks.client.post("/v1/sessions", json={"agent": "hooks"})
+    sid = r.json()["id"]
+    await hooks.client.post(f"/v1/sessions/{sid}/input", json={"text": "hi"})
+
+    async def answered() -> bool:
+        return any(i.get("text") == "I am the default model." for i in await hooks.chat(sid))
+
+    await until(answered)
+
+
+async def test_reports_need_the_tools_report_scope(tmp_path: Path, backend: FakeBackend, monkeypatch: Any):
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    operator, reporter = "o" * 16, "r" * 16
+    keys = [
+        {"key": operator, "scopes": ["sessions:read", "sessions:write", "sessions:control"]},
+        {"key": reporter, "scopes": ["tools:report"]},
+    ]
+    settings = make_settings(tmp_path, agents_file=agents_file(tmp_path, backend), api_keys=keys)
+    app = create_app(settings, registry=AgentRegistry(TEST_AGENTS))
+    backend.answers["lookup"] = [(202, None)]
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            client.headers["authorization"] = f"Bearer {operator}"
+            hooks = Hooks(client, backend)
+            sid = await hooks.session(call_turn("lookup"))
+            call_id = (await backend.next("call"))["call_id"]
+            assert_problem(await hooks.result(sid, call_id, "found"), 403, "forbidden")
+            as_reporter = {"authorization": f"Bearer {reporter}"}
+            r = await hooks.result(sid, call_id, "found", headers=as_reporter)
+            assert r.status_code == 200 and r.json()["status"] == "completed"

@@ -1,0 +1,252 @@
+"""The operator CLI (`switchboard sessions|tail|input|interrupt|tools|cancel`) as a subprocess against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection, serve
+
+from switchboard.client_cli import Client, Style, tail
+
+from .console_support import create_session, server_events, wait_until
+from .server import Server
+
+pytestmark = pytest.mark.e2e
+
+KEY = "cli-operator-key-0123456789"
+KEYS = json.dumps(
+    [{"key": KEY, "scopes": ["sessions:read", "sessions:write", "sessions:control", "tools:cancel", "events:read"]}]
+)
+LONG = " ".join(f"word{i}" for i in range(150))
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("cli"), SWITCHBOARD_API_KEYS=KEYS).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(srv: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=10) as c:
+        yield c
+
+
+def cli_env(server: Server, key: str | None = KEY) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+    env["SWITCHBOARD_URL"] = server.url
+    if key:
+        env["SWITCHBOARD_KEY"] = key
+    return env
+
+
+def run(server: Server, *argv: str, key: str | None = KEY) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "switchboard.cli", *argv]
+    return subprocess.run(cmd, env=cli_env(server, key), capture_output=True, text=True, timeout=30)
+
+
+class Tail:
+    """`switchboard tail` in the background; started once it has printed the session's first event."""
+
+    def __init__(self, sid: str, *extra: str, env: dict[str, str]) -> None:
+        cmd = [sys.executable, "-m", "switchboard.cli", "tail", sid, *extra]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.first_line = self.proc.stdout.readline()  # blocks until connected and replaying
+        assert self.first_line, self.proc.stderr.read() if self.proc.stderr else ""
+
+    def finish(self, timeout: float = 15) -> tuple[int, str, str]:
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            raise AssertionError(f"tail did not end\nstdout:\n{out}\nstderr:\n{err}") from None
+        return self.proc.returncode, self.first_line + out, err
+
+
+def printed_seqs(out: str) -> list[int]:
+    return [int(line.split()[0]) for line in ANSI.sub("", out).splitlines() if line.strip()]
+
+
+def wait_for_event(server: Server, sid: str, kind: str) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        return next((e for e in server_events(server, sid, key=KEY, idle_s=0.1) if e["type"] == kind), None)
+
+    return wait_until(found, timeout=10, interval=0.05, what=kind)
+
+
+def test_operator_commands(srv: Server, client: httpx.Client) -> None:
+    turns = [
+        {"text": LONG, "tool_calls": [{"name": "search", "arguments": {"query": "flights", "seconds": 30}}]},
+        {"text": "Searching."},
+    ]
+    sid = create_session(client, turns)
+    listed = run(srv, "sessions")
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = listed.stdout.splitlines()
+    assert header.split() == ["SESSION", "AGENT", "STATE", "AGENT", "STATE", "TOOLS", "AGE"]
+    assert any(r.split()[:3] == [sid, "tester", "active"] for r in rows), listed.stdout
+
+    sent = run(srv, "input", sid, "find me a flight")
+    assert sent.returncode == 0, sent.stderr
+    assert re.fullmatch(rf"input item_\S+ sent to {sid}; reply in speech \S+\n", sent.stdout), sent.stdout
+    started = wait_for_event(srv, sid, "tool.started")
+    call_id = started["data"]["call_id"]
+
+    everywhere = run(srv, "tools")
+    assert everywhere.returncode == 0, everywhere.stderr
+    row = next(r for r in everywhere.stdout.splitlines() if r.startswith(call_id))
+    assert row.split()[1:5] == [sid, "search", "running", "yes"] and "searching flights" in row
+    here = run(srv, "tools", sid)
+    assert call_id in here.stdout
+
+    wait_for_event(srv, sid, "speech.started")
+    cut = run(srv, "interrupt", sid)
+    assert cut.returncode == 0 and cut.stdout.startswith("interrupted speech "), cut.stdout + cut.stderr
+    again = run(srv, "interrupt", sid, "--force")
+    assert again.stdout == "nothing to interrupt: the agent is not speaking\n"
+
+    cancelled = run(srv, "cancel", sid, call_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.startswith(f"cancelled search ({call_id})")
+    statuses = {c["call_id"]: c["status"] for c in client.get(f"/v1/sessions/{sid}/tool-calls").json()["items"]}
+    assert statuses[call_id] == "cancelled"
+
+    twice = run(srv, "cancel", sid, call_id)
+    assert twice.returncode == 1 and twice.stdout == ""
+    assert twice.stderr == f"switchboard: Tool call '{call_id}' already ended (cancelled). (already_ended, HTTP 409)\n"
+    missing = run(srv, "interrupt", "no-such-session")
+    assert missing.returncode == 1
+    assert missing.stderr == "switchboard: No session 'no-such-session'. (session_not_found, HTTP 404)\n"
+
+
+def test_errors_are_one_plain_line(srv: Server, tmp_path: Path) -> None:
+    no_key = run(srv, "sessions", key=None)
+    assert no_key.returncode == 1 and no_key.stdout == ""
+    assert no_key.stderr.count("\n") == 1 and "unauthenticated, HTTP 401" in no_key.stderr
+    wrong = run(srv, "tools", "--key", "not-the-right-key-at-all", key=None)
+    assert wrong.returncode == 1 and "The API key is not valid." in wrong.stderr
+    down = run(srv, "sessions", "--url", "http://127.0.0.1:9")
+    assert down.returncode == 1 and down.stderr.startswith("switchboard: cannot reach http://127.0.0.1:9")
+    tail_missing = run(srv, "tail", "no-such-session")
+    assert tail_missing.returncode == 1 and tail_missing.stderr == "switchboard: no session 'no-such-session'\n"
+
+
+def test_tail_shows_live_events_with_colours_and_progress_bars(srv: Server, client: httpx.Client) -> None:
+    turns = [
+        {"text": "Counting.", "tool_calls": [{"name": "progress", "arguments": {"steps": 4, "step_s": 0.1}}]},
+        {"text": "In the background."},
+        {"text": "Result: {{tool_output:progress}}"},
+    ]
+    sid = create_session(client, turns)
+    proc = Tail(sid, "--color", "always", env=cli_env(srv))
+    client.post(f"/v1/sessions/{sid}/input", json={"text": "count"})
+    wait_for_event(srv, sid, "tool.ended")
+    wait_until(lambda: any(
+        e["type"] == "chat.item" and e["data"]["item"].get("text") == "Result: all 4 steps done"
+        for e in server_events(srv, sid, key=KEY, idle_s=0.1)
+    ), timeout=10)
+    assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+    code, out, err = proc.finish()
+    assert code == 0, err
+    assert "\x1b[" in out, "colours when asked"
+    plain = ANSI.sub("", out)
+    progress = [line for line in plain.splitlines() if " tool.progress " in line]
+    assert len(progress) == 4
+    assert progress[0].endswith("tool.progress       progress [█████░░░░░░░░░░░░░░░]  25% step 1/4")
+    assert progress[-1].endswith("progress [████████████████████] 100% step 4/4")
+    assert "user: count" in plain and "assistant: Result: all 4 steps done" in plain
+    assert plain.splitlines()[-1].endswith("session closed")
+    seqs = printed_seqs(out)
+    assert seqs == list(range(1, len(seqs) + 1)) == [e["seq"] for e in server_events(srv, sid, key=KEY)]
+
+
+async def test_tail_honours_4008_and_resumes_without_gaps(srv: Server) -> None:
+    """A proxy in front of the real server plays a service that finds the tail too slow: it closes the first stream
+    with 4008 after a few events. The tail resumes from its last seq and prints every event exactly once."""
+    requested: list[str] = []
+
+    async def proxy(down: ServerConnection) -> None:
+        assert down.request is not None
+        requested.append(down.request.path)
+        headers = {"Authorization": down.request.headers["Authorization"]}
+        async with connect(srv.ws_url + down.request.path, additional_headers=headers) as up:
+            async for frame in up:
+                await down.send(frame)
+                seq = json.loads(frame)["seq"]
+                if len(requested) == 1 and seq == 8:
+                    await down.close(4008, f"too slow; resume with since={seq}")
+                    return
+
+    turns = [
+        {"text": "Counting.", "tool_calls": [{"name": "progress", "arguments": {"steps": 6, "step_s": 0.05}}]},
+        {"text": "In the background."},
+    ]
+    async with httpx.AsyncClient(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}) as client:
+        r = await client.post("/v1/sessions", json={"agent": "tester", "llm": {"provider": "scripted", "turns": turns}})
+        sid = r.json()["id"]
+        out, notes = io.StringIO(), []
+        async with serve(proxy, "127.0.0.1", 0) as proxy_server:
+            port = proxy_server.sockets[0].getsockname()[1]
+            api = Client(f"http://127.0.0.1:{port}", KEY)
+            tail_task = asyncio.create_task(tail(api, sid, style=Style(False, True), out=out, note=notes.append))
+            await client.post(f"/v1/sessions/{sid}/input", json={"text": "count"})
+            async with asyncio.timeout(10):
+                while " tool.ended " not in out.getvalue():
+                    await asyncio.sleep(0.02)
+            assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
+            assert await asyncio.wait_for(tail_task, 10) == 0
+    assert notes == ["fell behind the live stream; resuming from seq 8"]
+    assert [p.rsplit("since=", 1)[1] for p in requested] == ["0", "8"]
+    seqs = printed_seqs(out.getvalue())
+    assert seqs == list(range(1, len(seqs) + 1)) == [e["seq"] for e in server_events(srv, sid, key=KEY)]
+    assert "session closed" in out.getvalue().splitlines()[-1]
+
+
+def test_tail_resumes_across_a_server_restart(tmp_path: Path) -> None:
+    first = Server(tmp_path).start()
+    try:
+        with httpx.Client(base_url=first.url) as c:
+            turns = [{"text": "Working.", "tool_calls": [{"name": "slow", "arguments": {"seconds": 30}}]}]
+            sid = create_session(c, turns)
+            proc = Tail(sid, "--url", first.url, "--color", "never", env=cli_env(first, key=None))
+            c.post(f"/v1/sessions/{sid}/input", json={"text": "work"})
+            wait_until(lambda: any(e["type"] == "tool.started" for e in server_events(first, sid, idle_s=0.1)))
+    finally:
+        first.kill()
+    second = Server(tmp_path, database_url=first.database_url)
+    second.port = first.port  # the same address: the tail reconnects to it
+    second.start()
+    try:
+        with httpx.Client(base_url=second.url) as c:
+            wait_for_recovered = lambda: any(  # noqa: E731
+                e["type"] == "session.recovered" for e in server_events(second, sid, idle_s=0.1)
+            )
+            wait_until(wait_for_recovered, timeout=10)
+            assert c.delete(f"/v1/sessions/{sid}").status_code == 204
+        code, out, err = proc.finish(timeout=20)
+        events = server_events(second, sid)
+    finally:
+        second.stop()
+    assert code == 0, err
+    assert "connection lost" in err and "reconnecting from seq" in err
+    assert "session recovered after a restart" in out
+    seqs = printed_seqs(out)
+    assert seqs == list(range(1, len(seqs) + 1)) == [e["seq"] for e in events]

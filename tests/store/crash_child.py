@@ -1,0 +1,80 @@
+"""The process that ``test_crash_recovery`` kills: one session, wired to a real store through a ``SessionHost``,
+runs a scripted reply through one completed tool call and into a long one, then prints ``MARKER`` and waits for
+SIGKILL.
+
+    python tests/store/crash_child.py DATABASE_URL SCHEMA SESSION_ID       (SCHEMA: "" on SQLite)
+
+The test imports ``AGENTS`` and ``session_config`` from here, so both processes run the same agent and script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from switchboard import Agent, RunContext, function_tool
+from switchboard.host import SessionHost
+from switchboard.hub import EventHub
+from switchboard.runtime.agent import AgentRegistry
+from switchboard.runtime.events import Event
+from switchboard.settings import Settings
+from switchboard.store import Store
+
+MARKER = "LONG TOOL STARTED"
+
+
+class Crasher(Agent):
+    def __init__(self) -> None:
+        super().__init__(instructions="You book rooms.")
+
+    @function_tool
+    async def book(self, ctx: RunContext, what: str) -> str:
+        """Book something at once."""
+        return f"booked {what}"
+
+    @function_tool
+    async def slow(self, ctx: RunContext, seconds: float) -> str:
+        """Work for a long time."""
+        # the executor committed this call as `running` before starting its body: the crash finds it in flight
+        print(MARKER, flush=True)
+        await asyncio.sleep(seconds)
+        return "slow done"
+
+
+AGENTS = {"crasher": Crasher}
+
+
+def session_config(sid: str) -> dict[str, Any]:
+    turns = [
+        {"text": "Booking.", "tool_calls": [{"name": "book", "arguments": {"what": "room 12"}}]},
+        {"text": "Booked. Now the long one.", "tool_calls": [{"name": "slow", "arguments": {"seconds": 600}}]},
+        {"text": "Before the crash you had {{tool_output:book}}"},  # the first turn after the restart
+    ]
+    return {
+        "id": sid,
+        "agent": "crasher",
+        "llm": {"provider": "scripted", "turns": turns, "fallback": {"text": "fallback turn"}},
+        "playout": {"words_per_second": 500},
+    }
+
+
+def build_host(store: Store, on_event: Callable[[Event], None] | None = None) -> SessionHost:
+    settings = Settings(database_url="sqlite+aiosqlite://", words_per_second=500)
+    registry = AgentRegistry(AGENTS)
+    return SessionHost(store=store, registry=registry, hub=EventHub(), settings=settings, on_event=on_event)
+
+
+async def main(url: str, schema: str, sid: str) -> None:
+    store = Store.from_url(url, schema=schema or None)
+    await store.migrate()
+    await store.start()
+    host = build_host(store)
+    await host.create(session_config(sid), {})
+    await host.sessions[sid].input("Book room 12, then do the long thing.")
+    await asyncio.Event().wait()  # until SIGKILL
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))

@@ -1,0 +1,305 @@
+"""Declared agents: the agents file, JSON Schema arguments (validated like Python tools) and webhook signatures."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from pydantic import ValidationError
+
+from switchboard import function_tool
+from switchboard.agents_file import AgentsFileError, load_agents_file, read_agents_file
+from switchboard.app import create_app
+from switchboard.cli import main
+from switchboard.demo import AGENTS as DEMO_AGENTS
+from switchboard.runtime.agent import AgentRegistry
+from switchboard.runtime.tools import CONFIRM_FIELD, format_validation_error
+from switchboard.settings import Settings
+from switchboard.webhooks import Webhooks, WebhookTool, sign, signed_headers, verify_signature
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agents.yaml"
+ENV = {"HOOK_SECRET": "s3cret", "ORDERS_WEBHOOK_SECRET": "example-secret"}
+
+
+def tool(**overrides: Any) -> dict[str, Any]:
+    spec = {
+        "kind": "webhook",
+        "name": "search",
+        "description": "Search.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "url": "http://127.0.0.1:9/tools/search",
+        "secret_env": "HOOK_SECRET",
+    }
+    return {**spec, **overrides}
+
+
+def write(tmp_path: Path, data: Any, name: str = "agents.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def load_error(tmp_path: Path, data: Any, name: str = "agents.yaml", env: dict[str, str] = ENV) -> str:
+    path = write(tmp_path, data, name)
+    with pytest.raises(AgentsFileError) as err:
+        read_agents_file(path, environ=env)
+    text = str(err.value)
+    assert text.startswith(f"{path}: "), text
+    return text
+
+
+def webhook(tmp_path: Path, **overrides: Any) -> WebhookTool:
+    path = write(tmp_path, [{"name": "a", "instructions": "x", "tools": [tool(**overrides)]}])
+    agent = load_agents_file(path, Webhooks(), environ=ENV).factories["a"]()
+    found = agent.tools[overrides.get("name", "search")]
+    assert isinstance(found, WebhookTool)
+    return found
+
+
+# -- the file -----------------------------------------------------------------------------------------------------
+
+
+def test_the_example_file_loads(tmp_path: Path):
+    declared = load_agents_file(EXAMPLE, Webhooks(), environ=ENV)
+    assert list(declared.factories) == ["orders"]
+    assert declared.default_llms["orders"]["provider"] == "openai"
+    registry = AgentRegistry(DEMO_AGENTS)
+    declared.register(registry)
+    agent = registry.create("orders")
+    assert agent.name == "orders" and "order desk" in agent.instructions
+    lookup, refund = agent.tools["lookup_order"], agent.tools["refund_order"]
+    assert isinstance(lookup, WebhookTool) and isinstance(refund, WebhookTool)
+    assert (lookup.on_duplicate, lookup.duplicate_scope, lookup.allow_cancellation) == (
+        "reject",
+        "name_and_args",
+        False,
+    )
+    assert refund.allow_cancellation and refund.endpoint.cancel_url.endswith("/tools/refund_order/cancel")
+    assert lookup.endpoint.cancel_url == "http://127.0.0.1:9000/tools/lookup_order/cancel"
+    assert lookup.endpoint.secret == "example-secret" and "example-secret" not in repr(lookup.endpoint)
+    # what the model is shown: the declared schema, plus the confirmation flag of on_duplicate="confirm"
+    assert lookup.schema()["parameters"]["required"] == ["order_id"]
+    assert refund.parameters["properties"][CONFIRM_FIELD]["type"] == "boolean"
+    assert refund.parse_arguments({"order_id": "A-1", "amount": "12.5", "reason": "late"}) == {
+        "order_id": "A-1",
+        "amount": 12.5,
+        "reason": "late",
+        CONFIRM_FIELD: False,
+    }
+
+
+def test_the_readme_shows_the_example_file_as_it_is():
+    readme = (EXAMPLE.parents[1] / "README.md").read_text()
+    assert f"```yaml\n{EXAMPLE.read_text()}```" in readme
+
+
+def test_list_mapping_and_json_forms(tmp_path: Path):
+    as_list = read_agents_file(write(tmp_path, [{"name": "a", "instructions": "x", "tools": [tool()]}]), environ=ENV)
+    as_map = read_agents_file(write(tmp_path, "a:\n  instructions: x\n", "map.yaml"), environ=ENV)
+    as_json = read_agents_file(write(tmp_path, {"a": {"instructions": "x"}}, "agents.json"), environ=ENV)
+    assert [a.name for a in as_list] == [a.name for a in as_map] == [a.name for a in as_json] == ["a"]
+    assert as_list[0].tools[0].timeout_s == 30.0
+
+
+@pytest.mark.parametrize(
+    ("agents", "location", "message"),
+    [
+        ([{"name": "a", "instructions": "x", "tools": [tool(url="not a url")]}], "agents[0].tools[0].url", "URL"),
+        ([{"name": "a", "instructions": "x", "tools": [tool(kind="grpc")]}], "agents[0].tools[0].kind", "'webhook'"),
+        (
+            [{"name": "a", "instructions": "x", "tools": [tool(timeout_s=0)]}],
+            "agents[0].tools[0].timeout_s",
+            "greater than 0",
+        ),
+        ([{"name": "a", "instructions": "x", "tools": [tool(bogus=1)]}], "agents[0].tools[0].bogus", "not permitted"),
+        (
+            [{"name": "a", "instructions": "x", "tools": [tool(secret_env="NOT_SET_ANYWHERE")]}],
+            "agents[0].tools[0].secret_env",
+            "environment variable NOT_SET_ANYWHERE is not set",
+        ),
+        (
+            [{"name": "a", "instructions": "x", "tools": [tool(parameters={"type": "object", "oneOf": []})]}],
+            "agents[0].tools[0].parameters",
+            "unsupported keyword(s): oneOf",
+        ),
+        (
+            [
+                {
+                    "name": "a",
+                    "instructions": "x",
+                    "tools": [tool(parameters={"type": "object", "properties": {"n": {"type": "int"}}})],
+                }
+            ],
+            "agents[0].tools[0].parameters",
+            "properties.n.type: unknown type 'int'",
+        ),
+        (
+            [{"name": "a", "instructions": "x", "tools": [tool(), tool()]}],
+            "agents[0]",
+            "duplicate tool name(s): search",
+        ),
+        ([{"name": "a", "instructions": "x", "tools": [tool(name="cancel_tool_call")]}], "tools[0].name", "built-in"),
+        ([{"name": "a", "instructions": "x", "llm": {"provider": "nope"}}], "agents[0].llm", "unknown llm provider"),
+        ([{"name": "a", "instructions": "x"}, {"name": "a", "instructions": "y"}], "agents", "duplicate agent name"),
+        ([{"name": "a"}], "agents[0].instructions", "Field required"),
+        ({"concierge": {"instructions": "x", "tools": [tool(url=3)]}}, "concierge.tools[0].url", "URL"),
+    ],
+)
+def test_bad_files_name_the_file_and_the_field(tmp_path: Path, agents: Any, location: str, message: str):
+    text = load_error(tmp_path, agents)
+    line = next((ln for ln in text.splitlines()[1:] if location in ln), None)
+    assert line is not None and message in line, text
+
+
+def test_unreadable_or_malformed_files(tmp_path: Path):
+    assert "must hold a list of agents" in load_error(tmp_path, "", name="empty.yaml")
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(AgentsFileError, match=f"^{missing}: cannot read the agents file"):
+        read_agents_file(missing)
+    assert "not valid YAML" in load_error(tmp_path, "- name: [unclosed\n")
+    assert "not valid JSON" in load_error(tmp_path, "[{", name="agents.json")
+    assert "must hold a list of agents" in load_error(tmp_path, "just text\n")
+    assert "differs from the agent's key" in load_error(tmp_path, {"a": {"name": "b", "instructions": "x"}})
+
+
+def test_an_agent_name_taken_by_python_agents_is_refused(tmp_path: Path):
+    declared = load_agents_file(write(tmp_path, [{"name": "demo", "instructions": "x"}]), Webhooks(), environ=ENV)
+    with pytest.raises(AgentsFileError, match="already defined by a Python agent or the built-ins: demo"):
+        declared.register(AgentRegistry(DEMO_AGENTS))
+
+
+def test_a_bad_agents_file_stops_startup_with_a_clear_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr("switchboard.cli.logs.configure", lambda *a, **kw: None)  # keep pytest's log handlers
+    path = write(tmp_path, [{"name": "a", "instructions": "x", "tools": [tool(url="nope")]}])
+    with pytest.raises(AgentsFileError, match=r"agents\[0\]\.tools\[0\]\.url"):
+        create_app(Settings(agents_file=path, database_url=f"sqlite+aiosqlite:///{tmp_path}/x.db"))
+    code = main(["serve", "--agents-file", str(path), "--database-url", f"sqlite+aiosqlite:///{tmp_path}/x.db"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"switchboard: {path}: invalid agents file:") and "agents[0].tools[0].url" in err
+
+
+# -- arguments ----------------------------------------------------------------------------------------------------
+
+
+@function_tool
+async def twin(city: str, party: int, kind: Literal["indoor", "outdoor"] = "indoor") -> str:
+    """The same parameters as the declared tool below, as a Python tool."""
+    return city
+
+
+TWIN_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "party": {"type": "integer"},
+        "kind": {"type": "string", "enum": ["indoor", "outdoor"], "default": "indoor"},
+    },
+    "required": ["city", "party"],
+}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"party": 2},
+        {"city": "Rome", "party": "two"},
+        {"city": 5, "party": 2},
+        {"city": "Rome", "party": 2, "kind": "roof"},
+        {"city": "Rome", "party": 2, "extra": True},
+        {},
+    ],
+)
+def test_bad_arguments_read_exactly_like_a_python_tools(tmp_path: Path, raw: dict[str, Any]):
+    declared = webhook(tmp_path, name="twin", parameters=TWIN_SCHEMA)
+    with pytest.raises(ValidationError) as python_err:
+        twin.parse_arguments(raw)
+    with pytest.raises(ValidationError) as declared_err:
+        declared.parse_arguments(raw)
+    expected = format_validation_error("twin", python_err.value)
+    assert format_validation_error("twin", declared_err.value) == expected
+    assert expected.startswith("Invalid arguments for twin: ")
+
+
+def test_arguments_forwarded_to_the_backend(tmp_path: Path):
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "minLength": 2},
+            "party": {"type": "integer", "minimum": 1, "default": 2},
+            "note": {"type": ["string", "null"]},
+            "json": {"type": "boolean"},  # a name that is also a BaseModel attribute
+            "where": {
+                "type": "object",
+                "properties": {"lat": {"type": "number"}, "tags": {"type": "array", "items": {"type": "string"}}},
+                "required": ["lat"],
+            },
+            "meta": {"type": "object"},
+        },
+        "required": ["city"],
+    }
+    hook = webhook(tmp_path, parameters=schema)
+    # declared defaults are filled in; optional properties the model left out are not sent as null
+    assert hook.parse_arguments({"city": "Rome"}) == {"city": "Rome", "party": 2}
+    full = {
+        "city": "Rome",
+        "party": "3",
+        "note": None,
+        "json": True,
+        "where": {"lat": 1, "tags": ["a"]},
+        "meta": {"k": 1},
+    }
+    assert hook.parse_arguments(full) == {**full, "party": 3, "where": {"lat": 1.0, "tags": ["a"]}}
+    for bad, field in [
+        ({"city": "R"}, "city"),
+        ({"city": "Rome", "party": 0}, "party"),
+        ({"city": "Rome", "where": {}}, "where.lat"),
+        ({"city": "Rome", "where": {"lat": 1, "tags": [1]}}, "where.tags.0"),
+    ]:
+        with pytest.raises(ValidationError) as err:
+            hook.parse_arguments(bad)
+        assert format_validation_error("search", err.value).startswith(f"Invalid arguments for search: {field}: ")
+
+
+def test_additional_properties_and_the_schema_shown_to_the_model(tmp_path: Path):
+    open_schema = {"type": "object", "properties": {"q": {"type": "string"}}, "additionalProperties": True}
+    hook = webhook(tmp_path, parameters=open_schema)
+    assert hook.parse_arguments({"q": "x", "other": [1]}) == {"q": "x", "other": [1]}
+    assert hook.parameters["additionalProperties"] is True
+    closed = webhook(tmp_path, parameters={"type": "object", "properties": {}})
+    assert closed.schema() == {
+        "name": "search",
+        "description": "Search.",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    }
+    assert closed.parse_arguments({}) == {}
+
+
+# -- signatures ---------------------------------------------------------------------------------------------------
+
+
+def test_signatures_verify_and_reject_tampering_and_replays():
+    body = b'{"call_id":"c1","session_id":"s1","tool":"t","arguments":{}}'
+    now = time.time()
+    headers = signed_headers("k", body, now=now)
+    ts, sig = headers["X-Switchboard-Timestamp"], headers["X-Switchboard-Signature"]
+    assert sig.startswith("v1=") and len(sig) == 3 + 64
+    assert verify_signature("k", ts, body, sig)
+    assert verify_signature("k", ts, body.decode(), sig, now=now + 299, window_s=300)
+    assert verify_signature("k", ts, body, f"v1={'0' * 64}, {sig}")  # any of several (secret rotation)
+    assert not verify_signature("other", ts, body, sig)  # wrong secret
+    assert not verify_signature("k", ts, body + b" ", sig)  # body changed
+    assert not verify_signature("k", str(int(ts) + 1), body, sig)  # timestamp changed
+    assert not verify_signature("k", ts, body, sig, now=now + 301, window_s=300)  # stale: a replay
+    assert not verify_signature("k", ts, body, sig, now=now - 301, window_s=300)  # from the future
+    assert not verify_signature("k", "yesterday", body, sig)
+    assert not verify_signature("k", None, body, sig)
+    assert not verify_signature("k", ts, body, None)
+    assert not verify_signature("k", ts, body, sig.removeprefix("v1="))
+    old = int(now) - 1000
+    assert verify_signature("k", old, body, sign("k", old, body), now=old + 10)
