@@ -16,12 +16,13 @@ Each round has three phases, every command timed from just before its request is
 * ``input (barge-in)``: ``POST /input`` (``interrupt=true``) on every session while it speaks: the response, the
   old speech's ``speech.interrupted`` and ``tool.ended``, and the new reply's ``generation.started``.
 
-Commands are issued in waves (``--wave`` sessions at once, a wave every ``--period-ms``, open loop: a wave does not
-wait for the previous one) while the other sessions keep speaking; ``--modes burst`` also runs rounds where all 200
-are issued at the same instant (throughput, not per-command latency; not budgeted). Timed requests go over one
-keep-alive HTTP/1.1 connection per session, written by hand, so no client-library overhead sits in the timings.
+Commands are issued open loop, ``--wave`` sessions at a time and a wave every ``--period-ms`` (default: one command
+every 50 ms, 20 per second, a wave never waits for the previous one), while all the other sessions keep speaking.
+``--modes waves,burst`` adds rounds where all 200 commands of a phase are issued at the same instant: that shows
+throughput, not the latency of one command, and is not budgeted. Timed requests go over one keep-alive HTTP/1.1
+connection per session, written by hand, so no client-library overhead sits in the timings.
 
-Run: ``.venv/bin/python bench/http_interrupt.py [--sessions 200] [--rounds 5] [--wave 10] [--period-ms 50]``
+Run: ``.venv/bin/python bench/http_interrupt.py [--sessions 200] [--rounds 5] [--wave 1] [--period-ms 50]``
 The script stops by itself (``--timeout-s``), stops its server, and exits non-zero if a budget is missed.
 """
 
@@ -214,7 +215,9 @@ async def run_round(sessions: list[Sess], wave: int, period_s: float) -> Samples
         if s.status[call] != "interrupted":
             raise RuntimeError(f"{s.id}: tool ended {s.status[call]!r}, expected 'interrupted'")
         samples.setdefault("interrupt: response", []).append(resp * 1000)
-        samples.setdefault("interrupt: speech.interrupted", []).append((s.seen[("speech.interrupted", speech)] - t0) * 1000)
+        samples.setdefault("interrupt: speech.interrupted", []).append(
+            (s.seen[("speech.interrupted", speech)] - t0) * 1000
+        )
         samples.setdefault("interrupt: tool.ended (unblocked)", []).append((s.seen[("tool.ended", call)] - t0) * 1000)
 
     # 2. POST /input on listening sessions
@@ -329,7 +332,9 @@ def server_report(server: Server) -> list[str]:
     notes = []
     metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
     for line in metrics.splitlines():
-        if line.startswith(("switchboard_ws_slow_consumers_dropped_total", "switchboard_interrupt_latency_seconds_count")):
+        if line.startswith(
+            ("switchboard_ws_slow_consumers_dropped_total", "switchboard_interrupt_latency_seconds_count")
+        ):
             notes.append(line)
     logs = server.logs()
     errors = [ln for ln in logs.splitlines() if "ERROR" in ln or "Traceback" in ln]
@@ -342,6 +347,7 @@ def server_report(server: Server) -> list[str]:
 async def run(args: argparse.Namespace) -> int:
     modes = [m for m in args.modes.split(",") if m]
     print(f"python {platform.python_version()} on {platform.system()} {platform.machine()}, {os.cpu_count()} cpus")
+    print("load average at start: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(
         f"{args.sessions} sessions speaking; waves of {args.wave} every {args.period_ms:g} ms; "
         f"{args.rounds} round(s) per mode; latencies in ms, measured on the client by receipt\n"
@@ -361,12 +367,10 @@ async def run(args: argparse.Namespace) -> int:
                     per_round: list[dict[str, dict[str, float]]] = []
                     for r in range(args.rounds):
                         samples = await run_round(sessions, wave, period)
-                        stats = {
-                            k: {"p50": pct(v, 50), "p99": pct(v, 99), "max": max(v)} for k, v in samples.items()
-                        }
+                        stats = {k: {"p50": pct(v, 50), "p99": pct(v, 99), "max": max(v)} for k, v in samples.items()}
                         per_round.append(stats)
-                        summary = ", ".join(f"{k.split(':')[0]}/{k.split(': ')[1][:12]} {stats[k]['p99']:.1f}" for k in stats)
-                        print(f"[{mode}] round {r + 1}: p99 {summary}")
+                        summary = ", ".join(f"{k} {stats[k]['p99']:.1f}" for k in BUDGETED)
+                        print(f"[{mode}] round {r + 1}, p99 (ms): {summary}", flush=True)
                     medians[mode] = {
                         k: {q: statistics.median(st[k][q] for st in per_round) for q in ("p50", "p99", "max")}
                         for k in per_round[0]
@@ -389,6 +393,7 @@ async def run(args: argparse.Namespace) -> int:
     print()
     for n in notes:
         print(n)
+    print("load average at end: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     ok = True
     if "waves" in medians:
         for k in BUDGETED:
@@ -403,8 +408,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--modes", default="waves,burst", help="waves (budgeted) and/or burst")
-    parser.add_argument("--wave", type=int, default=10, help="sessions per wave")
+    parser.add_argument("--modes", default="waves", help="waves (budgeted) and/or burst")
+    parser.add_argument("--wave", type=int, default=1, help="sessions per wave")
     parser.add_argument("--period-ms", type=float, default=50.0, help="time between waves")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="stop after this long, whatever happens")
     args = parser.parse_args()

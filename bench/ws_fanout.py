@@ -351,6 +351,7 @@ def summarise(name: str, r: dict[str, Any], args: argparse.Namespace) -> dict[st
 async def orchestrate(args: argparse.Namespace) -> int:
     nofile = raise_nofile(args.subscribers * 2 + 1024)
     print(f"python {platform.python_version()} on {platform.system()} {platform.machine()}, {os.cpu_count()} cpus")
+    print("load average at start: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(
         f"{args.subscribers} subscribers in {args.procs} client process(es); {args.events} updates at {args.rate:g}/s; "
         f"open-file limit {nofile}; latencies in ms, receipt time - send time (same clock)\n"
@@ -373,6 +374,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
         print(f"switchboard {line}")
     for line in sb.get("server_errors", []):
         print(f"switchboard log: {line}")
+    print("load average at end: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     ok = True
     if "switchboard" in stats:
         p99 = stats["switchboard"]["p99"]

@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from . import __version__
 from .agents_file import load_agents_file
 from .api import problems, routes_events, routes_health, routes_reports, routes_sessions, routes_tools
-from .api.limits import BodyLimit
+from .api.limits import BodyLimit, RequestDeadline
 from .demo import AGENTS as DEMO_AGENTS
 from .host import SessionHost
 from .hub import EventHub
@@ -36,6 +36,9 @@ cancel tools. Errors are `application/problem+json`. Every POST accepts an `Idem
 
 
 IDEMPOTENCY_PURGE_EVERY_S = 3600.0
+# The backstop deadline on every HTTP request; routes that wait on the runtime bound that wait by request_timeout_s
+# themselves (deps.deadline), so this one fires only for what they do not cover (store reads, idempotency records).
+REQUEST_DEADLINE_GRACE_S = 1.0
 
 
 async def _purge_idempotency_keys(store: Store, settings: Settings) -> None:
@@ -107,12 +110,18 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
     app.state.webhooks = webhooks
     app.state.metrics = Metrics()
     problems.install(app)
-    app.include_router(routes_sessions.router)
-    app.include_router(routes_tools.router)
-    app.include_router(routes_reports.router)
+    for router in (routes_sessions.router, routes_tools.router, routes_reports.router):
+        app.include_router(router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_events.router)
     app.include_router(routes_health.router)
     # the operator console: static ES modules, a pure client of the public API (/console redirects to /console/)
     app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, read_timeout_s=settings.body_read_timeout_s)
+    # added first, so inside BodyLimit: the deadline counts handling time, not the time the body takes to arrive
+    app.add_middleware(RequestDeadline, timeout_s=settings.request_timeout_s + REQUEST_DEADLINE_GRACE_S)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        read_timeout_s=settings.body_read_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+    )
     return app

@@ -13,6 +13,8 @@ from . import logs
 from .client_cli import add_client_commands
 from .settings import Settings
 
+GC_YOUNG_THRESHOLD = 10_000  # CPython's default is 700 allocations
+
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {}
@@ -54,14 +56,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_config=None,
         ws_ping_interval=settings.ws_ping_interval_s,
+        ws_max_size=settings.ws_max_message_bytes,
         ws_ping_timeout=settings.ws_ping_interval_s,
         timeout_graceful_shutdown=10,
         lifespan="on",
     )
-    # What exists now (modules, the app) lives as long as the process: keep it out of every later full garbage
-    # collection, whose pauses would otherwise grow with it (measured in bench/http_interrupt.py).
+    # Garbage collection pauses are latency for every session and subscriber (bench/http_interrupt.py and
+    # bench/ws_fanout.py measure it). What exists now (modules, the app) lives as long as the process: keep it out
+    # of every later full collection. A larger young generation lets the many short-lived objects of a busy loop
+    # (one task step per subscriber per event) die young instead of being promoted and forcing full collections.
     gc.collect()
     gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     uvicorn.Server(config).run()
     return 0
 

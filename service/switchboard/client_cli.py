@@ -82,7 +82,16 @@ def _problem_line(r: httpx.Response) -> str:
 
 # -- output --------------------------------------------------------------------------------------------------------
 
-ANSI = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "blue": "34", "magenta": "35", "cyan": "36"}
+ANSI = {
+    "bold": "1",
+    "dim": "2",
+    "red": "31",
+    "green": "32",
+    "yellow": "33",
+    "blue": "34",
+    "magenta": "35",
+    "cyan": "36",
+}
 STATUS_COLOURS = {"completed": "green", "cancelled": "magenta", "running": "yellow"}
 
 
@@ -197,7 +206,11 @@ def describe(event: dict[str, Any], s: Style, names: dict[str, str] | None = Non
     if kind == "tool.progress":
         progress = d.get("progress")
         name = (names or {}).get(str(d.get("call_id")), str(d.get("call_id")))
-        parts = [s(name, "yellow"), s.bar(float(progress)) if isinstance(progress, int | float) else "", d.get("message")]
+        parts = [
+            s(name, "yellow"),
+            s.bar(float(progress)) if isinstance(progress, int | float) else "",
+            d.get("message"),
+        ]
         return " ".join(str(p) for p in parts if p)
     if kind == "tool.ended":
         status = str(d.get("status"))
@@ -312,7 +325,9 @@ def cmd_tools(args: argparse.Namespace) -> int:
             bar = s.bar(last["progress"], width=10) if last["progress"] is not None else ""
             progress = f"{bar} {last['message']}".strip()
         flag = "yes" if c["cancellable"] else "no"
-        rows.append([c["call_id"], c["session_id"], c["name"], c["status"], flag, progress, _short(_args(c["arguments"]), 40)])
+        rows.append(
+            [c["call_id"], c["session_id"], c["name"], c["status"], flag, progress, _short(_args(c["arguments"]), 40)]
+        )
     _table(rows, ["CALL ID", "SESSION", "NAME", "STATUS", "CANCELLABLE", "PROGRESS", "ARGUMENTS"], sys.stdout)
     return 0
 
@@ -325,7 +340,16 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    return asyncio.run(tail(_client(args), args.sid, since=args.since, types=args.types, style=_style(args.color, sys.stdout), retry_for_s=args.retry_for))
+    return asyncio.run(
+        tail(
+            _client(args),
+            args.sid,
+            since=args.since,
+            types=args.types,
+            style=_style(args.color, sys.stdout),
+            retry_for_s=args.retry_for,
+        )
+    )
 
 
 async def tail(

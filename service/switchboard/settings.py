@@ -45,10 +45,12 @@ class Settings(BaseSettings):
 
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     body_read_timeout_s: float = Field(default=10.0, gt=0)  # a body chunk must arrive within this (408)
+    body_timeout_s: float = Field(default=30.0, gt=0)  # and the whole body within this (408)
     max_text_chars: int = Field(default=8000, ge=1)
     max_sessions: int = Field(default=1000, ge=1)
     ws_buffer: int = Field(default=1000, ge=10)
     ws_ping_interval_s: float = Field(default=20.0, gt=0)
+    ws_max_message_bytes: int = Field(default=64 * 1024, ge=1024)  # a bigger client frame is closed with 1009
     request_timeout_s: float = Field(default=10.0, gt=0)
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=24 * 3600)
     words_per_second: float = Field(default=3.0, gt=0)

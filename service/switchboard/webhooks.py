@@ -242,10 +242,19 @@ class Webhooks:
     async def deliver(self, endpoint: WebhookEndpoint, body: bytes, pending: PendingCall) -> httpx.Response:
         """POST until the backend answers with a status below 500 (the caller bounds this by the call's timeout)."""
         delay = RETRY_BASE_S
+
+        async def trace(event: str, info: dict[str, Any]) -> None:
+            # the request is out: a backend that then never answers has the call and must hear of its end
+            if event.endswith(".send_request_body.complete"):
+                pending.sent = True
+
         while True:
             try:
                 response = await self.client.post(
-                    endpoint.url, content=body, headers=signed_headers(endpoint.secret, body)
+                    endpoint.url,
+                    content=body,
+                    headers=signed_headers(endpoint.secret, body),
+                    extensions={"trace": trace},
                 )
             except httpx.TransportError as err:
                 pending.sent = pending.sent or not isinstance(err, httpx.ConnectError | httpx.ConnectTimeout)

@@ -1,5 +1,6 @@
 """Request limits: oversize bodies (413, with or without Content-Length), oversize text (413), invalid bodies (422),
-and slow bodies (408 or a closed connection, against a real server and a raw socket)."""
+and slow bodies (408 or a closed connection, against a real server and a raw socket): a chunk that does not come in
+time, or a trickle whose every chunk is in time but whose whole body is not (slow loris)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import exc as sa_exc
 
 from switchboard.app import create_app
 from switchboard.runtime.agent import AgentRegistry
@@ -22,6 +24,7 @@ from .conftest import Api, make_settings
 MAX_BODY = 2048
 MAX_TEXT = 100
 READ_TIMEOUT_S = 0.5
+BODY_TIMEOUT_S = 1.5
 
 
 @pytest.fixture
@@ -119,7 +122,9 @@ async def test_invalid_bodies_are_422(api: Api, path: str, body: bytes):
 @pytest.fixture(scope="module")
 def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp: Path = tmp_path_factory.mktemp("limits")
-    srv = Server(tmp, SWITCHBOARD_BODY_READ_TIMEOUT_S=str(READ_TIMEOUT_S)).start()
+    srv = Server(
+        tmp, SWITCHBOARD_BODY_READ_TIMEOUT_S=str(READ_TIMEOUT_S), SWITCHBOARD_BODY_TIMEOUT_S=str(BODY_TIMEOUT_S)
+    ).start()
     try:
         yield srv
     finally:
@@ -192,3 +197,103 @@ async def test_slow_chunked_body_times_out(slow_server: Server):
     elapsed = time.monotonic() - started
     _assert_timed_out(reply)
     assert elapsed < READ_TIMEOUT_S * 6, elapsed
+
+
+@pytest.mark.e2e
+async def test_a_trickle_in_time_chunk_by_chunk_still_ends_at_the_body_deadline(slow_server: Server):
+    """One byte every READ_TIMEOUT_S / 3: no chunk is late, but the body would take ~20 s. The whole-body deadline
+    ends it (408) instead of letting it hold the request open for as long as the client likes."""
+    body = json.dumps({"agent": "tester", "id": "trickle", "metadata": {"pad": "x" * 40}}).encode()
+    head = (
+        f"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    started = time.monotonic()
+    reply = await _slow_request(slow_server, head, body[:1], [bytes([b]) for b in body[1:]], READ_TIMEOUT_S / 3)
+    elapsed = time.monotonic() - started
+    _assert_timed_out(reply)
+    assert BODY_TIMEOUT_S * 0.9 <= elapsed < BODY_TIMEOUT_S + 2.0, elapsed
+    async with httpx.AsyncClient(base_url=slow_server.url) as client:
+        assert (await client.get("/v1/sessions/trickle")).status_code == 404  # never created
+
+
+# -- the request deadline and an unreachable database ---------------------------------------------------------------
+
+DEADLINE_S = 0.3  # request_timeout_s: the backstop deadline is this + 1 s
+
+
+@pytest.fixture
+async def quick(tmp_path: Any, registry: AgentRegistry) -> AsyncIterator[Api]:
+    app = create_app(make_settings(tmp_path, request_timeout_s=DEADLINE_S), registry=registry)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            yield Api(client, app)
+
+
+async def test_a_read_that_hangs_is_cancelled_and_answered_503(quick: Api, monkeypatch: pytest.MonkeyPatch):
+    cancelled = asyncio.Event()
+
+    async def hang(*args: Any, **kw: Any) -> Any:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    monkeypatch.setattr(quick.app.state.store, "list_sessions", hang)
+    started = time.monotonic()
+    r = await quick.client.get("/v1/sessions")
+    elapsed = time.monotonic() - started
+    assert_problem(r, 503, "deadline_exceeded")
+    assert r.headers["retry-after"] == "1"
+    assert DEADLINE_S + 1.0 <= elapsed < DEADLINE_S + 3.0, elapsed
+    assert cancelled.is_set()  # a safe request is not left running
+    assert (await quick.client.get("/healthz")).status_code == 200
+
+
+async def test_a_write_past_the_deadline_finishes_and_its_idempotent_retry_gets_the_outcome(
+    quick: Api, monkeypatch: pytest.MonkeyPatch
+):
+    store = quick.app.state.store
+    real_get = store.idempotency_get
+    slow = [True]
+
+    async def slow_once(*args: Any, **kw: Any) -> Any:
+        if slow.pop() if slow else False:
+            await asyncio.sleep(DEADLINE_S + 1.5)  # past the backstop deadline, then carries on
+        return await real_get(*args, **kw)
+
+    monkeypatch.setattr(store, "idempotency_get", slow_once)
+    headers = {"Idempotency-Key": "create-once"}
+    first = await quick.client.post("/v1/sessions", json={"agent": "tester"}, headers=headers)
+    problem = assert_problem(first, 503, "deadline_exceeded")
+    assert "Idempotency-Key" in problem["detail"]
+    retry = await quick.client.post("/v1/sessions", json={"agent": "tester"}, headers=headers)
+    assert retry.status_code == 201 and retry.headers.get("idempotent-replayed") == "true", retry.text
+    sessions = (await quick.client.get("/v1/sessions")).json()["items"]
+    assert [s["id"] for s in sessions] == [retry.json()["id"]]  # created once, by the request answered 503
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code"),
+    [
+        (ConnectionRefusedError(111, "Connection refused"), 503, "database_unavailable"),
+        (OSError("no route to host"), 503, "database_unavailable"),
+        (
+            sa_exc.OperationalError("SELECT 1", {}, Exception("server closed the connection")),
+            503,
+            "database_unavailable",
+        ),
+        (sa_exc.IntegrityError("INSERT", {}, Exception("duplicate key")), 500, "internal_error"),
+    ],
+)
+async def test_database_errors_on_reads(
+    quick: Api, monkeypatch: pytest.MonkeyPatch, error: Exception, status: int, code: str
+):
+    async def fail(*args: Any, **kw: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr(quick.app.state.store, "get_session", fail)
+    r = await quick.client.get("/v1/sessions/not-live/chat")
+    assert_problem(r, status, code)
+    assert ("retry-after" in r.headers) == (status == 503)

@@ -55,9 +55,7 @@ def launch_chromium() -> Iterator[Any]:
             browser.close()
 
 
-def create_session(
-    client: httpx.Client, turns: list[dict[str, Any]], *, sid: str | None = None, **kw: Any
-) -> str:
+def create_session(client: httpx.Client, turns: list[dict[str, Any]], *, sid: str | None = None, **kw: Any) -> str:
     llm = {"provider": "scripted", "turns": turns, **kw.pop("llm_extra", {})}
     body: dict[str, Any] = {"agent": "tester", "llm": llm, **kw}
     if sid:

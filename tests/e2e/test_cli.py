@@ -159,10 +159,13 @@ def test_tail_shows_live_events_with_colours_and_progress_bars(srv: Server, clie
     proc = Tail(sid, "--color", "always", env=cli_env(srv))
     client.post(f"/v1/sessions/{sid}/input", json={"text": "count"})
     wait_for_event(srv, sid, "tool.ended")
-    wait_until(lambda: any(
-        e["type"] == "chat.item" and e["data"]["item"].get("text") == "Result: all 4 steps done"
-        for e in server_events(srv, sid, key=KEY, idle_s=0.1)
-    ), timeout=10)
+    wait_until(
+        lambda: any(
+            e["type"] == "chat.item" and e["data"]["item"].get("text") == "Result: all 4 steps done"
+            for e in server_events(srv, sid, key=KEY, idle_s=0.1)
+        ),
+        timeout=10,
+    )
     assert client.delete(f"/v1/sessions/{sid}").status_code == 204
     code, out, err = proc.finish()
     assert code == 0, err

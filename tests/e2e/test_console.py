@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.sync.client import connect
 
 from .console_support import (
     create_session,
@@ -79,7 +80,7 @@ def page(browser: Any) -> Iterator[Any]:
 
 def open_session(page: Any, server: Server, sid: str, fragment: str = "") -> None:
     page.goto(f"{server.url}/console/#session={sid}{fragment}")
-    page.wait_for_selector(f'[data-type="session.started"], [data-type="session.recovered"]')
+    page.wait_for_selector('[data-type="session.started"], [data-type="session.recovered"]')
 
 
 def assert_rows_match_log(page: Any, events: list[dict[str, Any]]) -> None:
@@ -95,6 +96,21 @@ def test_console_is_served_and_redirects(srv: Server, client: httpx.Client) -> N
     assert page.status_code == 200 and '<script type="module" src="./main.js">' in page.text
     for asset in ("main.js", "api.js", "stream.js", "timeline.js", "session_view.js", "overview.js", "console.css"):
         assert client.get(f"/console/{asset}").status_code == 200, asset
+
+
+def test_multi_session_stream_from_now_skips_history(srv: Server, client: httpx.Client) -> None:
+    """The overview loads a snapshot, so it follows /v1/events from the live tail (cursor=now), not from 0."""
+    old = create_session(client, [])
+    assert server_events(srv, old)[0]["type"] == "session.started"  # durable, so history from now on
+    with connect(f"{srv.ws_url}/v1/events?cursor=now&types=session.*") as ws:
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=5)) == {"type": "pong"}  # subscribed: nothing missed from here on
+        new = create_session(client, [])
+        frames = [json.loads(ws.recv(timeout=5))]
+        while frames[-1]["session_id"] != new:
+            frames.append(json.loads(ws.recv(timeout=5)))
+    assert all(f["session_id"] != old for f in frames), "no history is replayed"
+    assert frames[-1]["type"] == "session.started" and isinstance(frames[-1]["cursor"], int)
 
 
 def test_timeline_fills_as_a_scripted_session_runs(srv: Server, client: httpx.Client, page: Any) -> None:
@@ -184,7 +200,9 @@ def test_cancel_from_the_timeline_and_from_the_running_list(srv: Server, client:
     planes_id = page.get_attribute('.row.tool:has-text("planes")', "data-call-id")
     page.click(f'#running-tools li[data-call-id="{planes_id}"] button.cancel')
     page.wait_for_selector('.row.tool[data-status="cancelled"]:has-text("planes")')
-    calls = {c["arguments"].get("query"): c["status"] for c in client.get(f"/v1/sessions/{sid}/tool-calls").json()["items"]}
+    calls = {
+        c["arguments"].get("query"): c["status"] for c in client.get(f"/v1/sessions/{sid}/tool-calls").json()["items"]
+    }
     assert calls["trains"] == "cancelled" and calls["planes"] == "cancelled"
     page.wait_for_selector('.row.tool[data-status="completed"]:has(.tool-name:text-is("slow"))')
     assert page.is_hidden(".error-box")
@@ -267,6 +285,8 @@ def test_double_click_and_retry_apply_once(srv: Server, client: httpx.Client, pa
     page.fill("#op-text", "once please")
     page.dblclick("#op-send")
     page.wait_for_selector('.row.user:has-text("once please")')
+    page.wait_for_timeout(200)
+    assert page.is_hidden(".error-box"), "the second click of a double click is not an operator mistake"
 
     # the first attempt reaches the service but its answer is lost: the retry carries the same key
     lost = {"done": False}
@@ -296,15 +316,23 @@ def test_double_click_and_retry_apply_once(srv: Server, client: httpx.Client, pa
 
 
 def test_api_errors_are_shown_in_plain_words(srv: Server, client: httpx.Client, page: Any) -> None:
-    sid = create_session(client, [])
+    sid = create_session(client, [{"text": LONG}], allow_interruptions=False)
     open_session(page, srv, sid)
+    client.post(f"/v1/sessions/{sid}/input", json={"text": "talk"})
+    row = page.wait_for_selector('.row.speech[data-state="speaking"]')
+    page.click("#op-interrupt-now")
+    error = page.wait_for_selector(".error-box:visible")
+    speech_id = row.get_attribute("data-speech-id")
+    assert error.inner_text() == f"Interrupting failed: speech {speech_id} does not allow interruptions"
+    page.click("#op-force")  # the operator may still force it; a success clears the error
+    page.wait_for_selector(".row.speech.interrupted")
+    page.wait_for_selector(".error-box", state="hidden")
+
     page.click("#op-close")
     page.click("#op-close-confirm")
     page.wait_for_selector('[data-type="session.closed"]')
-    page.fill("#op-text", "anyone there?")
-    page.click("#op-send")
-    error = page.wait_for_selector(".error-box:visible")
-    assert error.inner_text() == f"Sending the input failed: Session '{sid}' is closed."
+    page.wait_for_selector(".controls p:has-text('This session has ended')")
+    assert page.is_disabled("#op-send") and page.is_disabled("#op-interrupt-now")
 
 
 def test_recovered_session_shows_a_divider(tmp_path: Path, browser: Any) -> None:
@@ -374,7 +402,8 @@ def test_five_thousand_events_render_fast_and_live_events_only_append(srv: Serve
         const elapsed = performance.now() - t0;
         const first = list.firstElementChild;
         const removed = [];
-        new MutationObserver((ms) => ms.forEach((m) => removed.push(...m.removedNodes))).observe(list, { childList: true });
+        const observer = new MutationObserver((ms) => ms.forEach((m) => removed.push(...m.removedNodes)));
+        observer.observe(list, { childList: true });
         tl.ingest([{ seq: 5001, session_id: "perf", type: "user.input", at, data: { text: "live", final: true } }]);
         await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
         return { elapsed, rows: list.children.length, same: list.firstElementChild === first,

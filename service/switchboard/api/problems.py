@@ -11,9 +11,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..store import DATABASE_ERRORS, is_transient
+
 logger = logging.getLogger("switchboard.api")
 
 PROBLEM_JSON = "application/problem+json"
+UNAVAILABLE_RETRY_AFTER_S = 2
 
 _TITLES = {
     400: "Bad Request",
@@ -80,6 +83,39 @@ def problem_response(
     )
 
 
+# OpenAPI: what each problem status means, for the `responses=` of the routes that can answer it
+_MEANINGS = {
+    400: "Invalid `Idempotency-Key` header",
+    401: "No credential, or an invalid or expired one",
+    403: "The credential lacks the scope this route needs (or is a token of another session)",
+    404: "Unknown session (or speech, or tool call)",
+    408: "The request body did not arrive in time",
+    409: "Conflict with the current state, or an `Idempotency-Key` reused with another body",
+    413: "The request body, or its text, is too large",
+    422: "Invalid parameters or body",
+    429: "Too many live sessions",
+    503: "Not completed in time, or the database is unreachable: retry after `Retry-After` seconds",
+}
+
+# every /v1 HTTP route can answer these (applied where the routers are included)
+API_ERRORS = (401, 403, 422, 503)
+# and a POST on a session these: the Idempotency-Key, the session, body limits, conflicts
+POST_ERRORS = (400, 404, 408, 409, 413)
+
+
+def problem_responses(*statuses: int | tuple[int, str]) -> dict[int | str, dict[str, Any]]:
+    """A route's ``responses=`` for problem answers: each status, or ``(status, description)``, as problem+json.
+
+    >>> @router.post("/x", responses=problem_responses(404, (409, "not_cancellable or already_ended")))
+    """
+    out: dict[int | str, dict[str, Any]] = {}
+    for entry in statuses:
+        status, description = entry if isinstance(entry, tuple) else (entry, _MEANINGS[entry])
+        schema = {"$ref": "#/components/schemas/Problem"}
+        out[status] = {"description": description, "content": {PROBLEM_JSON: {"schema": schema}}}
+    return out
+
+
 def not_found(what: str, ident: str) -> ProblemError:
     return ProblemError(404, f"{what}_not_found", f"No {what.replace('_', ' ')} {ident!r}.")
 
@@ -104,7 +140,33 @@ def install(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return problem_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
 
+    async def _database(request: Request, exc: Exception) -> JSONResponse:
+        if not is_transient(exc):
+            return await _unexpected(request, exc)
+        logger.warning("%s %s: the database is unavailable (%r)", request.method, request.url.path, exc)
+        return problem_response(
+            503,
+            "database_unavailable",
+            "The database is unreachable; retry.",
+            headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
+        )
+
+    for exc_type in DATABASE_ERRORS:  # handled here, not as a 500 that the server logs again with a traceback
+        app.add_exception_handler(exc_type, _database)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         return problem_response(500, "internal_error", "An internal error occurred.")
+
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """The generated document, plus the Problem schema that `problem_responses` refer to."""
+        if app.openapi_schema is None:
+            spec = generate()
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            schemas["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]

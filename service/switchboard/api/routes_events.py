@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -80,9 +81,27 @@ async def _close(ws: WebSocket, code: int, reason: str) -> None:
                 await ws.close(code=code, reason=reason[:120])
 
 
-async def _send(ws: WebSocket, text: str) -> None:
-    async with asyncio.timeout(SEND_TIMEOUT_S):
-        await ws.send_text(text)
+class _Sends:
+    """When the stream's send in progress began (None between sends). A send stuck for ``SEND_TIMEOUT_S`` is found
+    by the stream's watch: a timer per frame (~5 us) would be paid for every subscriber of every event."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def stalled(self) -> bool:
+        return self.since is not None and time.monotonic() - self.since > SEND_TIMEOUT_S
+
+
+async def _send(ws: WebSocket, text: str, sends: _Sends | None = None) -> None:
+    if sends is None:
+        async with asyncio.timeout(SEND_TIMEOUT_S):
+            await ws.send_text(text)
+        return
+    sends.since = time.monotonic()
+    await ws.send_text(text)
+    sends.since = None
 
 
 async def _receive(ws: WebSocket) -> None:
@@ -102,13 +121,22 @@ async def _receive(ws: WebSocket) -> None:
             await _send(ws, json.dumps({"type": "pong"}))
 
 
-async def _watch_overflow(sub: Subscription, resume: list[int], key: str) -> None:
-    await sub.overflow_ev.wait()
+async def _watch_overflow(sub: Subscription, resume: list[int], key: str, sends: _Sends) -> None:
+    """End a stream that fell behind: its buffer overflowed, or a send has been stuck for ``SEND_TIMEOUT_S``."""
+    while not sub.overflow_ev.is_set() and not sends.stalled():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SEND_TIMEOUT_S / 4):
+                await sub.overflow_ev.wait()
     raise _Closed(CLOSE_SLOW_CONSUMER, f"too slow; resume with {key}={resume[0]}")
 
 
 async def _run(
-    ws: WebSocket, sub: Subscription, pump: Coroutine[Any, Any, None], resume: list[int], key: str = "since"
+    ws: WebSocket,
+    sub: Subscription,
+    pump: Coroutine[Any, Any, None],
+    resume: list[int],
+    sends: _Sends,
+    key: str = "since",
 ) -> None:
     """Run the pumps; ``resume[0]`` is the position to resume from, named ``key`` in a 4008 close reason."""
     metrics = ws.app.state.metrics
@@ -116,7 +144,7 @@ async def _run(
     tasks = [
         asyncio.create_task(pump, name="ws-pump"),
         asyncio.create_task(_receive(ws), name="ws-receive"),
-        asyncio.create_task(_watch_overflow(sub, resume, key), name="ws-overflow"),
+        asyncio.create_task(_watch_overflow(sub, resume, key, sends), name="ws-overflow"),
     ]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -164,13 +192,14 @@ async def session_events(ws: WebSocket, sid: str) -> None:
     # terminal event durable already (host.close() returns only after that), so the replay below has all of it
     ended = host.live(sid) is None and getattr(await store.get_session(sid), "state", None) in ("closed", "failed")
     resume = [since]
+    sends = _Sends()
 
     async def pump() -> None:
         last = since
         while True:  # replay what is stored
             page = await store.events(sid, since=last, limit=REPLAY_PAGE, types=types)
             for event in page:
-                await _send(ws, event.model_dump_json())
+                await _send(ws, event.model_dump_json(), sends)
                 last = resume[0] = event.seq
                 if event.type in TERMINAL_EVENTS:
                     raise _Closed(1000, "session closed")
@@ -183,12 +212,12 @@ async def session_events(ws: WebSocket, sid: str) -> None:
             if event.seq <= last:
                 continue
             if matches(event.type):
-                await _send(ws, text)
+                await _send(ws, text, sends)
                 last = resume[0] = event.seq
             if event.type in TERMINAL_EVENTS:
                 raise _Closed(1000, "session closed")
 
-    await _run(ws, sub, pump(), resume)
+    await _run(ws, sub, pump(), resume, sends)
 
 
 @router.websocket("/v1/events")
@@ -210,6 +239,7 @@ async def all_events(ws: WebSocket) -> None:
     settings = deps.settings(ws)  # type: ignore[arg-type]
     sub = host.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer)
     resume = [cursor]
+    sends = _Sends()
 
     def frame(c: int, event: Event) -> str:
         return json.dumps({"cursor": c, **event.model_dump(mode="json")})
@@ -222,14 +252,14 @@ async def all_events(ws: WebSocket) -> None:
             for c, event in page:
                 last = resume[0] = c
                 if matches(event.type):
-                    await _send(ws, frame(c, event))
+                    await _send(ws, frame(c, event), sends)
             if len(page) < REPLAY_PAGE:
                 break
         while True:
             c, event, _ = await sub.get()
             if c <= last:
                 continue
-            await _send(ws, frame(c, event))
+            await _send(ws, frame(c, event), sends)
             last = resume[0] = c
 
-    await _run(ws, sub, pump(), resume, key="cursor")
+    await _run(ws, sub, pump(), resume, sends, key="cursor")

@@ -12,16 +12,19 @@ from ..webhooks import BackendResult, CallAlreadyEnded, NotAwaitingReport, Webho
 from . import deps
 from .auth import Require
 from .idempotency import IdempotencyGuard
-from .problems import ProblemError, not_found
+from .problems import ProblemError, not_found, problem_responses
 from .schemas import ToolCallRead, ToolProgressReport, ToolResultReport
 
 router = APIRouter(tags=["tools"])
 guard = IdempotencyGuard()
 
-REPORT_RESPONSES: dict[int | str, dict[str, Any]] = {
-    404: {"description": "unknown session or tool call"},
-    409: {"description": "already_ended (the call has its result, was cancelled or timed out), or not_awaiting_report"},
-}
+REPORT_RESPONSES = problem_responses(
+    400,
+    (404, "unknown session or tool call"),
+    408,
+    (409, "already_ended (the call has its result, was cancelled or timed out), or not_awaiting_report"),
+    413,
+)
 
 
 def _webhooks(request: Request) -> Webhooks:

@@ -15,7 +15,7 @@ from ..runtime.speech import NotInterruptible
 from . import deps
 from .auth import TOKEN_SCOPES, Require, issue_token
 from .idempotency import IdempotencyGuard
-from .problems import ProblemError, not_found
+from .problems import POST_ERRORS, ProblemError, not_found, problem_responses
 from .schemas import (
     ChatRead,
     InputAccepted,
@@ -47,7 +47,10 @@ def _check_text(request: Request, text: str) -> None:
     operation_id="createSession",
     status_code=201,
     response_model=SessionRead,
-    responses={200: {"model": SessionRead, "description": "Already exists with the same body"}},
+    responses={
+        200: {"model": SessionRead, "description": "Already exists with the same body"},
+        **problem_responses(400, 408, (409, "Exists with a different body, or a reused Idempotency-Key"), 413, 429),
+    },
     dependencies=[Depends(Require("sessions:write"))],
 )
 async def create_session(request: Request, body: SessionCreate) -> Any:
@@ -99,6 +102,7 @@ async def list_sessions(
 @router.get(
     "/{sid}",
     operation_id="getSession",
+    responses=problem_responses(404),
     response_model=SessionRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
@@ -115,6 +119,7 @@ async def get_session(request: Request, sid: str) -> SessionRead:
 @router.delete(
     "/{sid}",
     operation_id="closeSession",
+    responses=problem_responses(404),
     status_code=204,
     response_class=Response,
     dependencies=[Depends(Require("sessions:write"))],
@@ -130,6 +135,7 @@ async def close_session(request: Request, sid: str) -> Response:
 @router.get(
     "/{sid}/chat",
     operation_id="getChat",
+    responses=problem_responses(404),
     response_model=ChatRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
@@ -146,6 +152,7 @@ async def get_chat(request: Request, sid: str) -> ChatRead:
 @router.post(
     "/{sid}/input",
     operation_id="injectInput",
+    responses=problem_responses(*POST_ERRORS),
     status_code=202,
     response_model=InputAccepted,
     dependencies=[Depends(Require("sessions:control"))],
@@ -177,6 +184,7 @@ async def inject_input(request: Request, sid: str, body: InputCreate) -> Any:
 @router.post(
     "/{sid}/say",
     operation_id="say",
+    responses=problem_responses(*POST_ERRORS),
     status_code=202,
     response_model=SayAccepted,
     dependencies=[Depends(Require("sessions:control"))],
@@ -203,7 +211,9 @@ async def say(request: Request, sid: str, body: SayCreate) -> Any:
     "/{sid}/interrupt",
     operation_id="interrupt",
     response_model=InterruptResult,
-    responses={409: {"description": "The current speech does not allow interruptions"}},
+    responses=problem_responses(
+        400, 404, 408, (409, "The current speech does not allow interruptions, or the session is not active"), 413
+    ),
     dependencies=[Depends(Require("sessions:control"))],
 )
 async def interrupt(request: Request, sid: str, body: InterruptCreate | None = None) -> Any:
@@ -231,6 +241,7 @@ async def interrupt(request: Request, sid: str, body: InterruptCreate | None = N
 @router.get(
     "/{sid}/speeches/{speech_id}",
     operation_id="getSpeech",
+    responses=problem_responses(404),
     response_model=SpeechRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
@@ -251,6 +262,7 @@ async def get_speech(request: Request, sid: str, speech_id: str) -> SpeechRead:
 @router.post(
     "/{sid}/tokens",
     operation_id="createSessionToken",
+    responses=problem_responses(*POST_ERRORS),
     status_code=201,
     response_model=TokenRead,
     dependencies=[Depends(Require("sessions:read"))],

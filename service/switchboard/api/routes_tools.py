@@ -11,7 +11,7 @@ from ..runtime.tools import ToolStatus
 from . import deps
 from .auth import Require
 from .idempotency import IdempotencyGuard
-from .problems import ProblemError, not_found
+from .problems import ProblemError, not_found, problem_responses
 from .schemas import ToolCallList, ToolCallRead
 
 router = APIRouter(tags=["tools"])
@@ -23,6 +23,7 @@ StatusFilter = Literal["running", "completed", "failed", "cancelled", "rejected"
 @router.get(
     "/v1/sessions/{sid}/tool-calls",
     operation_id="listToolCalls",
+    responses=problem_responses(404),
     response_model=ToolCallList,
     dependencies=[Depends(Require("sessions:read"))],
 )
@@ -33,6 +34,10 @@ async def list_tool_calls(
     live = deps.host(request).live(sid)
     if live is not None:
         infos = live.tool_calls(ToolStatus(status) if status else None)
+        if live.executor.forgotten:  # older ended calls were dropped from memory; the store has them all
+            known = {i.call_id for i in infos}
+            stored = await deps.store(request).tool_calls(sid, status)
+            infos += [i for i in stored if i.call_id not in known]
     else:
         if await deps.store(request).get_session(sid) is None:
             raise not_found("session", sid)
@@ -44,6 +49,7 @@ async def list_tool_calls(
 @router.get(
     "/v1/sessions/{sid}/tool-calls/{call_id}",
     operation_id="getToolCall",
+    responses=problem_responses(404),
     response_model=ToolCallRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
@@ -64,7 +70,7 @@ async def get_tool_call(request: Request, sid: str, call_id: str) -> ToolCallRea
     "/v1/sessions/{sid}/tool-calls/{call_id}/cancel",
     operation_id="cancelToolCall",
     response_model=ToolCallRead,
-    responses={409: {"description": "not_cancellable or already_ended"}},
+    responses=problem_responses(400, 404, 408, (409, "not_cancellable or already_ended"), 413),
     dependencies=[Depends(Require("tools:cancel"))],
 )
 async def cancel_tool_call(request: Request, sid: str, call_id: str) -> Any:

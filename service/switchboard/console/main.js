@@ -43,7 +43,8 @@ function askForKey(message) {
 }
 
 function onError(err, prefix) {
-  if (err.status === 401) return askForKey(api.apiKey ? "That API key was not accepted." : "This service needs an API key.");
+  if (err.status === 401)
+    return askForKey(api.apiKey ? "That API key was not accepted." : "This service needs an API key.");
   notice(prefix ? `${prefix}: ${err.message}` : err.message);
 }
 

@@ -29,6 +29,8 @@ export class Overview {
   }
 
   start() {
+    // if the stream cannot even connect (a proxy without WebSockets), still show a snapshot
+    this._fallback = setTimeout(() => this._loaded || this.refresh(), 3000);
     this.stream = new MultiStream({
       wsUrl: (path) => this.api.wsUrl(path),
       types: TYPES,
@@ -43,6 +45,7 @@ export class Overview {
     if (this.stream) this.stream.stop();
     clearInterval(this._poll);
     clearInterval(this._tick);
+    clearTimeout(this._fallback);
   }
 
   select(sid) {
@@ -75,6 +78,7 @@ export class Overview {
       this.onError(err);
       return;
     }
+    this._loaded = true;
     const seen = new Set();
     for (const s of sessions.items) {
       seen.add(s.id);
@@ -118,7 +122,16 @@ export class Overview {
         if (known) this._upsertSession({ ...known.data, agent: d.to_agent });
         break;
       case "tool.started":
-        this._upsertTool({ session_id: sid, call_id: d.call_id, name: d.name, arguments: d.arguments, cancellable: d.cancellable, started_at: ev.at, message: "", value: null });
+        this._upsertTool({
+          session_id: sid,
+          call_id: d.call_id,
+          name: d.name,
+          arguments: d.arguments,
+          cancellable: d.cancellable,
+          started_at: ev.at,
+          message: "",
+          value: null,
+        });
         break;
       case "tool.progress": {
         const t = this.tools.get(d.call_id);
@@ -156,7 +169,16 @@ export class Overview {
         tools: h("td", { class: "num" }),
         age: h("td", { class: "num" }),
       };
-      const row = h("tr", { dataset: { sessionId: data.id } }, h("th", { scope: "row" }, link), cells.agent, cells.state, cells.agentState, cells.tools, cells.age);
+      const row = h(
+        "tr",
+        { dataset: { sessionId: data.id } },
+        h("th", { scope: "row" }, link),
+        cells.agent,
+        cells.state,
+        cells.agentState,
+        cells.tools,
+        cells.age,
+      );
       row.setAttribute("aria-current", data.id === this.selected ? "true" : "false");
       s = { data, row, cells };
       this.sessions.set(data.id, s);
@@ -182,9 +204,20 @@ export class Overview {
         h("code", { class: "tool-name", text: data.name }),
         h("a", { href: `#session=${encodeURIComponent(data.session_id)}`, class: "muted", text: data.session_id }),
       );
-      const row = h("li", { dataset: { callId: data.call_id, sessionId: data.session_id } }, head, h("div", { class: "args small", text: formatArgs(data.arguments) }), h("div", { class: "progress-line" }, bar, msg));
+      const row = h(
+        "li",
+        { dataset: { callId: data.call_id, sessionId: data.session_id } },
+        head,
+        h("div", { class: "args small", text: formatArgs(data.arguments) }),
+        h("div", { class: "progress-line" }, bar, msg),
+      );
       if (data.cancellable && !this.api.readOnly) {
-        const button = h("button", { type: "button", class: "secondary small cancel", text: "Cancel", "aria-label": `Cancel ${data.name} in session ${data.session_id}` });
+        const button = h("button", {
+          type: "button",
+          class: "secondary small cancel",
+          text: "Cancel",
+          "aria-label": `Cancel ${data.name} in session ${data.session_id}`,
+        });
         button.addEventListener("click", () => this.cancel(data, button));
         head.append(button);
       }
@@ -207,7 +240,8 @@ export class Overview {
 
   _counts() {
     const perSession = new Map();
-    for (const t of this.tools.values()) perSession.set(t.data.session_id, (perSession.get(t.data.session_id) || 0) + 1);
+    for (const t of this.tools.values())
+      perSession.set(t.data.session_id, (perSession.get(t.data.session_id) || 0) + 1);
     for (const [id, s] of this.sessions) s.cells.tools.textContent = String(perSession.get(id) || 0);
     this.sessionsEmpty.hidden = this.sessions.size > 0;
     this.toolsEmpty.hidden = this.tools.size > 0;

@@ -45,7 +45,7 @@ export class SessionView {
       sid: this.sid,
       wsUrl: (path) => this.api.wsUrl(path),
       token: (fresh) => this._streamToken(fresh),
-      onEvents: (events) => this.timeline.ingest(events),
+      onEvents: (events) => this._onEvents(events),
       onState: (state, detail) => this._streamState(state, detail),
     }).start();
     return this;
@@ -53,6 +53,19 @@ export class SessionView {
 
   stop() {
     if (this.stream) this.stream.stop();
+    clearTimeout(this._busyTimer);
+  }
+
+  _onEvents(events) {
+    this.timeline.ingest(events);
+    // while the history replays, tell assistive technology not to announce every row; live rows are announced
+    if (this.list.getAttribute("aria-busy") !== "true" && this._settled) return;
+    this.list.setAttribute("aria-busy", "true");
+    clearTimeout(this._busyTimer);
+    this._busyTimer = setTimeout(() => {
+      this._settled = true;
+      this.list.setAttribute("aria-busy", "false");
+    }, 300);
   }
 
   async _streamToken(fresh) {
@@ -114,7 +127,12 @@ export class SessionView {
   }
 
   _controls() {
-    this.text = h("textarea", { id: "op-text", rows: "2", placeholder: "Type a message…", "aria-describedby": "op-help" });
+    this.text = h("textarea", {
+      id: "op-text",
+      rows: "2",
+      placeholder: "Type a message…",
+      "aria-describedby": "op-help",
+    });
     this.reply = h("input", { type: "checkbox", id: "op-reply", checked: true });
     this.interruptFirst = h("input", { type: "checkbox", id: "op-interrupt", checked: true });
     const send = h("button", { type: "submit", class: "primary", id: "op-send", text: "Send as user" });
@@ -158,7 +176,13 @@ export class SessionView {
     });
     force.addEventListener("click", () => this.interrupt(force, true));
     const close = h("button", { type: "button", id: "op-close", class: "danger", text: "Close session…" });
-    const confirm = h("button", { type: "button", id: "op-close-confirm", class: "danger", hidden: true, text: "Yes, close it" });
+    const confirm = h("button", {
+      type: "button",
+      id: "op-close-confirm",
+      class: "danger",
+      hidden: true,
+      text: "Yes, close it",
+    });
     const keep = h("button", { type: "button", id: "op-close-keep", hidden: true, text: "Keep it open" });
     close.addEventListener("click", () => {
       close.hidden = true;
@@ -175,8 +199,30 @@ export class SessionView {
       confirm.hidden = keep.hidden = true;
       close.hidden = false;
     });
-    const actions = h("div", { class: "session-actions", role: "group", "aria-label": "Session controls" }, interrupt, force, h("span", { class: "spacer" }), close, confirm, keep);
-    return h("section", { class: "controls", "aria-label": "Controls" }, actions, form);
+    const actions = h(
+      "div",
+      { class: "session-actions", role: "group", "aria-label": "Session controls" },
+      interrupt,
+      force,
+      h("span", { class: "spacer" }),
+      close,
+      confirm,
+      keep,
+    );
+    this.closedNote = h("p", {
+      class: "muted",
+      hidden: true,
+      text: "This session has ended; it takes no more commands.",
+    });
+    this.controls = h("section", { class: "controls", "aria-label": "Controls" }, this.closedNote, actions, form);
+    return this.controls;
+  }
+
+  _setEnded(ended) {
+    if (!this.controls || this._ended === ended) return;
+    this._ended = ended;
+    this.closedNote.hidden = !ended;
+    for (const el of this.controls.querySelectorAll("button, textarea, input")) el.disabled = ended;
   }
 
   _updateHeader(info) {
@@ -184,6 +230,7 @@ export class SessionView {
     if (info.state) {
       this.meta.state.textContent = info.state;
       this.root.dataset.sessionState = info.state;
+      this._setEnded(info.state !== "active");
     }
     if (info.agentState) {
       this.meta.agentState.textContent = info.agentState;
@@ -220,8 +267,7 @@ export class SessionView {
     button.setAttribute("aria-busy", "true");
     button.disabled = true;
     try {
-      const result =
-        method === "DELETE" ? await this.api.delete(path, key) : await this.api.post(path, body, key);
+      const result = method === "DELETE" ? await this.api.delete(path, key) : await this.api.post(path, body, key);
       this._clearError();
       return result ?? {};
     } catch (err) {
@@ -229,27 +275,44 @@ export class SessionView {
       return null;
     } finally {
       button.removeAttribute("aria-busy");
-      button.disabled = false;
+      button.disabled = Boolean(this._ended);
     }
   }
 
-  async sendInput(button) {
+  /** The composer's text; empty right after a send is the second click of a double click, not a mistake. */
+  _composed(hint) {
     const text = this.text.value.trim();
-    if (!text) return this._showError("Type a message first.");
+    if (!text && performance.now() - (this._sentAt || 0) > 1500) this._showError(hint);
+    return text;
+  }
+
+  _sent(text) {
+    this._sentAt = performance.now();
+    if (this.text.value.trim() === text) this.text.value = "";
+  }
+
+  async sendInput(button) {
+    const text = this._composed("Type a message first.");
+    if (!text) return;
     const body = { text, reply: this.reply.checked, interrupt: this.interruptFirst.checked };
-    const ok = await this._command("input", button, "POST", `${this.path}/input`, body, "Sending the input");
-    if (ok && this.text.value.trim() === text) this.text.value = "";
+    if (await this._command("input", button, "POST", `${this.path}/input`, body, "Sending the input")) this._sent(text);
   }
 
   async say(button) {
-    const text = this.text.value.trim();
-    if (!text) return this._showError("Type what the agent should say first.");
-    const ok = await this._command("say", button, "POST", `${this.path}/say`, { text }, "Saying it");
-    if (ok && this.text.value.trim() === text) this.text.value = "";
+    const text = this._composed("Type what the agent should say first.");
+    if (!text) return;
+    if (await this._command("say", button, "POST", `${this.path}/say`, { text }, "Saying it")) this._sent(text);
   }
 
   async interrupt(button, force) {
-    const res = await this._command(force ? "force" : "interrupt", button, "POST", `${this.path}/interrupt`, { force }, "Interrupting");
+    const res = await this._command(
+      force ? "force" : "interrupt",
+      button,
+      "POST",
+      `${this.path}/interrupt`,
+      { force },
+      "Interrupting",
+    );
     if (res && res.interrupted === false) this._showError("Nothing to interrupt: the agent is not speaking.");
   }
 

@@ -231,12 +231,14 @@ export class Timeline {
   /** A speech is one row, plus a continuation row for what it says after each of its tool calls. */
   _segment(ev, sp) {
     const heard = h("span", { class: "heard" });
-    const srNote = h("span", { class: "sr-only", hidden: true, text: " — not heard: " });
+    const gap = document.createTextNode("");
+    const srNote = h("span", { class: "sr-only", hidden: true, text: "not heard: " });
     const rest = h("del", { class: "unheard", hidden: true });
     const continued = sp.segments.length > 0;
-    const row = this._row(ev, "speech", continued ? "Agent (continued)" : "Agent", h("p", { class: "text speech-text" }, heard, srNote, rest));
+    const text = h("p", { class: "text speech-text" }, heard, gap, srNote, rest);
+    const row = this._row(ev, "speech", continued ? "Agent (continued)" : "Agent", text);
     row.dataset.speechId = sp.id;
-    const segment = { row, heard, srNote, rest, parts: [] };
+    const segment = { row, heard, gap, srNote, rest, parts: [] };
     sp.segments.push(segment);
     return segment;
   }
@@ -297,6 +299,7 @@ export class Timeline {
         const { heard, rest } = splitHeard(speech.text, speech.played_text);
         if (single) last.heard.textContent = heard; // the unheard rest is always the tail of the last segment
         last.rest.textContent = rest;
+        last.gap.data = rest && heard ? " " : "";
         last.rest.hidden = !rest;
         last.srNote.hidden = !rest;
         last.row.dataset.unheard = rest ? "yes" : "no";
@@ -316,13 +319,38 @@ export class Timeline {
     const progressLine = h("div", { class: "progress-line", hidden: true });
     const output = h("pre", { class: "output", hidden: true });
     const actions = h("div", { class: "actions" });
-    const row = this._row(ev, "tool", "Tool", h("p", { class: "tool-title" }, h("code", { class: "tool-name", text: d.name })), args, progressLine, output, actions);
+    const row = this._row(
+      ev,
+      "tool",
+      "Tool",
+      h("p", { class: "tool-title" }, h("code", { class: "tool-name", text: d.name })),
+      args,
+      progressLine,
+      output,
+      actions,
+    );
     row.dataset.callId = d.call_id;
     row.dataset.status = "running";
     row.querySelector(".row-head").append(status);
-    const tool = { row, status: "running", statusEl: status, progressLine, bar: null, message: null, output, actions, name: d.name, cancel: null };
+    const tool = {
+      row,
+      status: "running",
+      statusEl: status,
+      progressLine,
+      bar: null,
+      message: null,
+      output,
+      actions,
+      name: d.name,
+      cancel: null,
+    };
     if (d.cancellable && !this.readOnly) {
-      tool.cancel = h("button", { type: "button", class: "secondary small cancel", text: "Cancel", "aria-label": `Cancel tool call ${d.name} (${d.call_id})` });
+      tool.cancel = h("button", {
+        type: "button",
+        class: "secondary small cancel",
+        text: "Cancel",
+        "aria-label": `Cancel tool call ${d.name} (${d.call_id})`,
+      });
       tool.cancel.addEventListener("click", () => this.onCancel(d.call_id, tool.cancel));
       actions.append(tool.cancel);
     }

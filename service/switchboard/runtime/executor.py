@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("switchboard.runtime.tools")
 
 TOOL_CANCEL_GRACE_S = 1.0
+KEEP_ENDED_CALLS = 1000  # ended calls kept in memory per session (the store keeps every one)
 PROGRESS_KEPT = 50  # progress updates kept on a tool call's record
 COMPANION_TOOLS = frozenset({"list_running_tool_calls", "cancel_tool_call"})
 INTERNAL_ERROR_OUTPUT = "An internal error occurred"
@@ -122,6 +123,7 @@ class ToolExecutor:
         self._calls: dict[str, RunningCall] = {}
         self._closing = False
         self._abandoning = False
+        self.forgotten = 0  # ended calls dropped from memory (read them from the store)
         self._handing_off = False
         self._companion_tools: dict[str, FunctionTool] | None = None
 
@@ -129,6 +131,15 @@ class ToolExecutor:
 
     def get(self, call_id: str) -> RunningCall | None:
         return self._calls.get(call_id)
+
+    def _forget_old_calls(self) -> None:
+        # a long-lived session keeps its latest ended calls in memory; all of them are in the store
+        excess = len(self._calls) - KEEP_ENDED_CALLS
+        if excess <= 0:
+            return
+        for call_id in [cid for cid, rc in self._calls.items() if rc.ended][:excess]:
+            del self._calls[call_id]
+            self.forgotten += 1
 
     def calls(self) -> list[RunningCall]:
         return list(self._calls.values())
@@ -409,6 +420,8 @@ class ToolExecutor:
         )
         resolve(rc.settled_fut, None)
         resolve(rc.ended_fut, None)
+        rc.tool_task = None  # drop the finished body (and any traceback it holds)
+        self._forget_old_calls()
         try:
             self._on_ended(rc)
         except Exception:

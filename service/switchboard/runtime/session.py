@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -27,6 +28,7 @@ from .tools import ToolCallInfo, ToolStatus
 logger = logging.getLogger("switchboard.runtime.session")
 
 COMMIT_RETRY_MAX_S = 2.0
+SUSPEND_SPEECH_TIMEOUT_S = 2.0
 KEEP_SPEECHES = 500
 Role = Literal["user", "system", "developer"]
 AgentState = Literal["initializing", "listening", "thinking", "speaking"]
@@ -127,6 +129,13 @@ class AgentSession:
         spec, self._speculative = self._speculative, None
         if spec is not None:
             await spec.aclose()
+        current = self._current
+        if current is not None and not current.done:
+            # what the user heard is committed, as with any interruption; bounded, the store may be going away
+            current.interrupt(force=True)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SUSPEND_SPEECH_TIMEOUT_S):
+                    await current.wait_done()
         await cancel_and_wait(self._scheduler_task)
         for job in self._queue:
             if job.preemptive is not None:

@@ -15,8 +15,10 @@ from .records import (
     StoreError,
 )
 from .store import InvalidCursor, Store
+from .writer import DATABASE_ERRORS, is_transient
 
 __all__ = [
+    "DATABASE_ERRORS",
     "IdempotencyRecord",
     "InvalidCursor",
     "ReadError",
@@ -27,6 +29,7 @@ __all__ = [
     "StoreClosed",
     "StoreError",
     "downgrade",
+    "is_transient",
     "make_engine",
     "upgrade",
 ]

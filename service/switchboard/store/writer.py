@@ -30,6 +30,10 @@ _ENDED_STATES = frozenset({"closed", "failed"})
 _SQLITE_SCHEMA_ERRORS = ("no such table", "no such column", "has no column named")
 
 
+# What a failing database surfaces as (wrapped by SQLAlchemy, or raw at connect time); ``is_transient`` tells which.
+DATABASE_ERRORS: tuple[type[Exception], ...] = (sa_exc.DBAPIError, OSError)
+
+
 def is_transient(err: BaseException) -> bool:
     """True when ``err`` says the database is unavailable (retry), not that the operation is bad (give up)."""
     if isinstance(err, sa_exc.DBAPIError):

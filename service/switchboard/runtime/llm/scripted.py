@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..chat import FunctionCallOutput
 from .base import LLMChunk, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage
 
+KEEP_REQUESTS = 200
 _TOOL_OUTPUT = re.compile(r"\{\{tool_output:([A-Za-z0-9_.\-]+)\}\}")
 _WORDS = re.compile(r"\S+\s*")
 
@@ -59,7 +61,8 @@ class ScriptedLLM:
         self.turns = list(turns or [])
         self.fallback = fallback or Turn(text="OK.")
         self.position = 0
-        self.requests: list[LLMRequest] = []  # every request received, for tests and debugging
+        # the latest requests received, for tests and debugging (bounded: a session can live for a long time)
+        self.requests: deque[LLMRequest] = deque(maxlen=KEEP_REQUESTS)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ScriptedLLM:
