@@ -7,7 +7,7 @@ its stream to end, over and over. Every ``--sample-s`` the script reads ``proces
 ``switchboard_asyncio_tasks``, ``switchboard_event_subscribers``, ``process_open_fds`` and the live sessions.
 
 The slopes are fitted over the samples after ``--warmup-s`` (default: the first half of the run). The first minutes
-are not flat, and are not a leak: the resident size climbs ~8 MiB and levels off after ~5 minutes, while the Python
+are not flat, and are not a leak: the resident size climbs ~13 MiB and levels off after ~6 minutes, while the Python
 heap (tracemalloc) stays flat; it is native memory filling up to its bounds (the database driver's page and
 statement caches, the allocator's arenas). A flat run: RSS slope within ``--max-rss-mib-per-min`` and a task slope
 within ``--max-tasks-per-min``; and once the traffic stops and every session is closed, tasks, subscribers and live
