@@ -390,6 +390,11 @@ async def tail(
                         seq = event.get("seq")
                         if not isinstance(seq, int) or seq <= last:
                             continue  # a pong, or a frame already shown
+                        if types is None and seq > last + 1:
+                            # a frame is missing (seqs have no gaps): read again from the last one shown
+                            say(f"missed events after seq {last}; re-reading them")
+                            code, reason = 0, "gap"
+                            break
                         last = seq
                         if event.get("type") == "tool.started":
                             names[str(event["data"].get("call_id"))] = str(event["data"].get("name"))
@@ -399,6 +404,8 @@ async def tail(
                             return 0
                 except ConnectionClosed:
                     pass
+                if code == 0:
+                    continue  # reconnect at once from `last`
                 code, reason = ws.close_code or 1006, ws.close_reason or ""
         except (OSError, TimeoutError, InvalidHandshake) as err:
             if not connected_once:
