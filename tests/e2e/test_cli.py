@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,15 +71,24 @@ class Tail:
         assert self.proc.stdout is not None
         self.first_line = self.proc.stdout.readline()  # blocks until connected and replaying
         assert self.first_line, self.proc.stderr.read() if self.proc.stderr else ""
+        # the rest is read through the same buffered reader: readline() may already hold the next lines, which
+        # communicate() (it reads the raw pipe) would never see
+        self._rest: list[str] = []
+        self._reader = threading.Thread(target=lambda: self._rest.append(self.proc.stdout.read()), daemon=True)
+        self._reader.start()
 
     def finish(self, timeout: float = 15) -> tuple[int, str, str]:
+        assert self.proc.stderr is not None
         try:
-            out, err = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            out, err = self.proc.communicate()
+            self.proc.wait()
+            self._reader.join(5)
+            out, err = "".join(self._rest), self.proc.stderr.read()
             raise AssertionError(f"tail did not end\nstdout:\n{out}\nstderr:\n{err}") from None
-        return self.proc.returncode, self.first_line + out, err
+        self._reader.join(5)
+        return self.proc.returncode, self.first_line + "".join(self._rest), self.proc.stderr.read()
 
 
 def printed_seqs(out: str) -> list[int]:
