@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
@@ -44,22 +44,3 @@ class EventSink(Protocol):
         Events of one session arrive with strictly increasing ``seq``; the sink must keep that order.
         """
         ...
-
-
-class Persistence(Protocol):
-    """A ChatStore and EventSink together (what a session host wires up)."""
-
-    def sink(self) -> EventSink: ...
-
-    def store(self) -> ChatStore: ...
-
-
-def merge_commits(commits: Sequence[Commit]) -> Commit:
-    out = Commit()
-    for c in commits:
-        out.items.extend(c.items)
-        out.tool_calls.extend(c.tool_calls)
-        out.speeches.extend(c.speeches)
-        if c.session is not None:
-            out.session = c.session
-    return out

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from .aio import cancel_and_wait, first_of
+from .aio import first_of
 from .chat import ChatMessage, FunctionCall, new_id, utcnow
 from .executor import RunningCall
 from .generation import Generation
@@ -240,4 +240,4 @@ async def _on_generation_failed(session: AgentSession, speech: SpeechHandle, ste
     )
 
 
-__all__ = ["ReplyJob", "cancel_and_wait", "run_job"]
+__all__ = ["ReplyJob", "run_job"]

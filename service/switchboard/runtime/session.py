@@ -6,14 +6,14 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from .agent import Agent
-from .aio import cancel_and_wait, first_of
+from .aio import cancel_and_wait
 from .chat import AgentHandoff, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id
 from .events import EventLog
 from .executor import RunningCall, ToolExecutor
@@ -551,8 +551,4 @@ class AgentSession:
         return [item], self.snapshot()
 
 
-def running_calls(sessions: Sequence[AgentSession]) -> list[tuple[str, ToolCallInfo]]:
-    return [(s.id, info) for s in sessions for info in s.tool_calls(ToolStatus.RUNNING)]
-
-
-__all__ = ["AgentSession", "InputResult", "SessionClosed", "SessionOptions", "first_of"]
+__all__ = ["AgentSession", "InputResult", "SessionClosed", "SessionOptions"]
