@@ -29,9 +29,13 @@ def settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
-def live_session(request: Request, sid: str) -> AgentSession:
+async def known_session(request: Request, sid: str) -> AgentSession | None:
+    """The live session, or None when the session exists only in the store (closed, failed); 404 when neither.
+
+    Only a session that is not live costs a store read.
+    """
     session = host(request).live(sid)
-    if session is None:
+    if session is None and await store(request).get_session(sid) is None:
         raise not_found("session", sid)
     return session
 

@@ -38,11 +38,9 @@ def _already_ended(call_id: str, info: ToolCallInfo | None = None) -> ProblemErr
 
 async def _not_awaiting(request: Request, sid: str, call_id: str) -> ProblemError:
     """Why no webhook call is waiting under this id: 404 if it never existed, else 409."""
-    live = deps.host(request).live(sid)
+    live = await deps.known_session(request, sid)
     info = live.tool_call(call_id) if live is not None else None
     if info is None and live is None:
-        if await deps.store(request).get_session(sid) is None:
-            return not_found("session", sid)
         info = await deps.store(request).tool_call(sid, call_id)
     if info is None:
         return not_found("tool_call", call_id)

@@ -141,11 +141,9 @@ async def close_session(request: Request, sid: str) -> Response:
 )
 async def get_chat(request: Request, sid: str) -> ChatRead:
     """The session's chat context in conversation order (each tool output right after its call)."""
-    live = deps.host(request).live(sid)
+    live = await deps.known_session(request, sid)
     if live is not None:
         return ChatRead(items=live.chat.items)
-    if await deps.store(request).get_session(sid) is None:
-        raise not_found("session", sid)
     return ChatRead(items=await deps.store(request).chat_items(sid))
 
 
@@ -247,14 +245,12 @@ async def interrupt(request: Request, sid: str, body: InterruptCreate | None = N
 )
 async def get_speech(request: Request, sid: str, speech_id: str) -> SpeechRead:
     """One speech: its state, whether it was interrupted, what was generated and what was heard."""
-    live = deps.host(request).live(sid)
+    live = await deps.known_session(request, sid)
     handle = live.speech(speech_id) if live else None
     if handle is not None:
         return SpeechRead(**handle.info().model_dump())
     info = await deps.store(request).speech(sid, speech_id)
     if info is None:
-        if live is None and await deps.store(request).get_session(sid) is None:
-            raise not_found("session", sid)
         raise not_found("speech", speech_id)
     return SpeechRead(**info.model_dump())
 
@@ -270,8 +266,7 @@ async def get_speech(request: Request, sid: str, speech_id: str) -> SpeechRead:
 async def create_token(request: Request, sid: str, body: TokenCreate | None = None) -> Any:
     """A short-lived token that can read this session and stream its events (for embedded dashboards)."""
     body = body or TokenCreate()
-    if deps.host(request).live(sid) is None and await deps.store(request).get_session(sid) is None:
-        raise not_found("session", sid)
+    await deps.known_session(request, sid)
 
     async def handler() -> tuple[int, Any]:
         token, expires = issue_token(deps.settings(request), sid, body.ttl_s)

@@ -31,7 +31,7 @@ async def list_tool_calls(
     request: Request, sid: str, status: Annotated[StatusFilter | None, Query()] = None
 ) -> ToolCallList:
     """The session's tool calls, optionally filtered by status."""
-    live = deps.host(request).live(sid)
+    live = await deps.known_session(request, sid)
     if live is not None:
         infos = live.tool_calls(ToolStatus(status) if status else None)
         if live.executor.forgotten:  # older ended calls were dropped from memory; the store has them all
@@ -39,8 +39,6 @@ async def list_tool_calls(
             stored = await deps.store(request).tool_calls(sid, status)
             infos += [i for i in stored if i.call_id not in known]
     else:
-        if await deps.store(request).get_session(sid) is None:
-            raise not_found("session", sid)
         infos = await deps.store(request).tool_calls(sid, status)
     infos = sorted(infos, key=lambda i: i.started_at)
     return ToolCallList(items=[deps.tool_call_read(sid, i) for i in infos])
@@ -55,11 +53,9 @@ async def list_tool_calls(
 )
 async def get_tool_call(request: Request, sid: str, call_id: str) -> ToolCallRead:
     """One tool call with its progress updates and output."""
-    live = deps.host(request).live(sid)
+    live = await deps.known_session(request, sid)
     info = live.tool_call(call_id) if live else None
     if info is None:
-        if live is None and await deps.store(request).get_session(sid) is None:
-            raise not_found("session", sid)
         info = await deps.store(request).tool_call(sid, call_id)
     if info is None:
         raise not_found("tool_call", call_id)
@@ -77,12 +73,9 @@ async def cancel_tool_call(request: Request, sid: str, call_id: str) -> Any:
     """Cancel a running, cancellable tool call. Returns once it has ended `cancelled`."""
 
     async def handler() -> tuple[int, Any]:
-        live = deps.host(request).live(sid)
-        store = deps.store(request)
+        live = await deps.known_session(request, sid)
         if live is None:
-            if await store.get_session(sid) is None:
-                raise not_found("session", sid)
-            stored = await store.tool_call(sid, call_id)
+            stored = await deps.store(request).tool_call(sid, call_id)
             if stored is None:
                 raise not_found("tool_call", call_id)
             raise ProblemError(409, "already_ended", f"Tool call {call_id!r} already ended ({stored.status.value}).")

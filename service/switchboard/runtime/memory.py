@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable
 
 from .chat import ChatItem, order_items
 from .events import Event, done_future
-from .ports import ChatStore, Commit, EventSink, SessionState
+from .ports import ChatStore, Commit, EventSink, SessionState, StoreUnavailable
 from .speech import SpeechInfo
 from .tools import ToolCallInfo
 
@@ -28,7 +28,7 @@ class MemoryStore(ChatStore):
         await asyncio.sleep(0)  # a real store yields; so does this one
         if self.fail_next > 0:
             self.fail_next -= 1
-            raise ConnectionError("store unavailable (simulated)")
+            raise StoreUnavailable("store unavailable (simulated)")
         self.commits.append((session_id, commit))
         known = {it.id for it in self.items[session_id]}
         self.items[session_id].extend(it for it in commit.items if it.id not in known)

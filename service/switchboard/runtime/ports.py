@@ -22,6 +22,10 @@ class SessionState(BaseModel):
     current_speech_id: str | None = None
 
 
+class StoreUnavailable(Exception):
+    """The store cannot write right now (its database is unreachable, say): the same write may be retried."""
+
+
 class Commit(BaseModel):
     """One unit of work for the store: everything in it is written in a single transaction."""
 

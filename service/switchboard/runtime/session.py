@@ -20,7 +20,7 @@ from .executor import RunningCall, ToolExecutor
 from .generation import Generation
 from .llm.base import LLM, LLMRequest
 from .playout import Playout
-from .ports import ChatStore, Commit, EventSink, SessionState
+from .ports import ChatStore, Commit, EventSink, SessionState, StoreUnavailable
 from .reply import ReplyJob, run_job
 from .speech import INTERRUPT_FORCE_TIMEOUT_S, NotInterruptible, SpeechHandle, SpeechSource
 from .tools import ToolCallInfo, ToolStatus
@@ -288,8 +288,10 @@ class AgentSession:
     async def commit(self, commit: Commit) -> None:
         """Write ``commit`` durably, in order with this session's other writes.
 
-        A failing store is retried with backoff until it recovers: nothing is dropped. The write runs in its own
-        task, so a caller that is cancelled (a forced speech cancel, say) does not abort it.
+        A store that is unavailable is retried with backoff until it recovers: nothing is dropped. Any other error
+        is permanent for that write: it is raised to the caller rather than retried, so it cannot hold up the
+        session's later writes. The write runs in its own task, so a caller that is cancelled (a forced speech
+        cancel, say) does not abort it.
         """
         task = asyncio.create_task(self._write(commit), name=f"commit:{self.id}")
         self._writes.add(task)
@@ -303,7 +305,7 @@ class AgentSession:
                 try:
                     await self._store.commit(self.id, commit)
                     return
-                except Exception as err:
+                except StoreUnavailable as err:
                     logger.error(
                         "session %s: commit failed (%s); retrying in %.2fs",
                         self.id,
@@ -313,6 +315,9 @@ class AgentSession:
                     )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, COMMIT_RETRY_MAX_S)
+                except Exception:
+                    logger.exception("session %s: commit failed for good", self.id, extra={"session_id": self.id})
+                    raise
 
     # -- scheduling -----------------------------------------------------------------------------------------
 

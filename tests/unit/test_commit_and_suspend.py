@@ -1,0 +1,72 @@
+"""How a session writes when the store fails, and what a service shutdown (suspend) leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from switchboard import Agent
+from switchboard.runtime.chat import ChatMessage, message
+from switchboard.runtime.memory import MemoryStore
+from switchboard.runtime.ports import Commit
+
+from .harness import Harness
+
+LONG = " ".join(f"word{i}" for i in range(60))
+
+
+class Plain(Agent):
+    def __init__(self) -> None:
+        super().__init__(instructions="test agent")
+
+
+class BrokenOnce(MemoryStore):
+    """Rejects one write for good (a constraint violation, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reject_next = 0
+
+    async def commit(self, session_id: str, commit: Commit) -> None:
+        if self.reject_next:
+            self.reject_next -= 1
+            raise ValueError("rejected by the store")
+        await super().commit(session_id, commit)
+
+
+async def test_an_unavailable_store_is_retried_until_the_write_lands():
+    async with Harness(Plain()) as h:
+        h.store.fail_next = 3
+        item = message("user", "kept")
+        await asyncio.wait_for(h.session.commit(Commit(items=[item])), 3.0)
+        assert item in h.chat()
+
+
+async def test_a_permanent_store_error_is_raised_and_does_not_hold_up_later_writes(caplog: pytest.LogCaptureFixture):
+    h = Harness(Plain())
+    h.store = BrokenOnce()
+    h.session._store = h.store
+    async with h:
+        h.store.reject_next = 1
+        with pytest.raises(ValueError, match="rejected"):
+            await asyncio.wait_for(h.session.commit(Commit(items=[message("user", "refused")])), 1.0)
+        later = message("user", "accepted")
+        await asyncio.wait_for(h.session.commit(Commit(items=[later])), 1.0)
+        assert [it.text for it in h.chat() if isinstance(it, ChatMessage)] == ["accepted"]
+    assert "commit failed for good" in caplog.text
+
+
+async def test_suspend_commits_what_was_heard_and_leaves_the_session_live():
+    async with Harness(Plain(), [{"text": LONG}]) as h:
+        await h.session.input("talk")
+        await h.wait_for("speech.started")
+        await asyncio.sleep(0.06)
+        await h.session.suspend()
+        heard = [it for it in h.chat() if isinstance(it, ChatMessage) and it.role == "assistant"]
+        assert len(heard) == 1 and heard[0].interrupted
+        assert heard[0].text and LONG.startswith(heard[0].text) and heard[0].text != LONG
+        assert h.of_type("speech.interrupted")[0].data["played_text"] == heard[0].text
+        assert "session.closed" not in h.types()  # a shutdown is not a close: the session is recovered later
+        assert h.store.sessions[h.sid].state == "active"
+        h.session.state = "closed"  # already stopped; nothing left for the harness to close
