@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from switchboard.runtime.chat import AgentHandoff, ChatItem, ChatMessage, FunctionCall, FunctionCallOutput
-from switchboard.runtime.llm.base import LLMChunk, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage, build_llm
+from switchboard.runtime.llm import build_llm
+from switchboard.runtime.llm.base import LLMChunk, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage
 from switchboard.runtime.llm.openai import OpenAILLM
 
 from . import fake_openai as f

@@ -1,6 +1,7 @@
 """Language models: the protocol the session speaks and the providers that implement it."""
 
-from .base import LLM, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage, build_llm
+from .base import LLM, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage
+from .factory import build_llm
 from .scripted import ScriptedLLM, Turn
 
 __all__ = [

@@ -68,17 +68,3 @@ class LLM(Protocol):
     async def aclose(self) -> None:
         """Release what the provider holds (an HTTP client); called when its session closes or is suspended."""
         ...
-
-
-def build_llm(config: dict[str, Any] | None) -> LLM:
-    """Build a provider from a session's ``llm`` configuration."""
-    from .openai import OpenAILLM
-    from .scripted import ScriptedLLM
-
-    config = dict(config or {"provider": "scripted"})
-    provider = config.pop("provider", "scripted")
-    if provider == "scripted":
-        return ScriptedLLM.from_config(config)
-    if provider == "openai":
-        return OpenAILLM.from_config(config)
-    raise ValueError(f"unknown llm provider {provider!r} (available: scripted, openai)")
