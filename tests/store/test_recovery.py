@@ -140,7 +140,7 @@ class Proc:
 
     async def idle(self, sid: str) -> None:
         session = self.host.sessions[sid]
-        await wait_for(lambda: session.current_speech is None and not session._queue and not session._writes)
+        await wait_for(lambda: session.idle and not session.pending_writes)
 
 
 AGENTS: dict[str, AgentFactory] = {"worker": Worker}

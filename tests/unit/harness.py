@@ -96,7 +96,7 @@ class Harness:
     async def idle(self, timeout: float = 3.0) -> None:
         """Wait until no speech is playing or queued."""
         async with asyncio.timeout(timeout):
-            while self.session.current_speech is not None or self.session._queue:
+            while not self.session.idle:
                 await asyncio.sleep(0.005)
 
     async def tools_done(self, timeout: float = 3.0) -> None:

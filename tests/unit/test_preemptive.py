@@ -57,7 +57,7 @@ async def test_I2_no_speculative_generation_while_a_foreground_tool_runs():
         await h.session.input("what about tomorrow", final=False)
         await asyncio.sleep(0.05)
         assert [r.preemptive for r in h.llm.requests] == [False], "nothing speculative while the tool runs"
-        assert h.session._speculative is None
+        assert h.session.speculation.generation is None
 
         agent.gate.set()
         await wait_requests(h, 3)

@@ -8,14 +8,11 @@ import itertools
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from .chat import utcnow
-
-if TYPE_CHECKING:
-    from .ports import EventSink
 
 EVENT_TYPES = (
     "session.started",
@@ -47,6 +44,17 @@ class Event(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
     #: Position in the store's global log, set once durable (not part of the wire format of a session stream).
     cursor: int | None = Field(default=None, exclude=True)
+
+
+class EventSink(Protocol):
+    """Where an ``EventLog`` publishes: one of the runtime's ports (see ``ports``)."""
+
+    def publish(self, event: Event) -> Awaitable[None]:
+        """Accept ``event`` now, in call order; the awaitable resolves once it is durable and delivered.
+
+        Events of one session arrive with strictly increasing ``seq``; the sink must keep that order.
+        """
+        ...
 
 
 def type_matcher(patterns: Iterable[str] | None) -> Callable[[str], bool]:

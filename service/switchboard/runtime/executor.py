@@ -6,13 +6,14 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pydantic import ValidationError
 
+from .agent import Agent
 from .aio import cancel_and_wait, resolve
-from .chat import ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .chat import AgentHandoff, ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .events import EventLog
 from .ports import Commit, SessionState
 from .speech import SpeechHandle, SpeechInterrupted
@@ -30,9 +31,6 @@ from .tools import (
     function_tool,
     render_output,
 )
-
-if TYPE_CHECKING:
-    from .agent import Agent
 
 logger = logging.getLogger("switchboard.runtime.tools")
 
@@ -65,15 +63,23 @@ class Outcome:
     output: str
     is_error: bool = False
     needs_reply: bool = True
-    handoff: Agent | None = None
+    handoff: Agent | None = None  # the agent the tool asked to hand the session to
 
 
-HandoffHook = Callable[["RunningCall", "Agent"], Awaitable[tuple[list[ChatItem], SessionState]]]
+@dataclass(frozen=True)
+class Handoff:
+    """A handoff performed for a call that asked for it; committed together with the call's pair."""
+
+    item: AgentHandoff
+    state: SessionState
 
 
 @dataclass(eq=False)
 class RunningCall:
-    """The live state of one tool call. ``settled_fut`` resolves when the call ended or moved to the background."""
+    """The live state of one tool call. ``settled_fut`` resolves when the call ended or moved to the background.
+
+    It is what the tool's ``RunContext`` drives (``CallControl``).
+    """
 
     executor: ToolExecutor
     item: FunctionCall
@@ -86,6 +92,8 @@ class RunningCall:
     cancel_reason: str | None = None
     task: asyncio.Task[None] | None = None
     tool_task: asyncio.Task[Any] | None = None
+    held: Outcome | None = None  # the outcome of a call waiting for its handoff to be performed
+    ending: bool = False  # its end is being committed (exactly once, I5)
     cancel_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     settled_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     ended_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -99,8 +107,41 @@ class RunningCall:
         """Still blocking the reply that started it (running and not moved to the background)."""
         return not self.ended and not self.info.background
 
+    @property
+    def handoff_to(self) -> Agent | None:
+        """The agent this call asked to hand the session to, while its handoff waits to be performed."""
+        return self.held.handoff if self.held is not None and not self.ended else None
+
+    # -- CallControl: what the tool's RunContext drives -----------------------------------------------------
+
+    @property
+    def call_id(self) -> str:
+        return self.info.call_id
+
+    @property
+    def session_id(self) -> str:
+        return self.executor.session_id
+
+    @property
+    def userdata(self) -> dict[str, Any]:
+        return self.executor.userdata
+
+    async def report_progress(self, message: str, progress: float | None) -> None:
+        await self.executor.report_progress(self, message, progress)
+
+    async def wait_for_playout(self) -> None:
+        if self.speech is not None:
+            await self.speech.wait_for_step(self.step)
+
 
 class ToolExecutor:
+    """Runs a session's tool calls; each call commits its own pair when it ends (I1, I5).
+
+    A call whose tool asks for a handoff is held, not ended: the executor reports it through ``on_handoff`` and
+    the session performs the handoff, then ends the call with ``end_with_handoff`` (or ``end_without_handoff``).
+    The executor itself never waits on the session.
+    """
+
     def __init__(
         self,
         session_id: str,
@@ -109,7 +150,7 @@ class ToolExecutor:
         events: EventLog,
         commit: Callable[[Commit], Awaitable[None]],
         on_ended: Callable[[RunningCall], None],
-        on_handoff: HandoffHook,
+        on_handoff: Callable[[RunningCall], None] | None = None,
         cancel_grace_s: float = TOOL_CANCEL_GRACE_S,
     ) -> None:
         self.session_id = session_id
@@ -124,7 +165,6 @@ class ToolExecutor:
         self._closing = False
         self._abandoning = False
         self.forgotten = 0  # ended calls dropped from memory (read them from the store)
-        self._handing_off = False
         self._companion_tools: dict[str, FunctionTool] | None = None
 
     # -- queries --------------------------------------------------------------------------------------------
@@ -192,6 +232,24 @@ class ToolExecutor:
         rc.task = asyncio.create_task(self._run(rc, available), name=f"tool:{item.name}:{item.call_id}")
         return rc
 
+    def rerun(self, info: ToolCallInfo, *, tools: Mapping[str, FunctionTool], agent: str | None) -> RunningCall:
+        """Run again a call that a restart left running (its tool is declared ``on_restart="retry"``).
+
+        A call that was already in the background stays there: its "running in the background" pair is committed,
+        so its updates add no second pair and its result is a ``<call_id>/final`` pair.
+        """
+        item = self._chat.find_call(info.call_id) or FunctionCall(
+            id=new_id("item"),
+            call_id=info.call_id,
+            name=info.name,
+            arguments=info.arguments,
+            created_at=info.started_at,
+        )
+        rc = self.start(item, tools=tools, speech=None, step=0, agent=agent)
+        if info.background:  # safe: the runner has not started yet
+            rc.info = rc.info.model_copy(update={"background": True, "progress": info.progress})
+        return rc
+
     @staticmethod
     def has_cancellable(tools: Mapping[str, FunctionTool]) -> bool:
         return any(t.allow_cancellation for t in tools.values())
@@ -216,6 +274,9 @@ class ToolExecutor:
                 speech_id=rc.info.speech_id,
             )
             outcome = await self._execute(rc, available)
+            if outcome.handoff is not None:
+                await self._hold_for_handoff(rc, outcome)
+                return
         except asyncio.CancelledError:
             # only a forced teardown cancels the runner: record the call's end, then re-raise
             await cancel_and_wait(rc.tool_task)
@@ -229,6 +290,16 @@ class ToolExecutor:
             raise
         # the end is recorded even if a teardown cancels this task meanwhile (I5: every call ends exactly once)
         await asyncio.shield(self._finish(rc, outcome))
+
+    async def _hold_for_handoff(self, rc: RunningCall, outcome: Outcome) -> None:
+        """Report the requested handoff and wait until the call has been ended by whoever performs it."""
+        rc.held = outcome
+        if self._on_handoff is None:  # nobody here performs handoffs: the call completes without one
+            await asyncio.shield(self._finish(rc, replace(outcome, handoff=None)))
+            return
+        self._on_handoff(rc)
+        # a forced teardown cancels this wait (never the end itself) and ends the call as stopped
+        await asyncio.shield(rc.ended_fut)
 
     async def _execute(self, rc: RunningCall, available: list[str]) -> Outcome:
         name = rc.info.name
@@ -299,8 +370,6 @@ class ToolExecutor:
         return Outcome(ToolStatus.FAILED, INTERNAL_ERROR_OUTPUT, is_error=True)
 
     def _completed(self, rc: RunningCall, result: Any) -> Outcome:
-        from .agent import Agent  # local: agent.py imports tools, not the executor
-
         handoff: Agent | None = None
         if isinstance(result, Agent):
             handoff, result = result, None
@@ -358,16 +427,32 @@ class ToolExecutor:
         await asyncio.gather(*(self._cancel(o, f"replaced by {rc.info.call_id}") for o in same))
         return None
 
-    async def _finish(self, rc: RunningCall, outcome: Outcome) -> None:
-        if rc.ended:
-            return
-        if outcome.handoff is not None and self._handing_off:
-            # one handoff at a time: the one in progress drains (awaits) this call, so this one must not wait for it
-            outcome = Outcome(
-                ToolStatus.FAILED,
-                f"The handoff to {outcome.handoff.name} was not done: another handoff was in progress.",
-                is_error=True,
-            )
+    async def end_with_handoff(self, rc: RunningCall, handoff: Handoff) -> bool:
+        """End a held call with its handoff, committed together with its pair. False when the call had ended
+        meanwhile (a forced teardown): then nothing of the handoff was committed."""
+        assert rc.held is not None, "only a call held for its handoff"
+        return await asyncio.shield(self._finish(rc, rc.held, handoff))
+
+    async def end_without_handoff(self, rc: RunningCall, reason: str) -> None:
+        """End a held call as failed: its handoff was not done, for ``reason``."""
+        assert rc.held is not None and rc.held.handoff is not None, "only a call held for its handoff"
+        refused = Outcome(
+            ToolStatus.FAILED, f"The handoff to {rc.held.handoff.name} was not done: {reason}.", is_error=True
+        )
+        await asyncio.shield(self._finish(rc, refused))
+
+    async def _finish(self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None = None) -> bool:
+        if rc.ended or rc.ending:
+            return False
+        rc.ending = True
+        try:
+            await self._commit_end(rc, outcome, handoff)
+        except BaseException:
+            rc.ending = False
+            raise
+        return True
+
+    async def _commit_end(self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> None:
         now = utcnow()
         name = rc.info.name
         if rc.info.background:
@@ -385,14 +470,8 @@ class ToolExecutor:
             is_error=outcome.is_error,
             created_at=now,
         )
-        extra: list[ChatItem] = []
-        state: SessionState | None = None
-        if outcome.handoff is not None:
-            self._handing_off = True
-            try:
-                extra, state = await self._on_handoff(rc, outcome.handoff)
-            finally:
-                self._handing_off = False
+        extra: list[ChatItem] = [handoff.item] if handoff is not None else []
+        state: SessionState | None = handoff.state if handoff is not None else None
         info = rc.info.model_copy(
             update={
                 "status": outcome.status,

@@ -8,13 +8,19 @@ from collections.abc import AsyncIterator, Awaitable
 
 from .chat import ChatItem, order_items
 from .events import Event, done_future
-from .ports import ChatStore, Commit, EventSink, SessionState, StoreUnavailable
+from .ports import ChatStore, Commit, EventSink, SessionState
 from .speech import SpeechInfo
 from .tools import ToolCallInfo
 
+OUTAGE_RETRY_S = 0.01
+
 
 class MemoryStore(ChatStore):
-    """Keeps every commit in dictionaries. ``fail_next`` makes the next N commits raise (fault tests)."""
+    """Keeps every commit in dictionaries.
+
+    ``fail_next`` simulates an outage of N write attempts. Like the real store, this store rides it out itself
+    (the port makes the store the only one that retries): the commit waits, then lands once, in order.
+    """
 
     def __init__(self) -> None:
         self.items: dict[str, list[ChatItem]] = defaultdict(list)
@@ -23,12 +29,14 @@ class MemoryStore(ChatStore):
         self.sessions: dict[str, SessionState] = {}
         self.commits: list[tuple[str, Commit]] = []
         self.fail_next = 0
+        self.retries = 0  # attempts that failed during a simulated outage
 
     async def commit(self, session_id: str, commit: Commit) -> None:
         await asyncio.sleep(0)  # a real store yields; so does this one
-        if self.fail_next > 0:
+        while self.fail_next > 0:
             self.fail_next -= 1
-            raise StoreUnavailable("store unavailable (simulated)")
+            self.retries += 1
+            await asyncio.sleep(OUTAGE_RETRY_S)
         self.commits.append((session_id, commit))
         known = {it.id for it in self.items[session_id]}
         self.items[session_id].extend(it for it in commit.items if it.id not in known)

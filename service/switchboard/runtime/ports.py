@@ -1,15 +1,21 @@
-"""Ports: what the runtime needs from persistence. The store implements them; tests use the in-memory ones."""
+"""Ports: what the runtime needs from persistence. The store implements them; tests use the in-memory ones.
+
+Who retries: a ``ChatStore`` owns retrying while its database is unavailable. ``commit`` returns once the commit
+is durable, however long an outage lasts (until the store is closed), and raises only errors that are permanent for
+that commit. Callers never retry a commit: they cannot know whether a failed attempt landed, and the store keeps a
+session's writes in order only while it is the one retrying them. The ``EventSink`` does the same for events.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from .chat import ChatItem
-from .events import Event
+from .events import EventSink
 from .speech import SpeechInfo
+from .status import SessionStatus
 from .tools import ToolCallInfo
 
 
@@ -17,13 +23,9 @@ class SessionState(BaseModel):
     """The runtime-owned part of a session's persisted state."""
 
     agent: str
-    state: str = "active"
+    state: SessionStatus = SessionStatus.ACTIVE
     llm_state: dict[str, Any] | None = None
     current_speech_id: str | None = None
-
-
-class StoreUnavailable(Exception):
-    """The store cannot write right now (its database is unreachable, say): the same write may be retried."""
 
 
 class Commit(BaseModel):
@@ -37,14 +39,13 @@ class Commit(BaseModel):
 
 class ChatStore(Protocol):
     async def commit(self, session_id: str, commit: Commit) -> None:
-        """Write ``commit`` atomically. Appending items costs O(1) whatever the context size."""
-        ...
+        """Write ``commit`` atomically and return once it is durable. Appending items costs O(1) whatever the
+        context size.
 
-
-class EventSink(Protocol):
-    def publish(self, event: Event) -> Awaitable[None]:
-        """Accept ``event`` now, in call order; the awaitable resolves once it is durable and delivered.
-
-        Events of one session arrive with strictly increasing ``seq``; the sink must keep that order.
+        While the store is unavailable it retries on its own (with backoff, in order with the session's other
+        writes); an error it raises is permanent for this commit and must not be retried by the caller.
         """
         ...
+
+
+__all__ = ["ChatStore", "Commit", "EventSink", "SessionState"]

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .chat import ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .events import EventLog
 from .ports import ChatStore, Commit
 from .session import AgentSession
 from .speech import SpeechInfo, SpeechState
-from .tools import ToolCallInfo, ToolStatus
+from .tools import FunctionTool, ToolCallInfo, ToolStatus
 
 logger = logging.getLogger("switchboard.runtime.recovery")
 
@@ -31,42 +31,47 @@ async def recover(
     """
     for info in tool_calls:
         session.executor.adopt(info)
-    running = [info for info in tool_calls if not info.ended]
     tools = session.agent.tools
-    retry = [info for info in running if (t := tools.get(info.name)) is not None and t.on_restart == "retry"]
-    retry_ids = {info.call_id for info in retry}
-    interrupted = [info for info in running if info.call_id not in retry_ids]
+    interrupted, retry = _split_running(tool_calls, tools)
+    retry_ids = sorted(info.call_id for info in retry)
     unfinished = [sp for sp in speeches if sp.state != SpeechState.DONE]
 
     await session.start(
         recovered=True,
         interrupted_calls=[i.call_id for i in interrupted],
-        retried_calls=sorted(retry_ids),
+        retried_calls=retry_ids,
         interrupted_speeches=[sp.id for sp in unfinished],
     )
-    if unfinished:
-        ended = [sp.model_copy(update={"state": SpeechState.DONE, "interrupted": True}) for sp in unfinished]
-        await session.commit(Commit(speeches=ended))
-        for sp in ended:
-            session.events.emit("speech.done", speech_id=sp.id, interrupted=True)
-
+    await _end_unfinished(session, unfinished)
     for info in interrupted:
         await _end_interrupted(session, info)
     for info in retry:
-        item = session.chat.find_call(info.call_id) or FunctionCall(
-            id=new_id("item"),
-            call_id=info.call_id,
-            name=info.name,
-            arguments=info.arguments,
-            created_at=info.started_at,
-        )
         logger.info("session %s: re-running %s (%s) after a restart", session.id, info.name, info.call_id)
-        rc = session.executor.start(item, tools=tools, speech=None, step=0, agent=session.agent.name)
-        if info.background:
-            # its "running in the background" pair is already committed: the re-run stays in the background (its
-            # updates add no second pair, its result is a `<call_id>/final` pair). Safe: the runner has not started.
-            rc.info = rc.info.model_copy(update={"background": True, "progress": info.progress})
-    return {"interrupted": [i.call_id for i in interrupted], "retried": sorted(retry_ids)}
+        session.executor.rerun(info, tools=tools, agent=session.agent.name)
+    return {"interrupted": [i.call_id for i in interrupted], "retried": retry_ids}
+
+
+def _split_running(
+    tool_calls: Sequence[ToolCallInfo], tools: Mapping[str, FunctionTool]
+) -> tuple[list[ToolCallInfo], list[ToolCallInfo]]:
+    """The calls a restart left running: those to end interrupted, and those whose tool asks to be re-run."""
+    interrupted: list[ToolCallInfo] = []
+    retry: list[ToolCallInfo] = []
+    for info in tool_calls:
+        if info.ended:
+            continue
+        tool = tools.get(info.name)
+        (retry if tool is not None and tool.on_restart == "retry" else interrupted).append(info)
+    return interrupted, retry
+
+
+async def _end_unfinished(session: AgentSession, unfinished: Sequence[SpeechInfo]) -> None:
+    if not unfinished:
+        return
+    ended = [sp.model_copy(update={"state": SpeechState.DONE, "interrupted": True}) for sp in unfinished]
+    await session.commit(Commit(speeches=ended))
+    for sp in ended:
+        session.events.emit("speech.done", speech_id=sp.id, interrupted=True)
 
 
 async def _end_interrupted(session: AgentSession, info: ToolCallInfo) -> None:

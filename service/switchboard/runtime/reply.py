@@ -8,22 +8,72 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
-from .aio import first_of
-from .chat import ChatMessage, FunctionCall, new_id, utcnow
+from .chat import ChatItem, ChatMessage, FunctionCall, new_id, utcnow
+from .events import EventLog
 from .executor import RunningCall
 from .generation import Generation
-from .llm.base import LLMError, TextDelta, ToolCallChunk, Usage
-from .playout import PlayoutStream
+from .llm.base import LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage
+from .playout import Playout, PlayoutStream
 from .ports import Commit
-from .speech import SpeechHandle, SpeechState
-
-if TYPE_CHECKING:
-    from .session import AgentSession
+from .speech import SpeechHandle
+from .status import AgentState
+from .tools import FunctionTool
 
 logger = logging.getLogger("switchboard.runtime.reply")
+
+
+class ReplySession(Protocol):
+    """What the reply loop needs from its session (``AgentSession`` implements it)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def events(self) -> EventLog: ...
+
+    @property
+    def playout(self) -> Playout: ...
+
+    @property
+    def max_tool_steps(self) -> int: ...
+
+    async def commit(self, commit: Commit) -> None:
+        """Write durably, in order with the session's other writes."""
+        ...
+
+    def add_to_chat(self, *items: ChatItem) -> None:
+        """Add committed items to the live chat context."""
+        ...
+
+    def set_agent_state(self, state: AgentState) -> None: ...
+
+    def build_request(self, *, speech: SpeechHandle, step: int, instructions: str | None = None) -> LLMRequest: ...
+
+    def start_generation(self, request: LLMRequest) -> Generation: ...
+
+    def model_tools(self) -> Mapping[str, FunctionTool]:
+        """The tools offered to the model for the next generation step."""
+        ...
+
+    def start_tool_call(
+        self,
+        item: FunctionCall,
+        *,
+        tools: Mapping[str, FunctionTool],
+        speech: SpeechHandle,
+        step: int,
+        arguments_error: str | None,
+    ) -> RunningCall:
+        """Start executing a call the model made; it commits its own pair when it ends (I1)."""
+        ...
+
+    async def finish_speech(self, speech: SpeechHandle) -> None:
+        """Mark ``speech`` done, durably."""
+        ...
 
 
 @dataclass(eq=False)
@@ -47,7 +97,7 @@ class _Step:
     started_playing: bool = False
 
 
-async def run_job(session: AgentSession, job: ReplyJob) -> None:
+async def run_job(session: ReplySession, job: ReplyJob) -> None:
     try:
         if job.kind == "say":
             await _say(session, job)
@@ -62,7 +112,7 @@ async def run_job(session: AgentSession, job: ReplyJob) -> None:
 
 
 async def _commit_message(
-    session: AgentSession, speech: SpeechHandle, step: _Step, text: str, *, interrupted: bool
+    session: ReplySession, speech: SpeechHandle, step: _Step, text: str, *, interrupted: bool
 ) -> bool:
     """Commit the assistant message of one step: what was heard, never an empty message."""
     text = text.strip()
@@ -76,12 +126,12 @@ async def _commit_message(
         created_at=step.created_at,
     )
     await session.commit(Commit(items=[item], speeches=[speech.info()]))
-    session.chat.append(item)
+    session.add_to_chat(item)
     session.events.emit("chat.item", item=item.model_dump(mode="json"))
     return True
 
 
-async def _on_interrupted(session: AgentSession, speech: SpeechHandle, step: _Step | None) -> None:
+async def _on_interrupted(session: ReplySession, speech: SpeechHandle, step: _Step | None) -> None:
     committed = False
     if step is not None:
         played = step.stream.played_text  # read now: the sink is never waited on to acknowledge the stop
@@ -93,27 +143,25 @@ async def _on_interrupted(session: AgentSession, speech: SpeechHandle, step: _St
     session.events.emit("speech.interrupted", speech_id=speech.id, played_text=speech.played_text)
 
 
-def _begin_playing(session: AgentSession, speech: SpeechHandle, step: _Step) -> None:
+def _begin_playing(session: ReplySession, speech: SpeechHandle, step: _Step) -> None:
     if step.started_playing:
         return
     step.started_playing = True
-    speech.state = SpeechState.PLAYING
-    if not speech.started:
-        speech.started = True
+    if speech.mark_playing():
         session.events.emit("speech.started", speech_id=speech.id)
     session.set_agent_state("speaking")
 
 
-async def _say(session: AgentSession, job: ReplyJob) -> None:
+async def _say(session: ReplySession, job: ReplyJob) -> None:
     speech = job.speech
-    index = speech._begin_step()
+    index = speech.begin_step()
     step = _Step(index, session.playout.start(speech.id))
     job.streams.append(step.stream)
     speech.text = job.text
     _begin_playing(session, speech, step)
     step.stream.push(job.text)
     step.stream.end_input()
-    finished, _ = await first_of(step.stream.wait_done(), speech._interrupt_fut)
+    finished = await speech.run_unless_interrupted(step.stream.wait_done())
     if not finished or speech.interrupted:
         if job.add_to_chat:
             await _on_interrupted(session, speech, step)
@@ -126,12 +174,12 @@ async def _say(session: AgentSession, job: ReplyJob) -> None:
     speech.played_text = step.stream.played_text
     if job.add_to_chat:
         await _commit_message(session, speech, step, speech.played_text, interrupted=False)
-    speech._end_step()
+    speech.end_step()
 
 
-async def _consume(session: AgentSession, speech: SpeechHandle, gen: Generation, step: _Step) -> None:
+async def _consume(session: ReplySession, speech: SpeechHandle, gen: Generation, step: _Step) -> None:
     """Stream the model's output: text to playout, each tool call to the executor as soon as it is complete."""
-    tools = session.executor.tools_for_model(session.agent.tools)
+    tools = session.model_tools()
     async for chunk in gen:
         if isinstance(chunk, TextDelta):
             if not chunk.text:
@@ -151,14 +199,7 @@ async def _consume(session: AgentSession, speech: SpeechHandle, gen: Generation,
                 name=chunk.name,
                 arguments=arguments,
             )
-            rc = session.executor.start(
-                item,
-                tools=tools,
-                speech=speech,
-                step=step.index,
-                agent=session.agent.name,
-                arguments_error=error,
-            )
+            rc = session.start_tool_call(item, tools=tools, speech=speech, step=step.index, arguments_error=error)
             step.calls.append(rc)
         elif isinstance(chunk, Usage):
             speech.add_usage(chunk.prompt_tokens, chunk.completion_tokens)
@@ -176,17 +217,17 @@ def _parse_arguments(raw: str) -> tuple[dict[str, object], str | None]:
     return value, None
 
 
-async def _reply(session: AgentSession, job: ReplyJob) -> None:
+async def _reply(session: ReplySession, job: ReplyJob) -> None:
     speech = job.speech
     while True:
-        index = speech._begin_step()
+        index = speech.begin_step()
         preemptive = job.preemptive if index == 0 else None
         if preemptive is not None:
             gen = preemptive
         else:
             request = session.build_request(speech=speech, step=index, instructions=job.instructions)
             gen = session.start_generation(request)
-        speech.state = SpeechState.GENERATING
+        speech.mark_generating()
         session.set_agent_state("thinking")
         session.events.emit("generation.started", speech_id=speech.id, step=index, preemptive=preemptive is not None)
         step = _Step(index, session.playout.start(speech.id))
@@ -194,7 +235,7 @@ async def _reply(session: AgentSession, job: ReplyJob) -> None:
 
         consume = _consume(session, speech, gen, step)
         try:
-            finished, _ = await first_of(consume, speech._interrupt_fut)
+            finished = await speech.run_unless_interrupted(consume)
         except LLMError as err:
             await _on_generation_failed(session, speech, step, err)
             return
@@ -207,13 +248,13 @@ async def _reply(session: AgentSession, job: ReplyJob) -> None:
                 await gen.aclose()
         if finished:
             step.stream.end_input()
-            finished, _ = await first_of(step.stream.wait_done(), speech._interrupt_fut)
+            finished = await speech.run_unless_interrupted(step.stream.wait_done())
         if not finished or speech.interrupted:
             await _on_interrupted(session, speech, step)
             return
         speech.played_text = (speech.played_text + " " + step.stream.played_text).strip()
         await _commit_message(session, speech, step, step.stream.played_text, interrupted=False)
-        speech._end_step()
+        speech.end_step()
 
         if not step.calls:
             return
@@ -224,11 +265,11 @@ async def _reply(session: AgentSession, job: ReplyJob) -> None:
             return
         if not any(rc.needs_reply for rc in step.calls):
             return
-        if index >= session.options.max_tool_steps:
+        if index >= session.max_tool_steps:
             return
 
 
-async def _on_generation_failed(session: AgentSession, speech: SpeechHandle, step: _Step, err: BaseException) -> None:
+async def _on_generation_failed(session: ReplySession, speech: SpeechHandle, step: _Step, err: BaseException) -> None:
     played = step.stream.played_text
     step.stream.stop()
     await _commit_message(session, speech, step, played, interrupted=True)
@@ -240,4 +281,4 @@ async def _on_generation_failed(session: AgentSession, speech: SpeechHandle, ste
     )
 
 
-__all__ = ["ReplyJob", "run_job"]
+__all__ = ["ReplyJob", "ReplySession", "run_job"]

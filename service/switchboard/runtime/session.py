@@ -5,33 +5,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from .agent import Agent
-from .aio import cancel_and_wait
+from .aio import cancel_and_wait, spawn
 from .chat import AgentHandoff, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id
-from .events import EventLog
-from .executor import RunningCall, ToolExecutor
+from .events import EventLog, EventSink
+from .executor import Handoff, RunningCall, ToolExecutor
 from .generation import Generation
 from .llm.base import LLM, LLMRequest
 from .playout import Playout
-from .ports import ChatStore, Commit, EventSink, SessionState, StoreUnavailable
+from .ports import ChatStore, Commit, SessionState
 from .reply import ReplyJob, run_job
+from .scheduler import SpeechScheduler
+from .speculative import Speculation
 from .speech import INTERRUPT_FORCE_TIMEOUT_S, NotInterruptible, SpeechHandle, SpeechSource
-from .tools import ToolCallInfo, ToolStatus
+from .status import AgentState, SessionStatus
+from .tools import FunctionTool, ToolCallInfo, ToolStatus
 
 logger = logging.getLogger("switchboard.runtime.session")
 
-COMMIT_RETRY_MAX_S = 2.0
 SUSPEND_SPEECH_TIMEOUT_S = 2.0
 KEEP_SPEECHES = 500
 Role = Literal["user", "system", "developer"]
-AgentState = Literal["initializing", "listening", "thinking", "speaking"]
 
 
 class SessionOptions(BaseModel):
@@ -81,30 +81,37 @@ class AgentSession:
         self.options = options or SessionOptions()
         self.chat = ChatContext(items)
         self.events = EventLog(session_id, events, last_seq=last_seq)
-        self.state: str = "initializing"
+        self.state = SessionStatus.INITIALIZING
         self.agent_state: AgentState = "initializing"
         self._store = store
+        self._writes: set[asyncio.Task[Any]] = set()
         self.executor = ToolExecutor(
             session_id,
             chat=self.chat,
             events=self.events,
             commit=self.commit,
             on_ended=self._on_call_ended,
-            on_handoff=self._handoff,
+            on_handoff=self._on_handoff_requested,
             cancel_grace_s=self.options.tool_cancel_grace_s,
         )
-        self._queue: deque[ReplyJob] = deque()
-        self._queue_ev = asyncio.Event()
-        self._current: SpeechHandle | None = None
+        self._scheduler = SpeechScheduler(
+            session_id, play=self._play, finish=self.finish_speech, after_speech=self._after_speech
+        )
+        self.speculation = Speculation(
+            llm=llm,
+            events=self.events,
+            chat=self.chat,
+            enabled=self.options.preemptive_generation,
+            request_for=self._speculative_request,
+            tool_running=self._foreground_tool_running,
+            tasks=self._writes,
+        )
         self._speeches: dict[str, SpeechHandle] = {}
         self._op_lock = asyncio.Lock()
         self._commit_lock = asyncio.Lock()
-        self._writes: set[asyncio.Task[None]] = set()
-        self._scheduler_task: asyncio.Task[None] | None = None
-        self._speculative: Generation | None = None
-        self._interim_text: str | None = None
-        self._preempt_pending = False
         self._deferred_scheduling: asyncio.Task[None] | None = None
+        self._handoff_call: RunningCall | None = None  # the call whose handoff is being performed
+        self._handoffs: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"<AgentSession {self.id} {self.state} agent={self.agent.name}>"
@@ -112,34 +119,33 @@ class AgentSession:
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def start(self, *, recovered: bool = False, **event_data: Any) -> None:
-        if self._scheduler_task is not None:
+        if self._scheduler.started:
             return
-        self.state = "active"
+        self.state = SessionStatus.ACTIVE
         await self.commit(Commit(session=self.snapshot()))
         self.events.emit("session.recovered" if recovered else "session.started", agent=self.agent.name, **event_data)
-        self._set_agent_state("listening")
-        self._scheduler_task = asyncio.create_task(self._schedule_loop(), name=f"scheduler:{self.id}")
+        self.set_agent_state("listening")
+        self._scheduler.start()
 
     async def suspend(self) -> None:
         """Stop this session's work without closing it (service shutdown): it stays live in the store and is
         recovered on the next start, exactly as after a crash, but with every pending write flushed."""
-        if self.state in ("closing", "closed", "suspended"):
+        if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED, SessionStatus.SUSPENDED):
             return
-        self.state = "suspended"
-        spec, self._speculative = self._speculative, None
-        if spec is not None:
-            await spec.aclose()
-        current = self._current
+        self.state = SessionStatus.SUSPENDED
+        await self.speculation.abandon()
+        current = self._scheduler.current
         if current is not None and not current.done:
             # what the user heard is committed, as with any interruption; bounded, the store may be going away
             current.interrupt(force=True)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(SUSPEND_SPEECH_TIMEOUT_S):
                     await current.wait_done()
-        await cancel_and_wait(self._scheduler_task)
-        for job in self._queue:
+        await self._scheduler.stop()
+        for job in self._scheduler.queued:
             if job.preemptive is not None:
                 await job.preemptive.aclose()
+        await cancel_and_wait(*self._handoffs)  # a handoff not committed yet is not done; recovery ends its call
         await self.executor.abandon()
         await self.llm.aclose()
         if self._writes:
@@ -147,24 +153,26 @@ class AgentSession:
 
     async def aclose(self) -> None:
         """Close: stop speaking, cancel cancellable tools, await the others, emit the final events."""
-        if self.state in ("closing", "closed"):
+        if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
             return
-        self.state = "closing"
-        await self._discard_speculative()
+        self.state = SessionStatus.CLOSING
+        await self.speculation.discard()
         if self._deferred_scheduling is not None:  # a deferred reply being committed: queue it, then close it
             await asyncio.shield(self._deferred_scheduling)
-        for job in list(self._queue):
+        for job in self._scheduler.queued:
             job.speech.interrupt(force=True)
-        if self._current is not None:
-            self._current.interrupt(force=True)
-            await self._current.wait_done()
-        await cancel_and_wait(self._scheduler_task)
-        while self._queue:
-            await self._finish_unstarted(self._queue.popleft())
+        current = self._scheduler.current
+        if current is not None:
+            current.interrupt(force=True)
+            await current.wait_done()
+        await self._scheduler.stop()
+        await self._scheduler.end_queued()
         await self.executor.aclose(timeout_s=self.options.close_timeout_s)
+        if self._handoffs:  # each has ended its call by now (or finds it ended by the teardown)
+            await asyncio.gather(*self._handoffs, return_exceptions=True)
         await self.llm.aclose()
-        self.state = "closed"
-        self._set_agent_state("listening")
+        self.state = SessionStatus.CLOSED
+        self.set_agent_state("listening")
         await self.commit(Commit(session=self.snapshot()))
         await self.events.emit("session.closed")
         if self._writes:
@@ -175,14 +183,24 @@ class AgentSession:
             agent=self.agent.name,
             state=self.state,
             llm_state=self.llm.save_state(),
-            current_speech_id=self._current.id if self._current else None,
+            current_speech_id=self._scheduler.current.id if self._scheduler.current else None,
         )
 
     # -- queries --------------------------------------------------------------------------------------------
 
     @property
     def current_speech(self) -> SpeechHandle | None:
-        return self._current
+        return self._scheduler.current
+
+    @property
+    def idle(self) -> bool:
+        """No speech playing and none queued."""
+        return self._scheduler.idle
+
+    @property
+    def pending_writes(self) -> int:
+        """Writes (and their events) still on their way to the store."""
+        return len(self._writes)
 
     def speech(self, speech_id: str) -> SpeechHandle | None:
         return self._speeches.get(speech_id)
@@ -212,31 +230,20 @@ class AgentSession:
         self._check_open()
         if not final:
             self.events.emit("user.input", item_id=None, text=text, final=False, role=role)
-            self._on_interim(text)
+            self.speculation.on_interim(text)
             return InputResult(None, None)
         async with self._op_lock:
             self._check_open()  # the session may have started closing while this input waited
-            spec, self._speculative = self._speculative, None
-            self._interim_text, self._preempt_pending = None, False
-            if interrupt and self._current is not None:
+            spec = self.speculation.take()
+            if interrupt and self._scheduler.current is not None:
                 try:
                     await self._interrupt_current(force=force)
                 except NotInterruptible:
                     pass
-            usable = (
-                spec is not None
-                and role == "user"
-                and spec.user_text == text
-                and spec.version == self.chat.version
-                and not self._foreground_tool_running()
-            )
-            if spec is not None and not usable:
-                await self._drop_generation(spec)
-                self.events.emit("generation.speculative", state="discarded", user_text=spec.user_text)
-            elif spec is not None:
-                self.events.emit("generation.speculative", state="used", user_text=spec.user_text)
+            # only now: the interruption may have changed the context the speculative reply was made from
+            spec = await self.speculation.use_or_drop(spec, text=text, role=role)
             item = ChatMessage(id=new_id("item"), role=role, text=text)
-            job = self._new_job("reply", preemptive=spec if usable else None) if reply else None
+            job = self._new_job("reply", preemptive=spec) if reply else None
             await self.commit(Commit(items=[item], speeches=[job.speech.info()] if job else []))
             self.chat.append(item)
             self.events.emit("user.input", item_id=item.id, text=text, final=True, role=role)
@@ -275,7 +282,7 @@ class AgentSession:
         return await self.executor.cancel(call_id)
 
     async def _interrupt_current(self, *, force: bool) -> SpeechHandle | None:
-        speech = self._current
+        speech = self._scheduler.current
         if speech is None or speech.done:
             return None
         if not speech.interrupt(force=force):
@@ -288,10 +295,10 @@ class AgentSession:
     async def commit(self, commit: Commit) -> None:
         """Write ``commit`` durably, in order with this session's other writes.
 
-        A store that is unavailable is retried with backoff until it recovers: nothing is dropped. Any other error
-        is permanent for that write: it is raised to the caller rather than retried, so it cannot hold up the
-        session's later writes. The write runs in its own task, so a caller that is cancelled (a forced speech
-        cancel, say) does not abort it.
+        The store rides out an outage itself (see ``ChatStore``); an error it raises is permanent for that write:
+        it is logged and raised to the caller, never retried, so it cannot hold up the session's later writes.
+        The write runs in its own task, so a caller that is cancelled (a forced speech cancel, say) does not abort
+        it.
         """
         task = asyncio.create_task(self._write(commit), name=f"commit:{self.id}")
         self._writes.add(task)
@@ -299,30 +306,17 @@ class AgentSession:
         await asyncio.shield(task)
 
     async def _write(self, commit: Commit) -> None:
-        delay = 0.05
         async with self._commit_lock:
-            while True:
-                try:
-                    await self._store.commit(self.id, commit)
-                    return
-                except StoreUnavailable as err:
-                    logger.error(
-                        "session %s: commit failed (%s); retrying in %.2fs",
-                        self.id,
-                        err,
-                        delay,
-                        extra={"session_id": self.id},
-                    )
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, COMMIT_RETRY_MAX_S)
-                except Exception:
-                    logger.exception("session %s: commit failed for good", self.id, extra={"session_id": self.id})
-                    raise
+            try:
+                await self._store.commit(self.id, commit)
+            except Exception:
+                logger.exception("session %s: commit failed for good", self.id, extra={"session_id": self.id})
+                raise
 
     # -- scheduling -----------------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self.state != "active":
+        if self.state != SessionStatus.ACTIVE:
             raise SessionClosed(f"session {self.id} is {self.state}")
 
     def _new_job(
@@ -358,50 +352,21 @@ class AgentSession:
         )
 
     def _enqueue(self, job: ReplyJob) -> None:
-        self._queue.append(job)
-        self._queue_ev.set()
+        self._scheduler.push(job)
         self.events.emit("speech.created", speech_id=job.speech.id, source=job.speech.source)
 
-    async def _schedule_loop(self) -> None:
-        while True:
-            while not self._queue:
-                self._queue_ev.clear()
-                await self._queue_ev.wait()
-            job = self._queue.popleft()
-            if job.speech.interrupted:
-                await self._finish_unstarted(job)
-                continue
-            self._current = job.speech
-            task = asyncio.create_task(run_job(self, job), name=f"speech:{job.speech.id}")
-            job.speech._attach_task(task)
-            try:
-                await asyncio.wait({task})
-            except asyncio.CancelledError:
-                await cancel_and_wait(task)
-                raise
-            finally:
-                if not job.speech.done:  # forced cancel (logged by the speech): still end it properly
-                    await self.finish_speech(job.speech)
-                self._current = None
-            self._start_pending_speculative()
-            if not task.cancelled() and task.exception() is not None:
-                logger.error(
-                    "speech %s failed",
-                    job.speech.id,
-                    exc_info=task.exception(),
-                    extra={"session_id": self.id},
-                )
-            if not self._queue:
-                self._set_agent_state("listening")
+    async def _play(self, job: ReplyJob) -> None:
+        await run_job(self, job)
 
-    async def _finish_unstarted(self, job: ReplyJob) -> None:
-        await job.preemptive.aclose() if job.preemptive else None
-        await self.finish_speech(job.speech)
+    def _after_speech(self) -> None:
+        self._start_pending_speculative()
+        if not self._scheduler.has_queued:
+            self.set_agent_state("listening")
 
     async def finish_speech(self, speech: SpeechHandle) -> None:
         if speech.done:
             return
-        speech._mark_done()
+        speech.mark_done()
         # in its own task: a caller cancelled meanwhile (the scheduler, at close) must not lose the commit and event
         task = asyncio.create_task(self._speech_done(speech), name=f"speech-done:{speech.id}")
         self._writes.add(task)
@@ -412,15 +377,35 @@ class AgentSession:
         await self.commit(Commit(speeches=[speech.info()]))
         self.events.emit("speech.done", speech_id=speech.id, interrupted=speech.interrupted)
 
-    def _set_agent_state(self, state: AgentState) -> None:
+    def set_agent_state(self, state: AgentState) -> None:
         if state != self.agent_state:
             self.agent_state = state
             self.events.emit("agent.state", state=state)
 
-    def set_agent_state(self, state: AgentState) -> None:
-        self._set_agent_state(state)
+    # -- what a reply needs (``ReplySession``) --------------------------------------------------------------
 
-    # -- model requests -------------------------------------------------------------------------------------
+    @property
+    def max_tool_steps(self) -> int:
+        return self.options.max_tool_steps
+
+    def add_to_chat(self, *items: ChatItem) -> None:
+        self.chat.append(*items)
+
+    def model_tools(self) -> dict[str, FunctionTool]:
+        return self.executor.tools_for_model(self.agent.tools)
+
+    def start_tool_call(
+        self,
+        item: FunctionCall,
+        *,
+        tools: Mapping[str, FunctionTool],
+        speech: SpeechHandle,
+        step: int,
+        arguments_error: str | None,
+    ) -> RunningCall:
+        return self.executor.start(
+            item, tools=tools, speech=speech, step=step, agent=self.agent.name, arguments_error=arguments_error
+        )
 
     def build_request(
         self,
@@ -432,7 +417,7 @@ class AgentSession:
         preemptive: bool = False,
     ) -> LLMRequest:
         """The model's view (I2): placeholders for calls still running, never a call without its output."""
-        tools = self.executor.tools_for_model(self.agent.tools)
+        tools = self.model_tools()
         running: list[FunctionCall] = [rc.item for rc in self.executor.running() if rc.foreground]
         items = self.chat.for_llm(running)
         if pending_user_text is not None:
@@ -460,53 +445,19 @@ class AgentSession:
 
     # -- preemptive generation (I2) -------------------------------------------------------------------------
 
+    def _speculative_request(self, text: str) -> LLMRequest:
+        return self.build_request(speech=None, step=0, pending_user_text=text, preemptive=True)
+
     def _foreground_tool_running(self) -> bool:
         return any(rc.foreground for rc in self.executor.running())
 
-    def _on_interim(self, text: str) -> None:
-        self._interim_text = text
-        if not self.options.preemptive_generation:
-            return
-        if self._foreground_tool_running():
-            self._preempt_pending = True  # started when the tool ends, never while it runs
-            return
-        self._start_speculative(text)
-
-    def _start_speculative(self, text: str) -> None:
-        self._preempt_pending = False
-        old, self._speculative = self._speculative, None
-        if old is not None:
-            self._rollback(old)
-            self.events.emit("generation.speculative", state="discarded", user_text=old.user_text)
-            task = asyncio.create_task(old.aclose())
-            self._writes.add(task)
-            task.add_done_callback(self._writes.discard)
-        before = self.llm.save_state()
-        request = self.build_request(speech=None, step=0, pending_user_text=text, preemptive=True)
-        self._speculative = Generation(
-            self.llm, request, version=self.chat.version, user_text=text, llm_state_before=before
-        )
-        self.events.emit("generation.speculative", state="started", user_text=text)
-
-    def _rollback(self, gen: Generation) -> None:
-        # A discarded speculative reply gives its script turn back, unless another generation has used the
-        # model since (then its state is no longer ours to rewind).
-        if gen.llm_state_before is not None and self.llm.save_state() == gen.llm_state_after:
-            self.llm.load_state(gen.llm_state_before)
-
-    async def _drop_generation(self, gen: Generation) -> None:
-        self._rollback(gen)
-        await gen.aclose()
-
-    async def _discard_speculative(self) -> None:
-        spec, self._speculative = self._speculative, None
-        if spec is not None:
-            await self._drop_generation(spec)
+    def _start_pending_speculative(self) -> None:
+        self.speculation.start_pending(quiet=self.state == SessionStatus.ACTIVE and self._scheduler.idle)
 
     # -- tool hooks -----------------------------------------------------------------------------------------
 
     def _on_call_ended(self, rc: RunningCall) -> None:
-        if self.state != "active":
+        if self.state != SessionStatus.ACTIVE:
             return
         # a result that arrives outside of any reply (background, or re-run after a restart) gets a deferred reply
         detached = rc.info.background or rc.speech is None
@@ -514,22 +465,9 @@ class AgentSession:
             self._schedule_deferred_reply()
         self._start_pending_speculative()
 
-    def _start_pending_speculative(self) -> None:
-        """Start a speculative reply that waited for tools, once nothing is about to change the context: no
-        foreground tool running and no speech playing or queued (a tool reply would invalidate it at once)."""
-        if (
-            self._preempt_pending
-            and self._interim_text
-            and self.state == "active"
-            and self._current is None
-            and not self._queue
-            and not self._foreground_tool_running()
-        ):
-            self._start_speculative(self._interim_text)
-
     def _schedule_deferred_reply(self) -> None:
         # one queued (or being queued) deferred reply covers every result that arrives before it starts
-        if self._deferred_scheduling is not None or any(j.speech.source == "deferred_reply" for j in self._queue):
+        if self._deferred_scheduling is not None or self._scheduler.queued_from("deferred_reply"):
             return
         job = self._new_job("reply", source="deferred_reply")
         task = asyncio.create_task(self._enqueue_durable(job), name=f"deferred:{self.id}")
@@ -543,17 +481,38 @@ class AgentSession:
             await self.commit(Commit(speeches=[job.speech.info()]))
         finally:
             self._deferred_scheduling = None
-        if self.state in ("closing", "closed"):
+        if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
             job.speech.interrupt(force=True)  # queued only to be ended by the close, never started
         self._enqueue(job)
 
-    async def _handoff(self, rc: RunningCall, new_agent: Agent) -> tuple[list[ChatItem], SessionState]:
+    # -- handoff: a step the session takes when a call asks for one ------------------------------------------
+
+    def _on_handoff_requested(self, rc: RunningCall) -> None:
+        # performed in a task of its own: the executor only reports the request and never waits on the session
+        spawn(self._hand_off(rc), name=f"handoff:{self.id}:{rc.call_id}", tasks=self._handoffs)
+
+    async def _hand_off(self, rc: RunningCall) -> None:
+        """Drain the agent-scoped calls, switch the agent, and end ``rc`` with the handoff committed together with
+        its pair (I1, I5: one commit, once)."""
+        new_agent = rc.handoff_to
+        if new_agent is None:
+            return
+        if self._handoff_call is not None:
+            # one handoff at a time: the one in progress drains (awaits) this call, so this one must not wait for it
+            await self.executor.end_without_handoff(rc, "another handoff was in progress")
+            return
+        self._handoff_call = rc
         old = self.agent
-        await self.executor.drain(scope="agent", exclude={rc.info.call_id})
-        self.agent = new_agent
-        item = AgentHandoff(id=new_id("item"), from_agent=old.name, to_agent=new_agent.name)
+        try:
+            await self.executor.drain(scope="agent", exclude={rc.call_id})
+            self.agent = new_agent
+            item = AgentHandoff(id=new_id("item"), from_agent=old.name, to_agent=new_agent.name)
+            if not await self.executor.end_with_handoff(rc, Handoff(item, self.snapshot())):
+                self.agent = old  # a teardown ended the call meanwhile: the handoff was not done
+                return
+        finally:
+            self._handoff_call = None
         logger.info("session %s: handoff %s -> %s", self.id, old.name, new_agent.name, extra={"session_id": self.id})
-        return [item], self.snapshot()
 
 
 __all__ = ["AgentSession", "InputResult", "SessionClosed", "SessionOptions"]

@@ -203,23 +203,42 @@ class SpeechHandle:
         async def _all() -> None:
             await asyncio.gather(*aws)
 
-        finished, _ = await first_of(_all(), self._interrupt_fut)
+        return await self.run_unless_interrupted(_all())
+
+    async def run_unless_interrupted(self, aw: Awaitable[Any]) -> bool:
+        """Await ``aw`` unless the speech is interrupted first. Returns True if ``aw`` finished first.
+
+        An exception ``aw`` raises propagates. A coroutine is cancelled on interruption; a future is not.
+        """
+        finished, _ = await first_of(aw, self._interrupt_fut)
         return finished
 
-    # -- used by the session --------------------------------------------------------------------------------
+    # -- driven by the session's scheduler and the reply loop ------------------------------------------------
 
-    def _attach_task(self, task: asyncio.Task[Any]) -> None:
+    def attach_task(self, task: asyncio.Task[Any]) -> None:
+        """The task playing this speech: the one the safety net cancels if an interruption is ignored."""
         self._task = task
 
-    def _begin_step(self) -> int:
+    def begin_step(self) -> int:
+        """Open the next generation step (its playout is what a tool's ``wait_for_playout`` waits for)."""
         self._steps.append(asyncio.get_running_loop().create_future())
         return len(self._steps) - 1
 
-    def _end_step(self) -> None:
+    def end_step(self) -> None:
+        """The current step has played: release the tools waiting for it."""
         if self._steps:
             resolve(self._steps[-1], None)
 
-    def _mark_done(self) -> None:
+    def mark_generating(self) -> None:
+        self.state = SpeechState.GENERATING
+
+    def mark_playing(self) -> bool:
+        """The speech plays (again, after a tool step). Returns True the first time, when it starts playing."""
+        self.state = SpeechState.PLAYING
+        first, self.started = not self.started, True
+        return first
+
+    def mark_done(self) -> None:
         self.state = SpeechState.DONE
         for fut in self._steps:
             resolve(fut, None)

@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -19,7 +19,6 @@ from .aio import first_of
 from .chat import FunctionCall
 
 if TYPE_CHECKING:
-    from .executor import RunningCall
     from .speech import SpeechHandle
 
 T = TypeVar("T")
@@ -267,15 +266,43 @@ def render_output(value: Any) -> str:
         return str(value)
 
 
+class CallControl(Protocol):
+    """What a tool's ``RunContext`` drives: one running call (the executor's ``RunningCall`` implements it)."""
+
+    @property
+    def call_id(self) -> str: ...
+
+    @property
+    def item(self) -> FunctionCall: ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def speech(self) -> SpeechHandle | None: ...
+
+    @property
+    def userdata(self) -> dict[str, Any]: ...
+
+    @property
+    def cancel_fut(self) -> asyncio.Future[None]:
+        """Resolved when the call is cancelled (cooperative cancellation)."""
+        ...
+
+    async def report_progress(self, message: str, progress: float | None) -> None: ...
+
+    async def wait_for_playout(self) -> None: ...
+
+
 class RunContext:
     """What a running tool sees: its call, its speech, progress, playout and cancellation."""
 
-    def __init__(self, call: RunningCall) -> None:
+    def __init__(self, call: CallControl) -> None:
         self._call = call
 
     @property
     def call_id(self) -> str:
-        return self._call.info.call_id
+        return self._call.call_id
 
     @property
     def function_call(self) -> FunctionCall:
@@ -283,7 +310,7 @@ class RunContext:
 
     @property
     def session_id(self) -> str:
-        return self._call.executor.session_id
+        return self._call.session_id
 
     @property
     def speech(self) -> SpeechHandle | None:
@@ -293,7 +320,7 @@ class RunContext:
     @property
     def userdata(self) -> dict[str, Any]:
         """Per-session scratch space shared by all tools and agents of the session."""
-        return self._call.executor.userdata
+        return self._call.userdata
 
     @property
     def cancelled(self) -> bool:
@@ -303,16 +330,14 @@ class RunContext:
         """Report progress. The first update moves the call to the background: the reply goes on without it."""
         if progress is not None and not 0.0 <= progress <= 1.0:
             raise ValueError("progress must be between 0 and 1")
-        await self._call.executor.report_progress(self._call, message, progress)
+        await self._call.report_progress(message, progress)
 
     async def wait_for_playout(self) -> None:
         """Wait for the speech that produced this call to finish playing its text (the tool's preamble).
 
         Raises ``SpeechInterrupted`` promptly if that speech is interrupted.
         """
-        speech = self._call.speech
-        if speech is not None:
-            await speech.wait_for_step(self._call.step)
+        await self._call.wait_for_playout()
 
     async def wait_if_not_cancelled(self, aw: Awaitable[T]) -> T:
         """Await ``aw`` unless the call is cancelled first, in which case ``ToolCancelled`` is raised."""
