@@ -45,6 +45,7 @@ from switchboard.runtime.events import Event
 from switchboard.runtime.llm import build_llm
 from switchboard.runtime.ports import Commit
 from switchboard.runtime.speech import SpeechInfo, SpeechState
+from switchboard.runtime.status import SessionStatus
 from switchboard.runtime.tools import ToolCallInfo, ToolStatus
 from switchboard.settings import Settings
 from switchboard.store import SessionRecord, Store
@@ -182,7 +183,7 @@ async def recover_once(url: str, schema: str | None, sessions: int) -> Run:
         t0, cpu0 = time.perf_counter(), time.process_time()
         await host.recover_all()
         t1, cpu1 = time.perf_counter(), time.process_time()
-        await store.mark_session(host.recovered[0], "active")  # queued after every write of the recovery
+        await store.mark_session(host.recovered[0], SessionStatus.ACTIVE)  # queued after every write of the recovery
         t2 = time.perf_counter()
         assert len(host.recovered) == sessions and not host.failed, (len(host.recovered), host.failed)
         assert await store.running_tool_calls() == []

@@ -19,6 +19,7 @@ from .runtime.playout import SimulatedPlayout
 from .runtime.ports import EventSink
 from .runtime.recovery import end_orphaned_calls, recover
 from .runtime.session import AgentSession, SessionOptions
+from .runtime.status import SessionStatus
 from .settings import Settings
 from .store import SessionData, SessionExists, SessionRecord, Store
 
@@ -134,7 +135,7 @@ class SessionHost:
             rec = SessionRecord(
                 id=sid,
                 agent=config["agent"],
-                state="initializing",
+                state=SessionStatus.INITIALIZING,
                 config=config,
                 metadata=metadata,
                 llm_state=None,
@@ -207,7 +208,7 @@ class SessionHost:
         interrupted = await end_orphaned_calls(
             rec.id, tool_calls=data.tool_calls, chat=ChatContext(data.items), store=self.store.chat_store(), events=log
         )
-        await self.store.mark_session(rec.id, "failed")
+        await self.store.mark_session(rec.id, SessionStatus.FAILED)
         await log.emit("session.failed", reason=reason, interrupted_calls=interrupted, **extra)
         self.failed.append(rec.id)
 

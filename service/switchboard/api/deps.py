@@ -10,6 +10,7 @@ from fastapi import Request
 
 from ..host import SessionHost
 from ..runtime.session import AgentSession
+from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
 from ..settings import Settings
 from ..store import SessionRecord, Store
@@ -43,7 +44,7 @@ async def known_session(request: Request, sid: str) -> AgentSession | None:
 async def live_or_409(request: Request, sid: str) -> AgentSession:
     """The live session; 409 when it exists but is closed, 404 when it never existed."""
     session = host(request).live(sid)
-    if session is not None and session.state == "active":
+    if session is not None and session.state == SessionStatus.ACTIVE:
         return session
     rec = await store(request).get_session(sid)
     if rec is None and session is None:

@@ -21,6 +21,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from ..hub import SubscriberOverflow, Subscription
 from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event, type_matcher
+from ..runtime.status import ENDED_STATUSES
 from . import deps
 from .auth import AuthError, authenticate, bearer, check
 
@@ -190,7 +191,7 @@ async def session_events(ws: WebSocket, sid: str) -> None:
     matches = type_matcher(types)
     # checked after subscribing: a session that ends later reports it through the hub; one that has ended has its
     # terminal event durable already (host.close() returns only after that), so the replay below has all of it
-    ended = host.live(sid) is None and getattr(await store.get_session(sid), "state", None) in ("closed", "failed")
+    ended = host.live(sid) is None and getattr(await store.get_session(sid), "state", None) in ENDED_STATUSES
     resume = [since]
     sends = _Sends()
 

@@ -10,9 +10,8 @@ from pydantic import BaseModel, Field
 
 from ..runtime.chat import ChatItem
 from ..runtime.speech import SpeechInfo
+from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
-
-LIVE_STATES = ("active", "initializing", "closing")
 
 
 def now_utc() -> datetime:
@@ -25,7 +24,7 @@ class SessionRecord(BaseModel):
 
     id: str
     agent: str
-    state: str = "initializing"
+    state: SessionStatus = SessionStatus.INITIALIZING
     config: dict[str, Any] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
     llm_state: dict[str, Any] | None = None

@@ -28,11 +28,12 @@ from ..runtime.chat import ChatItem, order_items
 from ..runtime.events import Event
 from ..runtime.ports import ChatStore, Commit, EventSink
 from ..runtime.speech import SpeechInfo
+from ..runtime.status import LIVE_STATUSES, SessionStatus
 from ..runtime.tools import ToolCallInfo, ToolStatus
 from . import models as m
 from .engine import make_engine
 from .migrate import upgrade_engine
-from .records import LIVE_STATES, IdempotencyRecord, ReadError, SessionData, SessionExists, SessionRecord, StoreError
+from .records import IdempotencyRecord, ReadError, SessionData, SessionExists, SessionRecord, StoreError
 from .rows import (
     BadRow,
     event_from_row,
@@ -192,11 +193,12 @@ class Store:
     async def live_sessions(self) -> list[SessionRecord]:
         """Sessions that were live (active, initializing, closing): what recovery resumes."""
         t = m.sessions
-        rows = await self._fetch(sa.select(t).where(t.c.state.in_(LIVE_STATES)).order_by(t.c.created_at, t.c.id))
+        live = sa.select(t).where(t.c.state.in_(sorted(LIVE_STATUSES)))
+        rows = await self._fetch(live.order_by(t.c.created_at, t.c.id))
         return self._convert(rows, session_from_row, "sessions")
 
-    async def mark_session(self, sid: str, state: str) -> None:
-        """Set a session's state (e.g. "failed"), in order with the writes queued before it."""
+    async def mark_session(self, sid: str, state: SessionStatus) -> None:
+        """Set a session's state (e.g. ``failed``), in order with the writes queued before it."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.writer.submit(Op(sid, fut, mark_state=state))
         await asyncio.shield(fut)

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event
+from ..runtime.status import ENDED_STATUSES
 from .engine import IMMEDIATE
 from .records import StoreClosed
 from .writes import DurableCallback, Op, apply_batch
@@ -26,7 +27,6 @@ logger = logging.getLogger("switchboard.store")
 
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 2.0
-_ENDED_STATES = frozenset({"closed", "failed"})
 _SQLITE_SCHEMA_ERRORS = ("no such table", "no such column", "has no column named")
 
 
@@ -204,7 +204,7 @@ class GroupCommitWriter:
         for op in batch:
             if op.event is not None and op.on_durable is not None:
                 durable.setdefault(op.on_durable, []).append(op.event)
-            elif op.commit is not None and op.commit.session is not None and op.commit.session.state in _ENDED_STATES:
+            elif op.commit is not None and op.commit.session is not None and op.commit.session.state in ENDED_STATUSES:
                 self._next_pos.pop(op.session_id, None)  # the session is over: forget its counter
         for callback, events in durable.items():
             try:

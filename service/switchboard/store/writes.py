@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..runtime.chat import ChatItem
 from ..runtime.events import Event
 from ..runtime.ports import Commit
+from ..runtime.status import SessionStatus
 from . import models as m
 from .records import now_utc
 from .rows import event_row, item_row, speech_row, tool_call_row
@@ -33,7 +34,7 @@ class Op:
     fut: asyncio.Future[None]
     commit: Commit | None = None
     event: Event | None = None
-    mark_state: str | None = None
+    mark_state: SessionStatus | None = None
     on_durable: DurableCallback | None = None
 
 
@@ -85,7 +86,7 @@ async def apply_batch(conn: AsyncConnection, ops: Sequence[Op], next_pos: dict[s
     """
     now = now_utc()
     session_rows: dict[str, dict[str, Any]] = {}
-    marks: dict[str, str] = {}
+    marks: dict[str, SessionStatus] = {}
     items: list[tuple[str, ChatItem]] = []
     item_keys: set[tuple[str, str]] = set()
     tool_rows: dict[tuple[str, str], dict[str, Any]] = {}
