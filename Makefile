@@ -21,6 +21,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check service tests bench migrations
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python -m tests.import_cycles switchboard
 
 fmt: $(STAMP)
 	$(BIN)/ruff format service tests bench migrations
