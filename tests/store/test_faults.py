@@ -9,9 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from switchboard.runtime.agent import Agent
 from switchboard.runtime.chat import ChatMessage
 from switchboard.runtime.events import Event, EventLog
+from switchboard.runtime.llm.scripted import ScriptedLLM
+from switchboard.runtime.playout import SimulatedPlayout
 from switchboard.runtime.ports import Commit
+from switchboard.runtime.session import AgentSession
 from switchboard.runtime.tools import ToolCallInfo
 from switchboard.store import IdempotencyRecord, SessionRecord, Store
 
@@ -162,3 +166,42 @@ async def test_postgres_connections_killed_repeatedly_loses_nothing(db: Db, capl
     await _check_complete(db, store, logs, expected)
     assert await store.ping() is True
     assert "database unavailable" in caplog.text
+
+
+@pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+async def test_a_session_commit_during_an_outage_is_written_once_and_in_order(db: Db) -> None:
+    # The store alone retries while its database is unavailable (the ChatStore port): the session hands each
+    # commit over once and waits; nothing is written twice, nothing overtakes the commit caught by the outage.
+    store = db.store(busy_timeout_ms=20)
+    await store.migrate()
+    await store.start()
+    await store.create_session(SessionRecord(id="s1", agent="demo", state="active"))
+    session = AgentSession(
+        session_id="s1",
+        agent=Agent(instructions="test agent"),
+        llm=ScriptedLLM([]),
+        playout=SimulatedPlayout(),
+        store=store.chat_store(),
+        events=store.event_sink(),
+    )
+    await session.commit(Commit(items=[msg("before")]))
+
+    blocker = sqlite3.connect(str(db.path), isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")  # the database is unwritable until the blocker lets go
+    try:
+        first = asyncio.create_task(session.commit(Commit(items=[msg("during-0")])))
+        await wait_for(lambda: store.writer.retries >= 3)
+        rest = [asyncio.create_task(session.commit(Commit(items=[msg(f"during-{i}")]))) for i in (1, 2)]
+        await asyncio.sleep(0.05)
+        assert not first.done() and not any(t.done() for t in rest)
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    await asyncio.gather(first, *rest)
+    await session.commit(Commit(items=[msg("after")]))
+
+    rows = await db.sql(db.q("SELECT pos, item_id FROM chat_items WHERE session_id = ? ORDER BY pos"), "s1")
+    assert [i for _, i in rows] == ["before", "during-0", "during-1", "during-2", "after"]
+    assert [int(p) for p, _ in rows] == [0, 1, 2, 3, 4]
+    assert store.writer.failed_ops == 0
+    await store.aclose()

@@ -35,12 +35,43 @@ class BrokenOnce(MemoryStore):
         await super().commit(session_id, commit)
 
 
-async def test_an_unavailable_store_is_retried_until_the_write_lands():
+async def test_an_outage_is_ridden_out_by_the_store_and_writes_land_once_in_order():
     async with Harness(Plain()) as h:
         h.store.fail_next = 3
-        item = message("user", "kept")
-        await asyncio.wait_for(h.session.commit(Commit(items=[item])), 3.0)
-        assert item in h.chat()
+        first, second = message("user", "first"), message("user", "second")
+        writes = [asyncio.create_task(h.session.commit(Commit(items=[it]))) for it in (first, second)]
+        await asyncio.wait_for(asyncio.gather(*writes), 3.0)
+        assert h.store.retries == 3
+        written = [it.id for sid, c in h.store.commits if sid == h.sid for it in c.items]
+        assert [i for i in written if i in (first.id, second.id)] == [first.id, second.id]
+
+
+class Unreachable(MemoryStore):
+    """Fails every write the way an unreachable database does, and counts the attempts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+        self.down = False
+
+    async def commit(self, session_id: str, commit: Commit) -> None:
+        if self.down:
+            self.attempts += 1
+            raise ConnectionError("connection refused")
+        await super().commit(session_id, commit)
+
+
+async def test_the_session_never_retries_a_failed_commit():
+    # only the store knows whether a failed attempt landed: retrying is its job (the ChatStore port), not the caller's
+    h = Harness(Plain())
+    h.store = Unreachable()
+    h.session._store = h.store
+    async with h:
+        h.store.down = True
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(h.session.commit(Commit(items=[message("user", "lost")])), 1.0)
+        assert h.store.attempts == 1
+        h.store.down = False
 
 
 async def test_a_permanent_store_error_is_raised_and_does_not_hold_up_later_writes(caplog: pytest.LogCaptureFixture):
