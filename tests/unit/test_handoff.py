@@ -208,3 +208,40 @@ async def test_I5_two_handoffs_in_one_turn_do_not_deadlock():
         assert [(it.from_agent, it.to_agent) for it in handoffs] == [("front", "billing")]
         assert h.summary()[-1] == ("assistant", "Billing here.")
         h.check_invariants()
+
+
+class Stubborn(Agent):
+    def __init__(self) -> None:
+        super().__init__(instructions="You are the front desk.", name="front")
+
+    @function_tool
+    async def book(self, ctx: RunContext) -> str:
+        """A non-cancellable booking that ignores every request to stop."""
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                if ctx.cancelled:
+                    continue
+                raise
+
+    @function_tool
+    async def transfer(self, ctx: RunContext) -> Agent:
+        """Transfer to billing."""
+        return Billing()
+
+
+async def test_I5_close_during_a_handoff_ends_every_call_once():
+    # the handoff waits for the booking to end; the close's timeout stops both, each ends once and no handoff is done
+    turns = [{"text": "Moving.", "tool_calls": [{"name": "book", "id": "b1"}, {"name": "transfer", "id": "t1"}]}]
+    h = Harness(Stubborn(), turns, close_timeout_s=0.2)
+    async with h:
+        await h.session.input("book, then billing")
+        await h.wait_for("tool.started", lambda e: e.data["call_id"] == "t1")
+        await asyncio.sleep(0.05)
+        assert h.session.tool_call("t1").status == "running", "held until the booking ends"
+    assert {c.call_id: c.status for c in h.session.tool_calls()} == {"b1": "interrupted", "t1": "interrupted"}
+    assert h.session.agent.name == "front"
+    assert not any(isinstance(it, AgentHandoff) for it in h.chat())
+    assert h.of_type("agent.handoff") == []
+    h.check_invariants()
