@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from . import event_types as ev
 from .aio import first_of
 from .chat import ChatMessage, FunctionCall, new_id, utcnow
 from .executor import RunningCall
@@ -77,7 +78,7 @@ async def _commit_message(
     )
     await session.commit(Commit(items=[item], speeches=[speech.info()]))
     session.chat.append(item)
-    session.events.emit("chat.item", item=item.model_dump(mode="json"))
+    session.events.emit(ev.ChatItemAdded(item=item))
     return True
 
 
@@ -90,7 +91,7 @@ async def _on_interrupted(session: AgentSession, speech: SpeechHandle, step: _St
         committed = await _commit_message(session, speech, step, played, interrupted=True)
     if not committed:  # the event reports the interruption only once it is durable (I6)
         await session.commit(Commit(speeches=[speech.info()]))
-    session.events.emit("speech.interrupted", speech_id=speech.id, played_text=speech.played_text)
+    session.events.emit(ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text))
 
 
 def _begin_playing(session: AgentSession, speech: SpeechHandle, step: _Step) -> None:
@@ -100,7 +101,7 @@ def _begin_playing(session: AgentSession, speech: SpeechHandle, step: _Step) -> 
     speech.state = SpeechState.PLAYING
     if not speech.started:
         speech.started = True
-        session.events.emit("speech.started", speech_id=speech.id)
+        session.events.emit(ev.SpeechStarted(speech_id=speech.id))
     session.set_agent_state("speaking")
 
 
@@ -121,7 +122,7 @@ async def _say(session: AgentSession, job: ReplyJob) -> None:
             speech.played_text = step.stream.played_text
             step.stream.stop()
             await session.commit(Commit(speeches=[speech.info()]))
-            session.events.emit("speech.interrupted", speech_id=speech.id, played_text=speech.played_text)
+            session.events.emit(ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text))
         return
     speech.played_text = step.stream.played_text
     if job.add_to_chat:
@@ -188,7 +189,7 @@ async def _reply(session: AgentSession, job: ReplyJob) -> None:
             gen = session.start_generation(request)
         speech.state = SpeechState.GENERATING
         session.set_agent_state("thinking")
-        session.events.emit("generation.started", speech_id=speech.id, step=index, preemptive=preemptive is not None)
+        session.events.emit(ev.GenerationStarted(speech_id=speech.id, step=index, preemptive=preemptive is not None))
         step = _Step(index, session.playout.start(speech.id))
         job.streams.append(step.stream)
 
@@ -232,12 +233,7 @@ async def _on_generation_failed(session: AgentSession, speech: SpeechHandle, ste
     played = step.stream.played_text
     step.stream.stop()
     await _commit_message(session, speech, step, played, interrupted=True)
-    session.events.emit(
-        "generation.failed",
-        speech_id=speech.id,
-        step=step.index,
-        error=str(err) or type(err).__name__,
-    )
+    session.events.emit(ev.GenerationFailed(speech_id=speech.id, step=step.index, error=str(err) or type(err).__name__))
 
 
 __all__ = ["ReplyJob", "run_job"]

@@ -12,9 +12,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from . import event_types as ev
 from .agent import Agent
 from .aio import cancel_and_wait
 from .chat import AgentHandoff, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id
+from .event_types import AgentState as AgentState
+from .event_types import InputRole as Role
 from .events import EventLog
 from .executor import RunningCall, ToolExecutor
 from .generation import Generation
@@ -30,8 +33,6 @@ logger = logging.getLogger("switchboard.runtime.session")
 COMMIT_RETRY_MAX_S = 2.0
 SUSPEND_SPEECH_TIMEOUT_S = 2.0
 KEEP_SPEECHES = 500
-Role = Literal["user", "system", "developer"]
-AgentState = Literal["initializing", "listening", "thinking", "speaking"]
 
 
 class SessionOptions(BaseModel):
@@ -116,7 +117,11 @@ class AgentSession:
             return
         self.state = "active"
         await self.commit(Commit(session=self.snapshot()))
-        self.events.emit("session.recovered" if recovered else "session.started", agent=self.agent.name, **event_data)
+        self.events.emit(
+            ev.SessionRecovered(agent=self.agent.name, **event_data)
+            if recovered
+            else ev.SessionStarted(agent=self.agent.name, **event_data)
+        )
         self._set_agent_state("listening")
         self._scheduler_task = asyncio.create_task(self._schedule_loop(), name=f"scheduler:{self.id}")
 
@@ -166,7 +171,7 @@ class AgentSession:
         self.state = "closed"
         self._set_agent_state("listening")
         await self.commit(Commit(session=self.snapshot()))
-        await self.events.emit("session.closed")
+        await self.events.emit(ev.SessionClosed())
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
@@ -211,7 +216,7 @@ class AgentSession:
         queues a reply. Input is never dropped: if the speech cannot be interrupted the reply waits its turn."""
         self._check_open()
         if not final:
-            self.events.emit("user.input", item_id=None, text=text, final=False, role=role)
+            self.events.emit(ev.UserInput(item_id=None, text=text, final=False, role=role))
             self._on_interim(text)
             return InputResult(None, None)
         async with self._op_lock:
@@ -232,15 +237,15 @@ class AgentSession:
             )
             if spec is not None and not usable:
                 await self._drop_generation(spec)
-                self.events.emit("generation.speculative", state="discarded", user_text=spec.user_text)
+                self.events.emit(ev.GenerationSpeculative(state="discarded", user_text=spec.user_text))
             elif spec is not None:
-                self.events.emit("generation.speculative", state="used", user_text=spec.user_text)
+                self.events.emit(ev.GenerationSpeculative(state="used", user_text=spec.user_text))
             item = ChatMessage(id=new_id("item"), role=role, text=text)
             job = self._new_job("reply", preemptive=spec if usable else None) if reply else None
             await self.commit(Commit(items=[item], speeches=[job.speech.info()] if job else []))
             self.chat.append(item)
-            self.events.emit("user.input", item_id=item.id, text=text, final=True, role=role)
-            self.events.emit("chat.item", item=item.model_dump(mode="json"))
+            self.events.emit(ev.UserInput(item_id=item.id, text=text, final=True, role=role))
+            self.events.emit(ev.ChatItemAdded(item=item))
             if job is not None:
                 self._enqueue(job)
             return InputResult(item.id, job.speech.id if job else None)
@@ -360,7 +365,7 @@ class AgentSession:
     def _enqueue(self, job: ReplyJob) -> None:
         self._queue.append(job)
         self._queue_ev.set()
-        self.events.emit("speech.created", speech_id=job.speech.id, source=job.speech.source)
+        self.events.emit(ev.SpeechCreated(speech_id=job.speech.id, source=job.speech.source))
 
     async def _schedule_loop(self) -> None:
         while True:
@@ -410,12 +415,12 @@ class AgentSession:
 
     async def _speech_done(self, speech: SpeechHandle) -> None:
         await self.commit(Commit(speeches=[speech.info()]))
-        self.events.emit("speech.done", speech_id=speech.id, interrupted=speech.interrupted)
+        self.events.emit(ev.SpeechDone(speech_id=speech.id, interrupted=speech.interrupted))
 
     def _set_agent_state(self, state: AgentState) -> None:
         if state != self.agent_state:
             self.agent_state = state
-            self.events.emit("agent.state", state=state)
+            self.events.emit(ev.AgentStateChanged(state=state))
 
     def set_agent_state(self, state: AgentState) -> None:
         self._set_agent_state(state)
@@ -477,7 +482,7 @@ class AgentSession:
         old, self._speculative = self._speculative, None
         if old is not None:
             self._rollback(old)
-            self.events.emit("generation.speculative", state="discarded", user_text=old.user_text)
+            self.events.emit(ev.GenerationSpeculative(state="discarded", user_text=old.user_text))
             task = asyncio.create_task(old.aclose())
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
@@ -486,7 +491,7 @@ class AgentSession:
         self._speculative = Generation(
             self.llm, request, version=self.chat.version, user_text=text, llm_state_before=before
         )
-        self.events.emit("generation.speculative", state="started", user_text=text)
+        self.events.emit(ev.GenerationSpeculative(state="started", user_text=text))
 
     def _rollback(self, gen: Generation) -> None:
         # A discarded speculative reply gives its script turn back, unless another generation has used the
