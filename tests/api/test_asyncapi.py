@@ -14,7 +14,7 @@ import pytest
 from jsonschema import Draft7Validator
 
 from switchboard.api import routes_events
-from switchboard.cli import asyncapi_spec
+from switchboard.cli import asyncapi_spec, main
 from switchboard.runtime.event_types import EVENT_PAYLOADS, EVENT_TYPES
 
 from .conftest import Api
@@ -30,6 +30,12 @@ CHANNELS = {"sessionEvents": "/v1/sessions/{sid}/events", "allEvents": "/v1/even
 def test_committed_document_matches_the_registry():
     committed = json.loads(SPEC.read_text())
     assert committed == asyncapi_spec(), "openapi/asyncapi.json is stale: run `make openapi`"
+
+
+def test_the_command_writes_the_committed_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    out = tmp_path / "asyncapi.json"
+    assert main(["asyncapi", "--output", str(out)]) == 0
+    assert out.read_text() == SPEC.read_text()  # byte for byte: `make openapi` leaves no diff
 
 
 async def test_document_is_served(api: Api):
