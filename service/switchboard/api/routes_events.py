@@ -43,7 +43,8 @@ TERMINAL_EVENTS = ("session.closed", "session.failed")  # nothing follows them: 
 
 #: Every close code of the event streams and what it means to a client (published in the AsyncAPI document).
 CLOSE_CODES: dict[int, str] = {
-    CLOSE_NORMAL: "The stream ended: the session closed or failed (its terminal event was sent), or the client left.",
+    CLOSE_NORMAL: "The stream ended normally: a session stream after the session's terminal event (`session.closed`, "
+    "`session.failed`); either stream when the client left.",
     CLOSE_UNSUPPORTED_DATA: "The client sent a binary message; only JSON text messages are accepted.",
     CLOSE_MESSAGE_TOO_BIG: "The client sent a message larger than the server accepts.",
     CLOSE_INTERNAL_ERROR: "The server failed, or the client did not answer its keepalive pings: reconnect and resume.",
