@@ -32,6 +32,7 @@ test: lint
 
 openapi: $(STAMP)
 	$(BIN)/switchboard openapi --output openapi/openapi.json
+	$(BIN)/switchboard asyncapi --output openapi/asyncapi.json
 
 bench: $(STAMP)
 	$(BIN)/python bench/runtime_interrupt.py

@@ -68,3 +68,7 @@ class Tester(Agent):
 
 
 AGENTS = {"tester": Tester, "other": Other}
+
+# Registered on a first server only (SWITCHBOARD_AGENTS=...,tests.agents_fixture:RETIRED_AGENTS): on a second server
+# over the same database their sessions cannot be recovered and end `session.failed`.
+RETIRED_AGENTS = {"retired": Other}

@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 
 from . import __version__
 from .agents_file import load_agents_file
-from .api import problems, routes_events, routes_health, routes_reports, routes_sessions, routes_tools
+from .api import asyncapi, problems, routes_events, routes_health, routes_reports, routes_sessions, routes_tools
 from .api.limits import BodyLimit, RequestDeadline
 from .demo import AGENTS as DEMO_AGENTS
 from .host import SessionHost
@@ -122,6 +122,7 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
         app.include_router(router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_events.router)
     app.include_router(routes_health.router)
+    app.include_router(asyncapi.router)  # GET /asyncapi.json, like /openapi.json: public, outside the schema
     # the operator console: static ES modules, a pure client of the public API (/console redirects to /console/)
     app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
     # added first, so inside BodyLimit: the deadline counts handling time, not the time the body takes to arrive

@@ -1,4 +1,4 @@
-"""The ``switchboard`` command: serve, migrate, openapi."""
+"""The ``switchboard`` command: serve, migrate, openapi, asyncapi."""
 
 from __future__ import annotations
 
@@ -97,14 +97,28 @@ def openapi_spec() -> dict[str, object]:
     return create_app(Settings(api_keys=[])).openapi()
 
 
+def asyncapi_spec() -> dict[str, object]:
+    from .api.asyncapi import asyncapi_spec
+
+    return asyncapi_spec()
+
+
 def cmd_openapi(args: argparse.Namespace) -> int:
-    text = json.dumps(openapi_spec(), indent=2, sort_keys=True) + "\n"
-    if args.output == "-":
+    return _write_spec(openapi_spec(), args.output)
+
+
+def cmd_asyncapi(args: argparse.Namespace) -> int:
+    return _write_spec(asyncapi_spec(), args.output)
+
+
+def _write_spec(spec: dict[str, object], output: str) -> int:
+    text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
+    if output == "-":
         sys.stdout.write(text)
     else:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output}")
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(text)
+        print(f"wrote {output}")
     return 0
 
 
@@ -128,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     spec = sub.add_parser("openapi", help="write the OpenAPI document")
     spec.add_argument("--output", "-o", default="openapi/openapi.json")
     spec.set_defaults(func=cmd_openapi)
+
+    events_spec = sub.add_parser("asyncapi", help="write the AsyncAPI document of the event streams")
+    events_spec.add_argument("--output", "-o", default="openapi/asyncapi.json")
+    events_spec.set_defaults(func=cmd_asyncapi)
 
     add_client_commands(sub)  # sessions, tail, input, interrupt, tools, cancel
     return parser

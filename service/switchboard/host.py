@@ -14,6 +14,7 @@ from .hub import EventHub
 from .model_profiles import ModelProfiles
 from .runtime.agent import AgentRegistry
 from .runtime.chat import ChatContext, ChatItem, new_id, utcnow
+from .runtime.event_types import SessionFailed
 from .runtime.events import Event, EventLog
 from .runtime.llm import build_llm
 from .runtime.playout import SimulatedPlayout
@@ -211,7 +212,7 @@ class SessionHost:
             rec.id, tool_calls=data.tool_calls, chat=ChatContext(data.items), store=self.store.chat_store(), events=log
         )
         await self.store.mark_session(rec.id, SessionStatus.FAILED)
-        await log.emit("session.failed", reason=reason, interrupted_calls=interrupted, **extra)
+        await log.emit(SessionFailed(reason=reason, interrupted_calls=interrupted, **extra))
         self.failed.append(rec.id)
 
     async def aclose(self) -> None:

@@ -37,6 +37,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("GET", "/readyz"): PUBLIC,
     ("GET", "/metrics"): PUBLIC,
     ("GET", "/openapi.json"): PUBLIC,
+    ("GET", "/asyncapi.json"): PUBLIC,
     ("GET", "/docs"): PUBLIC,
     ("GET", "/docs/oauth2-redirect"): PUBLIC,
     ("GET", "/redoc"): PUBLIC,

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from switchboard.runtime import event_types as ev
 from switchboard.runtime.agent import Agent
 from switchboard.runtime.chat import ChatMessage
 from switchboard.runtime.events import Event, EventLog
@@ -88,8 +89,9 @@ async def _load(store: Store, log: EventLog, sid: str, n: int, tag: str) -> None
     """``n`` commits with a chat item each, and an event after each, like a session would."""
     chat = store.chat_store()
     for i in range(n):
-        await chat.commit(sid, Commit(items=[msg(f"{sid}-{tag}-{i}")]))
-        log.emit("chat.item", i=i)
+        item = msg(f"{sid}-{tag}-{i}")
+        await chat.commit(sid, Commit(items=[item]))
+        log.emit(ev.ChatItemAdded(item=item))
 
 
 async def _check_complete(db: Db, store: Store, logs: dict[str, EventLog], expected: dict[str, list[str]]) -> None:
@@ -123,7 +125,7 @@ async def test_sqlite_locked_then_released_loses_nothing(db: Db, caplog: pytest.
         blocker.execute("COMMIT")
         blocker.close()
     await load
-    await logs["a"].emit("session.closed")
+    await logs["a"].emit(ev.SessionClosed())
     assert await store.ping() is True
     expected = {sid: [f"{sid}-before-{i}" for i in range(5)] + [f"{sid}-during-{i}" for i in range(20)] for sid in sids}
     await _check_complete(db, store, logs, expected)
@@ -158,7 +160,7 @@ async def test_postgres_connections_killed_repeatedly_loses_nothing(db: Db, capl
         await asyncio.sleep(0.01)
     await load
     assert store.writer.retries > retries_before
-    await logs["a"].emit("session.closed")
+    await logs["a"].emit(ev.SessionClosed())
     expected = {
         sid: [f"{sid}-{tag}-{i}" for tag, n in (("before", 5), ("next", 5), ("during", 40)) for i in range(n)]
         for sid in sids

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import exc as sa_exc
 
+from switchboard.runtime import event_types as ev
 from switchboard.runtime.chat import ChatMessage, FunctionCall, FunctionCallOutput, validate
 from switchboard.runtime.events import Event, EventLog
 from switchboard.runtime.ports import Commit
@@ -75,7 +76,7 @@ async def test_concurrent_writers_keep_positions_contiguous_and_seq_gap_free(db:
         item = FunctionCall(id=f"fc{i}", call_id=call_id, name="work", arguments={"i": i})
         info = ToolCallInfo(call_id=call_id, name="work", arguments={"i": i}, started_at=item.created_at)
         await chat.commit("s1", Commit(tool_calls=[info]))
-        log.emit("tool.started", call_id=call_id)
+        log.emit(ev.ToolStarted(call_id=call_id, name="work", arguments={"i": i}, cancellable=False, speech_id=None))
         await asyncio.sleep(rng.random() * 0.02)
         info = info.model_copy(
             update={
@@ -84,19 +85,22 @@ async def test_concurrent_writers_keep_positions_contiguous_and_seq_gap_free(db:
             }
         )
         await chat.commit("s1", Commit(tool_calls=[info]))
-        log.emit("tool.progress", call_id=call_id, progress=0.5)
+        log.emit(ev.ToolProgress(call_id=call_id, message="half", progress=0.5))
         await asyncio.sleep(rng.random() * 0.02)
         out = FunctionCallOutput(id=f"out{i}", call_id=call_id, name="work", output=f"r{i}")
         info = info.model_copy(
             update={"status": ToolStatus.COMPLETED, "output": out.output, "ended_at": out.created_at}
         )
         await chat.commit("s1", Commit(items=[item, out], tool_calls=[info]))
-        await log.emit("tool.ended", call_id=call_id, status="completed")
+        await log.emit(
+            ev.ToolEnded(call_id=call_id, name="work", status=ToolStatus.COMPLETED, output=out.output, is_error=False)
+        )
 
     async def chatter() -> None:
         for j in range(40):
-            await chat.commit("s1", Commit(items=[msg(f"u{j}")]))
-            log.emit("chat.item", item_id=f"u{j}")
+            item = msg(f"u{j}")
+            await chat.commit("s1", Commit(items=[item]))
+            log.emit(ev.ChatItemAdded(item=item))
             await asyncio.sleep(0)
 
     await asyncio.gather(*(tool(i) for i in range(n_calls)), chatter())

@@ -31,12 +31,33 @@ router = APIRouter(tags=["events"])
 REPLAY_PAGE = 500
 SEND_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
+CLOSE_NORMAL = 1000
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_MESSAGE_TOO_BIG = 1009  # sent by the server itself (ws_max_message_bytes) before a handler sees the message
+CLOSE_INTERNAL_ERROR = 1011
 CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_SLOW_CONSUMER = 4008
 TERMINAL_EVENTS = ("session.closed", "session.failed")  # nothing follows them: a session stream then ends (1000)
+
+#: Every close code of the event streams and what it means to a client (published in the AsyncAPI document).
+CLOSE_CODES: dict[int, str] = {
+    CLOSE_NORMAL: "The stream ended normally: a session stream after the session's terminal event (`session.closed`, "
+    "`session.failed`); either stream when the client left.",
+    CLOSE_UNSUPPORTED_DATA: "The client sent a binary message; only JSON text messages are accepted.",
+    CLOSE_MESSAGE_TOO_BIG: "The client sent a message larger than the server accepts.",
+    CLOSE_INTERNAL_ERROR: "The server failed, or the client did not answer its keepalive pings: reconnect and resume.",
+    CLOSE_SLOW_CONSUMER: "Too slow: the client fell behind (its buffer overflowed or a send stalled). Nothing is lost: "
+    "the reason names where to resume, `too slow; resume with since=N` (or `cursor=N` on the multi-session stream).",
+    CLOSE_BAD_REQUEST: "Bad request: `since` or `cursor` is not a non-negative integer, or a client message is not "
+    "JSON.",
+    CLOSE_UNAUTHENTICATED: "No valid credential (an API key or session token, as `token` or a Bearer header).",
+    CLOSE_FORBIDDEN: "The credential lacks the `events:read` scope, is a session token of another session, or is a "
+    "session token on the multi-session stream.",
+    CLOSE_NOT_FOUND: "No such session (session stream only).",
+}
 
 
 class _Closed(Exception):
@@ -113,7 +134,7 @@ async def _receive(ws: WebSocket) -> None:
             return
         text = message.get("text")
         if text is None:
-            raise _Closed(1003, "binary frames are not supported")
+            raise _Closed(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
         try:
             data = json.loads(text)
         except ValueError:
@@ -165,9 +186,9 @@ async def _run(
         return
     if err is not None and not isinstance(err, WebSocketDisconnect | ConnectionError | TimeoutError | RuntimeError):
         logger.error("event stream failed", exc_info=err)
-        await _close(ws, 1011, "internal error")
+        await _close(ws, CLOSE_INTERNAL_ERROR, "internal error")
         return
-    await _close(ws, 1000, "bye")  # a failed send is a disconnect, not a crash
+    await _close(ws, CLOSE_NORMAL, "bye")  # a failed send is a disconnect, not a crash
 
 
 @router.websocket("/v1/sessions/{sid}/events")
@@ -203,11 +224,11 @@ async def session_events(ws: WebSocket, sid: str) -> None:
                 await _send(ws, event.model_dump_json(), sends)
                 last = resume[0] = event.seq
                 if event.type in TERMINAL_EVENTS:
-                    raise _Closed(1000, "session closed")
+                    raise _Closed(CLOSE_NORMAL, "session closed")
             if len(page) < REPLAY_PAGE:
                 break
         if ended:
-            raise _Closed(1000, "session closed")
+            raise _Closed(CLOSE_NORMAL, "session closed")
         while True:  # then live
             _, event, text = await sub.get()
             if event.seq <= last:
@@ -216,7 +237,7 @@ async def session_events(ws: WebSocket, sid: str) -> None:
                 await _send(ws, text, sends)
                 last = resume[0] = event.seq
             if event.type in TERMINAL_EVENTS:
-                raise _Closed(1000, "session closed")
+                raise _Closed(CLOSE_NORMAL, "session closed")
 
     await _run(ws, sub, pump(), resume, sends)
 

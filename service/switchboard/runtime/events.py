@@ -13,27 +13,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from .chat import utcnow
-
-EVENT_TYPES = (
-    "session.started",
-    "session.recovered",
-    "session.closed",
-    "session.failed",
-    "agent.state",
-    "agent.handoff",
-    "user.input",
-    "speech.created",
-    "generation.started",
-    "generation.speculative",
-    "generation.failed",
-    "speech.started",
-    "speech.interrupted",
-    "speech.done",
-    "chat.item",
-    "tool.started",
-    "tool.progress",
-    "tool.ended",
-)
+from .event_types import EVENT_TYPES, EventPayload, UnknownEventType
 
 
 class Event(BaseModel):
@@ -80,8 +60,11 @@ class EventLog:
         self._seq = itertools.count(last_seq + 1)
         self.last_seq = last_seq
 
-    def emit(self, type: str, **data: Any) -> Awaitable[None]:
-        event = Event(seq=next(self._seq), session_id=self.session_id, type=type, data=data)
+    def emit(self, payload: EventPayload) -> Awaitable[None]:
+        """Log ``payload`` as the session's next event; only a registered payload model is accepted."""
+        if EVENT_TYPES.get(payload.type) is not type(payload):
+            raise UnknownEventType(f"{type(payload).__name__} is not a registered event payload")
+        event = Event(seq=next(self._seq), session_id=self.session_id, type=payload.type, data=payload.data())
         self.last_seq = event.seq
         return self._sink.publish(event)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from . import event_types as ev
 from .agent import Agent
 from .aio import cancel_and_wait, resolve
 from .chat import AgentHandoff, ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
@@ -266,12 +267,13 @@ class ToolExecutor:
         try:
             await self._commit(Commit(tool_calls=[rc.info]))
             self._events.emit(
-                "tool.started",
-                call_id=rc.info.call_id,
-                name=rc.info.name,
-                arguments=rc.info.arguments,
-                cancellable=rc.info.cancellable,
-                speech_id=rc.info.speech_id,
+                ev.ToolStarted(
+                    call_id=rc.info.call_id,
+                    name=rc.info.name,
+                    arguments=rc.info.arguments,
+                    cancellable=rc.info.cancellable,
+                    speech_id=rc.info.speech_id,
+                )
             )
             outcome = await self._execute(rc, available)
             if outcome.handoff is not None:
@@ -486,16 +488,17 @@ class ToolExecutor:
         rc.needs_reply = outcome.needs_reply
         self._chat.append(*items)
         for it in items:
-            self._events.emit("chat.item", item=it.model_dump(mode="json"))
+            self._events.emit(ev.ChatItemAdded(item=it))
         if state is not None:
-            self._events.emit("agent.handoff", from_agent=rc.info.agent, to_agent=state.agent)
+            self._events.emit(ev.AgentHandedOff(from_agent=rc.info.agent, to_agent=state.agent))
         self._events.emit(
-            "tool.ended",
-            call_id=info.call_id,
-            name=name,
-            status=info.status.value,
-            output=info.output,
-            is_error=info.is_error,
+            ev.ToolEnded(
+                call_id=info.call_id,
+                name=name,
+                status=info.status,
+                output=outcome.output,
+                is_error=info.is_error,
+            )
         )
         resolve(rc.settled_fut, None)
         resolve(rc.ended_fut, None)
@@ -527,11 +530,11 @@ class ToolExecutor:
             rc.info = info
             self._chat.append(rc.item, output)
             for it in (rc.item, output):
-                self._events.emit("chat.item", item=it.model_dump(mode="json"))
+                self._events.emit(ev.ChatItemAdded(item=it))
         else:
             await self._commit(Commit(tool_calls=[info]))
             rc.info = info
-        self._events.emit("tool.progress", call_id=rc.info.call_id, message=message, progress=progress)
+        self._events.emit(ev.ToolProgress(call_id=rc.info.call_id, message=message, progress=progress))
         resolve(rc.settled_fut, None)
 
     # -- cancelling and draining ----------------------------------------------------------------------------

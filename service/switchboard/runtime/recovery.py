@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
+from . import event_types as ev
 from .chat import ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .events import EventLog
 from .ports import ChatStore, Commit
@@ -71,7 +72,7 @@ async def _end_unfinished(session: AgentSession, unfinished: Sequence[SpeechInfo
     ended = [sp.model_copy(update={"state": SpeechState.DONE, "interrupted": True}) for sp in unfinished]
     await session.commit(Commit(speeches=ended))
     for sp in ended:
-        session.events.emit("speech.done", speech_id=sp.id, interrupted=True)
+        session.events.emit(ev.SpeechDone(speech_id=sp.id, interrupted=True))
 
 
 async def _end_interrupted(session: AgentSession, info: ToolCallInfo) -> None:
@@ -135,12 +136,13 @@ def restart_end(info: ToolCallInfo, chat: ChatContext) -> tuple[list[ChatItem], 
 
 def _report(events: EventLog, items: Sequence[ChatItem], ended: ToolCallInfo) -> None:
     for it in items:
-        events.emit("chat.item", item=it.model_dump(mode="json"))
+        events.emit(ev.ChatItemAdded(item=it))
     events.emit(
-        "tool.ended",
-        call_id=ended.call_id,
-        name=ended.name,
-        status=ended.status.value,
-        output=RESTART_OUTPUT,
-        is_error=True,
+        ev.ToolEnded(
+            call_id=ended.call_id,
+            name=ended.name,
+            status=ended.status,
+            output=RESTART_OUTPUT,
+            is_error=True,
+        )
     )

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from . import event_types as ev
 from .chat import ChatItem, ChatMessage, FunctionCall, new_id, utcnow
 from .events import EventLog
 from .executor import RunningCall
@@ -127,7 +128,7 @@ async def _commit_message(
     )
     await session.commit(Commit(items=[item], speeches=[speech.info()]))
     session.add_to_chat(item)
-    session.events.emit("chat.item", item=item.model_dump(mode="json"))
+    session.events.emit(ev.ChatItemAdded(item=item))
     return True
 
 
@@ -140,7 +141,7 @@ async def _on_interrupted(session: ReplySession, speech: SpeechHandle, step: _St
         committed = await _commit_message(session, speech, step, played, interrupted=True)
     if not committed:  # the event reports the interruption only once it is durable (I6)
         await session.commit(Commit(speeches=[speech.info()]))
-    session.events.emit("speech.interrupted", speech_id=speech.id, played_text=speech.played_text)
+    session.events.emit(ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text))
 
 
 def _begin_playing(session: ReplySession, speech: SpeechHandle, step: _Step) -> None:
@@ -148,7 +149,7 @@ def _begin_playing(session: ReplySession, speech: SpeechHandle, step: _Step) -> 
         return
     step.started_playing = True
     if speech.mark_playing():
-        session.events.emit("speech.started", speech_id=speech.id)
+        session.events.emit(ev.SpeechStarted(speech_id=speech.id))
     session.set_agent_state("speaking")
 
 
@@ -169,7 +170,7 @@ async def _say(session: ReplySession, job: ReplyJob) -> None:
             speech.played_text = step.stream.played_text
             step.stream.stop()
             await session.commit(Commit(speeches=[speech.info()]))
-            session.events.emit("speech.interrupted", speech_id=speech.id, played_text=speech.played_text)
+            session.events.emit(ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text))
         return
     speech.played_text = step.stream.played_text
     if job.add_to_chat:
@@ -229,7 +230,7 @@ async def _reply(session: ReplySession, job: ReplyJob) -> None:
             gen = session.start_generation(request)
         speech.mark_generating()
         session.set_agent_state("thinking")
-        session.events.emit("generation.started", speech_id=speech.id, step=index, preemptive=preemptive is not None)
+        session.events.emit(ev.GenerationStarted(speech_id=speech.id, step=index, preemptive=preemptive is not None))
         step = _Step(index, session.playout.start(speech.id))
         job.streams.append(step.stream)
 
@@ -273,12 +274,7 @@ async def _on_generation_failed(session: ReplySession, speech: SpeechHandle, ste
     played = step.stream.played_text
     step.stream.stop()
     await _commit_message(session, speech, step, played, interrupted=True)
-    session.events.emit(
-        "generation.failed",
-        speech_id=speech.id,
-        step=step.index,
-        error=str(err) or type(err).__name__,
-    )
+    session.events.emit(ev.GenerationFailed(speech_id=speech.id, step=step.index, error=str(err) or type(err).__name__))
 
 
 __all__ = ["ReplyJob", "ReplySession", "run_job"]

@@ -11,9 +11,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from . import event_types as ev
 from .agent import Agent
 from .aio import cancel_and_wait, spawn
 from .chat import AgentHandoff, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id
+from .event_types import InputRole as Role
 from .events import EventLog, EventSink
 from .executor import Handoff, RunningCall, ToolExecutor
 from .generation import Generation
@@ -31,7 +33,6 @@ logger = logging.getLogger("switchboard.runtime.session")
 
 SUSPEND_SPEECH_TIMEOUT_S = 2.0
 KEEP_SPEECHES = 500
-Role = Literal["user", "system", "developer"]
 
 
 class SessionOptions(BaseModel):
@@ -123,7 +124,11 @@ class AgentSession:
             return
         self.state = SessionStatus.ACTIVE
         await self.commit(Commit(session=self.snapshot()))
-        self.events.emit("session.recovered" if recovered else "session.started", agent=self.agent.name, **event_data)
+        self.events.emit(
+            ev.SessionRecovered(agent=self.agent.name, **event_data)
+            if recovered
+            else ev.SessionStarted(agent=self.agent.name, **event_data)
+        )
         self.set_agent_state("listening")
         self._scheduler.start()
 
@@ -174,7 +179,7 @@ class AgentSession:
         self.state = SessionStatus.CLOSED
         self.set_agent_state("listening")
         await self.commit(Commit(session=self.snapshot()))
-        await self.events.emit("session.closed")
+        await self.events.emit(ev.SessionClosed())
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
@@ -229,7 +234,7 @@ class AgentSession:
         queues a reply. Input is never dropped: if the speech cannot be interrupted the reply waits its turn."""
         self._check_open()
         if not final:
-            self.events.emit("user.input", item_id=None, text=text, final=False, role=role)
+            self.events.emit(ev.UserInput(item_id=None, text=text, final=False, role=role))
             self.speculation.on_interim(text)
             return InputResult(None, None)
         async with self._op_lock:
@@ -246,8 +251,8 @@ class AgentSession:
             job = self._new_job("reply", preemptive=spec) if reply else None
             await self.commit(Commit(items=[item], speeches=[job.speech.info()] if job else []))
             self.chat.append(item)
-            self.events.emit("user.input", item_id=item.id, text=text, final=True, role=role)
-            self.events.emit("chat.item", item=item.model_dump(mode="json"))
+            self.events.emit(ev.UserInput(item_id=item.id, text=text, final=True, role=role))
+            self.events.emit(ev.ChatItemAdded(item=item))
             if job is not None:
                 self._enqueue(job)
             return InputResult(item.id, job.speech.id if job else None)
@@ -353,7 +358,7 @@ class AgentSession:
 
     def _enqueue(self, job: ReplyJob) -> None:
         self._scheduler.push(job)
-        self.events.emit("speech.created", speech_id=job.speech.id, source=job.speech.source)
+        self.events.emit(ev.SpeechCreated(speech_id=job.speech.id, source=job.speech.source))
 
     async def _play(self, job: ReplyJob) -> None:
         await run_job(self, job)
@@ -375,12 +380,12 @@ class AgentSession:
 
     async def _speech_done(self, speech: SpeechHandle) -> None:
         await self.commit(Commit(speeches=[speech.info()]))
-        self.events.emit("speech.done", speech_id=speech.id, interrupted=speech.interrupted)
+        self.events.emit(ev.SpeechDone(speech_id=speech.id, interrupted=speech.interrupted))
 
     def set_agent_state(self, state: AgentState) -> None:
         if state != self.agent_state:
             self.agent_state = state
-            self.events.emit("agent.state", state=state)
+            self.events.emit(ev.AgentStateChanged(state=state))
 
     # -- what a reply needs (``ReplySession``) --------------------------------------------------------------
 

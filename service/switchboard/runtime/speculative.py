@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from . import event_types as ev
 from .chat import ChatContext
 from .events import EventLog
 from .generation import Generation
@@ -84,9 +85,9 @@ class Speculation:
         )
         if not usable:
             await self._drop_generation(spec)
-            self.events.emit("generation.speculative", state="discarded", user_text=spec.user_text)
+            self.events.emit(ev.GenerationSpeculative(state="discarded", user_text=spec.user_text))
             return None
-        self.events.emit("generation.speculative", state="used", user_text=spec.user_text)
+        self.events.emit(ev.GenerationSpeculative(state="used", user_text=spec.user_text))
         return spec
 
     async def discard(self) -> None:
@@ -106,7 +107,7 @@ class Speculation:
         old, self._speculative = self._speculative, None
         if old is not None:
             self._rollback(old)
-            self.events.emit("generation.speculative", state="discarded", user_text=old.user_text)
+            self.events.emit(ev.GenerationSpeculative(state="discarded", user_text=old.user_text))
             task = asyncio.create_task(old.aclose())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -115,7 +116,7 @@ class Speculation:
         self._speculative = Generation(
             self.llm, request, version=self._chat.version, user_text=text, llm_state_before=before
         )
-        self.events.emit("generation.speculative", state="started", user_text=text)
+        self.events.emit(ev.GenerationSpeculative(state="started", user_text=text))
 
     def _rollback(self, gen: Generation) -> None:
         # A discarded speculative reply gives its script turn back, unless another generation has used the

@@ -1,0 +1,241 @@
+"""The event catalogue: one typed payload model per event type, collected in one registry.
+
+An event's ``data`` on the wire is its payload's fields. The models are the single source of the event contract:
+``EventLog.emit`` accepts only registered payloads, and the AsyncAPI document is generated from ``EVENT_TYPES``.
+
+>>> log.emit(ToolProgress(call_id="call_1", message="Searching", progress=0.5))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .chat import ChatItem
+from .speech import SpeechSource
+from .status import AgentState
+from .tools import ToolStatus
+
+InputRole = Literal["user", "system", "developer"]
+SpeculationState = Literal["started", "used", "discarded"]
+
+
+class EventPayload(BaseModel):
+    """The typed ``data`` of one event type; a subclass names its wire type in ``type``.
+
+    A field with a default is an optional key: it appears in ``data`` only when the emitter sets it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: ClassVar[str]
+    _optional_keys: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls._optional_keys = frozenset(name for name, field in cls.model_fields.items() if not field.is_required())
+
+    def data(self) -> dict[str, Any]:
+        """The wire form of this payload: JSON-compatible values, optional keys only when set."""
+        # the serializer model_dump wraps, called directly: half the cost, and this runs for every event
+        data: dict[str, Any] = self.__pydantic_serializer__.to_python(self, mode="json")
+        if self._optional_keys:
+            for name in self._optional_keys - self.model_fields_set:
+                del data[name]
+        return data
+
+
+# -- the session ----------------------------------------------------------------------------------------------
+
+
+class SessionStarted(EventPayload):
+    """The session is live and accepts input."""
+
+    type: ClassVar[Literal["session.started"]] = "session.started"
+    agent: str = Field(description="The agent the session starts with.")
+
+
+class SessionRecovered(EventPayload):
+    """The session was live when the service stopped and runs again; what was in flight has been settled."""
+
+    type: ClassVar[Literal["session.recovered"]] = "session.recovered"
+    agent: str
+    interrupted_calls: list[str] = Field(description="Calls that were running and ended `interrupted`.")
+    retried_calls: list[str] = Field(description='Calls that were running and run again (`on_restart="retry"`).')
+    interrupted_speeches: list[str] = Field(description="Speeches that had not finished; each ends interrupted.")
+
+
+class SessionClosed(EventPayload):
+    """The session has closed; nothing follows this event."""
+
+    type: ClassVar[Literal["session.closed"]] = "session.closed"
+
+
+class SessionFailed(EventPayload):
+    """The session could not be recovered and is marked failed; nothing follows this event."""
+
+    type: ClassVar[Literal["session.failed"]] = "session.failed"
+    reason: str
+    interrupted_calls: list[str] = Field(description="Calls it left running, each ended `interrupted`.")
+    agent: str | None = Field(default=None, description="Present when the session's agent no longer exists.")
+
+
+class AgentStateChanged(EventPayload):
+    """The agent's conversational state changed."""
+
+    type: ClassVar[Literal["agent.state"]] = "agent.state"
+    state: AgentState
+
+
+class AgentHandedOff(EventPayload):
+    """A tool handed the session to another agent."""
+
+    type: ClassVar[Literal["agent.handoff"]] = "agent.handoff"
+    from_agent: str | None
+    to_agent: str
+
+
+class UserInput(EventPayload):
+    """Input was injected: an interim transcript (``final=false``, nothing committed) or a committed message."""
+
+    type: ClassVar[Literal["user.input"]] = "user.input"
+    item_id: str | None = Field(description="The committed message's chat item (null for interim input).")
+    text: str
+    final: bool
+    role: InputRole
+
+
+class ChatItemAdded(EventPayload):
+    """An item was committed to the chat context."""
+
+    type: ClassVar[Literal["chat.item"]] = "chat.item"
+    item: ChatItem
+
+
+# -- speech and generation ------------------------------------------------------------------------------------
+
+
+class SpeechCreated(EventPayload):
+    """A speech was queued."""
+
+    type: ClassVar[Literal["speech.created"]] = "speech.created"
+    speech_id: str
+    source: SpeechSource
+
+
+class SpeechStarted(EventPayload):
+    """A speech began to play."""
+
+    type: ClassVar[Literal["speech.started"]] = "speech.started"
+    speech_id: str
+
+
+class SpeechInterrupted(EventPayload):
+    """A speech was interrupted; ``played_text`` is what was heard (and committed)."""
+
+    type: ClassVar[Literal["speech.interrupted"]] = "speech.interrupted"
+    speech_id: str
+    played_text: str
+
+
+class SpeechDone(EventPayload):
+    """A speech finished, played out or interrupted."""
+
+    type: ClassVar[Literal["speech.done"]] = "speech.done"
+    speech_id: str
+    interrupted: bool
+
+
+class GenerationStarted(EventPayload):
+    """A model request began for a step of a speech."""
+
+    type: ClassVar[Literal["generation.started"]] = "generation.started"
+    speech_id: str
+    step: int = Field(ge=0, description="The step within the speech (tool replies add steps).")
+    preemptive: bool = Field(description="Whether the step uses a speculative generation started early.")
+
+
+class GenerationSpeculative(EventPayload):
+    """A speculative generation on an interim transcript was started, used or discarded."""
+
+    type: ClassVar[Literal["generation.speculative"]] = "generation.speculative"
+    state: SpeculationState
+    user_text: str = Field(description="The interim transcript the generation was started on.")
+
+
+class GenerationFailed(EventPayload):
+    """The model failed during a step; what was heard is committed as an interrupted message."""
+
+    type: ClassVar[Literal["generation.failed"]] = "generation.failed"
+    speech_id: str
+    step: int = Field(ge=0)
+    error: str
+
+
+# -- tools ----------------------------------------------------------------------------------------------------
+
+
+class ToolStarted(EventPayload):
+    """A tool call began executing."""
+
+    type: ClassVar[Literal["tool.started"]] = "tool.started"
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    cancellable: bool
+    speech_id: str | None = Field(description="The speech whose reply called the tool (null after a restart).")
+
+
+class ToolProgress(EventPayload):
+    """A running tool reported progress (the first report moves it to the background)."""
+
+    type: ClassVar[Literal["tool.progress"]] = "tool.progress"
+    call_id: str
+    message: str
+    progress: float | None = Field(description="Fraction done, when the tool knows it.")
+
+
+class ToolEnded(EventPayload):
+    """A tool call ended, in exactly one terminal status, with its output committed."""
+
+    type: ClassVar[Literal["tool.ended"]] = "tool.ended"
+    call_id: str
+    name: str
+    status: ToolStatus
+    output: str
+    is_error: bool
+
+
+EVENT_PAYLOADS: tuple[type[EventPayload], ...] = (
+    SessionStarted,
+    SessionRecovered,
+    SessionClosed,
+    SessionFailed,
+    AgentStateChanged,
+    AgentHandedOff,
+    UserInput,
+    ChatItemAdded,
+    SpeechCreated,
+    SpeechStarted,
+    SpeechInterrupted,
+    SpeechDone,
+    GenerationStarted,
+    GenerationSpeculative,
+    GenerationFailed,
+    ToolStarted,
+    ToolProgress,
+    ToolEnded,
+)
+
+#: Event type -> its payload model: the only types an ``EventLog`` emits.
+EVENT_TYPES: Mapping[str, type[EventPayload]] = MappingProxyType({model.type: model for model in EVENT_PAYLOADS})
+if len(EVENT_TYPES) != len(EVENT_PAYLOADS):
+    raise RuntimeError("two payload models name the same event type")
+
+
+class UnknownEventType(TypeError):
+    """An emitted payload is not the registered model of its event type."""
