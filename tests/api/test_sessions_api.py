@@ -58,7 +58,7 @@ async def test_list_pagination(api: Api):
         cursor = page["next_cursor"]
         if not cursor:
             break
-    assert sorted(seen) == [f"p{i}" for i in range(5)]
+    assert seen == [f"p{i}" for i in reversed(range(5))]  # newest first, as documented
 
 
 async def test_create_errors(api: Api):
