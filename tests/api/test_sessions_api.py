@@ -271,6 +271,16 @@ async def test_health_ready_and_metrics(api: Api):
     assert "switchboard_interrupt_latency_seconds_bucket" in text
 
 
+async def test_list_filters_by_state_and_rejects_an_unknown_one(api: Api):
+    open_ = await api.create()
+    closed = await api.create()
+    assert (await api.client.delete(f"/v1/sessions/{closed['id']}")).status_code == 204
+    active = (await api.client.get("/v1/sessions", params={"state": "active"})).json()["items"]
+    assert [s["id"] for s in active] == [open_["id"]]
+    assert_problem(await api.client.get("/v1/sessions", params={"state": "bogus"}), 422, "invalid_request")
+    assert_problem(await api.client.get("/v1/sessions", params={"cursor": "garbage!"}), 422, "invalid_cursor")
+
+
 async def test_a_server_at_its_session_limit_answers_429_with_retry_after(tmp_path: Any, registry: Any):
     app = create_app(make_settings(tmp_path, max_sessions=1), registry=registry)
     async with app.router.lifespan_context(app):

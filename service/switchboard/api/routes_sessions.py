@@ -26,6 +26,7 @@ from .schemas import (
     SessionCreate,
     SessionList,
     SessionRead,
+    SessionStateFilter,
     SpeechRead,
     TokenCreate,
     TokenRead,
@@ -70,7 +71,7 @@ async def create_session(body: SessionCreate, response: Response, host: HostDep,
 )
 async def list_sessions(
     host: HostDep,
-    state: Annotated[str | None, Query(max_length=32)] = None,
+    state: Annotated[SessionStateFilter | None, Query()] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> SessionList:

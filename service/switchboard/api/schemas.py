@@ -49,6 +49,10 @@ class SessionCreate(_In):
         )
 
 
+# the states a session is stored in (what ``GET /v1/sessions?state=`` can match)
+SessionStateFilter = Literal["initializing", "active", "closing", "closed", "failed"]
+
+
 class SessionRead(BaseModel):
     id: str
     agent: str
