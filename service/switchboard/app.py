@@ -23,6 +23,7 @@ from .demo import DEFAULT_LLMS as DEMO_LLMS
 from .host import SessionHost
 from .hub import EventHub
 from .metrics import Metrics
+from .model_profiles import ModelProfiles
 from .runtime.agent import AgentRegistry
 from .runtime.aio import cancel_and_wait
 from .settings import Settings
@@ -61,12 +62,18 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
     registry = registry or AgentRegistry.load(settings.agents, builtin=DEMO_AGENTS)
     webhooks = Webhooks()
     metrics = Metrics()
+    models = ModelProfiles(settings.models)  # ValueError: the service does not start
     # agent name -> the model a session of that agent uses when it gives none: the built-in agents' own, and those an
     # agents file declares (its agents cannot take a built-in agent's name)
     default_llms: dict[str, dict[str, Any]] = dict(DEMO_LLMS)
     if settings.agents_file is not None:
         declared = load_agents_file(settings.agents_file, webhooks)  # AgentsFileError: the service does not start
         declared.register(registry)
+        for agent, config in declared.default_llms.items():
+            try:
+                models.server_config(config)
+            except ValueError as err:
+                raise ValueError(f"{settings.agents_file}: agent {agent!r}: llm: {err}") from None
         default_llms.update(declared.default_llms)
 
     @asynccontextmanager
@@ -83,6 +90,7 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
             settings=settings,
             on_event=metrics.on_event,
             default_llms=default_llms,
+            models=models,
         )
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
         app.state.services = Services(

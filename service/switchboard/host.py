@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from .hub import EventHub
+from .model_profiles import ModelProfiles
 from .runtime.agent import AgentRegistry
 from .runtime.chat import ChatContext, ChatItem, new_id, utcnow
 from .runtime.events import Event, EventLog
@@ -165,6 +166,7 @@ class SessionHost:
         settings: Settings,
         on_event: Callable[[Event], None] | None = None,
         default_llms: Mapping[str, dict[str, Any]] | None = None,
+        models: ModelProfiles | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -173,6 +175,7 @@ class SessionHost:
         # agent name -> the llm config a session of that agent uses when it gives none (the built-in agents' and the
         # agents file's)
         self.default_llms = dict(default_llms or {})
+        self.models = models or ModelProfiles()
         self.sessions: dict[str, AgentSession] = {}
         self.records: dict[str, SessionRecord] = {}
         self._on_event = on_event
@@ -191,8 +194,10 @@ class SessionHost:
     # -- building sessions ----------------------------------------------------------------------------------
 
     def _llm(self, config: SessionConfig) -> LLM:
-        """The session's model: its own ``llm`` configuration, else the default of the agent it started with."""
-        return build_llm(config.llm if config.llm is not None else self.default_llms.get(config.agent))
+        """The session's model: its own ``llm`` (a model profile, or a self-contained provider), else the default of
+        the agent it started with. A session's own llm is checked on every build, recovery included: a stored config
+        never bypasses it."""
+        return build_llm(self.models.for_session(config.llm, self.default_llms.get(config.agent)))
 
     def _build(self, rec: SessionRecord, *, items: Sequence[ChatItem] = (), last_seq: int = 0) -> AgentSession:
         config = SessionConfig.from_record(rec)
