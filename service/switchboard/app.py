@@ -16,8 +16,10 @@ from fastapi.staticfiles import StaticFiles
 from . import __version__
 from .agents_file import load_agents_file
 from .api import asyncapi, problems, routes_events, routes_health, routes_reports, routes_sessions, routes_tools
+from .api.deps import Services
 from .api.limits import BodyLimit, RequestDeadline
 from .demo import AGENTS as DEMO_AGENTS
+from .demo import DEFAULT_LLMS as DEMO_LLMS
 from .host import SessionHost
 from .hub import EventHub
 from .metrics import Metrics
@@ -59,17 +61,20 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
     settings = settings or Settings()
     registry = registry or AgentRegistry.load(settings.agents, builtin=DEMO_AGENTS)
     webhooks = Webhooks()
+    metrics = Metrics()
     models = ModelProfiles(settings.models)  # ValueError: the service does not start
-    default_llms: dict[str, dict[str, Any]] = {}
+    # agent name -> the model a session of that agent uses when it gives none: the built-in agents' own, and those an
+    # agents file declares (its agents cannot take a built-in agent's name)
+    default_llms: dict[str, dict[str, Any]] = dict(DEMO_LLMS)
     if settings.agents_file is not None:
         declared = load_agents_file(settings.agents_file, webhooks)  # AgentsFileError: the service does not start
         declared.register(registry)
-        default_llms = declared.default_llms
-        for agent, config in default_llms.items():
+        for agent, config in declared.default_llms.items():
             try:
                 models.server_config(config)
             except ValueError as err:
                 raise ValueError(f"{settings.agents_file}: agent {agent!r}: llm: {err}") from None
+        default_llms.update(declared.default_llms)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -78,7 +83,6 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
             await store.migrate()
         await store.start()
         hub = EventHub(default_buffer=settings.ws_buffer)
-        metrics: Metrics = app.state.metrics
         host = SessionHost(
             store=store,
             registry=registry,
@@ -89,7 +93,9 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
             models=models,
         )
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
-        app.state.store, app.state.hub, app.state.host = store, hub, host
+        app.state.services = Services(
+            settings=settings, store=store, hub=hub, host=host, webhooks=webhooks, metrics=metrics
+        )
         purge_task = asyncio.create_task(_purge_idempotency_keys(store, settings), name="idempotency-purge")
         try:
             await host.recover_all()
@@ -101,7 +107,7 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
             await webhooks.aclose()
             await store.aclose()
 
-    app = FastAPI(
+    app = problems.ProblemAPI(
         title="Switchboard",
         version=__version__,
         description=DESCRIPTION,
@@ -113,10 +119,6 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
             {"name": "health", "description": "Liveness, readiness, metrics"},
         ],
     )
-    app.state.settings = settings
-    app.state.registry = registry
-    app.state.webhooks = webhooks
-    app.state.metrics = Metrics()
     problems.install(app)
     for router in (routes_sessions.router, routes_tools.router, routes_reports.router):
         app.include_router(router, responses=problems.problem_responses(*problems.API_ERRORS))

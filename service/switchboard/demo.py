@@ -117,3 +117,6 @@ DEMO_SCRIPT: dict[str, Any] = {
     ],
     "fallback": {"text": "I'm here. Ask me about an order, a table, or a flight.", "word_ms": 120},
 }
+
+#: The model config each built-in agent uses when a session gives none (as an agents file's ``llm`` does).
+DEFAULT_LLMS: dict[str, dict[str, Any]] = {"demo": DEMO_SCRIPT}

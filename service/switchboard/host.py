@@ -5,23 +5,27 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from .demo import DEMO_SCRIPT
+from pydantic import BaseModel, ConfigDict
+
 from .hub import EventHub
 from .model_profiles import ModelProfiles
 from .runtime.agent import AgentRegistry
 from .runtime.chat import ChatContext, ChatItem, new_id, utcnow
 from .runtime.event_types import SessionFailed
 from .runtime.events import Event, EventLog
-from .runtime.llm import build_llm
+from .runtime.llm import LLM, build_llm
 from .runtime.playout import SimulatedPlayout
 from .runtime.ports import EventSink
 from .runtime.recovery import end_orphaned_calls, recover
 from .runtime.session import AgentSession, SessionOptions
+from .runtime.speech import SpeechInfo
 from .runtime.status import SessionStatus
+from .runtime.tools import ToolCallInfo, ToolStatus
 from .settings import Settings
 from .store import SessionData, SessionExists, SessionRecord, Store
 
@@ -49,17 +53,109 @@ def _gc_paused() -> Iterator[None]:
 class SessionConflict(Exception):
     """A session with this id exists with a different configuration."""
 
+    def __init__(self, session_id: str) -> None:
+        super().__init__(session_id)
+        self.session_id = session_id
+
 
 class TooManySessions(Exception):
     pass
 
 
-def session_options(config: dict[str, Any]) -> SessionOptions:
-    opts: dict[str, Any] = {}
-    for key in ("max_tool_steps", "preemptive_generation", "allow_interruptions"):
-        if config.get(key) is not None:
-            opts[key] = config[key]
-    return SessionOptions(**opts)
+class InvalidSessionConfig(ValueError):
+    """The session's model or options cannot be built (an unknown provider, a bad key...)."""
+
+
+class PlayoutSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    words_per_second: float | None = None
+
+
+class SessionConfig(BaseModel):
+    """How a session runs, as it was created; stored as the session's ``config`` (JSON) and read back on recovery.
+
+    ``agent`` is the agent the session started with (a handoff changes the running agent, not this).
+    ``llm`` is opaque here: the provider that ``build_llm`` picks validates it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str | None = None
+    agent: str
+    llm: dict[str, Any] | None = None
+    playout: PlayoutSettings | None = None
+    preemptive_generation: bool | None = None
+    allow_interruptions: bool | None = None
+    max_tool_steps: int | None = None
+
+    @classmethod
+    def from_record(cls, rec: SessionRecord) -> SessionConfig:
+        """The configuration of a stored session (rows written without an ``agent`` in it run ``rec.agent``)."""
+        return cls.model_validate({"agent": rec.agent, **rec.config, "id": rec.id})
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON kept in the session row: only what was given, so equal bodies give equal rows."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def options(self) -> SessionOptions:
+        given = {
+            "max_tool_steps": self.max_tool_steps,
+            "preemptive_generation": self.preemptive_generation,
+            "allow_interruptions": self.allow_interruptions,
+        }
+        return SessionOptions(**{key: value for key, value in given.items() if value is not None})
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """One session as this process knows it: its stored record, and the live session when this process runs it.
+
+    Reads answer from the live session when there is one, else from the store.
+    """
+
+    record: SessionRecord
+    live: AgentSession | None
+    store: Store
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def state(self) -> str:
+        return self.live.state if self.live is not None else self.record.state
+
+    @property
+    def ended(self) -> bool:
+        """Closed or failed for good: its last event is durable and nothing follows it."""
+        return self.live is None and SessionStatus(self.record.state).ended
+
+    async def chat(self) -> list[ChatItem]:
+        if self.live is not None:
+            return self.live.chat.items
+        return await self.store.chat_items(self.id)
+
+    async def speech(self, speech_id: str) -> SpeechInfo | None:
+        handle = self.live.speech(speech_id) if self.live is not None else None
+        if handle is not None:
+            return handle.info()
+        return await self.store.speech(self.id, speech_id)
+
+    async def tool_calls(self, status: ToolStatus | None = None) -> list[ToolCallInfo]:
+        """The session's tool calls, by start time."""
+        if self.live is None:
+            infos = await self.store.tool_calls(self.id, status)
+        else:
+            infos = self.live.tool_calls(status)
+            if not self.live.remembers_every_tool_call:  # older ended calls are only in the store now
+                known = {i.call_id for i in infos}
+                infos += [i for i in await self.store.tool_calls(self.id, status) if i.call_id not in known]
+        return sorted(infos, key=lambda i: i.started_at)
+
+    async def tool_call(self, call_id: str) -> ToolCallInfo | None:
+        info = self.live.tool_call(call_id) if self.live is not None else None
+        return info if info is not None else await self.store.tool_call(self.id, call_id)
 
 
 class SessionHost:
@@ -78,7 +174,9 @@ class SessionHost:
         self.registry = registry
         self.hub = hub
         self.settings = settings
-        self.default_llms = dict(default_llms or {})  # agent name -> llm config used when a session gives none
+        # agent name -> the llm config a session of that agent uses when it gives none (the built-in agents' and the
+        # agents file's)
+        self.default_llms = dict(default_llms or {})
         self.models = models or ModelProfiles()
         self.sessions: dict[str, AgentSession] = {}
         self.records: dict[str, SessionRecord] = {}
@@ -97,16 +195,19 @@ class SessionHost:
 
     # -- building sessions ----------------------------------------------------------------------------------
 
-    def _build(self, rec: SessionRecord, *, items: list[ChatItem] = (), last_seq: int = 0) -> AgentSession:  # type: ignore[assignment]
+    def _llm(self, config: SessionConfig) -> LLM:
+        """The session's model: its own ``llm`` (a model profile, or a self-contained provider), else the default of
+        the agent it started with. A session's own llm is checked on every build, recovery included: a stored config
+        never bypasses it."""
+        return build_llm(self.models.for_session(config.llm, self.default_llms.get(config.agent)))
+
+    def _build(self, rec: SessionRecord, *, items: Sequence[ChatItem] = (), last_seq: int = 0) -> AgentSession:
+        config = SessionConfig.from_record(rec)
         agent = self.registry.create(rec.agent)
-        default = self.default_llms.get(rec.config.get("agent") or rec.agent)
-        if default is None and rec.config.get("agent") == "demo":
-            default = DEMO_SCRIPT
-        # a session's own llm is checked on every build, recovery included: a stored config never bypasses it
-        llm = build_llm(self.models.for_session(rec.config.get("llm"), default))
+        llm = self._llm(config)
         if rec.llm_state is not None:
             llm.load_state(rec.llm_state)
-        wps = (rec.config.get("playout") or {}).get("words_per_second") or self.settings.words_per_second
+        wps = (config.playout.words_per_second if config.playout else None) or self.settings.words_per_second
         return AgentSession(
             session_id=rec.id,
             agent=agent,
@@ -114,39 +215,45 @@ class SessionHost:
             playout=SimulatedPlayout(float(wps)),
             store=self.store.chat_store(),
             events=self._sink,
-            options=session_options(rec.config),
+            options=config.options(),
             items=items,
             last_seq=last_seq,
         )
 
-    async def create(self, config: dict[str, Any], metadata: dict[str, Any]) -> tuple[SessionRecord, bool]:
-        """Create and start a session. Returns (record, created); the same id with the same body is a no-op."""
-        sid = config.get("id") or new_id("sess")
-        config = {**config, "id": sid}
+    async def create(self, config: SessionConfig, metadata: dict[str, Any]) -> tuple[SessionView, bool]:
+        """Create and start a session. Returns (session, created); the same id with the same body is a no-op.
+
+        Raises ``UnknownAgent``, ``InvalidSessionConfig``, ``SessionConflict`` or ``TooManySessions``.
+        """
+        sid = config.id or new_id("sess")
+        stored = config.model_copy(update={"id": sid}).stored()
         async with self._create_lock:
             existing = self.sessions.get(sid)
             rec = await self.store.get_session(sid) if existing is None else None
             if existing is not None or rec is not None:
                 found = rec or await self.store.get_session(sid)
                 assert found is not None
-                if found.config == config and found.metadata == metadata:
-                    return found, False
+                if found.config == stored and found.metadata == metadata:
+                    return SessionView(found, existing, self.store), False
                 raise SessionConflict(sid)
             if len(self.sessions) >= self.settings.max_sessions:
                 raise TooManySessions(f"this server hosts at most {self.settings.max_sessions} live sessions")
             now = utcnow()
             rec = SessionRecord(
                 id=sid,
-                agent=config["agent"],
+                agent=config.agent,
                 state=SessionStatus.INITIALIZING,
-                config=config,
+                config=stored,
                 metadata=metadata,
                 llm_state=None,
                 current_speech_id=None,
                 created_at=now,
                 updated_at=now,
             )
-            session = self._build(rec)  # validates agent and llm before anything is stored
+            try:
+                session = self._build(rec)  # validates agent and llm before anything is stored
+            except ValueError as err:
+                raise InvalidSessionConfig(str(err)) from err
             try:
                 await self.store.create_session(rec)
             except SessionExists:
@@ -154,7 +261,22 @@ class SessionHost:
             self.sessions[sid] = session
             self.records[sid] = rec
         await session.start()
-        return rec, True
+        return SessionView(rec, session, self.store), True
+
+    async def find(self, sid: str) -> SessionView | None:
+        """The session, live or stored; None when it never existed. Only a session that is not live costs a read."""
+        live = self.sessions.get(sid)
+        if live is not None:
+            return SessionView(self.records[sid], live, self.store)
+        rec = await self.store.get_session(sid)
+        return SessionView(rec, None, self.store) if rec is not None else None
+
+    async def list_sessions(
+        self, *, state: str | None = None, cursor: str | None = None, limit: int = 50
+    ) -> tuple[list[SessionView], str | None]:
+        """Sessions newest first, a page at a time (``Store.list_sessions``), each with its live session if any."""
+        records, next_cursor = await self.store.list_sessions(state=state, cursor=cursor, limit=limit)
+        return [SessionView(rec, self.sessions.get(rec.id), self.store) for rec in records], next_cursor
 
     def live(self, sid: str) -> AgentSession | None:
         return self.sessions.get(sid)

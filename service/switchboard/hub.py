@@ -39,6 +39,10 @@ class Subscription:
         self.overflowed = False
         self.closed = False
 
+    def matches(self, event_type: str) -> bool:
+        """Whether this subscription's type filter takes events of ``event_type``."""
+        return self._matches(event_type)
+
     def _offer(self, item: tuple[int, Event, str]) -> None:
         if self.overflowed or self.closed or not self._matches(item[1].type):
             return

@@ -240,7 +240,7 @@ async def test_a_read_that_hangs_is_cancelled_and_answered_503(quick: Api, monke
             cancelled.set()
             raise
 
-    monkeypatch.setattr(quick.app.state.store, "list_sessions", hang)
+    monkeypatch.setattr(quick.app.state.services.store, "list_sessions", hang)
     started = time.monotonic()
     r = await quick.client.get("/v1/sessions")
     elapsed = time.monotonic() - started
@@ -254,7 +254,7 @@ async def test_a_read_that_hangs_is_cancelled_and_answered_503(quick: Api, monke
 async def test_a_write_past_the_deadline_finishes_and_its_idempotent_retry_gets_the_outcome(
     quick: Api, monkeypatch: pytest.MonkeyPatch
 ):
-    store = quick.app.state.store
+    store = quick.app.state.services.store
     real_get = store.idempotency_get
     slow = [True]
 
@@ -293,7 +293,7 @@ async def test_database_errors_on_reads(
     async def fail(*args: Any, **kw: Any) -> Any:
         raise error
 
-    monkeypatch.setattr(quick.app.state.store, "get_session", fail)
+    monkeypatch.setattr(quick.app.state.services.store, "get_session", fail)
     r = await quick.client.get("/v1/sessions/not-live/chat")
     assert_problem(r, status, code)
     assert ("retry-after" in r.headers) == (status == 503)

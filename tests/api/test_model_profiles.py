@@ -121,7 +121,7 @@ async def test_a_stored_session_that_names_an_endpoint_fails_on_recovery_instead
     app = create_app(settings, registry=registry)
     async with app.router.lifespan_context(app):
         rec = SessionRecord(id="old", agent="tester", state="active", config={"agent": "tester", "llm": evil})
-        await app.state.store.create_session(rec)
+        await app.state.services.store.create_session(rec)
     app = create_app(settings, registry=registry)
     async with app.router.lifespan_context(app), await _client(app) as client:
         body = (await client.get("/v1/sessions/old")).json()

@@ -242,7 +242,7 @@ async def test_a_burst_larger_than_the_buffer_closes_4008_not_1011(api: Api, cap
         (10_000 + i, Event(seq=last + 1 + i, session_id=sid, type="tool.progress", data={"message": str(i)}))
         for i in range(WS_BUFFER + 5)
     ]
-    api.app.state.hub.publish(burst)
+    api.app.state.services.hub.publish(burst)
     for ws in streams:
         assert await ws.closed() == (4008, f"too slow; resume with since={last}")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

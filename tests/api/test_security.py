@@ -222,7 +222,7 @@ async def test_every_route_with_a_session_token(secured: Any):
 
 async def test_tampered_forged_and_expired_tokens_are_401_on_http(secured: Any, tmp_path: Path):
     app, client = secured
-    settings: Settings = app.state.settings
+    settings: Settings = app.state.services.settings
     token, _ = issue_token(settings, SID, ttl_s=60)
     other, _ = issue_token(settings, OTHER, ttl_s=60)
     payload, _, sig = token.partition(".")

@@ -6,7 +6,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from .conftest import Api
+import httpx
+
+from switchboard.app import create_app
+from switchboard.runtime.session import SessionClosed
+
+from .conftest import Api, make_settings
 
 PROBLEM = "application/problem+json"
 LONG = " ".join(f"w{i}" for i in range(300))
@@ -58,7 +63,7 @@ async def test_list_pagination(api: Api):
         cursor = page["next_cursor"]
         if not cursor:
             break
-    assert sorted(seen) == [f"p{i}" for i in range(5)]
+    assert seen == [f"p{i}" for i in reversed(range(5))]  # newest first, as documented
 
 
 async def test_create_errors(api: Api):
@@ -264,3 +269,51 @@ async def test_health_ready_and_metrics(api: Api):
     text = (await api.client.get("/metrics")).text
     assert "switchboard_sessions_live 1.0" in text
     assert "switchboard_interrupt_latency_seconds_bucket" in text
+
+
+async def test_list_filters_by_state_and_rejects_an_unknown_one(api: Api):
+    open_ = await api.create()
+    closed = await api.create()
+    assert (await api.client.delete(f"/v1/sessions/{closed['id']}")).status_code == 204
+    active = (await api.client.get("/v1/sessions", params={"state": "active"})).json()["items"]
+    assert [s["id"] for s in active] == [open_["id"]]
+    assert_problem(await api.client.get("/v1/sessions", params={"state": "bogus"}), 422, "invalid_request")
+    assert_problem(await api.client.get("/v1/sessions", params={"cursor": "garbage!"}), 422, "invalid_cursor")
+
+
+async def test_a_server_at_its_session_limit_answers_429_with_retry_after(tmp_path: Any, registry: Any):
+    app = create_app(make_settings(tmp_path, max_sessions=1), registry=registry)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            assert (await client.post("/v1/sessions", json={"agent": "tester"})).status_code == 201
+            full = await client.post("/v1/sessions", json={"agent": "tester"})
+            assert_problem(full, 429, "too_many_sessions")
+            assert full.headers["retry-after"] == "5"
+
+
+async def test_a_session_that_closes_under_a_command_answers_409(api: Api, monkeypatch):
+    sid = (await api.create())["id"]
+    session = api.app.state.services.host.live(sid)
+
+    async def closing(*args: Any, **kwargs: Any) -> Any:
+        raise SessionClosed(f"session {sid} is closing")
+
+    for command in ("input", "say", "interrupt"):
+        monkeypatch.setattr(session, command, closing)
+    for path, body in (("input", {"text": "hi"}), ("say", {"text": "hi"}), ("interrupt", {})):
+        r = await api.client.post(f"/v1/sessions/{sid}/{path}", json=body)
+        problem = assert_problem(r, 409, "session_not_active")
+        assert problem["detail"] == f"session {sid} is closing"
+
+
+async def test_the_demo_agent_runs_its_own_script_when_the_session_gives_no_model(api: Api):
+    sid = (await api.create(agent="demo"))["id"]
+    r = await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "where is my order?"})
+    assert r.status_code == 202
+
+    async def first_reply() -> Any:
+        items = (await api.client.get(f"/v1/sessions/{sid}/chat")).json()["items"]
+        return [i["text"] for i in items if i.get("role") == "assistant"]
+
+    assert (await until(first_reply))[0] == "Let me look up your order."

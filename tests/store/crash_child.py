@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from switchboard import Agent, RunContext, function_tool
-from switchboard.host import SessionHost
+from switchboard.host import PlayoutSettings, SessionConfig, SessionHost
 from switchboard.hub import EventHub
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.events import Event
@@ -46,18 +45,18 @@ class Crasher(Agent):
 AGENTS = {"crasher": Crasher}
 
 
-def session_config(sid: str) -> dict[str, Any]:
+def session_config(sid: str) -> SessionConfig:
     turns = [
         {"text": "Booking.", "tool_calls": [{"name": "book", "arguments": {"what": "room 12"}}]},
         {"text": "Booked. Now the long one.", "tool_calls": [{"name": "slow", "arguments": {"seconds": 600}}]},
         {"text": "Before the crash you had {{tool_output:book}}"},  # the first turn after the restart
     ]
-    return {
-        "id": sid,
-        "agent": "crasher",
-        "llm": {"provider": "scripted", "turns": turns, "fallback": {"text": "fallback turn"}},
-        "playout": {"words_per_second": 500},
-    }
+    return SessionConfig(
+        id=sid,
+        agent="crasher",
+        llm={"provider": "scripted", "turns": turns, "fallback": {"text": "fallback turn"}},
+        playout=PlayoutSettings(words_per_second=500),
+    )
 
 
 def build_host(store: Store, on_event: Callable[[Event], None] | None = None) -> SessionHost:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from switchboard import Agent, RunContext, function_tool
-from switchboard.host import SessionHost
+from switchboard.host import PlayoutSettings, SessionConfig, SessionHost
 from switchboard.hub import EventHub
 from switchboard.runtime.agent import AgentFactory, AgentRegistry
 from switchboard.runtime.chat import ChatMessage, FunctionCall, FunctionCallOutput, validate
@@ -25,7 +25,7 @@ from switchboard.runtime.recovery import RESTART_OUTPUT
 from switchboard.runtime.speech import SpeechInfo, SpeechState
 from switchboard.runtime.tools import ToolStatus
 from switchboard.settings import Settings
-from switchboard.store import Store
+from switchboard.store import SessionRecord, Store
 
 from .conftest import Db, wait_for
 
@@ -123,7 +123,8 @@ class Proc:
 
     async def create(self, sid: str, turns: list[dict[str, Any]], agent: str = "worker") -> None:
         llm = {"provider": "scripted", "turns": turns, "fallback": {"text": "fallback turn"}}
-        await self.host.create({"id": sid, "agent": agent, "llm": llm, "playout": {"words_per_second": 500}}, {})
+        config = SessionConfig(id=sid, agent=agent, llm=llm, playout=PlayoutSettings(words_per_second=500))
+        await self.host.create(config, {})
 
     async def until(self, sid: str, type: str, pred: Callable[[dict[str, Any]], bool] = lambda d: True) -> Event:
         found: list[Event] = []
@@ -396,3 +397,24 @@ async def test_recovering_twice_duplicates_nothing(db: Db, runs: Counter[str]) -
         assert [it.text for it in items if isinstance(it, ChatMessage)] == ["do everything", "On it.", "fallback turn"]
     finally:
         await third.stop()
+
+
+async def test_a_session_stored_with_an_earlier_config_row_recovers(db: Db) -> None:
+    """Rows keep the create body as JSON; rows written before the typed config (or by a state commit, with an empty
+    config) still load."""
+    store = db.store()
+    await store.migrate()
+    await store.start()
+    llm = {"provider": "scripted", "turns": [{"text": "Still here."}]}
+    old_body = {"id": "old", "agent": "worker", "llm": llm, "playout": {"words_per_second": 500}, "max_tool_steps": 1}
+    await store.create_session(SessionRecord(id="old", agent="worker", state="active", config=old_body))
+    await store.create_session(SessionRecord(id="bare", agent="worker", state="active", config={}))
+    await store.aclose()
+    proc = await Proc(db, AGENTS).start()
+    try:
+        assert sorted(proc.host.recovered) == ["bare", "old"] and proc.host.failed == []
+        assert proc.host.sessions["old"].options.max_tool_steps == 1
+        await proc.host.sessions["old"].input("hello?")
+        await proc.said("old", "Still here.")
+    finally:
+        await proc.stop()

@@ -193,18 +193,34 @@ async def test_a_session_state_commit_creates_a_missing_session_row(store: Store
     assert len(await store.chat_items("s9")) == 1
 
 
+async def test_list_sessions_pages_newest_first_across_equal_creation_times(store: Store) -> None:
+    # three sessions share one instant: the pages must order them by id, neither skipping nor repeating one
+    created = {"a1": at(1), "t2": at(2), "t1": at(2), "t3": at(2), "z3": at(3), "b0": at(0)}
+    for sid, created_at in created.items():
+        await store.create_session(SessionRecord(id=sid, agent="demo", created_at=created_at))
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page, cursor = await store.list_sessions(limit=2, cursor=cursor)
+        assert len(page) <= 2
+        seen += [r.id for r in page]
+        if cursor is None:
+            break
+    assert seen == ["s1", "z3", "t3", "t2", "t1", "a1", "b0"]
+
+
 async def test_list_live_and_mark_sessions(store: Store) -> None:
     for i, state in enumerate(["closed", "initializing", "closing", "failed", "active", "closed"]):
         await store.create_session(SessionRecord(id=f"x{i}", agent="demo", state=state, created_at=at(i)))
-    # s1 was created now, so it sorts last
+    # newest first: s1 was created now, so it comes first
     page1, cursor = await store.list_sessions(limit=3)
-    assert [r.id for r in page1] == ["x0", "x1", "x2"] and cursor is not None
+    assert [r.id for r in page1] == ["s1", "x5", "x4"] and cursor is not None
     page2, cursor = await store.list_sessions(limit=3, cursor=cursor)
-    assert [r.id for r in page2] == ["x3", "x4", "x5"] and cursor is not None
+    assert [r.id for r in page2] == ["x3", "x2", "x1"] and cursor is not None
     page3, cursor = await store.list_sessions(limit=3, cursor=cursor)
-    assert [r.id for r in page3] == ["s1"] and cursor is None
+    assert [r.id for r in page3] == ["x0"] and cursor is None
     closed, cursor = await store.list_sessions(state="closed")
-    assert [r.id for r in closed] == ["x0", "x5"] and cursor is None
+    assert [r.id for r in closed] == ["x5", "x0"] and cursor is None
     with pytest.raises(InvalidCursor):
         await store.list_sessions(cursor="garbage!")
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from ..settings import Settings
+from .deps import SettingsDep
 from .problems import ProblemError
 
 TOKEN_PREFIX = "sbt_"
@@ -107,8 +108,7 @@ class Require:
     def __init__(self, scope: str) -> None:
         self.scope = scope
 
-    def __call__(self, request: Request) -> Principal:
-        settings: Settings = request.app.state.settings
+    def __call__(self, request: Request, settings: SettingsDep) -> Principal:
         try:
             principal = authenticate(settings, bearer(None, request.headers.get("authorization")))
             check(principal, self.scope, request.path_params.get("sid"))

@@ -1,63 +1,89 @@
-"""Shared helpers for routers: the host, the live session or its stored record, timeouts."""
+"""What routes depend on: the service's parts (typed, set once at start), sessions by id, deadlines, read models."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends
+from starlette.requests import HTTPConnection
 
-from ..host import SessionHost
+from ..host import SessionHost, SessionView
+from ..hub import EventHub
+from ..metrics import Metrics
 from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
 from ..settings import Settings
-from ..store import SessionRecord, Store
+from ..store import Store
+from ..webhooks import Webhooks
 from .problems import ProblemError, not_found
 from .schemas import SessionRead, ToolCallRead
 
 
-def host(request: Request) -> SessionHost:
-    return request.app.state.host  # type: ignore[no-any-return]
+@dataclass(frozen=True, slots=True)
+class Services:
+    """The parts of a running service, built once by the app's lifespan (``app.state.services``)."""
+
+    settings: Settings
+    store: Store
+    hub: EventHub
+    host: SessionHost
+    webhooks: Webhooks
+    metrics: Metrics
 
 
-def store(request: Request) -> Store:
-    return request.app.state.store  # type: ignore[no-any-return]
+def services(conn: HTTPConnection) -> Services:
+    found = conn.app.state.services
+    if not isinstance(found, Services):  # pragma: no cover - the lifespan sets it before any request is served
+        raise RuntimeError("the service is not started")
+    return found
 
 
-def settings(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
+def _settings(conn: HTTPConnection) -> Settings:
+    return services(conn).settings
 
 
-async def known_session(request: Request, sid: str) -> AgentSession | None:
-    """The live session, or None when the session exists only in the store (closed, failed); 404 when neither.
+def _host(conn: HTTPConnection) -> SessionHost:
+    return services(conn).host
 
-    Only a session that is not live costs a store read.
-    """
-    session = host(request).live(sid)
-    if session is None and await store(request).get_session(sid) is None:
+
+ServicesDep = Annotated[Services, Depends(services)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+HostDep = Annotated[SessionHost, Depends(_host)]
+
+
+async def known_session(host: SessionHost, sid: str) -> SessionView:
+    """The session, live or stored; 404 when it never existed."""
+    view = await host.find(sid)
+    if view is None:
         raise not_found("session", sid)
-    return session
+    return view
 
 
-async def live_or_409(request: Request, sid: str) -> AgentSession:
-    """The live session; 409 when it exists but is closed, 404 when it never existed."""
-    session = host(request).live(sid)
-    if session is not None and session.state == SessionStatus.ACTIVE:
-        return session
-    rec = await store(request).get_session(sid)
-    if rec is None and session is None:
-        raise not_found("session", sid)
-    state = session.state if session is not None else rec.state if rec else "unknown"
-    raise ProblemError(409, "session_not_active", f"Session {sid!r} is {state}.")
+async def active_session(host: SessionHost, sid: str) -> AgentSession:
+    """The live session, ready for commands; 409 when it exists but is not active, 404 when it never existed."""
+    view = await known_session(host, sid)
+    if view.live is None or view.state != SessionStatus.ACTIVE:
+        raise ProblemError(409, "session_not_active", f"Session {sid!r} is {view.state}.")
+    return view.live
+
+
+async def _known_session(sid: str, host: HostDep) -> SessionView:
+    return await known_session(host, sid)
+
+
+KnownSession = Annotated[SessionView, Depends(_known_session)]
 
 
 @contextlib.asynccontextmanager
-async def deadline(request: Request) -> AsyncIterator[None]:
+async def deadline(settings: Settings) -> AsyncIterator[None]:
     """Bound a request's wait on the runtime/store: 503 with Retry-After instead of hanging."""
     try:
-        async with asyncio.timeout(settings(request).request_timeout_s):
+        async with asyncio.timeout(settings.request_timeout_s):
             yield
     except TimeoutError:
         raise ProblemError(
@@ -65,9 +91,9 @@ async def deadline(request: Request) -> AsyncIterator[None]:
         ) from None
 
 
-def session_read(rec: SessionRecord | None, live: AgentSession | None) -> SessionRead:
+def session_read(view: SessionView) -> SessionRead:
+    rec, live = view.record, view.live
     if live is not None:
-        assert rec is not None
         return SessionRead(
             id=live.id,
             agent=live.agent.name,
@@ -77,7 +103,6 @@ def session_read(rec: SessionRecord | None, live: AgentSession | None) -> Sessio
             created_at=rec.created_at,
             metadata=rec.metadata,
         )
-    assert rec is not None
     return SessionRead(
         id=rec.id,
         agent=rec.agent,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -11,6 +13,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..host import InvalidSessionConfig, SessionConflict, TooManySessions
+from ..runtime.agent import UnknownAgent
+from ..runtime.executor import AlreadyEnded, NotCancellable, ToolCallNotFound
+from ..runtime.session import SessionClosed
+from ..runtime.speech import NotInterruptible
 from ..store import DATABASE_ERRORS, is_transient
 
 logger = logging.getLogger("switchboard.api")
@@ -120,6 +127,58 @@ def not_found(what: str, ident: str) -> ProblemError:
     return ProblemError(404, f"{what}_not_found", f"No {what.replace('_', ' ')} {ident!r}.")
 
 
+E = TypeVar("E", bound=Exception)
+
+
+@dataclass(frozen=True, slots=True)
+class DomainProblem(Generic[E]):
+    """How a domain error of the runtime or the host is answered: status, code, detail (the error's message by
+    default) and headers."""
+
+    status: int
+    code: str
+    detail: Callable[[E], str] = str
+    headers: dict[str, str] | None = None
+
+
+def _already_ended(err: AlreadyEnded) -> str:
+    return f"Tool call {err.info.call_id!r} already ended ({err.info.status.value})."
+
+
+def _tool_call_not_found(err: ToolCallNotFound) -> str:
+    return f"No tool call {err.args[0]!r}."
+
+
+def _session_exists(err: SessionConflict) -> str:
+    return f"Session {err.session_id!r} exists with a different body."
+
+
+#: Every domain error a route lets through, and the problem it becomes (installed as exception handlers).
+DOMAIN_PROBLEMS: dict[type[Exception], DomainProblem[Any]] = {
+    SessionClosed: DomainProblem(409, "session_not_active"),
+    NotInterruptible: DomainProblem(409, "not_interruptible"),
+    NotCancellable: DomainProblem(409, "not_cancellable"),
+    AlreadyEnded: DomainProblem(409, "already_ended", _already_ended),
+    ToolCallNotFound: DomainProblem(404, "tool_call_not_found", _tool_call_not_found),
+    UnknownAgent: DomainProblem(422, "unknown_agent"),
+    InvalidSessionConfig: DomainProblem(422, "invalid_session_config"),
+    SessionConflict: DomainProblem(409, "session_exists", _session_exists),
+    TooManySessions: DomainProblem(429, "too_many_sessions", headers={"Retry-After": "5"}),
+}
+
+
+class ProblemAPI(FastAPI):
+    """FastAPI whose OpenAPI document holds the Problem schema that ``problem_responses`` refer to."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            spec = super().openapi()
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            schemas["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+            return spec
+        return self.openapi_schema
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ProblemError)
     async def _problem(_: Request, exc: ProblemError) -> JSONResponse:
@@ -151,6 +210,13 @@ def install(app: FastAPI) -> None:
             headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
         )
 
+    async def _domain(_: Request, exc: Exception) -> JSONResponse:
+        problem = next(DOMAIN_PROBLEMS[t] for t in type(exc).__mro__ if t in DOMAIN_PROBLEMS)
+        return problem_response(problem.status, problem.code, problem.detail(exc), headers=problem.headers)
+
+    for exc_type in DOMAIN_PROBLEMS:
+        app.add_exception_handler(exc_type, _domain)
+
     for exc_type in DATABASE_ERRORS:  # handled here, not as a 500 that the server logs again with a traceback
         app.add_exception_handler(exc_type, _database)
 
@@ -158,15 +224,3 @@ def install(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         return problem_response(500, "internal_error", "An internal error occurred.")
-
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        """The generated document, plus the Problem schema that `problem_responses` refer to."""
-        if app.openapi_schema is None:
-            spec = generate()
-            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
-            schemas["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
-        return app.openapi_schema  # type: ignore[return-value]
-
-    app.openapi = openapi  # type: ignore[method-assign]

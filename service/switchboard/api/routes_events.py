@@ -21,7 +21,6 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from ..hub import SubscriberOverflow, Subscription
 from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event, type_matcher
-from ..runtime.status import ENDED_STATUSES
 from . import deps
 from .auth import AuthError, authenticate, bearer, check
 
@@ -84,7 +83,7 @@ def _int_param(ws: WebSocket, name: str) -> int:
 
 
 def _authorize(ws: WebSocket, session_id: str | None) -> None:
-    settings = deps.settings(ws)  # type: ignore[arg-type]
+    settings = deps.services(ws).settings
     credential = ws.query_params.get("token") or bearer(None, ws.headers.get("authorization"))
     try:
         principal = authenticate(settings, credential)
@@ -161,7 +160,7 @@ async def _run(
     key: str = "since",
 ) -> None:
     """Run the pumps; ``resume[0]`` is the position to resume from, named ``key`` in a 4008 close reason."""
-    metrics = ws.app.state.metrics
+    metrics = deps.services(ws).metrics
     metrics.ws_connections.inc()
     tasks = [
         asyncio.create_task(pump, name="ws-pump"),
@@ -199,20 +198,21 @@ async def session_events(ws: WebSocket, sid: str) -> None:
         _authorize(ws, sid)
         since = _int_param(ws, "since")
         types = _types(ws.query_params.get("types"))
-        host, store = deps.host(ws), deps.store(ws)  # type: ignore[arg-type]
-        if host.live(sid) is None and await store.get_session(sid) is None:
+        services = deps.services(ws)
+        host, store, settings = services.host, services.store, services.settings
+        if await host.find(sid) is None:
             raise _Closed(CLOSE_NOT_FOUND, "session_not_found")
     except _Closed as closed:
         await _close(ws, closed.code, closed.reason)
         return
-    settings = deps.settings(ws)  # type: ignore[arg-type]
     # the end of the session is seen even when the filter leaves its event out
     hub_types = None if types is None else [*types, *TERMINAL_EVENTS]
     sub = host.hub.subscribe(session_ids=[sid], types=hub_types, maxsize=settings.ws_buffer)
     matches = type_matcher(types)
     # checked after subscribing: a session that ends later reports it through the hub; one that has ended has its
     # terminal event durable already (host.close() returns only after that), so the replay below has all of it
-    ended = host.live(sid) is None and getattr(await store.get_session(sid), "state", None) in ENDED_STATUSES
+    session = await host.find(sid)
+    ended = session is not None and session.ended
     resume = [since]
     sends = _Sends()
 
@@ -257,9 +257,9 @@ async def all_events(ws: WebSocket) -> None:
     except _Closed as closed:
         await _close(ws, closed.code, closed.reason)
         return
-    host, store = deps.host(ws), deps.store(ws)  # type: ignore[arg-type]
-    settings = deps.settings(ws)  # type: ignore[arg-type]
-    sub = host.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer)
+    services = deps.services(ws)
+    store, settings = services.store, services.settings
+    sub = services.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer)
     resume = [cursor]
     sends = _Sends()
 
@@ -268,12 +268,11 @@ async def all_events(ws: WebSocket) -> None:
 
     async def pump() -> None:
         last = cursor
-        matches = sub._matches
         while not from_now:
             page = await store.events_multi(session_ids=session_ids, since_id=last, limit=REPLAY_PAGE)
             for c, event in page:
                 last = resume[0] = c
-                if matches(event.type):
+                if sub.matches(event.type):
                     await _send(ws, frame(c, event), sends)
             if len(page) < REPLAY_PAGE:
                 break

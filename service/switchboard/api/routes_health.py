@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import deps
+from .deps import ServicesDep
 from .schemas import Health
 
 router = APIRouter(tags=["health"])
@@ -24,15 +24,15 @@ async def healthz() -> Health:
     response_model=Health,
     responses={503: {"model": Health, "description": "The database is unreachable"}},
 )
-async def readyz(request: Request) -> Response:
+async def readyz(services: ServicesDep) -> Response:
     """The service can reach its database."""
-    if await deps.store(request).ping():
+    if await services.store.ping():
         return JSONResponse(Health(status="ok").model_dump(exclude_none=True))
     body = Health(status="unavailable", detail="database unreachable").model_dump(exclude_none=True)
     return JSONResponse(body, status_code=503, headers={"Retry-After": "2"})
 
 
 @router.get("/metrics", operation_id="metrics", response_class=Response)
-async def metrics(request: Request) -> Response:
+async def metrics(services: ServicesDep) -> Response:
     """Prometheus metrics."""
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 
+from ..host import SessionHost
 from ..runtime.tools import ToolCallInfo
-from ..webhooks import BackendResult, CallAlreadyEnded, NotAwaitingReport, Webhooks
+from ..webhooks import BackendResult, CallAlreadyEnded, NotAwaitingReport
 from . import deps
 from .auth import Require
-from .idempotency import IdempotencyGuard
+from .deps import ServicesDep
+from .idempotency import idempotent
 from .problems import ProblemError, not_found, problem_responses
 from .schemas import ToolCallRead, ToolProgressReport, ToolResultReport
 
 router = APIRouter(tags=["tools"])
-guard = IdempotencyGuard()
 
 REPORT_RESPONSES = problem_responses(
     400,
@@ -27,21 +27,21 @@ REPORT_RESPONSES = problem_responses(
 )
 
 
-def _webhooks(request: Request) -> Webhooks:
-    return request.app.state.webhooks  # type: ignore[no-any-return]
-
-
 def _already_ended(call_id: str, info: ToolCallInfo | None = None) -> ProblemError:
     status = f" ({info.status.value})" if info is not None and info.ended else ""
     return ProblemError(409, "already_ended", f"Tool call {call_id!r} already ended{status}; the report was ignored.")
 
 
-async def _not_awaiting(request: Request, sid: str, call_id: str) -> ProblemError:
-    """Why no webhook call is waiting under this id: 404 if it never existed, else 409."""
-    live = await deps.known_session(request, sid)
-    info = live.tool_call(call_id) if live is not None else None
-    if info is None and live is None:
-        info = await deps.store(request).tool_call(sid, call_id)
+async def _refused(
+    host: SessionHost, sid: str, call_id: str, err: CallAlreadyEnded | NotAwaitingReport
+) -> ProblemError:
+    """Why a report was refused: the call ended (409), is not a webhook call waiting for one (409), or does not
+    exist (404)."""
+    if isinstance(err, CallAlreadyEnded):
+        live = host.live(sid)
+        return _already_ended(call_id, live.tool_call(call_id) if live is not None else None)
+    session = await deps.known_session(host, sid)
+    info = await session.tool_call(call_id)
     if info is None:
         return not_found("tool_call", call_id)
     if info.ended:
@@ -51,14 +51,12 @@ async def _not_awaiting(request: Request, sid: str, call_id: str) -> ProblemErro
     )
 
 
-async def _read(request: Request, sid: str, call_id: str) -> dict[str, Any]:
-    live = deps.host(request).live(sid)
-    info = live.tool_call(call_id) if live is not None else None
-    if info is None:
-        info = await deps.store(request).tool_call(sid, call_id)
+async def _read(host: SessionHost, sid: str, call_id: str) -> ToolCallRead:
+    session = await deps.known_session(host, sid)
+    info = await session.tool_call(call_id)
     if info is None:  # pragma: no cover - a call that took a report is in the session or the store
         raise not_found("tool_call", call_id)
-    return deps.tool_call_read(sid, info).model_dump(mode="json")
+    return deps.tool_call_read(sid, info)
 
 
 @router.post(
@@ -68,23 +66,17 @@ async def _read(request: Request, sid: str, call_id: str) -> dict[str, Any]:
     responses=REPORT_RESPONSES,
     dependencies=[Depends(Require("tools:report"))],
 )
-async def report_tool_progress(request: Request, sid: str, call_id: str, body: ToolProgressReport) -> Any:
+@idempotent
+async def report_tool_progress(sid: str, call_id: str, body: ToolProgressReport, services: ServicesDep) -> ToolCallRead:
     """Report progress of a webhook call (its backend answered 202). It streams as `tool.progress`; the first report
     moves the call to the background, exactly like `ctx.update()` in a Python tool. Returns once it is recorded."""
-
-    async def handler() -> tuple[int, Any]:
-        try:
-            async with deps.deadline(request):
-                # shielded: a client that goes away must not cut a progress commit in half
-                await asyncio.shield(_webhooks(request).broker.progress(sid, call_id, body.message, body.progress))
-        except CallAlreadyEnded:
-            live = deps.host(request).live(sid)
-            raise _already_ended(call_id, live.tool_call(call_id) if live else None) from None
-        except NotAwaitingReport:
-            raise await _not_awaiting(request, sid, call_id) from None
-        return 200, await _read(request, sid, call_id)
-
-    return await guard.run(request, body.model_dump(mode="json"), handler)
+    try:
+        async with deps.deadline(services.settings):
+            # shielded: a client that goes away must not cut a progress commit in half
+            await asyncio.shield(services.webhooks.broker.progress(sid, call_id, body.message, body.progress))
+    except (CallAlreadyEnded, NotAwaitingReport) as err:
+        raise await _refused(services.host, sid, call_id, err) from None
+    return await _read(services.host, sid, call_id)
 
 
 @router.post(
@@ -94,24 +86,17 @@ async def report_tool_progress(request: Request, sid: str, call_id: str, body: T
     responses=REPORT_RESPONSES,
     dependencies=[Depends(Require("tools:report"))],
 )
-async def report_tool_result(request: Request, sid: str, call_id: str, body: ToolResultReport) -> Any:
+@idempotent
+async def report_tool_result(sid: str, call_id: str, body: ToolResultReport, services: ServicesDep) -> ToolCallRead:
     """Report the result of a webhook call (its backend answered 202); `is_error` marks a failure. Returns the call
     once it has ended and its output is committed. A second result, or one after the call was cancelled or timed
     out, is a 409 `already_ended` and changes nothing."""
-
-    async def handler() -> tuple[int, Any]:
-        try:
-            _webhooks(request).broker.result(sid, call_id, BackendResult(output=body.output, is_error=body.is_error))
-        except CallAlreadyEnded:
-            live = deps.host(request).live(sid)
-            raise _already_ended(call_id, live.tool_call(call_id) if live else None) from None
-        except NotAwaitingReport:
-            raise await _not_awaiting(request, sid, call_id) from None
-        live = deps.host(request).live(sid)
-        running = live.executor.get(call_id) if live is not None else None
-        if running is not None:
-            async with deps.deadline(request):
-                await asyncio.shield(running.ended_fut)
-        return 200, await _read(request, sid, call_id)
-
-    return await guard.run(request, body.model_dump(mode="json"), handler)
+    try:
+        services.webhooks.broker.result(sid, call_id, BackendResult(output=body.output, is_error=body.is_error))
+    except (CallAlreadyEnded, NotAwaitingReport) as err:
+        raise await _refused(services.host, sid, call_id, err) from None
+    live = services.host.live(sid)
+    if live is not None:
+        async with deps.deadline(services.settings):
+            await live.wait_tool_call(call_id)
+    return await _read(services.host, sid, call_id)

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Response
 
-from ..host import SessionConflict, TooManySessions
-from ..runtime.agent import UnknownAgent
-from ..runtime.session import SessionClosed
-from ..runtime.speech import NotInterruptible
+from ..settings import Settings
+from ..store import InvalidCursor
 from . import deps
 from .auth import TOKEN_SCOPES, Require, issue_token
-from .idempotency import IdempotencyGuard
+from .deps import HostDep, KnownSession, ServicesDep, SettingsDep
+from .idempotency import idempotent
 from .problems import POST_ERRORS, ProblemError, not_found, problem_responses
 from .schemas import (
     ChatRead,
@@ -27,17 +26,17 @@ from .schemas import (
     SessionCreate,
     SessionList,
     SessionRead,
+    SessionStateFilter,
     SpeechRead,
     TokenCreate,
     TokenRead,
 )
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
-guard = IdempotencyGuard()
 
 
-def _check_text(request: Request, text: str) -> None:
-    limit = deps.settings(request).max_text_chars
+def _check_text(settings: Settings, text: str) -> None:
+    limit = settings.max_text_chars
     if len(text) > limit:
         raise ProblemError(413, "text_too_long", f"text is {len(text)} characters; the limit is {limit}.")
 
@@ -53,28 +52,15 @@ def _check_text(request: Request, text: str) -> None:
     },
     dependencies=[Depends(Require("sessions:write"))],
 )
-async def create_session(request: Request, body: SessionCreate) -> Any:
+@idempotent
+async def create_session(body: SessionCreate, response: Response, host: HostDep, settings: SettingsDep) -> SessionRead:
     """Create a live session running `agent`. Creating the same `id` again with the same body returns it (200);
     with a different body it is a conflict (409)."""
-    raw = body.model_dump(exclude_none=True, exclude={"metadata"}, mode="json")
-
-    async def handler() -> tuple[int, Any]:
-        host = deps.host(request)
-        try:
-            async with deps.deadline(request):
-                rec, created = await host.create(raw, body.metadata)
-        except UnknownAgent as err:
-            raise ProblemError(422, "unknown_agent", str(err)) from None
-        except ValueError as err:  # bad llm / options configuration
-            raise ProblemError(422, "invalid_session_config", str(err)) from None
-        except SessionConflict:
-            raise ProblemError(409, "session_exists", f"Session {raw['id']!r} exists with a different body.") from None
-        except TooManySessions as err:
-            raise ProblemError(429, "too_many_sessions", str(err), headers={"Retry-After": "5"}) from None
-        live = host.live(rec.id)
-        return (201 if created else 200), deps.session_read(rec, live).model_dump(mode="json")
-
-    return await guard.run(request, body.model_dump(mode="json"), handler)
+    async with deps.deadline(settings):
+        session, created = await host.create(body.session_config(), body.metadata)
+    if not created:
+        response.status_code = 200
+    return deps.session_read(session)
 
 
 @router.get(
@@ -84,19 +70,17 @@ async def create_session(request: Request, body: SessionCreate) -> Any:
     dependencies=[Depends(Require("sessions:read"))],
 )
 async def list_sessions(
-    request: Request,
-    state: Annotated[str | None, Query(max_length=32)] = None,
+    host: HostDep,
+    state: Annotated[SessionStateFilter | None, Query()] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> SessionList:
     """List sessions, newest first, optionally by `state` (active, closed, failed)."""
-    host = deps.host(request)
     try:
-        records, next_cursor = await deps.store(request).list_sessions(state=state, cursor=cursor, limit=limit)
-    except ValueError:
+        views, next_cursor = await host.list_sessions(state=state, cursor=cursor, limit=limit)
+    except InvalidCursor:
         raise ProblemError(422, "invalid_cursor", "The cursor is not valid.") from None
-    items = [deps.session_read(rec, host.live(rec.id)) for rec in records]
-    return SessionList(items=items, next_cursor=next_cursor)
+    return SessionList(items=[deps.session_read(view) for view in views], next_cursor=next_cursor)
 
 
 @router.get(
@@ -106,14 +90,9 @@ async def list_sessions(
     response_model=SessionRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
-async def get_session(request: Request, sid: str) -> SessionRead:
+async def get_session(session: KnownSession) -> SessionRead:
     """Read one session."""
-    host = deps.host(request)
-    live = host.live(sid)
-    rec = host.records.get(sid) if live else await deps.store(request).get_session(sid)
-    if rec is None:
-        raise not_found("session", sid)
-    return deps.session_read(rec, live)
+    return deps.session_read(session)
 
 
 @router.delete(
@@ -124,11 +103,10 @@ async def get_session(request: Request, sid: str) -> SessionRead:
     response_class=Response,
     dependencies=[Depends(Require("sessions:write"))],
 )
-async def close_session(request: Request, sid: str) -> Response:
+async def close_session(session: KnownSession, host: HostDep) -> Response:
     """Close a session: stop speaking, cancel cancellable tools, await the others, emit the final events."""
-    host = deps.host(request)
-    if not await host.close(sid) and await deps.store(request).get_session(sid) is None:
-        raise not_found("session", sid)
+    if session.live is not None:
+        await host.close(session.id)
     return Response(status_code=204)
 
 
@@ -139,12 +117,9 @@ async def close_session(request: Request, sid: str) -> Response:
     response_model=ChatRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
-async def get_chat(request: Request, sid: str) -> ChatRead:
+async def get_chat(session: KnownSession) -> ChatRead:
     """The session's chat context in conversation order (each tool output right after its call)."""
-    live = await deps.known_session(request, sid)
-    if live is not None:
-        return ChatRead(items=live.chat.items)
-    return ChatRead(items=await deps.store(request).chat_items(sid))
+    return ChatRead(items=await session.chat())
 
 
 @router.post(
@@ -155,28 +130,17 @@ async def get_chat(request: Request, sid: str) -> ChatRead:
     response_model=InputAccepted,
     dependencies=[Depends(Require("sessions:control"))],
 )
-async def inject_input(request: Request, sid: str, body: InputCreate) -> Any:
+@idempotent
+async def inject_input(sid: str, body: InputCreate, host: HostDep, settings: SettingsDep) -> InputAccepted:
     """Inject user input. `final=false` is an interim transcript (reported, not committed). A final input
     interrupts the current speech when `interrupt` is true and it allows it (or `force`), and queues a reply."""
-    _check_text(request, body.text)
-
-    async def handler() -> tuple[int, Any]:
-        session = await deps.live_or_409(request, sid)
-        try:
-            async with deps.deadline(request):
-                result = await session.input(
-                    body.text,
-                    final=body.final,
-                    interrupt=body.interrupt,
-                    force=body.force,
-                    reply=body.reply,
-                    role=body.role,
-                )
-        except SessionClosed as err:
-            raise ProblemError(409, "session_not_active", str(err)) from None
-        return 202, InputAccepted(item_id=result.item_id, speech_id=result.speech_id).model_dump(mode="json")
-
-    return await guard.run(request, body.model_dump(mode="json"), handler)
+    _check_text(settings, body.text)
+    session = await deps.active_session(host, sid)
+    async with deps.deadline(settings):
+        result = await session.input(
+            body.text, final=body.final, interrupt=body.interrupt, force=body.force, reply=body.reply, role=body.role
+        )
+    return InputAccepted(item_id=result.item_id, speech_id=result.speech_id)
 
 
 @router.post(
@@ -187,22 +151,16 @@ async def inject_input(request: Request, sid: str, body: InputCreate) -> Any:
     response_model=SayAccepted,
     dependencies=[Depends(Require("sessions:control"))],
 )
-async def say(request: Request, sid: str, body: SayCreate) -> Any:
+@idempotent
+async def say(sid: str, body: SayCreate, host: HostDep, settings: SettingsDep) -> SayAccepted:
     """Have the agent say `text` verbatim, after anything already queued."""
-    _check_text(request, body.text)
-
-    async def handler() -> tuple[int, Any]:
-        session = await deps.live_or_409(request, sid)
-        try:
-            async with deps.deadline(request):
-                speech = await session.say(
-                    body.text, allow_interruptions=body.allow_interruptions, add_to_chat=body.add_to_chat
-                )
-        except SessionClosed as err:
-            raise ProblemError(409, "session_not_active", str(err)) from None
-        return 202, SayAccepted(speech_id=speech.id).model_dump(mode="json")
-
-    return await guard.run(request, body.model_dump(mode="json"), handler)
+    _check_text(settings, body.text)
+    session = await deps.active_session(host, sid)
+    async with deps.deadline(settings):
+        speech = await session.say(
+            body.text, allow_interruptions=body.allow_interruptions, add_to_chat=body.add_to_chat
+        )
+    return SayAccepted(speech_id=speech.id)
 
 
 @router.post(
@@ -214,26 +172,17 @@ async def say(request: Request, sid: str, body: SayCreate) -> Any:
     ),
     dependencies=[Depends(Require("sessions:control"))],
 )
-async def interrupt(request: Request, sid: str, body: InterruptCreate | None = None) -> Any:
+@idempotent
+async def interrupt(sid: str, services: ServicesDep, body: InterruptCreate | None = None) -> InterruptResult:
     """Interrupt the current speech. Returns once the interrupted message (only what was heard) is committed."""
     body = body or InterruptCreate()
-
-    async def handler() -> tuple[int, Any]:
-        session = await deps.live_or_409(request, sid)
-        started = time.perf_counter()
-        try:
-            async with deps.deadline(request):
-                speech = await session.interrupt(force=body.force)
-        except NotInterruptible as err:
-            raise ProblemError(409, "not_interruptible", str(err)) from None
-        except SessionClosed as err:
-            raise ProblemError(409, "session_not_active", str(err)) from None
-        if speech is not None:
-            request.app.state.metrics.interrupt_latency.observe(time.perf_counter() - started)
-        result = InterruptResult(speech_id=speech.id if speech else None, interrupted=speech is not None)
-        return 200, result.model_dump(mode="json")
-
-    return await guard.run(request, body.model_dump(mode="json"), handler)
+    session = await deps.active_session(services.host, sid)
+    started = time.perf_counter()
+    async with deps.deadline(services.settings):
+        speech = await session.interrupt(force=body.force)
+    if speech is not None:
+        services.metrics.interrupt_latency.observe(time.perf_counter() - started)
+    return InterruptResult(speech_id=speech.id if speech else None, interrupted=speech is not None)
 
 
 @router.get(
@@ -243,13 +192,10 @@ async def interrupt(request: Request, sid: str, body: InterruptCreate | None = N
     response_model=SpeechRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
-async def get_speech(request: Request, sid: str, speech_id: str) -> SpeechRead:
+async def get_speech(sid: str, speech_id: str, host: HostDep) -> SpeechRead:
     """One speech: its state, whether it was interrupted, what was generated and what was heard."""
-    live = await deps.known_session(request, sid)
-    handle = live.speech(speech_id) if live else None
-    if handle is not None:
-        return SpeechRead(**handle.info().model_dump())
-    info = await deps.store(request).speech(sid, speech_id)
+    session = await deps.known_session(host, sid)
+    info = await session.speech(speech_id)
     if info is None:
         raise not_found("speech", speech_id)
     return SpeechRead(**info.model_dump())
@@ -263,19 +209,14 @@ async def get_speech(request: Request, sid: str, speech_id: str) -> SpeechRead:
     response_model=TokenRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
-async def create_token(request: Request, sid: str, body: TokenCreate | None = None) -> Any:
+@idempotent
+async def create_token(session: KnownSession, settings: SettingsDep, body: TokenCreate | None = None) -> TokenRead:
     """A short-lived token that can read this session and stream its events (for embedded dashboards)."""
     body = body or TokenCreate()
-    await deps.known_session(request, sid)
-
-    async def handler() -> tuple[int, Any]:
-        token, expires = issue_token(deps.settings(request), sid, body.ttl_s)
-        read = TokenRead(
-            token=token,
-            session_id=sid,
-            scopes=list(TOKEN_SCOPES),
-            expires_at=datetime.fromtimestamp(expires, tz=UTC),
-        )
-        return 201, read.model_dump(mode="json")
-
-    return await guard.run(request, body.model_dump(mode="json"), handler)
+    token, expires = issue_token(settings, session.id, body.ttl_s)
+    return TokenRead(
+        token=token,
+        session_id=session.id,
+        scopes=list(TOKEN_SCOPES),
+        expires_at=datetime.fromtimestamp(expires, tz=UTC),
+    )

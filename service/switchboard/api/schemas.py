@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..host import PlayoutSettings, SessionConfig
 from ..runtime.chat import ChatItem
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
@@ -34,6 +35,22 @@ class SessionCreate(_In):
     allow_interruptions: bool | None = None
     max_tool_steps: int | None = Field(default=None, ge=0, le=20)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def session_config(self) -> SessionConfig:
+        """How the session runs (everything but its metadata), as the host takes it."""
+        return SessionConfig(
+            id=self.id,
+            agent=self.agent,
+            llm=self.llm,
+            playout=PlayoutSettings(words_per_second=self.playout.words_per_second) if self.playout else None,
+            preemptive_generation=self.preemptive_generation,
+            allow_interruptions=self.allow_interruptions,
+            max_tool_steps=self.max_tool_steps,
+        )
+
+
+# the states a session is stored in (what ``GET /v1/sessions?state=`` can match)
+SessionStateFilter = Literal["initializing", "active", "closing", "closed", "failed"]
 
 
 class SessionRead(BaseModel):

@@ -217,6 +217,17 @@ class AgentSession:
         rc = self.executor.get(call_id)
         return rc.info if rc else None
 
+    @property
+    def remembers_every_tool_call(self) -> bool:
+        """False once older ended calls were dropped from memory (the store keeps every call)."""
+        return self.executor.forgotten == 0
+
+    async def wait_tool_call(self, call_id: str) -> None:
+        """Return once the call has ended (at once when it is unknown); cancelling the wait does not cancel it."""
+        rc = self.executor.get(call_id)
+        if rc is not None:
+            await asyncio.shield(rc.ended_fut)
+
     # -- operator commands ----------------------------------------------------------------------------------
 
     async def input(

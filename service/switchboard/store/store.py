@@ -177,14 +177,17 @@ class Store:
     async def list_sessions(
         self, *, state: str | None = None, cursor: str | None = None, limit: int = 50
     ) -> tuple[list[SessionRecord], str | None]:
-        """Sessions oldest first, ``limit`` at a time; pass the returned cursor to get the next page (None: done)."""
+        """Sessions newest first, ``limit`` at a time; pass the returned cursor to get the next page (None: done).
+
+        Sessions created at the same instant are ordered by id (descending), so the pages neither skip nor repeat.
+        """
         t = m.sessions
-        stmt = sa.select(t).order_by(t.c.created_at, t.c.id).limit(limit + 1)
+        stmt = sa.select(t).order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit + 1)
         if state is not None:
             stmt = stmt.where(t.c.state == state)
         if cursor:
             after_at, after_id = _decode_cursor(cursor)
-            stmt = stmt.where(sa.or_(t.c.created_at > after_at, sa.and_(t.c.created_at == after_at, t.c.id > after_id)))
+            stmt = stmt.where(sa.or_(t.c.created_at < after_at, sa.and_(t.c.created_at == after_at, t.c.id < after_id)))
         rows = await self._fetch(stmt)
         page = rows[:limit]
         next_cursor = _encode_cursor(page[-1]["created_at"], page[-1]["id"]) if len(rows) > limit else None
