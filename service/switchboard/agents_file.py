@@ -42,7 +42,7 @@ from pydantic import (
 from .runtime.agent import Agent, AgentFactory, AgentRegistry
 from .runtime.executor import COMPANION_TOOLS
 from .runtime.llm import build_llm
-from .runtime.tools import CONFIRM_FIELD, DuplicateScope, OnDuplicate, OnRestart, ToolScope
+from .runtime.tools import CONFIRM_FIELD, ToolPolicy
 from .schema_model import SchemaError, object_model
 from .webhooks import WebhookEndpoint, Webhooks, WebhookTool, default_cancel_url
 
@@ -60,7 +60,9 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class WebhookToolSpec(_Spec):
+class WebhookToolSpec(ToolPolicy):
+    """A webhook tool: where its calls go, what they take, and the policy fields of ``ToolPolicy`` beside them."""
+
     kind: Literal["webhook"]
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str = ""
@@ -69,11 +71,10 @@ class WebhookToolSpec(_Spec):
     cancel_url: HttpUrl | None = None
     timeout_s: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT_S)
     secret_env: str = Field(pattern=ENV_NAME_PATTERN)
-    allow_cancellation: bool = False
-    on_duplicate: OnDuplicate = "allow"
-    duplicate_scope: DuplicateScope = "name"
-    on_restart: OnRestart = "fail"
-    scope: ToolScope = "agent"
+
+    @property
+    def policy(self) -> ToolPolicy:
+        return ToolPolicy(**self.model_dump(include=set(ToolPolicy.model_fields)))
 
     @field_validator("name")
     @classmethod
@@ -233,11 +234,7 @@ def webhook_tool(spec: WebhookToolSpec, webhooks: Webhooks, secret: str) -> Webh
         parameters=spec.parameters,
         endpoint=endpoint,
         webhooks=webhooks,
-        on_duplicate=spec.on_duplicate,
-        duplicate_scope=spec.duplicate_scope,
-        allow_cancellation=spec.allow_cancellation,
-        on_restart=spec.on_restart,
-        scope=spec.scope,
+        policy=spec.policy,
     )
 
 

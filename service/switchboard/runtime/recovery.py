@@ -33,7 +33,7 @@ async def recover(
         session.executor.adopt(info)
     running = [info for info in tool_calls if not info.ended]
     tools = session.agent.tools
-    retry = [info for info in running if (t := tools.get(info.name)) is not None and t.on_restart == "retry"]
+    retry = [info for info in running if (t := tools.get(info.name)) is not None and t.policy.on_restart == "retry"]
     retry_ids = {info.call_id for info in retry}
     interrupted = [info for info in running if info.call_id not in retry_ids]
     unfinished = [sp for sp in speeches if sp.state != SpeechState.DONE]
