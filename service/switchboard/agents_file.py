@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -125,9 +126,7 @@ class AgentSpec(_Spec):
 
     @model_validator(mode="after")
     def _unique_tools(self) -> AgentSpec:
-        names = [t.name for t in self.tools]
-        dups = sorted({n for n in names if names.count(n) > 1})
-        if dups:
+        if dups := _repeated(t.name for t in self.tools):
             raise ValueError(f"duplicate tool name(s): {', '.join(dups)}")
         return self
 
@@ -137,11 +136,15 @@ class AgentsFile(_Spec):
 
     @model_validator(mode="after")
     def _unique_agents(self) -> AgentsFile:
-        names = [a.name for a in self.agents]
-        dups = sorted({n for n in names if names.count(n) > 1})
-        if dups:
+        if dups := _repeated(a.name for a in self.agents):
             raise ValueError(f"duplicate agent name(s): {', '.join(dups)}")
         return self
+
+
+def _repeated(names: Iterable[str]) -> list[str]:
+    """The names that occur more than once, sorted."""
+    counts = Counter(names)
+    return sorted(name for name, count in counts.items() if count > 1)
 
 
 def _join_errors(err: ValidationError) -> str:
