@@ -21,6 +21,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check service tests bench migrations
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	@# every function at cyclomatic complexity C or better; `radon cc -s -n D service/switchboard` names the offenders
+	$(BIN)/xenon --max-absolute C --max-modules B --max-average A service/switchboard
 
 fmt: $(STAMP)
 	$(BIN)/ruff format service tests bench migrations
