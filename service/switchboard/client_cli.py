@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote, urlencode
 
@@ -226,7 +227,7 @@ async def tail(
     def to_stderr(text: str) -> None:
         print(style(text, "dim"), file=sys.stderr, flush=True)
 
-    return await _Tail(client, sid, since, types, style, retry_for_s, out, note or to_stderr).run()
+    return await _Tail(client, sid, types, style, retry_for_s, out, note or to_stderr, last=since).run()
 
 
 class _Read(enum.Enum):
@@ -237,32 +238,22 @@ class _Read(enum.Enum):
     DROPPED = enum.auto()  # the connection ended; its close code says why
 
 
+@dataclass(eq=False)
 class _Tail:
     """One ``tail``: the last seq shown, the tool names seen, and the reconnect back-off."""
 
-    def __init__(
-        self,
-        client: Client,
-        sid: str,
-        since: int,
-        types: str | None,
-        style: Style,
-        retry_for_s: float,
-        out: TextIO,
-        say: Callable[[str], None],
-    ) -> None:
-        self.client = client
-        self.sid = sid
-        self.types = types
-        self.style = style
-        self.retry_for_s = retry_for_s
-        self.out = out
-        self.say = say
-        self.last = since
-        self.names: dict[str, str] = {}
-        self.connected_once = False
-        self.failing_since: float | None = None
-        self.delay_s = RECONNECT_MIN_S
+    client: Client
+    sid: str
+    types: str | None
+    style: Style
+    retry_for_s: float
+    out: TextIO
+    say: Callable[[str], None]
+    last: int  # the seq of the last event printed
+    names: dict[str, str] = field(default_factory=dict)  # tool names by call id, for progress lines
+    connected_once: bool = False
+    failing_since: float | None = None
+    delay_s: float = RECONNECT_MIN_S
 
     async def run(self) -> int:
         while True:
