@@ -40,6 +40,7 @@ from pydantic import (
     model_validator,
 )
 
+from .model_profiles import SESSION_TUNABLE
 from .runtime.agent import Agent, AgentFactory, AgentRegistry
 from .runtime.executor import COMPANION_TOOLS
 from .runtime.llm import build_llm
@@ -115,7 +116,12 @@ class AgentSpec(_Spec):
     @field_validator("llm")
     @classmethod
     def _llm(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None:
+        if value is not None and "profile" in value:
+            # a reference to a model profile of the server (checked against SWITCHBOARD_MODELS at startup)
+            extra = sorted(set(value) - {"profile", *SESSION_TUNABLE})
+            if extra or not isinstance(value["profile"], str):
+                raise ValueError(f"a profile reference takes only 'profile' and {', '.join(sorted(SESSION_TUNABLE))}")
+        elif value is not None:
             try:
                 build_llm(value)  # providers build lazily: this checks the config, it opens nothing
             except ValidationError as err:

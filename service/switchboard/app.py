@@ -21,6 +21,7 @@ from .demo import AGENTS as DEMO_AGENTS
 from .host import SessionHost
 from .hub import EventHub
 from .metrics import Metrics
+from .model_profiles import ModelProfiles
 from .runtime.agent import AgentRegistry
 from .runtime.aio import cancel_and_wait
 from .settings import Settings
@@ -58,11 +59,17 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
     settings = settings or Settings()
     registry = registry or AgentRegistry.load(settings.agents, builtin=DEMO_AGENTS)
     webhooks = Webhooks()
+    models = ModelProfiles(settings.models)  # ValueError: the service does not start
     default_llms: dict[str, dict[str, Any]] = {}
     if settings.agents_file is not None:
         declared = load_agents_file(settings.agents_file, webhooks)  # AgentsFileError: the service does not start
         declared.register(registry)
         default_llms = declared.default_llms
+        for agent, config in default_llms.items():
+            try:
+                models.server_config(config)
+            except ValueError as err:
+                raise ValueError(f"{settings.agents_file}: agent {agent!r}: llm: {err}") from None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -79,6 +86,7 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
             settings=settings,
             on_event=metrics.on_event,
             default_llms=default_llms,
+            models=models,
         )
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
         app.state.store, app.state.hub, app.state.host = store, hub, host

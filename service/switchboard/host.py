@@ -11,6 +11,7 @@ from typing import Any
 
 from .demo import DEMO_SCRIPT
 from .hub import EventHub
+from .model_profiles import ModelProfiles
 from .runtime.agent import AgentRegistry
 from .runtime.chat import ChatContext, ChatItem, new_id, utcnow
 from .runtime.events import Event, EventLog
@@ -69,12 +70,14 @@ class SessionHost:
         settings: Settings,
         on_event: Callable[[Event], None] | None = None,
         default_llms: Mapping[str, dict[str, Any]] | None = None,
+        models: ModelProfiles | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
         self.hub = hub
         self.settings = settings
         self.default_llms = dict(default_llms or {})  # agent name -> llm config used when a session gives none
+        self.models = models or ModelProfiles()
         self.sessions: dict[str, AgentSession] = {}
         self.records: dict[str, SessionRecord] = {}
         self._on_event = on_event
@@ -94,12 +97,11 @@ class SessionHost:
 
     def _build(self, rec: SessionRecord, *, items: list[ChatItem] = (), last_seq: int = 0) -> AgentSession:  # type: ignore[assignment]
         agent = self.registry.create(rec.agent)
-        llm_config = rec.config.get("llm")
-        if llm_config is None:
-            llm_config = self.default_llms.get(rec.config.get("agent") or rec.agent)
-        if llm_config is None and rec.config.get("agent") == "demo":
-            llm_config = DEMO_SCRIPT
-        llm = build_llm(llm_config)
+        default = self.default_llms.get(rec.config.get("agent") or rec.agent)
+        if default is None and rec.config.get("agent") == "demo":
+            default = DEMO_SCRIPT
+        # a session's own llm is checked on every build, recovery included: a stored config never bypasses it
+        llm = build_llm(self.models.for_session(rec.config.get("llm"), default))
         if rec.llm_state is not None:
             llm.load_state(rec.llm_state)
         wps = (rec.config.get("playout") or {}).get("words_per_second") or self.settings.words_per_second

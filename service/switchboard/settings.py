@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     database_url: str = "sqlite+aiosqlite:///./var/switchboard.db"
     agents: str | None = None
     agents_file: Path | None = None  # YAML or JSON agents with webhook tools (see agents_file.py)
+    # named model profiles (name -> provider config): the only way a session reaches a model server
+    models: dict[str, dict[str, Any]] = Field(default_factory=dict)
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     log_level: str = "INFO"
@@ -59,6 +61,11 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_keys(cls, value: object) -> object:
         return [] if value in ("", None) else value
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _empty_models(cls, value: object) -> object:
+        return {} if value in ("", None) else value
 
     @property
     def auth_enabled(self) -> bool:

@@ -25,9 +25,9 @@ class SessionCreate(_In):
     agent: str = Field(min_length=1, max_length=100)
     llm: dict[str, Any] | None = Field(
         default=None,
-        description='Model configuration: {"provider": "scripted", "turns": [...]} (the default) or '
-        '{"provider": "openai", "model": "...", "base_url"?, "api_key_env"?, "temperature"?, "timeout_s"?, '
-        '"max_retries"?} for any OpenAI-compatible server.',
+        description='The model: a server-side model profile, {"profile": "<name>", "temperature"?} (profiles are '
+        "configured with SWITCHBOARD_MODELS; endpoints and credentials never come from a request), or a script, "
+        '{"provider": "scripted", "turns": [...], "fallback"?}. Default: the agent\'s own model.',
     )
     playout: PlayoutConfig | None = None
     preemptive_generation: bool | None = None

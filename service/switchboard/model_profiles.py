@@ -1,0 +1,93 @@
+"""Model profiles: sessions reach model servers only through endpoints and credentials the server configured.
+
+A profile is a named provider configuration (``SWITCHBOARD_MODELS``, a JSON object of name -> config, or the
+``llm`` of an agent in the agents file). A session asks for one with ``{"profile": "<name>"}`` and may tune only
+parameters that cannot send anything anywhere (``temperature``). A session's own ``llm`` can never name a URL or an
+environment variable: otherwise a caller with ``sessions:write`` could point the service at a listener of its
+choosing and receive whatever secret it names, sent as a bearer token.
+
+The scripted model needs no endpoint and no credential, so a session may still bring a script.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .runtime.llm import build_llm
+
+PROFILE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+#: What a session may set on top of a profile: nothing here reaches a URL, a variable or a resource limit.
+SESSION_TUNABLE = frozenset({"temperature"})
+#: Providers a session may configure in full because they talk to nothing outside the process.
+SELF_CONTAINED_PROVIDERS = frozenset({"scripted"})
+
+
+class ModelProfiles:
+    """The server's model profiles, validated once at startup; resolves what a session may use."""
+
+    def __init__(self, profiles: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self._profiles: dict[str, dict[str, Any]] = {}
+        for name, config in (profiles or {}).items():
+            if not PROFILE_NAME_PATTERN.match(name):
+                raise ValueError(f"model profile name {name!r}: use letters, digits, '_', '.', '-' (max 64)")
+            if "profile" in config:
+                raise ValueError(f"model profile {name!r}: a profile cannot refer to another profile")
+            try:
+                build_llm(dict(config))  # checks the config; providers open nothing until used
+            except ValueError as err:
+                raise ValueError(f"model profile {name!r}: {err}") from None
+            self._profiles[name] = dict(config)
+
+    def names(self) -> list[str]:
+        return sorted(self._profiles)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._profiles
+
+    def _available(self) -> str:
+        return ", ".join(self.names()) or "none configured: set SWITCHBOARD_MODELS"
+
+    def _profile(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        name = config["profile"]
+        if not isinstance(name, str) or name not in self._profiles:
+            raise ValueError(f"unknown model profile {name!r} (available: {self._available()})")
+        tuning = {k: v for k, v in config.items() if k != "profile"}
+        refused = sorted(set(tuning) - SESSION_TUNABLE)
+        if refused:
+            raise ValueError(
+                f"a session may set only {', '.join(sorted(SESSION_TUNABLE))} on a model profile; "
+                f"{', '.join(refused)} come(s) from the server's configuration"
+            )
+        return {**self._profiles[name], **tuning}
+
+    def for_session(
+        self, requested: Mapping[str, Any] | None, default: Mapping[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """The provider configuration to build for a session.
+
+        ``requested`` is the session's own ``llm`` (from a caller: untrusted); ``default`` is its agent's default
+        (server configuration). Raises ``ValueError`` (the API answers 422) for anything a session may not choose.
+        """
+        if requested is None:
+            return self.server_config(default)
+        if "profile" in requested:
+            return self._profile(requested)
+        provider = requested.get("provider", "scripted")
+        if provider in SELF_CONTAINED_PROVIDERS:
+            return dict(requested)
+        raise ValueError(
+            f"a session cannot configure the {provider!r} provider itself: model endpoints and credentials come from "
+            f'the server\'s configuration. Ask for a model profile instead: {{"profile": "<name>"}} '
+            f"(available: {self._available()})"
+        )
+
+    def server_config(self, config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """Resolve a configuration written by the operator (an agent's default): a full provider configuration,
+        or a reference to a profile."""
+        if config is None:
+            return None
+        if "profile" in config:
+            return self._profile(config)
+        return dict(config)
