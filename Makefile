@@ -22,6 +22,8 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m tests.import_cycles switchboard
+	@# every function at cyclomatic complexity C or better; `radon cc -s -n D service/switchboard` names the offenders
+	$(BIN)/xenon --max-absolute C --max-modules B --max-average A service/switchboard
 
 fmt: $(STAMP)
 	$(BIN)/ruff format service tests bench migrations

@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -43,7 +44,7 @@ from .model_profiles import SESSION_TUNABLE
 from .runtime.agent import Agent, AgentFactory, AgentRegistry
 from .runtime.executor import COMPANION_TOOLS
 from .runtime.llm import build_llm
-from .runtime.tools import CONFIRM_FIELD, DuplicateScope, OnDuplicate, OnRestart, ToolScope
+from .runtime.tools import CONFIRM_FIELD, ToolPolicy
 from .schema_model import SchemaError, object_model
 from .webhooks import WebhookEndpoint, Webhooks, WebhookTool, default_cancel_url
 
@@ -61,7 +62,9 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class WebhookToolSpec(_Spec):
+class WebhookToolSpec(ToolPolicy):
+    """A webhook tool: where its calls go, what they take, and the policy fields of ``ToolPolicy`` beside them."""
+
     kind: Literal["webhook"]
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str = ""
@@ -70,11 +73,10 @@ class WebhookToolSpec(_Spec):
     cancel_url: HttpUrl | None = None
     timeout_s: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT_S)
     secret_env: str = Field(pattern=ENV_NAME_PATTERN)
-    allow_cancellation: bool = False
-    on_duplicate: OnDuplicate = "allow"
-    duplicate_scope: DuplicateScope = "name"
-    on_restart: OnRestart = "fail"
-    scope: ToolScope = "agent"
+
+    @property
+    def policy(self) -> ToolPolicy:
+        return ToolPolicy(**self.model_dump(include=set(ToolPolicy.model_fields)))
 
     @field_validator("name")
     @classmethod
@@ -130,9 +132,7 @@ class AgentSpec(_Spec):
 
     @model_validator(mode="after")
     def _unique_tools(self) -> AgentSpec:
-        names = [t.name for t in self.tools]
-        dups = sorted({n for n in names if names.count(n) > 1})
-        if dups:
+        if dups := _repeated(t.name for t in self.tools):
             raise ValueError(f"duplicate tool name(s): {', '.join(dups)}")
         return self
 
@@ -142,11 +142,15 @@ class AgentsFile(_Spec):
 
     @model_validator(mode="after")
     def _unique_agents(self) -> AgentsFile:
-        names = [a.name for a in self.agents]
-        dups = sorted({n for n in names if names.count(n) > 1})
-        if dups:
+        if dups := _repeated(a.name for a in self.agents):
             raise ValueError(f"duplicate agent name(s): {', '.join(dups)}")
         return self
+
+
+def _repeated(names: Iterable[str]) -> list[str]:
+    """The names that occur more than once, sorted."""
+    counts = Counter(names)
+    return sorted(name for name, count in counts.items() if count > 1)
 
 
 def _join_errors(err: ValidationError) -> str:
@@ -239,11 +243,7 @@ def webhook_tool(spec: WebhookToolSpec, webhooks: Webhooks, secret: str) -> Webh
         parameters=spec.parameters,
         endpoint=endpoint,
         webhooks=webhooks,
-        on_duplicate=spec.on_duplicate,
-        duplicate_scope=spec.duplicate_scope,
-        allow_cancellation=spec.allow_cancellation,
-        on_restart=spec.on_restart,
-        scope=spec.scope,
+        policy=spec.policy,
     )
 
 

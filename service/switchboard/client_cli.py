@@ -9,20 +9,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import enum
 import json
 import os
 import sys
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import Any, TextIO
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import quote, urlencode
 
 import httpx
 
+from .client_output import Style, age, choose_style, event_line, format_arguments, short, table
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 RETRIES = 2
+RECONNECT_MIN_S = 0.25
 RECONNECT_MAX_S = 2.0
 FATAL_CLOSES = {
     4400: "the event stream rejected the request",
@@ -80,157 +87,6 @@ def _problem_line(r: httpx.Response) -> str:
     return f"HTTP {r.status_code} from {r.request.method} {r.request.url.path}"
 
 
-# -- output --------------------------------------------------------------------------------------------------------
-
-ANSI = {
-    "bold": "1",
-    "dim": "2",
-    "red": "31",
-    "green": "32",
-    "yellow": "33",
-    "blue": "34",
-    "magenta": "35",
-    "cyan": "36",
-}
-STATUS_COLOURS = {"completed": "green", "cancelled": "magenta", "running": "yellow"}
-
-
-class Style:
-    def __init__(self, colour: bool, unicode: bool) -> None:
-        self.colour = colour
-        self.unicode = unicode
-
-    def __call__(self, text: str, *names: str) -> str:
-        if not self.colour or not names:
-            return text
-        codes = ";".join(ANSI[n] for n in names)
-        return f"\033[{codes}m{text}\033[0m"
-
-    def bar(self, progress: float | None, width: int = 20) -> str:
-        if progress is None:
-            return ""
-        filled = max(0, min(width, round(progress * width)))
-        full, empty = ("█", "░") if self.unicode else ("#", "-")
-        return f"[{self(full * filled, 'green')}{empty * (width - filled)}] {round(progress * 100):3d}%"
-
-
-def _style(choice: str, stream: TextIO) -> Style:
-    if choice == "always":
-        colour = True
-    elif choice == "never":
-        colour = False
-    else:
-        colour = stream.isatty() and not os.environ.get("NO_COLOR")
-    unicode = "utf" in (getattr(stream, "encoding", "") or "").lower()
-    return Style(colour, unicode)
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _args(arguments: Any) -> str:
-    if not isinstance(arguments, dict):
-        return ""
-    return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
-
-
-def _age(created_at: str) -> str:
-    try:
-        seconds = int((datetime.now(UTC) - datetime.fromisoformat(created_at)).total_seconds())
-    except ValueError:
-        return "?"
-    seconds = max(seconds, 0)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d{seconds % 86400 // 3600}h"
-
-
-def _table(rows: list[list[str]], header: list[str], out: TextIO) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        out.write("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip() + "\n")
-
-
-def describe(event: dict[str, Any], s: Style, names: dict[str, str] | None = None) -> str:
-    """One readable line for an event (without seq and time); `names` maps call ids to tool names."""
-    d: dict[str, Any] = event.get("data") or {}
-    kind = str(event.get("type", ""))
-    if kind == "session.started":
-        return s(f"session started with agent {d.get('agent')}", "bold")
-    if kind == "session.recovered":
-        return s(f"──── session recovered after a restart (agent {d.get('agent')}) ────", "bold", "yellow")
-    if kind == "session.closed":
-        return s("session closed", "bold")
-    if kind == "session.failed":
-        return s(f"session failed: {d.get('error', '')}", "bold", "red")
-    if kind == "agent.state":
-        return s(f"agent is {d.get('state')}", "dim")
-    if kind == "agent.handoff":
-        return s(f"handoff {d.get('from_agent')} → {d.get('to_agent')}", "magenta")
-    if kind == "user.input":
-        who = d.get("role") or "user"
-        label = f"{who} (interim)" if not d.get("final", True) else who
-        return s(f"{label}: ", "green", "bold") + _short(d.get("text", ""), 200)
-    if kind == "speech.created":
-        return s(f"speech {d.get('speech_id')} queued ({d.get('source')})", "dim")
-    if kind == "generation.started":
-        return s(f"thinking (speech {d.get('speech_id')}, step {d.get('step')})", "dim")
-    if kind == "speech.started":
-        return s(f"speaking {d.get('speech_id')}", "cyan")
-    if kind == "speech.interrupted":
-        return s(f"interrupted {d.get('speech_id')}; heard: ", "yellow", "bold") + _short(d.get("played_text", ""), 200)
-    if kind == "speech.done":
-        return s(f"speech {d.get('speech_id')} done{' (interrupted)' if d.get('interrupted') else ''}", "dim")
-    if kind == "chat.item":
-        item = d.get("item") or {}
-        if item.get("type") == "message":
-            flag = " [interrupted]" if item.get("interrupted") else ""
-            return s(f"{item.get('role')}: ", "cyan", "bold") + _short(item.get("text", ""), 200) + s(flag, "yellow")
-        if item.get("type") == "function_call":
-            return s(f"call {item.get('name')}({_args(item.get('arguments'))})", "dim")
-        if item.get("type") == "function_call_output":
-            return s(f"output of {item.get('name')}: {_short(item.get('output', ''))}", "dim")
-        return s(f"chat item {item.get('type')}", "dim")
-    if kind == "tool.started":
-        flag = " [cancellable]" if d.get("cancellable") else ""
-        return s(f"tool {d.get('name')}({_args(d.get('arguments'))}) started", "yellow") + s(
-            f" {d.get('call_id')}{flag}", "dim"
-        )
-    if kind == "tool.progress":
-        progress = d.get("progress")
-        name = (names or {}).get(str(d.get("call_id")), str(d.get("call_id")))
-        parts = [
-            s(name, "yellow"),
-            s.bar(float(progress)) if isinstance(progress, int | float) else "",
-            d.get("message"),
-        ]
-        return " ".join(str(p) for p in parts if p)
-    if kind == "tool.ended":
-        status = str(d.get("status"))
-        colour = STATUS_COLOURS.get(status, "red")
-        return s(f"tool {d.get('name') or d.get('call_id')} {status}", colour, "bold") + f": {_short(d.get('output'))}"
-    if kind == "generation.failed":
-        return s(f"generation failed: {d.get('error')}", "red")
-    return s(_short(d), "dim")
-
-
-def event_line(event: dict[str, Any], s: Style, names: dict[str, str] | None = None) -> str:
-    at = str(event.get("at", ""))
-    try:
-        clock = datetime.fromisoformat(at).astimezone().strftime("%H:%M:%S.%f")[:-3]
-    except ValueError:
-        clock = at
-    kind = str(event.get("type", ""))
-    return f"{s(str(event.get('seq')).rjust(5), 'dim')} {s(clock, 'dim')} {kind.ljust(19)} {describe(event, s, names)}"
-
-
 # -- commands ------------------------------------------------------------------------------------------------------
 
 
@@ -242,6 +98,15 @@ def _client(args: argparse.Namespace) -> Client:
 
 def _sid(sid: str) -> str:
     return quote(sid, safe="")
+
+
+def _printed_json_or_nothing(items: list[dict[str, Any]], as_json: bool, nothing: str) -> bool:
+    """Print the API's JSON (``--json``) or that there is nothing to list; False when a table is still due."""
+    if as_json:
+        print(json.dumps(items, indent=2))
+    elif not items:
+        print(nothing)
+    return as_json or not items
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
@@ -260,11 +125,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         if not cursor:
             break
     running = client.request("GET", "/v1/tool-calls", params={"status": "running"})["items"]
-    if args.json:
-        print(json.dumps(items, indent=2))
-        return 0
-    if not items:
-        print("no live sessions" if not args.all else "no sessions")
+    if _printed_json_or_nothing(items, args.json, "no sessions" if args.all else "no live sessions"):
         return 0
     counts: dict[str, int] = {}
     for call in running:
@@ -276,11 +137,11 @@ def cmd_sessions(args: argparse.Namespace) -> int:
             it["state"],
             it["agent_state"] if it["state"] == "active" else "-",
             str(counts.get(it["id"], 0)),
-            _age(it["created_at"]),
+            age(it["created_at"]),
         ]
         for it in items
     ]
-    _table(rows, ["SESSION", "AGENT", "STATE", "AGENT STATE", "TOOLS", "AGE"], sys.stdout)
+    table(rows, ["SESSION", "AGENT", "STATE", "AGENT STATE", "TOOLS", "AGE"], sys.stdout)
     return 0
 
 
@@ -310,32 +171,29 @@ def cmd_tools(args: argparse.Namespace) -> int:
         calls = client.request("GET", f"/v1/sessions/{_sid(args.sid)}/tool-calls", params=params)["items"]
     else:
         calls = client.request("GET", "/v1/tool-calls", params={"status": "running"})["items"]
-    if args.json:
-        print(json.dumps(calls, indent=2))
+    if _printed_json_or_nothing(calls, args.json, "no tool calls" if args.all else "no running tool calls"):
         return 0
-    if not calls:
-        print("no running tool calls" if not args.all else "no tool calls")
-        return 0
-    s = _style("never", sys.stdout)
-    rows = []
-    for c in calls:
-        last = c["progress"][-1] if c["progress"] else None
-        progress = ""
-        if last is not None:
-            bar = s.bar(last["progress"], width=10) if last["progress"] is not None else ""
-            progress = f"{bar} {last['message']}".strip()
-        flag = "yes" if c["cancellable"] else "no"
-        rows.append(
-            [c["call_id"], c["session_id"], c["name"], c["status"], flag, progress, _short(_args(c["arguments"]), 40)]
-        )
-    _table(rows, ["CALL ID", "SESSION", "NAME", "STATUS", "CANCELLABLE", "PROGRESS", "ARGUMENTS"], sys.stdout)
+    s = choose_style("never", sys.stdout)
+    rows = [_call_row(c, s) for c in calls]
+    table(rows, ["CALL ID", "SESSION", "NAME", "STATUS", "CANCELLABLE", "PROGRESS", "ARGUMENTS"], sys.stdout)
     return 0
+
+
+def _call_row(call: dict[str, Any], s: Style) -> list[str]:
+    last = call["progress"][-1] if call["progress"] else None
+    progress = ""
+    if last is not None:
+        bar = s.bar(last["progress"], width=10) if last["progress"] is not None else ""
+        progress = f"{bar} {last['message']}".strip()
+    flag = "yes" if call["cancellable"] else "no"
+    arguments = short(format_arguments(call["arguments"]), 40)
+    return [call["call_id"], call["session_id"], call["name"], call["status"], flag, progress, arguments]
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     path = f"/v1/sessions/{_sid(args.sid)}/tool-calls/{quote(args.call_id, safe='')}/cancel"
     res = _client(args).request("POST", path, body={})
-    print(f"cancelled {res['name']} ({res['call_id']}): {_short(res.get('output') or '')}")
+    print(f"cancelled {res['name']} ({res['call_id']}): {short(res.get('output') or '')}")
     return 0
 
 
@@ -346,7 +204,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
             args.sid,
             since=args.since,
             types=args.types,
-            style=_style(args.color, sys.stdout),
+            style=choose_style(args.color, sys.stdout),
             retry_for_s=args.retry_for,
         )
     )
@@ -365,68 +223,120 @@ async def tail(
 ) -> int:
     """Print a session's events as they happen; after a drop (or a 4008 "too slow") resume from the last seq shown,
     so no event is printed twice or skipped. Ends when the session closes."""
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-    def say(text: str) -> None:
-        (note or (lambda t: print(style(t, "dim"), file=sys.stderr, flush=True)))(text)
+    def to_stderr(text: str) -> None:
+        print(style(text, "dim"), file=sys.stderr, flush=True)
 
-    base = "ws" + client.url[len("http") :] if client.url.startswith("http") else client.url
-    last = since
-    names: dict[str, str] = {}
-    connected_once = False
+    return await _Tail(client, sid, types, style, retry_for_s, out, note or to_stderr, last=since).run()
+
+
+class _Read(enum.Enum):
+    """How reading one connection's frames ended."""
+
+    SESSION_CLOSED = enum.auto()  # the session.closed event was printed
+    GAP = enum.auto()  # a frame is missing: read again from the last one shown
+    DROPPED = enum.auto()  # the connection ended; its close code says why
+
+
+@dataclass(eq=False)
+class _Tail:
+    """One ``tail``: the last seq shown, the tool names seen, and the reconnect back-off."""
+
+    client: Client
+    sid: str
+    types: str | None
+    style: Style
+    retry_for_s: float
+    out: TextIO
+    say: Callable[[str], None]
+    last: int  # the seq of the last event printed
+    names: dict[str, str] = field(default_factory=dict)  # tool names by call id, for progress lines
+    connected_once: bool = False
     failing_since: float | None = None
-    delay = 0.25
-    while True:
-        query = {"since": last, **({"types": types} if types else {})}
-        url = f"{base}/v1/sessions/{_sid(sid)}/events?{urlencode(query)}"
-        code, reason = 1006, ""
+    delay_s: float = RECONNECT_MIN_S
+
+    async def run(self) -> int:
+        while True:
+            read = await self._connect_and_print()
+            if isinstance(read, _Read):
+                if read is _Read.SESSION_CLOSED:
+                    return 0
+                continue  # a gap: reconnect at once from `last`
+            code, reason = read
+            if code in FATAL_CLOSES:
+                raise ClientError(FATAL_CLOSES[code])
+            if code == 4404:
+                raise ClientError(f"no session {self.sid!r}")
+            if code == 1000 and reason == "session closed":
+                return 0
+            if code == 4008:
+                self.say(f"fell behind the live stream; resuming from seq {self.last}")
+                continue
+            await self._back_off(code, reason)
+
+    def _url(self) -> str:
+        url = self.client.url
+        base = "ws" + url[len("http") :] if url.startswith("http") else url
+        query = {"since": self.last, **({"types": self.types} if self.types else {})}
+        return f"{base}/v1/sessions/{_sid(self.sid)}/events?{urlencode(query)}"
+
+    async def _connect_and_print(self) -> _Read | tuple[int, str]:
+        """One connection: how reading ended (the session closed, a gap), or the code and reason it was closed with."""
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import InvalidHandshake
+
         try:
-            async with connect(url, additional_headers=client.headers(), open_timeout=5, max_size=2**23) as ws:
-                connected_once, failing_since, delay = True, None, 0.25
-                try:
-                    async for raw in ws:
-                        event = json.loads(raw)
-                        seq = event.get("seq")
-                        if not isinstance(seq, int) or seq <= last:
-                            continue  # a pong, or a frame already shown
-                        if types is None and seq > last + 1:
-                            # a frame is missing (seqs have no gaps): read again from the last one shown
-                            say(f"missed events after seq {last}; re-reading them")
-                            code, reason = 0, "gap"
-                            break
-                        last = seq
-                        if event.get("type") == "tool.started":
-                            names[str(event["data"].get("call_id"))] = str(event["data"].get("name"))
-                        out.write(event_line(event, style, names) + "\n")
-                        out.flush()
-                        if event.get("type") == "session.closed":
-                            return 0
-                except ConnectionClosed:
-                    pass
-                if code == 0:
-                    continue  # reconnect at once from `last`
-                code, reason = ws.close_code or 1006, ws.close_reason or ""
+            async with connect(
+                self._url(), additional_headers=self.client.headers(), open_timeout=5, max_size=2**23
+            ) as ws:
+                self.connected_once, self.failing_since, self.delay_s = True, None, RECONNECT_MIN_S
+                read = await self._print_frames(ws)
+                if read is not _Read.DROPPED:
+                    return read
+                return ws.close_code or 1006, ws.close_reason or ""
         except (OSError, TimeoutError, InvalidHandshake) as err:
-            if not connected_once:
-                raise ClientError(f"cannot stream events from {client.url}: {err or type(err).__name__}") from None
-            reason = str(err)
-        if code in FATAL_CLOSES:
-            raise ClientError(FATAL_CLOSES[code])
-        if code == 4404:
-            raise ClientError(f"no session {sid!r}")
-        if code == 1000 and reason == "session closed":
-            return 0
-        if code == 4008:
-            say(f"fell behind the live stream; resuming from seq {last}")
-            continue
+            if not self.connected_once:
+                raise ClientError(f"cannot stream events from {self.client.url}: {err or type(err).__name__}") from None
+            return 1006, str(err)
+
+    async def _print_frames(self, ws: ClientConnection) -> _Read:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            async for raw in ws:
+                event = json.loads(raw)
+                seq = event.get("seq")
+                if not isinstance(seq, int) or seq <= self.last:
+                    continue  # a pong, or a frame already shown
+                if self.types is None and seq > self.last + 1:
+                    # a frame is missing (seqs have no gaps): read again from the last one shown
+                    self.say(f"missed events after seq {self.last}; re-reading them")
+                    return _Read.GAP
+                self._print(event, seq)
+                if event.get("type") == "session.closed":
+                    return _Read.SESSION_CLOSED
+        except ConnectionClosed:
+            pass
+        return _Read.DROPPED
+
+    def _print(self, event: dict[str, Any], seq: int) -> None:
+        self.last = seq
+        if event.get("type") == "tool.started":
+            self.names[str(event["data"].get("call_id"))] = str(event["data"].get("name"))
+        self.out.write(event_line(event, self.style, self.names) + "\n")
+        self.out.flush()
+
+    async def _back_off(self, code: int, reason: str) -> None:
+        """Wait before reconnecting; give up once the stream has been lost for ``retry_for_s``."""
         now = time.monotonic()
-        failing_since = failing_since or now
-        if now - failing_since > retry_for_s:
-            raise ClientError(f"lost the event stream of {sid!r} and could not reconnect for {retry_for_s:.0f} s")
-        say(f"connection lost ({code}{': ' + reason if reason else ''}); reconnecting from seq {last}")
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, RECONNECT_MAX_S)
+        self.failing_since = self.failing_since or now
+        if now - self.failing_since > self.retry_for_s:
+            raise ClientError(
+                f"lost the event stream of {self.sid!r} and could not reconnect for {self.retry_for_s:.0f} s"
+            )
+        self.say(f"connection lost ({code}{': ' + reason if reason else ''}); reconnecting from seq {self.last}")
+        await asyncio.sleep(self.delay_s)
+        self.delay_s = min(self.delay_s * 2, RECONNECT_MAX_S)
 
 
 # -- wiring --------------------------------------------------------------------------------------------------------

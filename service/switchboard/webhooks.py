@@ -31,14 +31,12 @@ from .runtime.aio import cancel_and_wait, first_of, spawn
 from .runtime.tools import (
     CONFIRM_DESCRIPTION,
     CONFIRM_FIELD,
-    DuplicateScope,
+    DEFAULT_POLICY,
     FunctionTool,
-    OnDuplicate,
-    OnRestart,
     RunContext,
     ToolCancelled,
     ToolError,
-    ToolScope,
+    ToolPolicy,
 )
 from .schema_model import dump, object_model
 
@@ -343,33 +341,20 @@ class WebhookTool(FunctionTool):
         parameters: dict[str, Any],
         endpoint: WebhookEndpoint,
         webhooks: Webhooks,
-        on_duplicate: OnDuplicate = "allow",
-        duplicate_scope: DuplicateScope = "name",
-        allow_cancellation: bool = False,
-        on_restart: OnRestart = "fail",
-        scope: ToolScope = "agent",
+        policy: ToolPolicy = DEFAULT_POLICY,
     ) -> None:
         self.declared_parameters = parameters
         self.endpoint = endpoint
         self._webhooks = webhooks
         # FunctionTool wants an async callable for its body; a webhook tool's body is invoke() itself
-        super().__init__(
-            self.invoke,
-            name=name,
-            description=description,
-            on_duplicate=on_duplicate,
-            duplicate_scope=duplicate_scope,
-            allow_cancellation=allow_cancellation,
-            on_restart=on_restart,
-            scope=scope,
-        )
+        super().__init__(self.invoke, name=name, description=description, policy=policy)
 
     def __repr__(self) -> str:
         return f"<WebhookTool {self.name} -> {self.endpoint.url}>"
 
     def _build_model(self) -> tuple[str | None, type[BaseModel]]:
         model = object_model(self.declared_parameters, "", f"{self.name}_arguments")
-        if self.on_duplicate == "confirm":
+        if self.policy.on_duplicate == "confirm":
             confirm: Any = (bool, Field(default=False, description=CONFIRM_DESCRIPTION))
             model = create_model(f"{self.name}_arguments", __base__=model, **{CONFIRM_FIELD: confirm})
         return None, model
@@ -380,7 +365,7 @@ class WebhookTool(FunctionTool):
         schema.setdefault("type", "object")
         schema.setdefault("properties", {})
         schema.setdefault("additionalProperties", False)
-        if self.on_duplicate == "confirm":
+        if self.policy.on_duplicate == "confirm":
             schema["properties"][CONFIRM_FIELD] = {
                 "type": "boolean",
                 "default": False,

@@ -16,7 +16,7 @@ from switchboard.app import create_app
 from switchboard.cli import main
 from switchboard.demo import AGENTS as DEMO_AGENTS
 from switchboard.runtime.agent import AgentRegistry
-from switchboard.runtime.tools import CONFIRM_FIELD, format_validation_error
+from switchboard.runtime.tools import CONFIRM_FIELD, ToolPolicy, format_validation_error
 from switchboard.settings import Settings
 from switchboard.webhooks import Webhooks, WebhookTool, sign, signed_headers, verify_signature
 
@@ -72,12 +72,13 @@ def test_the_example_file_loads(tmp_path: Path):
     assert agent.name == "orders" and "order desk" in agent.instructions
     lookup, refund = agent.tools["lookup_order"], agent.tools["refund_order"]
     assert isinstance(lookup, WebhookTool) and isinstance(refund, WebhookTool)
-    assert (lookup.on_duplicate, lookup.duplicate_scope, lookup.allow_cancellation) == (
+    assert type(lookup.policy) is ToolPolicy  # the policy alone, not the whole spec
+    assert (lookup.policy.on_duplicate, lookup.policy.duplicate_scope, lookup.policy.allow_cancellation) == (
         "reject",
         "name_and_args",
         False,
     )
-    assert refund.allow_cancellation and refund.endpoint.cancel_url.endswith("/tools/refund_order/cancel")
+    assert refund.policy.allow_cancellation and refund.endpoint.cancel_url.endswith("/tools/refund_order/cancel")
     assert lookup.endpoint.cancel_url == "http://127.0.0.1:9000/tools/lookup_order/cancel"
     assert lookup.endpoint.secret == "example-secret" and "example-secret" not in repr(lookup.endpoint)
     # what the model is shown: the declared schema, plus the confirmation flag of on_duplicate="confirm"

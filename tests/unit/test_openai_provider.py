@@ -4,6 +4,7 @@ provider yields, and how it fails (retries before the first chunk only, timeouts
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -304,6 +305,42 @@ async def test_a_stream_broken_before_any_chunk_is_retried(
     assert len(server.requests) == 2
 
 
+async def test_a_stream_that_ends_before_the_model_finished_is_retried_only_before_output(
+    server: FakeOpenAI, make_llm: Callable[..., OpenAILLM]
+) -> None:
+    server.script(Reply(events=[f.role()]), f.text_reply("Whole."), Reply(events=[f.role(), f.text("Half")]))
+    assert await collect(make_llm()) == [TextDelta("Whole."), Usage(10, 1)]
+    assert len(server.requests) == 2
+    err, got, _ = await fails(make_llm())
+    assert got == [TextDelta("Half")] and err.retryable is True
+    assert str(err) == "the model stream ended before the model finished (the stream broke after it had started)"
+    assert len(server.requests) == 3
+
+
+async def test_a_server_that_never_answers_times_out_without_a_retry_past_the_deadline(
+    make_llm: Callable[..., OpenAILLM],
+) -> None:
+    requests = 0
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        requests += 1
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # never answers; returns when the client hangs up
+        writer.close()
+
+    mute_server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    try:
+        port = mute_server.sockets[0].getsockname()[1]
+        err, got, elapsed = await fails(make_llm(base_url=f"http://127.0.0.1:{port}/v1", timeout_s=0.3))
+    finally:
+        mute_server.close()
+        await mute_server.wait_closed()
+    assert got == [] and err.retryable is True and requests == 1
+    assert str(err) == "no response from the model within timeout_s=0.3 (no retry: it would end after timeout_s=0.3)"
+    assert 0.25 <= elapsed < 1.5
+
+
 async def test_a_silent_server_times_out(server: FakeOpenAI, make_llm: Callable[..., OpenAILLM]) -> None:
     server.script(Reply(events=[f.role()], stall=True))
     err, got, elapsed = await fails(make_llm(timeout_s=0.3))
@@ -329,6 +366,7 @@ async def test_a_stream_that_stalls_midway_times_out(server: FakeOpenAI, make_ll
         ([f.tool(0, id="c1", args="{}"), f.finish("tool_calls")], "malformed stream: tool call 0 has no name"),
         ([f.tool(0, id="c1", name="a"), f.tool(1, id="c2", name="b"), f.tool(0, args="{}")], "continued after"),
         ([{"error": {"message": "The server is overloaded"}}], "the model reported an error: The server is overl"),
+        ([{**f.text("x"), "choices": 5}], "malformed stream: unexpected chunk (TypeError)"),
     ],
 )
 async def test_a_malformed_stream_ends_with_an_error(

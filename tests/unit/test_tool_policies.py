@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from switchboard import Agent, RunContext, function_tool
 from switchboard.runtime.executor import AlreadyEnded, NotCancellable, ToolCallNotFound
-from switchboard.runtime.tools import CONFIRM_FIELD
+from switchboard.runtime.tools import CONFIRM_FIELD, ToolPolicy
 
 from .harness import Harness
 
@@ -382,3 +384,38 @@ async def test_I5_cancel_before_the_tool_body_started_ends_the_call_once():
         await h.idle()
         assert [e.data["status"] for e in h.of_type("tool.ended")] == ["cancelled"]
         h.check_invariants()
+
+
+def test_function_tool_keeps_its_policy_keywords_and_gathers_them_in_one_tool_policy():
+    params = inspect.signature(function_tool).parameters
+    assert list(params) == ["fn", "name", "description", *ToolPolicy.model_fields]
+    for field, info in ToolPolicy.model_fields.items():
+        assert params[field].kind is inspect.Parameter.KEYWORD_ONLY and params[field].default == info.default
+
+    @function_tool(
+        on_duplicate="confirm",
+        duplicate_scope="name_and_args",
+        allow_cancellation=True,
+        on_restart="retry",
+        scope="session",
+    )
+    async def book(what: str) -> str:
+        """Book it."""
+        return what
+
+    @function_tool
+    async def look(what: str) -> str:
+        """Look it up."""
+        return what
+
+    assert book.policy == ToolPolicy(
+        on_duplicate="confirm",
+        duplicate_scope="name_and_args",
+        allow_cancellation=True,
+        on_restart="retry",
+        scope="session",
+    )
+    assert CONFIRM_FIELD in book.parameters["properties"]
+    assert look.policy == ToolPolicy() and CONFIRM_FIELD not in look.parameters["properties"]
+    with pytest.raises(ValidationError):
+        function_tool(on_duplicate="sometimes")  # type: ignore[arg-type]

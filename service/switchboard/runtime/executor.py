@@ -221,8 +221,8 @@ class ToolExecutor:
             call_id=item.call_id,
             name=item.name,
             arguments=item.arguments,
-            cancellable=bool(tool and tool.allow_cancellation),
-            scope=tool.scope if tool else "agent",
+            cancellable=bool(tool and tool.policy.allow_cancellation),
+            scope=tool.policy.scope if tool else "agent",
             speech_id=speech.id if speech else None,
             agent=agent,
             started_at=utcnow(),
@@ -253,7 +253,7 @@ class ToolExecutor:
 
     @staticmethod
     def has_cancellable(tools: Mapping[str, FunctionTool]) -> bool:
-        return any(t.allow_cancellation for t in tools.values())
+        return any(t.policy.allow_cancellation for t in tools.values())
 
     def tools_for_model(self, tools: Mapping[str, FunctionTool]) -> dict[str, FunctionTool]:
         """The agent's tools plus the companion tools whenever one of them is cancellable."""
@@ -393,7 +393,7 @@ class ToolExecutor:
     async def _apply_duplicate_policy(self, rc: RunningCall, args: dict[str, Any]) -> Outcome | None:
         tool = rc.tool
         assert tool is not None
-        if tool.on_duplicate == "allow" or rc.info.name in COMPANION_TOOLS:
+        if tool.policy.on_duplicate == "allow" or rc.info.name in COMPANION_TOOLS:
             return None
         # only calls started before this one count: duplicates started together must not refuse (or cancel) each other
         calls = list(self._calls.values())
@@ -403,20 +403,20 @@ class ToolExecutor:
             if not other.ended
             and other.info.name == rc.info.name
             and (
-                tool.duplicate_scope == "name"
+                tool.policy.duplicate_scope == "name"
                 or _strip_confirm(other.item.arguments) == _strip_confirm(rc.item.arguments)
             )
         ]
         if not same:
             return None
         ids = ", ".join(o.info.call_id for o in same)
-        if tool.on_duplicate == "reject":
+        if tool.policy.on_duplicate == "reject":
             return Outcome(
                 ToolStatus.REJECTED,
                 f"Not started: {tool.name} is already running (call {ids}). Wait for its result.",
                 is_error=True,
             )
-        if tool.on_duplicate == "confirm":
+        if tool.policy.on_duplicate == "confirm":
             if args.get(CONFIRM_FIELD):
                 return None
             return Outcome(

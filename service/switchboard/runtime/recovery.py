@@ -62,7 +62,7 @@ def _split_running(
         if info.ended:
             continue
         tool = tools.get(info.name)
-        (retry if tool is not None and tool.on_restart == "retry" else interrupted).append(info)
+        (retry if tool is not None and tool.policy.on_restart == "retry" else interrupted).append(info)
     return interrupted, retry
 
 

@@ -35,6 +35,32 @@ CONFIRM_DESCRIPTION = (
 )
 
 
+class ToolPolicy(BaseModel):
+    """How the executor treats the calls of one tool (``@function_tool`` and webhook tools take the same fields).
+
+    - ``on_duplicate``: a call while an identical one is still running is run too (``allow``), refused
+      (``reject``), run after cancelling the older one (``replace``), or refused until the model sets
+      ``confirm_duplicate`` (``confirm``); ``duplicate_scope`` says whether "identical" means the same name or the
+      same name and arguments.
+    - ``allow_cancellation``: a running call may be cancelled (over REST, or by the model's companion tools).
+    - ``on_restart``: a call still running when the service stopped ends ``interrupted`` (``fail``) or runs again
+      (``retry``).
+    - ``scope``: ``session`` calls go on across an agent handoff; a handoff first ends the ``agent`` calls
+      (cancelling the cancellable ones, waiting for the others).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    on_duplicate: OnDuplicate = "allow"
+    duplicate_scope: DuplicateScope = "name"
+    allow_cancellation: bool = False
+    on_restart: OnRestart = "fail"
+    scope: ToolScope = "agent"
+
+
+DEFAULT_POLICY = ToolPolicy()
+
+
 class ToolStatus(StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"
@@ -110,11 +136,7 @@ class FunctionTool:
         *,
         name: str | None = None,
         description: str | None = None,
-        on_duplicate: OnDuplicate = "allow",
-        duplicate_scope: DuplicateScope = "name",
-        allow_cancellation: bool = False,
-        on_restart: OnRestart = "fail",
-        scope: ToolScope = "agent",
+        policy: ToolPolicy = DEFAULT_POLICY,
         instance: Any = None,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
@@ -122,11 +144,7 @@ class FunctionTool:
         self.fn = fn
         self.name = name or fn.__name__
         self.description = description if description is not None else _describe(fn)
-        self.on_duplicate: OnDuplicate = on_duplicate
-        self.duplicate_scope: DuplicateScope = duplicate_scope
-        self.allow_cancellation = allow_cancellation
-        self.on_restart: OnRestart = on_restart
-        self.scope: ToolScope = scope
+        self.policy = policy
         self._instance = instance
         self._ctx_param, self.args_model = self._build_model()
 
@@ -150,7 +168,7 @@ class FunctionTool:
                 raise TypeError(f"function tool {self.name}: *args/**kwargs are not supported")
             default = ... if p.default is p.empty else p.default
             fields[p.name] = (hint, default)
-        if self.on_duplicate == "confirm":
+        if self.policy.on_duplicate == "confirm":
             fields[CONFIRM_FIELD] = (
                 bool,
                 Field(default=False, description=CONFIRM_DESCRIPTION),
@@ -227,20 +245,20 @@ def function_tool(
     """Declare a tool. Used bare (``@function_tool``) or called (``@function_tool(on_duplicate="reject")``).
 
     The docstring's first paragraph is the description for the model; parameters and their JSON schema come from
-    the type hints. A parameter annotated ``RunContext`` receives the call's context.
+    the type hints. A parameter annotated ``RunContext`` receives the call's context. The other keyword arguments
+    are the tool's ``ToolPolicy``.
     """
 
+    policy = ToolPolicy(
+        on_duplicate=on_duplicate,
+        duplicate_scope=duplicate_scope,
+        allow_cancellation=allow_cancellation,
+        on_restart=on_restart,
+        scope=scope,
+    )
+
     def wrap(f: Callable[..., Awaitable[Any]]) -> FunctionTool:
-        return FunctionTool(
-            f,
-            name=name,
-            description=description,
-            on_duplicate=on_duplicate,
-            duplicate_scope=duplicate_scope,
-            allow_cancellation=allow_cancellation,
-            on_restart=on_restart,
-            scope=scope,
-        )
+        return FunctionTool(f, name=name, description=description, policy=policy)
 
     return wrap(fn) if fn is not None else wrap
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -74,6 +75,63 @@ _TOOL_CALL_UPDATE = tuple(c.name for c in m.tool_calls.columns if c.name not in 
 _SPEECH_UPDATE = tuple(c.name for c in m.speeches.columns if c.name not in ("session_id", "id"))
 
 
+@dataclass(eq=False)
+class _Batch:
+    """The rows of a batch's operations, merged in order: a later version of the same tool call, speech or session
+    replaces an earlier one (each is a full record), a chat item or an event is kept once."""
+
+    sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    marks: dict[str, SessionStatus] = field(default_factory=dict)  # state changes of sessions the batch has no row for
+    items: list[tuple[str, ChatItem]] = field(default_factory=list)
+    item_keys: set[tuple[str, str]] = field(default_factory=set)
+    tool_calls: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    speeches: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    events: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    event_objs: dict[tuple[str, int], list[Event]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, ops: Sequence[Op]) -> _Batch:
+        batch = cls()
+        for op in ops:
+            if op.commit is not None:
+                batch.add_commit(op.session_id, op.commit)
+            elif op.event is not None:
+                batch.add_event(op.session_id, op.event)
+            elif op.mark_state is not None:
+                batch.mark(op.session_id, op.mark_state)
+        return batch
+
+    def add_commit(self, sid: str, commit: Commit) -> None:
+        for it in commit.items:
+            if (sid, it.id) not in self.item_keys:
+                self.item_keys.add((sid, it.id))
+                self.items.append((sid, it))
+        for tc in commit.tool_calls:
+            self.tool_calls[(sid, tc.call_id)] = tool_call_row(sid, tc)
+        for sp in commit.speeches:
+            self.speeches[(sid, sp.id)] = speech_row(sid, sp)
+        if commit.session is not None:
+            s = commit.session
+            self.sessions[sid] = {
+                "id": sid,
+                "agent": s.agent,
+                "state": s.state,
+                "llm_state": s.model_dump(mode="json", include={"llm_state"})["llm_state"],
+                "current_speech_id": s.current_speech_id,
+            }
+            self.marks.pop(sid, None)
+
+    def add_event(self, sid: str, event: Event) -> None:
+        self.events.setdefault((sid, event.seq), event_row(event))
+        self.event_objs.setdefault((sid, event.seq), []).append(event)
+
+    def mark(self, sid: str, state: SessionStatus) -> None:
+        if sid in self.sessions:
+            self.sessions[sid]["state"] = state
+        else:
+            self.marks[sid] = state
+
+
 async def apply_batch(conn: AsyncConnection, ops: Sequence[Op], next_pos: dict[str, int]) -> dict[str, int]:
     """Write ``ops`` on ``conn`` (inside the caller's transaction), in order.
 
@@ -84,79 +142,55 @@ async def apply_batch(conn: AsyncConnection, ops: Sequence[Op], next_pos: dict[s
     Later versions of the same tool call / speech / session in one batch replace earlier ones (each is a full
     record), chat items already stored are skipped (idempotent append), events already stored are kept as they are.
     """
-    now = now_utc()
-    session_rows: dict[str, dict[str, Any]] = {}
-    marks: dict[str, SessionStatus] = {}
-    items: list[tuple[str, ChatItem]] = []
-    item_keys: set[tuple[str, str]] = set()
-    tool_rows: dict[tuple[str, str], dict[str, Any]] = {}
-    speech_rows: dict[tuple[str, str], dict[str, Any]] = {}
-    event_rows: dict[tuple[str, int], dict[str, Any]] = {}
-    event_objs: dict[tuple[str, int], list[Event]] = {}
-    for op in ops:
-        sid = op.session_id
-        if op.commit is not None:
-            c = op.commit
-            for it in c.items:
-                if (sid, it.id) not in item_keys:
-                    item_keys.add((sid, it.id))
-                    items.append((sid, it))
-            for tc in c.tool_calls:
-                tool_rows[(sid, tc.call_id)] = tool_call_row(sid, tc)
-            for sp in c.speeches:
-                speech_rows[(sid, sp.id)] = speech_row(sid, sp)
-            if c.session is not None:
-                s = c.session
-                session_rows[sid] = {
-                    "id": sid,
-                    "agent": s.agent,
-                    "state": s.state,
-                    "llm_state": s.model_dump(mode="json", include={"llm_state"})["llm_state"],
-                    "current_speech_id": s.current_speech_id,
-                }
-                marks.pop(sid, None)
-        elif op.event is not None:
-            event_rows.setdefault((sid, op.event.seq), event_row(op.event))
-            event_objs.setdefault((sid, op.event.seq), []).append(op.event)
-        elif op.mark_state is not None:
-            if sid in session_rows:
-                session_rows[sid]["state"] = op.mark_state
-            else:
-                marks[sid] = op.mark_state
-
+    batch = _Batch.of(ops)
     # Sessions first: a SessionState may create the row the other tables' foreign keys point at.
-    if session_rows:
+    await _write_sessions(conn, batch, now_utc())
+    counters = await _append_items(conn, batch.items, next_pos)
+    await _upsert_rows(conn, m.tool_calls, ("session_id", "call_id"), _TOOL_CALL_UPDATE, batch.tool_calls)
+    await _upsert_rows(conn, m.speeches, ("session_id", "id"), _SPEECH_UPDATE, batch.speeches)
+    await _insert_events(conn, batch)
+    return counters
+
+
+async def _write_sessions(conn: AsyncConnection, batch: _Batch, now: datetime) -> None:
+    if batch.sessions:
         rows = [
-            {**row, "config": {}, "metadata": {}, "created_at": now, "updated_at": now} for row in session_rows.values()
+            {**row, "config": {}, "metadata": {}, "created_at": now, "updated_at": now}
+            for row in batch.sessions.values()
         ]
         await conn.execute(_upsert(conn, m.sessions, ["id"], _SESSION_STATE_COLUMNS), rows)
-    if marks:
+    if batch.marks:
         t = m.sessions
         stmt = (
             sa.update(t)
             .where(t.c.id == sa.bindparam("b_id"))
             .values(state=sa.bindparam("b_state"), updated_at=sa.bindparam("b_now"))
         )
-        await conn.execute(stmt, [{"b_id": sid, "b_state": st, "b_now": now} for sid, st in marks.items()])
+        await conn.execute(stmt, [{"b_id": sid, "b_state": st, "b_now": now} for sid, st in batch.marks.items()])
 
-    counters = await _append_items(conn, items, next_pos)
 
-    if tool_rows:
-        await conn.execute(
-            _upsert(conn, m.tool_calls, ["session_id", "call_id"], _TOOL_CALL_UPDATE), list(tool_rows.values())
-        )
-    if speech_rows:
-        await conn.execute(_upsert(conn, m.speeches, ["session_id", "id"], _SPEECH_UPDATE), list(speech_rows.values()))
-    if event_rows:
-        await conn.execute(_insert_events_stmt(conn.dialect.name), list(event_rows.values()))
-        # Each event learns its global cursor (the multi-session stream resumes by it).
-        keys = list(event_rows)
-        for start in range(0, len(keys), 400):
-            found = await conn.execute(_EVENT_IDS, {"keys": keys[start : start + 400]})
-            for row_id, sid, seq in found:
-                for ev in event_objs.get((sid, seq), ()):
-                    ev.cursor = int(row_id)
-    return counters
+async def _upsert_rows(
+    conn: AsyncConnection,
+    table: sa.Table,
+    keys: Sequence[str],
+    update: Sequence[str],
+    rows: dict[Any, dict[str, Any]],
+) -> None:
+    if rows:
+        await conn.execute(_upsert(conn, table, keys, update), list(rows.values()))
+
+
+async def _insert_events(conn: AsyncConnection, batch: _Batch) -> None:
+    if not batch.events:
+        return
+    await conn.execute(_insert_events_stmt(conn.dialect.name), list(batch.events.values()))
+    # Each event learns its global cursor (the multi-session stream resumes by it).
+    keys = list(batch.events)
+    for start in range(0, len(keys), 400):
+        found = await conn.execute(_EVENT_IDS, {"keys": keys[start : start + 400]})
+        for row_id, sid, seq in found:
+            for ev in batch.event_objs.get((sid, seq), ()):
+                ev.cursor = int(row_id)
 
 
 async def _append_items(

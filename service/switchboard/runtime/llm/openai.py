@@ -363,72 +363,97 @@ class OpenAILLM:
         self, params: dict[str, Any], deadline: float, progress: _Progress
     ) -> AsyncGenerator[LLMChunk, None]:
         """One HTTP request. Raises ``_Transient`` for what may be retried, ``LLMError`` for the rest."""
-        create = cast(
-            Callable[..., Awaitable[AsyncStream[ChatCompletionChunk]]], self._get_client().chat.completions.create
-        )
         stream: AsyncStream[ChatCompletionChunk] | None = None
         try:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    stream = await create(**params)
-            except TimeoutError:
-                raise _Transient(f"no response from the model within timeout_s={self.config.timeout_s:g}") from None
-            calls = _ToolCallAssembler()
-            usage: Usage | None = None
-            finished = False
-            loop = asyncio.get_running_loop()
-            while True:
-                # Until something is yielded the request's deadline bounds the wait; after that, each silence does.
-                started = progress.yielded
-                try:
-                    async with asyncio.timeout_at(loop.time() + self.config.timeout_s if started else deadline):
-                        chunk = await anext(stream)
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    what = "the model stream stalled for more than" if started else "no output from the model within"
-                    raise LLMError(f"{what} timeout_s={self.config.timeout_s:g}", retryable=True) from None
-                try:
-                    out, finished_now, chunk_usage = _read_chunk(chunk, calls)
-                except (AttributeError, TypeError, ValueError) as err:
-                    raise LLMError(f"malformed stream: unexpected chunk ({type(err).__name__})") from None
-                usage = chunk_usage or usage
-                finished = finished or finished_now
-                for item in out:
+            stream = await self._open(params, deadline)
+            response = _Response()
+            while (chunk := await self._next_chunk(stream, deadline, progress)) is not None:
+                for item in response.read(chunk):
                     yield item
-            if not finished:
-                raise _Transient("the model stream ended before the model finished")
-            for call in calls.flush():
-                yield call
-            if usage is not None:
-                yield usage
-        except (LLMError, _Transient):
-            raise
-        except openai.APIStatusError as err:
-            detail = _detail(err.body) or err.response.reason_phrase
-            message = f"the model server answered {err.status_code}: {detail}"
-            if err.status_code in _RETRY_STATUSES or err.status_code >= 500:
-                raise _Transient(message, _retry_after(err.response.headers)) from None
-            raise LLMError(self._redact(message), retryable=False) from None
-        except openai.APITimeoutError:
-            raise _Transient("the model server timed out") from None
-        except openai.APIConnectionError as err:
-            cause = err.__cause__
-            reason = f": {type(cause).__name__}" if cause is not None else ""
-            raise _Transient(f"could not talk to the model server at {self._host()}{reason}") from None
-        except openai.APIError as err:  # an error event inside the stream
-            raise LLMError(self._redact(f"the model reported an error: {err.message}"), retryable=False) from None
+            for item in response.end():
+                yield item
+        except openai.OpenAIError as err:
+            raise self._failure(err) from None
         except json.JSONDecodeError:
             raise LLMError("malformed stream: a chunk is not valid JSON", retryable=False) from None
-        except openai.OpenAIError as err:
-            raise LLMError(self._redact(f"model request failed: {type(err).__name__}: {err}")) from None
         finally:
             if stream is not None:
                 await _close_stream(stream)
 
+    async def _open(self, params: dict[str, Any], deadline: float) -> AsyncStream[ChatCompletionChunk]:
+        create = cast(
+            Callable[..., Awaitable[AsyncStream[ChatCompletionChunk]]], self._get_client().chat.completions.create
+        )
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await create(**params)
+        except TimeoutError:
+            raise _Transient(f"no response from the model within timeout_s={self.config.timeout_s:g}") from None
+
+    async def _next_chunk(
+        self, stream: AsyncStream[ChatCompletionChunk], deadline: float, progress: _Progress
+    ) -> ChatCompletionChunk | None:
+        """The next chunk, or None at the end of the stream."""
+        # Until something is yielded the request's deadline bounds the wait; after that, each silence does.
+        started = progress.yielded
+        limit = asyncio.get_running_loop().time() + self.config.timeout_s if started else deadline
+        try:
+            async with asyncio.timeout_at(limit):
+                return await anext(stream)
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            what = "the model stream stalled for more than" if started else "no output from the model within"
+            raise LLMError(f"{what} timeout_s={self.config.timeout_s:g}", retryable=True) from None
+
+    def _failure(self, err: openai.OpenAIError) -> LLMError | _Transient:
+        """What an SDK error means for the stream: a retry (``_Transient``) or its end (``LLMError``)."""
+        if isinstance(err, openai.APIStatusError):
+            detail = _detail(err.body) or err.response.reason_phrase
+            message = f"the model server answered {err.status_code}: {detail}"
+            if err.status_code in _RETRY_STATUSES or err.status_code >= 500:
+                return _Transient(message, _retry_after(err.response.headers))
+            return LLMError(self._redact(message), retryable=False)
+        if isinstance(err, openai.APITimeoutError):
+            return _Transient("the model server timed out")
+        if isinstance(err, openai.APIConnectionError):
+            cause = err.__cause__
+            reason = f": {type(cause).__name__}" if cause is not None else ""
+            return _Transient(f"could not talk to the model server at {self._host()}{reason}")
+        if isinstance(err, openai.APIError):  # an error event inside the stream
+            return LLMError(self._redact(f"the model reported an error: {err.message}"), retryable=False)
+        return LLMError(self._redact(f"model request failed: {type(err).__name__}: {err}"))
+
     def _host(self) -> str:
         match = re.match(r"^https?://(?:[^@/]*@)?([^/]+)", self.base_url)
         return match.group(1) if match else "?"
+
+
+class _Response:
+    """What one streamed response has produced so far: tool calls being assembled, whether the choice finished, and
+    the usage it reported."""
+
+    def __init__(self) -> None:
+        self.calls = _ToolCallAssembler()
+        self.finished = False
+        self.usage: Usage | None = None
+
+    def read(self, chunk: ChatCompletionChunk) -> list[LLMChunk]:
+        """The output chunks ``chunk`` completes."""
+        try:
+            out, finished, usage = _read_chunk(chunk, self.calls)
+        except (AttributeError, TypeError, ValueError) as err:
+            raise LLMError(f"malformed stream: unexpected chunk ({type(err).__name__})") from None
+        self.finished = self.finished or finished
+        self.usage = usage or self.usage
+        return out
+
+    def end(self) -> list[LLMChunk]:
+        """What is left once the stream ended: the last tool calls, then the usage."""
+        if not self.finished:
+            raise _Transient("the model stream ended before the model finished")
+        usage: list[LLMChunk] = [self.usage] if self.usage is not None else []
+        return [*self.calls.flush(), *usage]
 
 
 async def _close_stream(stream: AsyncStream[ChatCompletionChunk]) -> None:

@@ -1,0 +1,213 @@
+"""How the operator commands print: colours, tables, and one readable line per session event."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+# -- styles --------------------------------------------------------------------------------------------------------
+
+ANSI = {
+    "bold": "1",
+    "dim": "2",
+    "red": "31",
+    "green": "32",
+    "yellow": "33",
+    "blue": "34",
+    "magenta": "35",
+    "cyan": "36",
+}
+STATUS_COLOURS = {"completed": "green", "cancelled": "magenta", "running": "yellow"}
+
+
+class Style:
+    def __init__(self, colour: bool, unicode: bool) -> None:
+        self.colour = colour
+        self.unicode = unicode
+
+    def __call__(self, text: str, *names: str) -> str:
+        if not self.colour or not names:
+            return text
+        codes = ";".join(ANSI[n] for n in names)
+        return f"\033[{codes}m{text}\033[0m"
+
+    def bar(self, progress: float | None, width: int = 20) -> str:
+        if progress is None:
+            return ""
+        filled = max(0, min(width, round(progress * width)))
+        full, empty = ("█", "░") if self.unicode else ("#", "-")
+        return f"[{self(full * filled, 'green')}{empty * (width - filled)}] {round(progress * 100):3d}%"
+
+
+def choose_style(choice: str, stream: TextIO) -> Style:
+    if choice == "always":
+        colour = True
+    elif choice == "never":
+        colour = False
+    else:
+        colour = stream.isatty() and not os.environ.get("NO_COLOR")
+    unicode = "utf" in (getattr(stream, "encoding", "") or "").lower()
+    return Style(colour, unicode)
+
+
+def short(value: Any, limit: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def format_arguments(arguments: Any) -> str:
+    if not isinstance(arguments, dict):
+        return ""
+    return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
+
+
+def age(created_at: str) -> str:
+    try:
+        seconds = int((datetime.now(UTC) - datetime.fromisoformat(created_at)).total_seconds())
+    except ValueError:
+        return "?"
+    seconds = max(seconds, 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600}h"
+
+
+def table(rows: list[list[str]], header: list[str], out: TextIO) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        out.write("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip() + "\n")
+
+
+Formatter = Callable[[dict[str, Any], Style, dict[str, str]], str]
+
+
+class _Fields(dict[str, Any]):
+    """An event's data for ``str.format_map``: a missing field reads as None, like ``data.get(name)``."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def _template(text: str, *colours: str) -> Formatter:
+    """A formatter that fills ``text`` with the event's data fields."""
+
+    def line(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+        return s(text.format_map(_Fields(d)), *colours)
+
+    return line
+
+
+def _session_failed(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    return s(f"session failed: {d.get('error', '')}", "bold", "red")
+
+
+def _user_input(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    who = d.get("role") or "user"
+    label = f"{who} (interim)" if not d.get("final", True) else who
+    return s(f"{label}: ", "green", "bold") + short(d.get("text", ""), 200)
+
+
+def _speech_interrupted(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    return s(f"interrupted {d.get('speech_id')}; heard: ", "yellow", "bold") + short(d.get("played_text", ""), 200)
+
+
+def _speech_done(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    flag = " (interrupted)" if d.get("interrupted") else ""
+    return s(f"speech {d.get('speech_id')} done{flag}", "dim")
+
+
+def _message_item(item: dict[str, Any], s: Style) -> str:
+    flag = " [interrupted]" if item.get("interrupted") else ""
+    return s(f"{item.get('role')}: ", "cyan", "bold") + short(item.get("text", ""), 200) + s(flag, "yellow")
+
+
+def _call_item(item: dict[str, Any], s: Style) -> str:
+    return s(f"call {item.get('name')}({format_arguments(item.get('arguments'))})", "dim")
+
+
+def _output_item(item: dict[str, Any], s: Style) -> str:
+    return s(f"output of {item.get('name')}: {short(item.get('output', ''))}", "dim")
+
+
+def _other_item(item: dict[str, Any], s: Style) -> str:
+    return s(f"chat item {item.get('type')}", "dim")
+
+
+CHAT_ITEM_FORMATTERS: dict[str, Callable[[dict[str, Any], Style], str]] = {
+    "message": _message_item,
+    "function_call": _call_item,
+    "function_call_output": _output_item,
+}
+
+
+def _chat_item(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    item: dict[str, Any] = d.get("item") or {}
+    return CHAT_ITEM_FORMATTERS.get(str(item.get("type")), _other_item)(item, s)
+
+
+def _tool_started(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    flag = " [cancellable]" if d.get("cancellable") else ""
+    started = s(f"tool {d.get('name')}({format_arguments(d.get('arguments'))}) started", "yellow")
+    return started + s(f" {d.get('call_id')}{flag}", "dim")
+
+
+def _tool_progress(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    progress = d.get("progress")
+    name = names.get(str(d.get("call_id")), str(d.get("call_id")))
+    bar = s.bar(float(progress)) if isinstance(progress, int | float) else ""
+    return " ".join(str(p) for p in (s(name, "yellow"), bar, d.get("message")) if p)
+
+
+def _tool_ended(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    status = str(d.get("status"))
+    colour = STATUS_COLOURS.get(status, "red")
+    return s(f"tool {d.get('name') or d.get('call_id')} {status}", colour, "bold") + f": {short(d.get('output'))}"
+
+
+def _unknown(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    return s(short(d), "dim")
+
+
+EVENT_FORMATTERS: dict[str, Formatter] = {
+    "session.started": _template("session started with agent {agent}", "bold"),
+    "session.recovered": _template("──── session recovered after a restart (agent {agent}) ────", "bold", "yellow"),
+    "session.closed": _template("session closed", "bold"),
+    "session.failed": _session_failed,
+    "agent.state": _template("agent is {state}", "dim"),
+    "agent.handoff": _template("handoff {from_agent} → {to_agent}", "magenta"),
+    "user.input": _user_input,
+    "speech.created": _template("speech {speech_id} queued ({source})", "dim"),
+    "generation.started": _template("thinking (speech {speech_id}, step {step})", "dim"),
+    "speech.started": _template("speaking {speech_id}", "cyan"),
+    "speech.interrupted": _speech_interrupted,
+    "speech.done": _speech_done,
+    "chat.item": _chat_item,
+    "tool.started": _tool_started,
+    "tool.progress": _tool_progress,
+    "tool.ended": _tool_ended,
+    "generation.failed": _template("generation failed: {error}", "red"),
+}
+
+
+def describe(event: dict[str, Any], s: Style, names: dict[str, str] | None = None) -> str:
+    """One readable line for an event (without seq and time); `names` maps call ids to tool names."""
+    formatter = EVENT_FORMATTERS.get(str(event.get("type", "")), _unknown)
+    return formatter(event.get("data") or {}, s, names or {})
+
+
+def event_line(event: dict[str, Any], s: Style, names: dict[str, str] | None = None) -> str:
+    at = str(event.get("at", ""))
+    try:
+        clock = datetime.fromisoformat(at).astimezone().strftime("%H:%M:%S.%f")[:-3]
+    except ValueError:
+        clock = at
+    kind = str(event.get("type", ""))
+    return f"{s(str(event.get('seq')).rjust(5), 'dim')} {s(clock, 'dim')} {kind.ljust(19)} {describe(event, s, names)}"
