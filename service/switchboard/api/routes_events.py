@@ -22,7 +22,7 @@ from ..hub import SubscriberOverflow, Subscription
 from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event, type_matcher
 from . import deps
-from .auth import AuthError, authenticate, bearer, check
+from .auth import AuthError, authenticate, bearer, check, url_token
 
 logger = logging.getLogger("switchboard.api.ws")
 router = APIRouter(tags=["events"])
@@ -35,6 +35,7 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_SLOW_CONSUMER = 4008
+MAX_POSITION = 2**63 - 1  # since / cursor
 TERMINAL_EVENTS = ("session.closed", "session.failed")  # nothing follows them: a session stream then ends (1000)
 
 
@@ -58,13 +59,15 @@ def _int_param(ws: WebSocket, name: str) -> int:
         raise _Closed(CLOSE_BAD_REQUEST, f"{name} must be an integer") from None
     if value < 0:
         raise _Closed(CLOSE_BAD_REQUEST, f"{name} must be >= 0")
+    if value > MAX_POSITION:  # the store's columns are 64-bit: a bigger one would fail in the query (1011)
+        raise _Closed(CLOSE_BAD_REQUEST, f"{name} must be <= {MAX_POSITION}")
     return value
 
 
 def _authorize(ws: WebSocket, session_id: str | None) -> None:
     settings = deps.settings(ws)  # type: ignore[arg-type]
-    credential = ws.query_params.get("token") or bearer(None, ws.headers.get("authorization"))
     try:
+        credential = url_token(ws.query_params.get("token")) or bearer(None, ws.headers.get("authorization"))
         principal = authenticate(settings, credential)
         check(principal, "events:read", session_id)
         if session_id is None and principal.session_id is not None:

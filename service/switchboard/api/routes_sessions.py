@@ -261,10 +261,11 @@ async def get_speech(request: Request, sid: str, speech_id: str) -> SpeechRead:
     responses=problem_responses(*POST_ERRORS),
     status_code=201,
     response_model=TokenRead,
-    dependencies=[Depends(Require("sessions:read"))],
+    dependencies=[Depends(Require("sessions:read", keys_only=True))],
 )
 async def create_token(request: Request, sid: str, body: TokenCreate | None = None) -> Any:
-    """A short-lived token that can read this session and stream its events (for embedded dashboards)."""
+    """A short-lived token that can read this session and stream its events (for embedded dashboards). Needs an
+    API key: a session token cannot create tokens."""
     body = body or TokenCreate()
     await deps.known_session(request, sid)
 
