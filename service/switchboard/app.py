@@ -17,6 +17,7 @@ from . import __version__
 from .agents_file import load_agents_file
 from .api import asyncapi, problems, routes_events, routes_health, routes_reports, routes_sessions, routes_tools
 from .api.deps import Services
+from .api.guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .api.limits import BodyLimit, RequestDeadline
 from .demo import AGENTS as DEMO_AGENTS
 from .demo import DEFAULT_LLMS as DEMO_LLMS
@@ -129,10 +130,15 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
     app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
     # added first, so inside BodyLimit: the deadline counts handling time, not the time the body takes to arrive
     app.add_middleware(RequestDeadline, timeout_s=settings.request_timeout_s + REQUEST_DEADLINE_GRACE_S)
+    app.add_middleware(JsonBodies)  # inside BodyLimit: an oversize body is a 413 whatever its type
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,
         read_timeout_s=settings.body_read_timeout_s,
         body_timeout_s=settings.body_timeout_s,
     )
+    app.add_middleware(PrivatePaths, settings=settings)
+    # outermost: a request browsers must not make is refused before anything else; every answer gets the headers
+    app.add_middleware(BrowserGuard, settings=settings)
+    app.add_middleware(SecurityHeaders)
     return app

@@ -22,7 +22,7 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
-from .client_output import Style, age, choose_style, event_line, format_arguments, short, table
+from .client_output import Style, age, choose_style, event_line, format_arguments, printable, short, table
 
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
@@ -304,7 +304,7 @@ class _Tail:
 
         try:
             async for raw in ws:
-                event = json.loads(raw)
+                event = printable(json.loads(raw))  # everything printed below comes from it
                 seq = event.get("seq")
                 if not isinstance(seq, int) or seq <= self.last:
                     continue  # a pong, or a frame already shown

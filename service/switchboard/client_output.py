@@ -53,6 +53,26 @@ def choose_style(choice: str, stream: TextIO) -> Style:
     return Style(colour, unicode)
 
 
+# What a terminal would act on rather than show: C0 and C1 controls (escape sequences can retitle the window, move the
+# cursor, rewrite earlier lines, or, with some terminals, inject input) and bidi overrides (text that reads differently
+# from what it is). Session text comes from users, models and tool backends: tail shows these as escapes. Tab stays;
+# a newline is escaped too, as tail prints one line per event and a raw one could forge a line.
+_TERMINAL_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c != 0x09}
+_TERMINAL_CONTROLS |= {c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+_TERMINAL_CONTROLS |= {0x0A: "\\n", 0x0D: "\\r"}
+
+
+def printable(value: Any) -> Any:
+    """``value`` (decoded JSON) with terminal controls in every string, keys included, replaced by visible escapes."""
+    if isinstance(value, str):
+        return value.translate(_TERMINAL_CONTROLS)
+    if isinstance(value, list):
+        return [printable(v) for v in value]
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    return value
+
+
 def short(value: Any, limit: int = 80) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     text = " ".join(text.split())

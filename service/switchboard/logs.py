@@ -7,6 +7,7 @@ import logging
 import re
 import sys
 from datetime import UTC, datetime
+from urllib.parse import unquote_plus
 
 _CONTEXT_FIELDS = ("session_id", "call_id", "speech_id")
 
@@ -20,11 +21,23 @@ _SECRETS = (
 )
 
 
+# a query parameter whose name is only "token" once decoded (``?tok%65n=``): the server decodes names, so must we
+_QUERY_PARAM = re.compile(r"([?&;])([^=&\s\"'<>?]+)=([^&\s\"'<>]*)")
+_CREDENTIAL_PARAMS = frozenset({"token", "access_token"})
+
+
+def _redact_param(match: re.Match[str]) -> str:
+    lead, name, value = match.groups()
+    if value and unquote_plus(name).strip().lower() in _CREDENTIAL_PARAMS:
+        return f"{lead}{name}=[redacted]"
+    return match.group(0)
+
+
 def redact(text: str) -> str:
     """``text`` with API keys and session tokens replaced by ``[redacted]``."""
     for pattern, replacement in _SECRETS:
         text = pattern.sub(replacement, text)
-    return text
+    return _QUERY_PARAM.sub(_redact_param, text)
 
 
 class RedactSecrets(logging.Filter):

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import secrets
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-Scope = Literal["sessions:read", "sessions:write", "sessions:control", "tools:cancel", "tools:report", "events:read"]
+Scope = Literal[
+    "sessions:read", "sessions:write", "sessions:control", "tools:cancel", "tools:report", "events:read", "metrics:read"
+]
 ALL_SCOPES: tuple[Scope, ...] = (
     "sessions:read",
     "sessions:write",
@@ -18,7 +21,10 @@ ALL_SCOPES: tuple[Scope, ...] = (
     "tools:cancel",
     "tools:report",
     "events:read",
+    "metrics:read",
 )
+# a comma-separated list in the environment ("a,b"), or a JSON list
+CommaList = Annotated[list[str], NoDecode]
 
 
 class ApiKey(BaseModel):
@@ -42,7 +48,8 @@ class Settings(BaseSettings):
     migrate_on_start: bool = True
 
     api_keys: list[ApiKey] = Field(default_factory=list)
-    token_secret: str = Field(default_factory=lambda: secrets.token_urlsafe(32))
+    # a short secret can be brute-forced offline from any token it signed
+    token_secret: str = Field(default_factory=lambda: secrets.token_urlsafe(32), min_length=32)
     token_ttl_s: int = Field(default=3600, ge=10, le=7 * 24 * 3600)
 
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
@@ -57,10 +64,37 @@ class Settings(BaseSettings):
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=24 * 3600)
     words_per_second: float = Field(default=3.0, gt=0)
 
+    # Browsers (see docs/security.md). With auth off only loopback Host and Origin headers are accepted; these add
+    # host names (no port) and exact origins ("https://ops.example.com") for a trusted proxy or dashboard.
+    allowed_hosts: CommaList = Field(default_factory=list)
+    allowed_origins: CommaList = Field(default_factory=list)
+    public_docs: bool = True  # /docs, /redoc, /openapi.json without a credential when auth is on
+    public_metrics: bool = False  # /metrics without a credential (else it needs the metrics:read scope)
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _empty_keys(cls, value: object) -> object:
         return [] if value in ("", None) else value
+
+    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("allowed_hosts", mode="after")
+    @classmethod
+    def _hosts_lower(cls, value: list[str]) -> list[str]:
+        return [host.lower().rstrip(".") for host in value]
+
+    @field_validator("allowed_origins", mode="after")
+    @classmethod
+    def _origins_lower(cls, value: list[str]) -> list[str]:
+        return [origin.lower().rstrip("/") for origin in value]
 
     @field_validator("models", mode="before")
     @classmethod
@@ -72,17 +106,24 @@ class Settings(BaseSettings):
         return bool(self.api_keys)
 
     def check_bind(self, host: str | None = None) -> None:
-        """With no API keys, refuse to listen anywhere but loopback."""
-        host = host or self.host
+        """With no API keys, refuse to listen anywhere but loopback ("" and 0.0.0.0 / :: are every interface)."""
+        host = self.host if host is None else host
         if self.auth_enabled:
             return
-        if host in ("localhost", ""):
-            return
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
+        if not is_loopback_name(host):
             raise ValueError(
                 f"refusing to bind {host!r} with authentication off: set SWITCHBOARD_API_KEYS or bind 127.0.0.1"
             )
+
+
+def is_loopback_name(host: str) -> bool:
+    """``localhost``, or an address in 127.0.0.0/8 or ::1 (brackets allowed). Not "", not 0.0.0.0 or ::."""
+    host = host.strip().lower().rstrip(".")
+    if host == "localhost":
+        return True
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -98,9 +98,13 @@ def verify_signature(
         return False
     if abs((time.time() if now is None else now) - sent_at) > window_s:
         return False
-    raw = body.encode() if isinstance(body, str) else body
-    expected = sign(secret, timestamp, raw)
-    return any(hmac.compare_digest(expected, part.strip()) for part in signature.split(","))
+    try:
+        raw = body.encode() if isinstance(body, str) else body
+        expected = sign(secret, timestamp, raw)
+    except UnicodeEncodeError:  # a lone surrogate: not text any sender could have signed
+        return False
+    # compare_digest raises on a str holding anything but ASCII; no such value can be one of our hex signatures
+    return any(part.isascii() and hmac.compare_digest(expected, part.strip()) for part in signature.split(","))
 
 
 # -- reports from backends ----------------------------------------------------------------------------------------

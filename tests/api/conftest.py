@@ -17,6 +17,7 @@ def make_settings(tmp_path: Any, **kw: Any) -> Settings:
     kw.setdefault("database_url", f"sqlite+aiosqlite:///{tmp_path}/api.db")
     kw.setdefault("words_per_second", 100.0)
     kw.setdefault("request_timeout_s", 5.0)
+    kw.setdefault("allowed_hosts", ["test"])  # the in-process client's host name (http://test)
     return Settings(**kw)
 
 

@@ -31,11 +31,12 @@ from .test_observability import AsgiWebSocket
 from .test_sessions_api import until
 
 PUBLIC = None
-# (method, path) -> the scope it needs; PUBLIC for probes and the API's own documentation. "WS" for WebSockets.
+# (method, path) -> the scope it needs; PUBLIC for probes and the API's own documentation (with the default
+# SWITCHBOARD_PUBLIC_DOCS=true; test_hardening.py covers both settings). "WS" for WebSockets.
 ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
-    ("GET", "/metrics"): PUBLIC,
+    ("GET", "/metrics"): "metrics:read",
     ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/asyncapi.json"): PUBLIC,
     ("GET", "/docs"): PUBLIC,
@@ -60,6 +61,8 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("WS", "/v1/sessions/{sid}/events"): "events:read",
     ("WS", "/v1/events"): "events:read",
 }
+# routes a session token may not call even on its own session, whatever its scopes: it cannot renew itself
+KEYS_ONLY = {("POST", "/v1/sessions/{sid}/tokens")}
 STATIC_MOUNTS = {"/console"}  # the operator console: static files, a pure client of the API above
 
 SID, OTHER = "sec-s", "sec-other"
@@ -140,9 +143,12 @@ async def _http(client: httpx.AsyncClient, method: str, path: str, credential: s
 
 
 async def _ws(app: Any, path: str, credential: str | None) -> tuple[int, str] | str:
-    """The close code and reason, or "open" when the stream was accepted and sent its first frame."""
-    query = f"token={credential}" if credential else ""
-    ws = AsgiWebSocket(app, _path(path), query)
+    """The close code and reason, or "open" when the stream was accepted and sent its first frame. A session token
+    travels in ``?token=``, an API key in the header (keys are refused in URLs)."""
+    in_url = credential is not None and credential.startswith("sbt_")
+    query = f"token={credential}" if in_url else ""
+    headers = [(b"authorization", f"Bearer {credential}".encode())] if credential and not in_url else None
+    ws = AsgiWebSocket(app, _path(path), query, headers=headers)
 
     async def settled() -> bool:
         return bool(ws.frames) or ws.task.done()
@@ -204,7 +210,7 @@ async def test_every_route_with_a_session_token(secured: Any):
     token = (await client.post(f"/v1/sessions/{SID}/tokens", headers=admin)).json()["token"]
     mismatches = []
     for (method, path), needed in ROUTE_SCOPES.items():
-        own = "{sid}" in path
+        own = "{sid}" in path and (method, path) not in KEYS_ONLY
         want = _expect(needed, set(TOKEN_SCOPES), session_ok=own)
         if method == "WS":
             got = _got_ws(await _ws(app, path, token))
@@ -212,7 +218,7 @@ async def test_every_route_with_a_session_token(secured: Any):
             got = _got_http(await _http(client, method, path, token))
         if got != want:
             mismatches.append(f"{method} {path}: expected {want}, got {got}")
-        if own and needed is not PUBLIC and method != "WS":  # and never another session's
+        if "{sid}" in path and needed is not PUBLIC and method != "WS":  # and never another session's
             headers = {"authorization": f"Bearer {token}"}
             r = await client.request(method, _path(path, OTHER), json=BODIES.get(path), headers=headers)
             if r.status_code != 403:

@@ -70,6 +70,8 @@ def page(browser: Any) -> Iterator[Any]:
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda err: errors.append(str(err)))
+    # the service's Content-Security-Policy must allow everything the console does (Chromium logs each refusal)
+    pg.on("console", lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None)
     pg.set_default_timeout(8000)
     try:
         yield pg

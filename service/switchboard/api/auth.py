@@ -62,10 +62,11 @@ def _verify_token(settings: Settings, token: str) -> Principal:
     body = token[len(TOKEN_PREFIX) :]
     payload, _, sig = body.partition(".")
     expected = _b64(hmac.new(settings.token_secret.encode(), payload.encode(), hashlib.sha256).digest())
-    if not sig or not hmac.compare_digest(sig, expected):
+    # as bytes: compare_digest refuses a str holding anything but ASCII, and header values can hold any latin-1
+    if not sig or not hmac.compare_digest(sig.encode(), expected.encode()):
         raise AuthError(401, "invalid_token", "The session token is invalid.")
     try:
-        data = json.loads(_unb64(payload))
+        data = json.loads(_unb64(payload))  # signed by us, so well-formed unless the secret leaked
         sid, exp = str(data["sid"]), int(data["exp"])
     except (ValueError, KeyError, TypeError):
         raise AuthError(401, "invalid_token", "The session token is invalid.") from None
@@ -95,6 +96,20 @@ def bearer(request_headers: dict[str, str] | None, header: str | None) -> str | 
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
+def url_token(value: str | None) -> str | None:
+    """A credential passed in a URL (``?token=``): session tokens only. URLs end up in access logs, proxy logs and
+    browser history, so an API key there is refused (and so is never accepted from a page that can only set a URL)."""
+    if value and not value.startswith(TOKEN_PREFIX):
+        raise AuthError(401, "key_in_url", "API keys are not accepted in URLs: send 'Authorization: Bearer <key>'.")
+    return value
+
+
+def refuse_session_token(principal: Principal) -> None:
+    """A session token cannot mint tokens: otherwise a short-lived token renews itself forever."""
+    if principal.session_id is not None:
+        raise AuthError(403, "forbidden", "A session token cannot create tokens; use an API key.")
+
+
 def check(principal: Principal, scope: str, session_id: str | None = None) -> None:
     if "*" in principal.scopes:
         return
@@ -103,15 +118,18 @@ def check(principal: Principal, scope: str, session_id: str | None = None) -> No
 
 
 class Require:
-    """FastAPI dependency: ``Depends(Require("sessions:write"))``."""
+    """FastAPI dependency: ``Depends(Require("sessions:write"))``; ``keys_only=True`` refuses session tokens."""
 
-    def __init__(self, scope: str) -> None:
+    def __init__(self, scope: str, *, keys_only: bool = False) -> None:
         self.scope = scope
+        self.keys_only = keys_only
 
     def __call__(self, request: Request, settings: SettingsDep) -> Principal:
         try:
             principal = authenticate(settings, bearer(None, request.headers.get("authorization")))
             check(principal, self.scope, request.path_params.get("sid"))
+            if self.keys_only:
+                refuse_session_token(principal)
         except AuthError as err:
             headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
             raise ProblemError(err.status, err.code, err.detail, headers=headers) from None

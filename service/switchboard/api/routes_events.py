@@ -22,7 +22,7 @@ from ..hub import SubscriberOverflow, Subscription
 from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event, type_matcher
 from . import deps
-from .auth import AuthError, authenticate, bearer, check
+from .auth import AuthError, authenticate, bearer, check, url_token
 
 logger = logging.getLogger("switchboard.api.ws")
 router = APIRouter(tags=["events"])
@@ -39,6 +39,7 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 CLOSE_SLOW_CONSUMER = 4008
+MAX_POSITION = 2**63 - 1  # since / cursor
 TERMINAL_EVENTS = ("session.closed", "session.failed")  # nothing follows them: a session stream then ends (1000)
 
 #: Every close code of the event streams and what it means to a client (published in the AsyncAPI document).
@@ -79,13 +80,15 @@ def _int_param(ws: WebSocket, name: str) -> int:
         raise _Closed(CLOSE_BAD_REQUEST, f"{name} must be an integer") from None
     if value < 0:
         raise _Closed(CLOSE_BAD_REQUEST, f"{name} must be >= 0")
+    if value > MAX_POSITION:  # the store's columns are 64-bit: a bigger one would fail in the query (1011)
+        raise _Closed(CLOSE_BAD_REQUEST, f"{name} must be <= {MAX_POSITION}")
     return value
 
 
 def _authorize(ws: WebSocket, session_id: str | None) -> None:
     settings = deps.services(ws).settings
-    credential = ws.query_params.get("token") or bearer(None, ws.headers.get("authorization"))
     try:
+        credential = url_token(ws.query_params.get("token")) or bearer(None, ws.headers.get("authorization"))
         principal = authenticate(settings, credential)
         check(principal, "events:read", session_id)
         if session_id is None and principal.session_id is not None:

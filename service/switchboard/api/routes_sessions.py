@@ -207,11 +207,12 @@ async def get_speech(sid: str, speech_id: str, host: HostDep) -> SpeechRead:
     responses=problem_responses(*POST_ERRORS),
     status_code=201,
     response_model=TokenRead,
-    dependencies=[Depends(Require("sessions:read"))],
+    dependencies=[Depends(Require("sessions:read", keys_only=True))],
 )
 @idempotent
 async def create_token(session: KnownSession, settings: SettingsDep, body: TokenCreate | None = None) -> TokenRead:
-    """A short-lived token that can read this session and stream its events (for embedded dashboards)."""
+    """A short-lived token that can read this session and stream its events (for embedded dashboards). Needs an
+    API key: a session token cannot create tokens."""
     body = body or TokenCreate()
     token, expires = issue_token(settings, session.id, body.ttl_s)
     return TokenRead(
