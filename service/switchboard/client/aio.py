@@ -10,7 +10,7 @@ import httpx
 
 from . import _ops
 from ._http import Call, RetryPolicy, T, asend, auth_headers
-from .events import AsyncEventStream, position
+from .events import AsyncEventStream, stream_position
 from .models import (
     ChatItem,
     Health,
@@ -242,7 +242,9 @@ class AsyncClient:
     def events(self, sid: str, *, since: int = 0, types: Sequence[str] | None = None) -> AsyncEventStream:
         """The session's events after ``since`` (glob ``types`` such as ``tool.*``), each once and in order across
         reconnects; the iteration ends when the session has closed."""
-        pos = position(self.base_url, session_id=sid, start=since, types=types, reconnect_for_s=self.reconnect_for_s)
+        pos = stream_position(
+            self.base_url, session_id=sid, start=since, types=types, reconnect_for_s=self.reconnect_for_s
+        )
         return AsyncEventStream(pos, self._headers)
 
     def all_events(
@@ -254,7 +256,7 @@ class AsyncClient:
     ) -> AsyncEventStream:
         """Events of many sessions (all, or ``session_ids``), each carrying its ``cursor``; resumes from the last
         one across reconnects. ``cursor="now"`` starts at the live tail. It never ends by itself."""
-        pos = position(
+        pos = stream_position(
             self.base_url,
             start=cursor,
             types=types,

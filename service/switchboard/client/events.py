@@ -257,7 +257,7 @@ class EventStream:
             time.sleep(delay)
 
 
-def position(
+def stream_position(
     base_url: str,
     *,
     session_id: str | None = None,

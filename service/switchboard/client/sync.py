@@ -10,7 +10,7 @@ import httpx
 
 from . import _ops
 from ._http import Call, RetryPolicy, T, auth_headers, send
-from .events import EventStream, position
+from .events import EventStream, stream_position
 from .models import (
     ChatItem,
     Health,
@@ -241,7 +241,9 @@ class Client:
     def events(self, sid: str, *, since: int = 0, types: Sequence[str] | None = None) -> EventStream:
         """The session's events after ``since`` (glob ``types`` such as ``tool.*``), each once and in order across
         reconnects; the iteration ends when the session has closed."""
-        pos = position(self.base_url, session_id=sid, start=since, types=types, reconnect_for_s=self.reconnect_for_s)
+        pos = stream_position(
+            self.base_url, session_id=sid, start=since, types=types, reconnect_for_s=self.reconnect_for_s
+        )
         return EventStream(pos, self._headers)
 
     def all_events(
@@ -253,7 +255,7 @@ class Client:
     ) -> EventStream:
         """Events of many sessions (all, or ``session_ids``), each carrying its ``cursor``; resumes from the last
         one across reconnects. ``cursor="now"`` starts at the live tail. It never ends by itself."""
-        pos = position(
+        pos = stream_position(
             self.base_url,
             start=cursor,
             types=types,
