@@ -1,0 +1,86 @@
+"""A typed Python client of the Switchboard API: :class:`Client` (blocking) and :class:`AsyncClient` (asyncio).
+
+One method per operation, answers as typed models, problem+json answers as typed errors, commands idempotent
+across retries, and event streams that resume from the last ``seq`` (or ``cursor``) across disconnects and restarts.
+It needs only httpx, websockets and pydantic: nothing of the server is imported.
+"""
+
+from ._http import RetryPolicy, new_idempotency_key
+from .aio import AsyncClient
+from .errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotFound,
+    PayloadTooLarge,
+    RequestTimeout,
+    ServerError,
+    SwitchboardError,
+    TooManyRequests,
+    Unauthorized,
+    Unavailable,
+    ValidationFailed,
+)
+from .events import AsyncEventStream, EventStream
+from .models import (
+    AgentHandoff,
+    ChatItem,
+    ChatMessage,
+    Event,
+    FunctionCall,
+    FunctionCallOutput,
+    Health,
+    InputAccepted,
+    InterruptResult,
+    OtherChatItem,
+    SayAccepted,
+    Session,
+    SessionList,
+    SessionToken,
+    Speech,
+    ToolCall,
+    ToolProgress,
+    ToolStatus,
+    Usage,
+)
+from .sync import Client
+
+__all__ = [
+    "AgentHandoff",
+    "AsyncClient",
+    "AsyncEventStream",
+    "BadRequest",
+    "ChatItem",
+    "ChatMessage",
+    "Client",
+    "Conflict",
+    "Event",
+    "EventStream",
+    "Forbidden",
+    "FunctionCall",
+    "FunctionCallOutput",
+    "Health",
+    "InputAccepted",
+    "InterruptResult",
+    "NotFound",
+    "OtherChatItem",
+    "PayloadTooLarge",
+    "RequestTimeout",
+    "RetryPolicy",
+    "SayAccepted",
+    "ServerError",
+    "Session",
+    "SessionList",
+    "SessionToken",
+    "Speech",
+    "SwitchboardError",
+    "TooManyRequests",
+    "ToolCall",
+    "ToolProgress",
+    "ToolStatus",
+    "Unauthorized",
+    "Unavailable",
+    "Usage",
+    "ValidationFailed",
+    "new_idempotency_key",
+]

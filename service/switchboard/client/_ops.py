@@ -1,0 +1,202 @@
+"""Each operation of the HTTP API as a :class:`Call`: its route, body and answer (one place for both clients)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+
+from ._http import Call
+from .models import (
+    Chat,
+    ChatItem,
+    Health,
+    InputAccepted,
+    InterruptResult,
+    SayAccepted,
+    Session,
+    SessionList,
+    SessionToken,
+    Speech,
+    ToolCall,
+    ToolCallList,
+    ToolStatus,
+)
+
+M = TypeVar("M", bound=BaseModel)
+Role = Literal["user", "system", "developer"]
+
+
+def _seg(value: str) -> str:
+    """A path segment: ids are quoted so that no id can reach another route."""
+    return quote(value, safe="")
+
+
+def _session(sid: str, *rest: str) -> str:
+    return "/".join(["/v1/sessions", _seg(sid), *(_seg(r) for r in rest)])
+
+
+def _model(model: type[M]) -> Callable[[httpx.Response], M]:
+    return lambda r: model.model_validate_json(r.content)
+
+
+def _nothing(_: httpx.Response) -> None:
+    return None
+
+
+def _tool_calls(r: httpx.Response) -> list[ToolCall]:
+    return ToolCallList.model_validate_json(r.content).items
+
+
+def _chat(r: httpx.Response) -> list[ChatItem]:
+    return Chat.model_validate_json(r.content).items
+
+
+def _text(r: httpx.Response) -> str:
+    return r.text
+
+
+def create_session(
+    agent: str,
+    *,
+    id: str | None,
+    llm: Mapping[str, Any] | None,
+    playout: Mapping[str, Any] | None,
+    preemptive_generation: bool | None,
+    allow_interruptions: bool | None,
+    max_tool_steps: int | None,
+    metadata: Mapping[str, Any] | None,
+    idempotency_key: str | None,
+) -> Call[Session]:
+    body: dict[str, Any] = {"agent": agent}
+    options = {
+        "id": id,
+        "llm": dict(llm) if llm is not None else None,
+        "playout": dict(playout) if playout is not None else None,
+        "preemptive_generation": preemptive_generation,
+        "allow_interruptions": allow_interruptions,
+        "max_tool_steps": max_tool_steps,
+        "metadata": dict(metadata) if metadata is not None else None,
+    }
+    body.update({k: v for k, v in options.items() if v is not None})
+    return Call("POST", "/v1/sessions", _model(Session), json=body, command=True, idempotency_key=idempotency_key)
+
+
+def list_sessions(state: str | None, cursor: str | None, limit: int | None) -> Call[SessionList]:
+    params = {k: v for k, v in {"state": state, "cursor": cursor, "limit": limit}.items() if v is not None}
+    return Call("GET", "/v1/sessions", _model(SessionList), params=params)
+
+
+def get_session(sid: str) -> Call[Session]:
+    return Call("GET", _session(sid), _model(Session))
+
+
+def close_session(sid: str) -> Call[None]:
+    return Call("DELETE", _session(sid), _nothing)
+
+
+def get_chat(sid: str) -> Call[list[ChatItem]]:
+    return Call("GET", _session(sid, "chat"), _chat)
+
+
+def input(
+    sid: str,
+    text: str,
+    *,
+    final: bool,
+    interrupt: bool,
+    force: bool,
+    reply: bool,
+    role: Role,
+    idempotency_key: str | None,
+) -> Call[InputAccepted]:
+    body = {"text": text, "final": final, "interrupt": interrupt, "force": force, "reply": reply, "role": role}
+    return Call(
+        "POST", _session(sid, "input"), _model(InputAccepted), json=body, command=True, idempotency_key=idempotency_key
+    )
+
+
+def say(
+    sid: str, text: str, *, allow_interruptions: bool, add_to_chat: bool, idempotency_key: str | None
+) -> Call[SayAccepted]:
+    body = {"text": text, "allow_interruptions": allow_interruptions, "add_to_chat": add_to_chat}
+    return Call(
+        "POST", _session(sid, "say"), _model(SayAccepted), json=body, command=True, idempotency_key=idempotency_key
+    )
+
+
+def interrupt(sid: str, *, force: bool, idempotency_key: str | None) -> Call[InterruptResult]:
+    return Call(
+        "POST",
+        _session(sid, "interrupt"),
+        _model(InterruptResult),
+        json={"force": force},
+        command=True,
+        idempotency_key=idempotency_key,
+    )
+
+
+def get_speech(sid: str, speech_id: str) -> Call[Speech]:
+    return Call("GET", _session(sid, "speeches", speech_id), _model(Speech))
+
+
+def list_tool_calls(sid: str, status: ToolStatus | str | None) -> Call[list[ToolCall]]:
+    params = {"status": str(status)} if status is not None else None
+    return Call("GET", _session(sid, "tool-calls"), _tool_calls, params=params)
+
+
+def get_tool_call(sid: str, call_id: str) -> Call[ToolCall]:
+    return Call("GET", _session(sid, "tool-calls", call_id), _model(ToolCall))
+
+
+def cancel_tool_call(sid: str, call_id: str, *, idempotency_key: str | None) -> Call[ToolCall]:
+    path = _session(sid, "tool-calls", call_id, "cancel")
+    return Call("POST", path, _model(ToolCall), command=True, idempotency_key=idempotency_key)
+
+
+def list_running_tool_calls(limit: int | None) -> Call[list[ToolCall]]:
+    params: dict[str, Any] = {"status": "running", **({"limit": limit} if limit is not None else {})}
+    return Call("GET", "/v1/tool-calls", _tool_calls, params=params)
+
+
+def create_token(sid: str, *, ttl_s: int | None, idempotency_key: str | None) -> Call[SessionToken]:
+    body = {"ttl_s": ttl_s} if ttl_s is not None else {}
+    return Call(
+        "POST", _session(sid, "tokens"), _model(SessionToken), json=body, command=True, idempotency_key=idempotency_key
+    )
+
+
+def report_tool_progress(
+    sid: str, call_id: str, message: str, *, progress: float | None, idempotency_key: str | None
+) -> Call[ToolCall]:
+    body = {"message": message, "progress": progress}
+    path = _session(sid, "tool-calls", call_id, "progress")
+    return Call("POST", path, _model(ToolCall), json=body, command=True, idempotency_key=idempotency_key)
+
+
+def report_tool_result(
+    sid: str, call_id: str, output: str, *, is_error: bool, idempotency_key: str | None
+) -> Call[ToolCall]:
+    body = {"output": output, "is_error": is_error}
+    path = _session(sid, "tool-calls", call_id, "result")
+    return Call("POST", path, _model(ToolCall), json=body, command=True, idempotency_key=idempotency_key)
+
+
+def health() -> Call[Health]:
+    return Call("GET", "/healthz", _model(Health))
+
+
+def ready() -> Call[Health]:
+    # a 503 here is an answer (the database is unreachable), not a failure to retry
+    return Call("GET", "/readyz", _model(Health), success=(503,))
+
+
+def metrics() -> Call[str]:
+    return Call("GET", "/metrics", _text)
+
+
+def types_param(types: Sequence[str] | None) -> str | None:
+    return ",".join(types) if types else None

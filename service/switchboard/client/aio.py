@@ -1,0 +1,266 @@
+"""The asyncio client: the same operations as :class:`~switchboard.client.sync.Client`, awaited."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+
+from . import _ops
+from ._http import Call, RetryPolicy, T, asend, auth_headers
+from .events import AsyncEventStream, stream_position
+from .models import (
+    ChatItem,
+    Health,
+    InputAccepted,
+    InterruptResult,
+    SayAccepted,
+    Session,
+    SessionList,
+    SessionToken,
+    Speech,
+    ToolCall,
+    ToolStatus,
+)
+from .sync import DEFAULT_TIMEOUT_S, DEFAULT_URL, RECONNECT_FOR_S
+
+
+class AsyncClient:
+    """An asyncio client of a Switchboard service.
+
+    >>> async with AsyncClient("http://127.0.0.1:8080", api_key="...") as sb:
+    ...     session = await sb.create_session("demo")
+    ...     await sb.input(session.id, "Where is my order?")
+    ...     async for event in sb.events(session.id, types=["tool.*"]):
+    ...         print(event.seq, event.type, event.data)
+
+    Errors are :class:`~switchboard.client.errors.SwitchboardError` subclasses. Commands carry an
+    ``Idempotency-Key`` (generated, or ``idempotency_key=``) that their retries reuse.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retry: RetryPolicy | None = None,
+        reconnect_for_s: float = RECONNECT_FOR_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self.reconnect_for_s = reconnect_for_s
+        self._headers = auth_headers(api_key)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self._headers, timeout=timeout_s, transport=transport
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def _send(self, call: Call[T]) -> T:
+        return await asend(self._http, self.retry, call)
+
+    # -- sessions --------------------------------------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        agent: str,
+        *,
+        id: str | None = None,
+        llm: Mapping[str, Any] | None = None,
+        playout: Mapping[str, Any] | None = None,
+        preemptive_generation: bool | None = None,
+        allow_interruptions: bool | None = None,
+        max_tool_steps: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Session:
+        """Start a live session running ``agent``. The same ``id`` with the same options returns the session;
+        with other options it is a ``Conflict`` (``session_exists``)."""
+        return await self._send(
+            _ops.create_session(
+                agent,
+                id=id,
+                llm=llm,
+                playout=playout,
+                preemptive_generation=preemptive_generation,
+                allow_interruptions=allow_interruptions,
+                max_tool_steps=max_tool_steps,
+                metadata=metadata,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    async def list_sessions(
+        self, *, state: str | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> SessionList:
+        """One page of sessions, newest first; pass ``next_cursor`` back as ``cursor`` for the next."""
+        return await self._send(_ops.list_sessions(state, cursor, limit))
+
+    async def iter_sessions(self, *, state: str | None = None, page_size: int | None = None) -> AsyncIterator[Session]:
+        """Every session, newest first, page after page."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_sessions(state=state, cursor=cursor, limit=page_size)
+            for session in page.items:
+                yield session
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def get_session(self, sid: str) -> Session:
+        return await self._send(_ops.get_session(sid))
+
+    async def close_session(self, sid: str) -> None:
+        """Close a session: returns once its tools have ended and its final events are written."""
+        await self._send(_ops.close_session(sid))
+
+    async def get_chat(self, sid: str) -> list[ChatItem]:
+        """The chat context in conversation order (each tool output right after its call)."""
+        return await self._send(_ops.get_chat(sid))
+
+    # -- operator commands -----------------------------------------------------------------------------------------
+
+    async def input(
+        self,
+        sid: str,
+        text: str,
+        *,
+        final: bool = True,
+        interrupt: bool = True,
+        force: bool = False,
+        reply: bool = True,
+        role: _ops.Role = "user",
+        idempotency_key: str | None = None,
+    ) -> InputAccepted:
+        """Inject user input (``final=False``: an interim transcript, not committed)."""
+        call = _ops.input(
+            sid,
+            text,
+            final=final,
+            interrupt=interrupt,
+            force=force,
+            reply=reply,
+            role=role,
+            idempotency_key=idempotency_key,
+        )
+        return await self._send(call)
+
+    async def say(
+        self,
+        sid: str,
+        text: str,
+        *,
+        allow_interruptions: bool = True,
+        add_to_chat: bool = True,
+        idempotency_key: str | None = None,
+    ) -> SayAccepted:
+        """Have the agent say ``text`` verbatim, after anything already queued."""
+        call = _ops.say(
+            sid, text, allow_interruptions=allow_interruptions, add_to_chat=add_to_chat, idempotency_key=idempotency_key
+        )
+        return await self._send(call)
+
+    async def interrupt(self, sid: str, *, force: bool = False, idempotency_key: str | None = None) -> InterruptResult:
+        """Interrupt the current speech; returns once what was heard is committed. ``Conflict``
+        (``not_interruptible``) when the speech does not allow it, unless ``force``."""
+        return await self._send(_ops.interrupt(sid, force=force, idempotency_key=idempotency_key))
+
+    async def get_speech(self, sid: str, speech_id: str) -> Speech:
+        return await self._send(_ops.get_speech(sid, speech_id))
+
+    # -- tool calls ------------------------------------------------------------------------------------------------
+
+    async def list_tool_calls(self, sid: str, *, status: ToolStatus | str | None = None) -> list[ToolCall]:
+        return await self._send(_ops.list_tool_calls(sid, status))
+
+    async def get_tool_call(self, sid: str, call_id: str) -> ToolCall:
+        return await self._send(_ops.get_tool_call(sid, call_id))
+
+    async def cancel_tool_call(self, sid: str, call_id: str, *, idempotency_key: str | None = None) -> ToolCall:
+        """Cancel a running, cancellable call; returns it once it has ended ``cancelled``. ``Conflict`` with code
+        ``not_cancellable`` or ``already_ended`` otherwise."""
+        return await self._send(_ops.cancel_tool_call(sid, call_id, idempotency_key=idempotency_key))
+
+    async def list_running_tool_calls(self, *, limit: int | None = None) -> list[ToolCall]:
+        """Running tool calls across every live session."""
+        return await self._send(_ops.list_running_tool_calls(limit))
+
+    async def report_tool_progress(
+        self,
+        sid: str,
+        call_id: str,
+        message: str,
+        *,
+        progress: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> ToolCall:
+        """From a webhook tool's backend (it answered 202): progress of the call."""
+        call = _ops.report_tool_progress(sid, call_id, message, progress=progress, idempotency_key=idempotency_key)
+        return await self._send(call)
+
+    async def report_tool_result(
+        self, sid: str, call_id: str, output: str, *, is_error: bool = False, idempotency_key: str | None = None
+    ) -> ToolCall:
+        """From a webhook tool's backend (it answered 202): the call's result; returns the ended call."""
+        call = _ops.report_tool_result(sid, call_id, output, is_error=is_error, idempotency_key=idempotency_key)
+        return await self._send(call)
+
+    # -- tokens and health -----------------------------------------------------------------------------------------
+
+    async def create_token(
+        self, sid: str, *, ttl_s: int | None = None, idempotency_key: str | None = None
+    ) -> SessionToken:
+        """A short-lived token that can read this session and stream its events (for a dashboard)."""
+        return await self._send(_ops.create_token(sid, ttl_s=ttl_s, idempotency_key=idempotency_key))
+
+    async def health(self) -> Health:
+        return await self._send(_ops.health())
+
+    async def ready(self) -> Health:
+        """Whether the service reaches its database (``status`` "unavailable" when not; no error raised)."""
+        return await self._send(_ops.ready())
+
+    async def metrics(self) -> str:
+        """The Prometheus metrics, as text."""
+        return await self._send(_ops.metrics())
+
+    # -- events ----------------------------------------------------------------------------------------------------
+
+    def events(self, sid: str, *, since: int = 0, types: Sequence[str] | None = None) -> AsyncEventStream:
+        """The session's events after ``since`` (glob ``types`` such as ``tool.*``), each once and in order across
+        reconnects; the iteration ends when the session has closed."""
+        pos = stream_position(
+            self.base_url, session_id=sid, start=since, types=types, reconnect_for_s=self.reconnect_for_s
+        )
+        return AsyncEventStream(pos, self._headers)
+
+    def all_events(
+        self,
+        *,
+        cursor: int | Literal["now"] = 0,
+        session_ids: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+    ) -> AsyncEventStream:
+        """Events of many sessions (all, or ``session_ids``), each carrying its ``cursor``; resumes from the last
+        one across reconnects. ``cursor="now"`` starts at the live tail. It never ends by itself."""
+        pos = stream_position(
+            self.base_url,
+            start=cursor,
+            types=types,
+            session_ids=session_ids,
+            reconnect_for_s=self.reconnect_for_s,
+        )
+        return AsyncEventStream(pos, self._headers)

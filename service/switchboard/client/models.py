@@ -1,0 +1,197 @@
+"""What the service answers, as typed models (the client's own: it imports nothing of the server).
+
+Fields the service adds later are ignored, and a chat item of a type this client does not know is kept as an
+:class:`OtherChatItem`, so an older client keeps working against a newer service.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ToolStatus(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+    INTERRUPTED = "interrupted"
+
+
+class Session(_Model):
+    id: str
+    agent: str
+    state: str  # active, closing, closed, failed, ...
+    agent_state: str  # initializing, listening, thinking, speaking
+    current_speech_id: str | None = None
+    created_at: datetime
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionList(_Model):
+    items: list[Session]
+    next_cursor: str | None = None
+
+
+class ChatMessage(_Model):
+    id: str
+    type: Literal["message"] = "message"
+    created_at: datetime
+    role: str
+    text: str
+    interrupted: bool = False
+
+
+class FunctionCall(_Model):
+    id: str
+    type: Literal["function_call"] = "function_call"
+    created_at: datetime
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class FunctionCallOutput(_Model):
+    id: str
+    type: Literal["function_call_output"] = "function_call_output"
+    created_at: datetime
+    call_id: str
+    name: str
+    output: str
+    is_error: bool = False
+
+
+class AgentHandoff(_Model):
+    id: str
+    type: Literal["agent_handoff"] = "agent_handoff"
+    created_at: datetime
+    from_agent: str | None = None
+    to_agent: str
+
+
+class OtherChatItem(_Model):
+    """A chat item of a type this client does not know; its fields are kept."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    id: str
+    type: str
+    created_at: datetime
+
+
+_CHAT_TYPES = ("message", "function_call", "function_call_output", "agent_handoff")
+
+
+def _chat_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in _CHAT_TYPES else "other"
+
+
+ChatItem = Annotated[
+    Annotated[ChatMessage, Tag("message")]
+    | Annotated[FunctionCall, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")]
+    | Annotated[AgentHandoff, Tag("agent_handoff")]
+    | Annotated[OtherChatItem, Tag("other")],
+    Discriminator(_chat_tag),
+]
+
+
+class Chat(_Model):
+    items: list[ChatItem]
+
+
+class InputAccepted(_Model):
+    item_id: str | None = None  # None for an interim (final=false) input: nothing was committed
+    speech_id: str | None = None  # None when no reply was queued
+
+
+class SayAccepted(_Model):
+    speech_id: str
+
+
+class InterruptResult(_Model):
+    speech_id: str | None = None
+    interrupted: bool
+
+
+class Usage(_Model):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Speech(_Model):
+    id: str
+    source: str
+    state: str  # scheduled, generating, playing, done
+    interrupted: bool
+    allow_interruptions: bool = True
+    text: str
+    played_text: str
+    created_at: datetime
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ToolProgress(_Model):
+    message: str
+    progress: float | None = None
+    at: datetime
+
+
+class ToolCall(_Model):
+    session_id: str
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    status: ToolStatus | str  # a status this client does not know stays a string
+    cancellable: bool
+    scope: str
+    background: bool
+    progress: list[ToolProgress] = Field(default_factory=list)
+    output: str | None = None
+    is_error: bool = False
+    speech_id: str | None = None
+    started_at: datetime
+    ended_at: datetime | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.status != ToolStatus.RUNNING
+
+
+class ToolCallList(_Model):
+    items: list[ToolCall]
+
+
+class SessionToken(_Model):
+    token: str
+    session_id: str
+    scopes: list[str]
+    expires_at: datetime
+
+
+class Health(_Model):
+    status: Literal["ok", "unavailable"] | str
+    detail: str | None = None
+
+
+class Event(_Model):
+    """One event of a session's log: ``seq`` is gap-free per session; ``cursor`` is set on the multi-session stream.
+
+    ``data`` is the event's payload as sent (see the event types in the README).
+    """
+
+    seq: int
+    session_id: str
+    type: str
+    at: datetime
+    data: dict[str, Any] = Field(default_factory=dict)
+    cursor: int | None = None

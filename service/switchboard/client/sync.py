@@ -1,0 +1,265 @@
+"""The blocking client: one method per operation of the HTTP API, and resumable event streams."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+
+from . import _ops
+from ._http import Call, RetryPolicy, T, auth_headers, send
+from .events import EventStream, stream_position
+from .models import (
+    ChatItem,
+    Health,
+    InputAccepted,
+    InterruptResult,
+    SayAccepted,
+    Session,
+    SessionList,
+    SessionToken,
+    Speech,
+    ToolCall,
+    ToolStatus,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+# above the service's own request deadline (10 s by default), so that its 503 arrives rather than our timeout
+DEFAULT_TIMEOUT_S = 30.0
+RECONNECT_FOR_S = 30.0
+
+
+class Client:
+    """A blocking client of a Switchboard service.
+
+    >>> with Client("http://127.0.0.1:8080", api_key="...") as sb:
+    ...     session = sb.create_session("demo")
+    ...     sb.input(session.id, "Where is my order?")
+    ...     for event in sb.events(session.id, types=["tool.*"]):
+    ...         print(event.seq, event.type, event.data)
+
+    Errors are :class:`~switchboard.client.errors.SwitchboardError` subclasses. Commands carry an
+    ``Idempotency-Key`` (generated, or ``idempotency_key=``) that their retries reuse.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retry: RetryPolicy | None = None,
+        reconnect_for_s: float = RECONNECT_FOR_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self.reconnect_for_s = reconnect_for_s
+        self._headers = auth_headers(api_key)
+        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=timeout_s, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _send(self, call: Call[T]) -> T:
+        return send(self._http, self.retry, call)
+
+    # -- sessions --------------------------------------------------------------------------------------------------
+
+    def create_session(
+        self,
+        agent: str,
+        *,
+        id: str | None = None,
+        llm: Mapping[str, Any] | None = None,
+        playout: Mapping[str, Any] | None = None,
+        preemptive_generation: bool | None = None,
+        allow_interruptions: bool | None = None,
+        max_tool_steps: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Session:
+        """Start a live session running ``agent``. The same ``id`` with the same options returns the session;
+        with other options it is a ``Conflict`` (``session_exists``)."""
+        return self._send(
+            _ops.create_session(
+                agent,
+                id=id,
+                llm=llm,
+                playout=playout,
+                preemptive_generation=preemptive_generation,
+                allow_interruptions=allow_interruptions,
+                max_tool_steps=max_tool_steps,
+                metadata=metadata,
+                idempotency_key=idempotency_key,
+            )
+        )
+
+    def list_sessions(
+        self, *, state: str | None = None, cursor: str | None = None, limit: int | None = None
+    ) -> SessionList:
+        """One page of sessions, newest first; pass ``next_cursor`` back as ``cursor`` for the next."""
+        return self._send(_ops.list_sessions(state, cursor, limit))
+
+    def iter_sessions(self, *, state: str | None = None, page_size: int | None = None) -> Iterator[Session]:
+        """Every session, newest first, page after page."""
+        cursor: str | None = None
+        while True:
+            page = self.list_sessions(state=state, cursor=cursor, limit=page_size)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def get_session(self, sid: str) -> Session:
+        return self._send(_ops.get_session(sid))
+
+    def close_session(self, sid: str) -> None:
+        """Close a session: returns once its tools have ended and its final events are written."""
+        self._send(_ops.close_session(sid))
+
+    def get_chat(self, sid: str) -> list[ChatItem]:
+        """The chat context in conversation order (each tool output right after its call)."""
+        return self._send(_ops.get_chat(sid))
+
+    # -- operator commands -----------------------------------------------------------------------------------------
+
+    def input(
+        self,
+        sid: str,
+        text: str,
+        *,
+        final: bool = True,
+        interrupt: bool = True,
+        force: bool = False,
+        reply: bool = True,
+        role: _ops.Role = "user",
+        idempotency_key: str | None = None,
+    ) -> InputAccepted:
+        """Inject user input (``final=False``: an interim transcript, not committed)."""
+        call = _ops.input(
+            sid,
+            text,
+            final=final,
+            interrupt=interrupt,
+            force=force,
+            reply=reply,
+            role=role,
+            idempotency_key=idempotency_key,
+        )
+        return self._send(call)
+
+    def say(
+        self,
+        sid: str,
+        text: str,
+        *,
+        allow_interruptions: bool = True,
+        add_to_chat: bool = True,
+        idempotency_key: str | None = None,
+    ) -> SayAccepted:
+        """Have the agent say ``text`` verbatim, after anything already queued."""
+        call = _ops.say(
+            sid, text, allow_interruptions=allow_interruptions, add_to_chat=add_to_chat, idempotency_key=idempotency_key
+        )
+        return self._send(call)
+
+    def interrupt(self, sid: str, *, force: bool = False, idempotency_key: str | None = None) -> InterruptResult:
+        """Interrupt the current speech; returns once what was heard is committed. ``Conflict``
+        (``not_interruptible``) when the speech does not allow it, unless ``force``."""
+        return self._send(_ops.interrupt(sid, force=force, idempotency_key=idempotency_key))
+
+    def get_speech(self, sid: str, speech_id: str) -> Speech:
+        return self._send(_ops.get_speech(sid, speech_id))
+
+    # -- tool calls ------------------------------------------------------------------------------------------------
+
+    def list_tool_calls(self, sid: str, *, status: ToolStatus | str | None = None) -> list[ToolCall]:
+        return self._send(_ops.list_tool_calls(sid, status))
+
+    def get_tool_call(self, sid: str, call_id: str) -> ToolCall:
+        return self._send(_ops.get_tool_call(sid, call_id))
+
+    def cancel_tool_call(self, sid: str, call_id: str, *, idempotency_key: str | None = None) -> ToolCall:
+        """Cancel a running, cancellable call; returns it once it has ended ``cancelled``. ``Conflict`` with code
+        ``not_cancellable`` or ``already_ended`` otherwise."""
+        return self._send(_ops.cancel_tool_call(sid, call_id, idempotency_key=idempotency_key))
+
+    def list_running_tool_calls(self, *, limit: int | None = None) -> list[ToolCall]:
+        """Running tool calls across every live session."""
+        return self._send(_ops.list_running_tool_calls(limit))
+
+    def report_tool_progress(
+        self,
+        sid: str,
+        call_id: str,
+        message: str,
+        *,
+        progress: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> ToolCall:
+        """From a webhook tool's backend (it answered 202): progress of the call."""
+        call = _ops.report_tool_progress(sid, call_id, message, progress=progress, idempotency_key=idempotency_key)
+        return self._send(call)
+
+    def report_tool_result(
+        self, sid: str, call_id: str, output: str, *, is_error: bool = False, idempotency_key: str | None = None
+    ) -> ToolCall:
+        """From a webhook tool's backend (it answered 202): the call's result; returns the ended call."""
+        call = _ops.report_tool_result(sid, call_id, output, is_error=is_error, idempotency_key=idempotency_key)
+        return self._send(call)
+
+    # -- tokens and health -----------------------------------------------------------------------------------------
+
+    def create_token(self, sid: str, *, ttl_s: int | None = None, idempotency_key: str | None = None) -> SessionToken:
+        """A short-lived token that can read this session and stream its events (for a dashboard)."""
+        return self._send(_ops.create_token(sid, ttl_s=ttl_s, idempotency_key=idempotency_key))
+
+    def health(self) -> Health:
+        return self._send(_ops.health())
+
+    def ready(self) -> Health:
+        """Whether the service reaches its database (``status`` "unavailable" when not; no error raised)."""
+        return self._send(_ops.ready())
+
+    def metrics(self) -> str:
+        """The Prometheus metrics, as text."""
+        return self._send(_ops.metrics())
+
+    # -- events ----------------------------------------------------------------------------------------------------
+
+    def events(self, sid: str, *, since: int = 0, types: Sequence[str] | None = None) -> EventStream:
+        """The session's events after ``since`` (glob ``types`` such as ``tool.*``), each once and in order across
+        reconnects; the iteration ends when the session has closed."""
+        pos = stream_position(
+            self.base_url, session_id=sid, start=since, types=types, reconnect_for_s=self.reconnect_for_s
+        )
+        return EventStream(pos, self._headers)
+
+    def all_events(
+        self,
+        *,
+        cursor: int | Literal["now"] = 0,
+        session_ids: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+    ) -> EventStream:
+        """Events of many sessions (all, or ``session_ids``), each carrying its ``cursor``; resumes from the last
+        one across reconnects. ``cursor="now"`` starts at the live tail. It never ends by itself."""
+        pos = stream_position(
+            self.base_url,
+            start=cursor,
+            types=types,
+            session_ids=session_ids,
+            reconnect_for_s=self.reconnect_for_s,
+        )
+        return EventStream(pos, self._headers)
