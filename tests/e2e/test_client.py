@@ -37,7 +37,14 @@ KEYS = json.dumps(
     [
         {
             "key": ADMIN,
-            "scopes": ["sessions:read", "sessions:write", "sessions:control", "tools:cancel", "events:read"],
+            "scopes": [
+                "sessions:read",
+                "sessions:write",
+                "sessions:control",
+                "tools:cancel",
+                "events:read",
+                "metrics:read",
+            ],
         }
     ]
 )
