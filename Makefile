@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint fmt openapi bench clean
+.PHONY: install run test lint fmt openapi bench sim clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -39,6 +39,10 @@ openapi: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/runtime_interrupt.py
 	$(BIN)/python bench/store_append.py
+
+SEEDS ?= 10000
+sim: $(STAMP)
+	$(BIN)/python -m tests.sim.schedules --seeds $(SEEDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

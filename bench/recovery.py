@@ -37,8 +37,9 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from switchboard import Agent, RunContext, function_tool
-from switchboard.host import SessionHost
-from switchboard.hub import EventHub
+from switchboard.control.host import SessionHost
+from switchboard.control.hub import EventHub
+from switchboard.control.settings import Settings
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.chat import ChatItem, ChatMessage, FunctionCall, FunctionCallOutput, utcnow
 from switchboard.runtime.events import Event
@@ -47,7 +48,6 @@ from switchboard.runtime.ports import Commit
 from switchboard.runtime.speech import SpeechInfo, SpeechState
 from switchboard.runtime.status import SessionStatus
 from switchboard.runtime.tools import ToolCallInfo, ToolStatus
-from switchboard.settings import Settings
 from switchboard.store import SessionRecord, Store
 
 PG_URL = os.environ.get("SWITCHBOARD_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")

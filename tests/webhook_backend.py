@@ -1,7 +1,7 @@
 """A real webhook backend for tests: a Starlette app served by uvicorn on a loopback port, in the test's loop.
 
-It checks every request's signature with ``switchboard.webhooks.verify_signature`` (a bad one gets 401 and is
-counted), records deliveries and cancel notices, and answers each tool with scripted responses.
+It checks every request's signature with ``switchboard.integrations.webhooks.verify_signature`` (a bad one gets
+401 and is counted), records deliveries and cancel notices, and answers each tool with scripted responses.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from switchboard.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
+from switchboard.integrations.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
 
 Answer = tuple[int, Any]  # (status, JSON body or None)
 

@@ -6,10 +6,10 @@ from typing import Any
 import httpx
 import pytest
 
-from switchboard.app import create_app
-from switchboard.demo import AGENTS as DEMO_AGENTS
+from switchboard.api.app import create_app
+from switchboard.control.settings import Settings
+from switchboard.integrations.demo import AGENTS as DEMO_AGENTS
 from switchboard.runtime.agent import AgentRegistry
-from switchboard.settings import Settings
 from tests.agents_fixture import AGENTS as TEST_AGENTS
 
 

@@ -14,7 +14,7 @@ import pytest
 from jsonschema import Draft7Validator
 
 from switchboard.api import routes_events
-from switchboard.cli import asyncapi_spec, main
+from switchboard.cli.main import asyncapi_spec, main
 from switchboard.runtime.event_types import EVENT_PAYLOADS, EVENT_TYPES
 
 from .conftest import Api

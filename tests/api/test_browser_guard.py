@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from switchboard.app import create_app
+from switchboard.api.app import create_app
+from switchboard.control.settings import ALL_SCOPES, ApiKey, Settings
 from switchboard.runtime.agent import AgentRegistry
-from switchboard.settings import ALL_SCOPES, ApiKey, Settings
 
 from .conftest import Api, make_settings
 from .test_observability import AsgiWebSocket

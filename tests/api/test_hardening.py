@@ -15,11 +15,11 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from switchboard.app import create_app
-from switchboard.logs import redact
+from switchboard.api.app import create_app
+from switchboard.control.logs import redact
+from switchboard.control.settings import ALL_SCOPES, ApiKey, Settings
+from switchboard.integrations.webhooks import sign, verify_signature
 from switchboard.runtime.agent import AgentRegistry
-from switchboard.settings import ALL_SCOPES, ApiKey, Settings
-from switchboard.webhooks import sign, verify_signature
 
 from .conftest import Api, make_settings
 from .test_browser_guard import ws_result

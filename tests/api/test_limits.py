@@ -15,7 +15,7 @@ import httpx
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from switchboard.app import create_app
+from switchboard.api.app import create_app
 from switchboard.runtime.agent import AgentRegistry
 from tests.e2e.server import Server
 

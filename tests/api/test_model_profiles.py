@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from switchboard.app import create_app
+from switchboard.api.app import create_app
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.store import SessionRecord
 from tests.unit.fake_openai import FakeOpenAI

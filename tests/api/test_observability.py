@@ -14,13 +14,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from switchboard import logs
 from switchboard.api import routes_events
+from switchboard.api.app import create_app
 from switchboard.api.auth import issue_token
-from switchboard.app import create_app
+from switchboard.control import logs
+from switchboard.control.settings import ALL_SCOPES, ApiKey
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.events import Event
-from switchboard.settings import ALL_SCOPES, ApiKey
 
 from .conftest import Api, make_settings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from switchboard.cli import openapi_spec
+from switchboard.cli.main import openapi_spec
 
 SPEC = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
 

@@ -20,10 +20,10 @@ import pytest
 import yaml
 from starlette.routing import Mount, Route, WebSocketRoute
 
+from switchboard.api.app import create_app
 from switchboard.api.auth import TOKEN_SCOPES, issue_token
-from switchboard.app import create_app
+from switchboard.control.settings import ALL_SCOPES, ApiKey, Settings
 from switchboard.runtime.agent import AgentRegistry
-from switchboard.settings import ALL_SCOPES, ApiKey, Settings
 from tests.webhook_backend import FakeBackend
 
 from .conftest import make_settings
@@ -288,7 +288,9 @@ async def test_webhook_secrets_never_reach_the_logs(
                     assert WEBHOOK_SECRET not in (await client.get(path)).text, path
                 await client.delete(f"/v1/sessions/{sid}")
         assert backend.calls and backend.bad_signatures == 0  # the secret was used: deliveries were signed with it
-    assert any(r.name.startswith("switchboard.webhooks") for r in caplog.records), "nothing logged: proves nothing"
+    assert any(r.name.startswith("switchboard.integrations.webhooks") for r in caplog.records), (
+        "nothing logged: proves nothing"
+    )
     for record in caplog.records:
         text = f"{record.getMessage()} {record.__dict__!r}"
         assert WEBHOOK_SECRET not in text, f"{record.name}: {record.getMessage()}"

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from switchboard.app import create_app
+from switchboard.api.app import create_app
 from switchboard.runtime.session import SessionClosed
 
 from .conftest import Api, make_settings

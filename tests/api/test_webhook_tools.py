@@ -11,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from switchboard.app import create_app
+from switchboard.api.app import create_app
 from switchboard.runtime.agent import AgentRegistry
 from tests.agents_fixture import AGENTS as TEST_AGENTS
 from tests.webhook_backend import FakeBackend

@@ -15,7 +15,7 @@ import pytest
 import websockets
 
 from switchboard.api.auth import issue_token
-from switchboard.settings import ALL_SCOPES, Settings
+from switchboard.control.settings import ALL_SCOPES, Settings
 
 from .server import Server
 

@@ -19,7 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
-from switchboard.client_cli import Client, Style, tail
+from switchboard.cli.operator import Client, Style, tail
 
 from .console_support import create_session, server_events, wait_until
 from .server import Server

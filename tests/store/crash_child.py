@@ -14,11 +14,11 @@ import sys
 from collections.abc import Callable
 
 from switchboard import Agent, RunContext, function_tool
-from switchboard.host import PlayoutSettings, SessionConfig, SessionHost
-from switchboard.hub import EventHub
+from switchboard.control.host import PlayoutSettings, SessionConfig, SessionHost
+from switchboard.control.hub import EventHub
+from switchboard.control.settings import Settings
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.events import Event
-from switchboard.settings import Settings
 from switchboard.store import Store
 
 MARKER = "LONG TOOL STARTED"

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from switchboard import Agent, RunContext, function_tool
-from switchboard.host import PlayoutSettings, SessionConfig, SessionHost
-from switchboard.hub import EventHub
+from switchboard.control.host import PlayoutSettings, SessionConfig, SessionHost
+from switchboard.control.hub import EventHub
+from switchboard.control.settings import Settings
 from switchboard.runtime.agent import AgentFactory, AgentRegistry
 from switchboard.runtime.chat import ChatMessage, FunctionCall, FunctionCallOutput, validate
 from switchboard.runtime.events import Event
@@ -24,7 +25,6 @@ from switchboard.runtime.ports import Commit
 from switchboard.runtime.recovery import RESTART_OUTPUT
 from switchboard.runtime.speech import SpeechInfo, SpeechState
 from switchboard.runtime.tools import ToolStatus
-from switchboard.settings import Settings
 from switchboard.store import SessionRecord, Store
 
 from .conftest import Db, wait_for

@@ -11,14 +11,14 @@ import pytest
 from pydantic import ValidationError
 
 from switchboard import function_tool
-from switchboard.agents_file import AgentsFileError, load_agents_file, read_agents_file
-from switchboard.app import create_app
-from switchboard.cli import main
-from switchboard.demo import AGENTS as DEMO_AGENTS
+from switchboard.api.app import create_app
+from switchboard.cli.main import main
+from switchboard.control.settings import Settings
+from switchboard.integrations.agents_file import AgentsFileError, load_agents_file, read_agents_file
+from switchboard.integrations.demo import AGENTS as DEMO_AGENTS
+from switchboard.integrations.webhooks import Webhooks, WebhookTool, sign, signed_headers, verify_signature
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.tools import CONFIRM_FIELD, ToolPolicy, format_validation_error
-from switchboard.settings import Settings
-from switchboard.webhooks import Webhooks, WebhookTool, sign, signed_headers, verify_signature
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agents.yaml"
 ENV = {"HOOK_SECRET": "s3cret", "ORDERS_WEBHOOK_SECRET": "example-secret"}
@@ -175,7 +175,7 @@ def test_an_agent_name_taken_by_python_agents_is_refused(tmp_path: Path):
 def test_a_bad_agents_file_stops_startup_with_a_clear_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setattr("switchboard.cli.logs.configure", lambda *a, **kw: None)  # keep pytest's log handlers
+    monkeypatch.setattr("switchboard.control.logs.configure", lambda *a, **kw: None)  # keep pytest's log handlers
     path = write(tmp_path, [{"name": "a", "instructions": "x", "tools": [tool(url="nope")]}])
     with pytest.raises(AgentsFileError, match=r"agents\[0\]\.tools\[0\]\.url"):
         create_app(Settings(agents_file=path, database_url=f"sqlite+aiosqlite:///{tmp_path}/x.db"))

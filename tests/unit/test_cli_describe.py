@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from switchboard.client_output import Style, describe, event_line
+from switchboard.cli.output import Style, describe, event_line
 
 PLAIN = Style(False, True)
 ASCII = Style(False, False)

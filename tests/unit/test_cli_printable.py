@@ -9,7 +9,7 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
 
-from switchboard.client_cli import Client, Style, printable, tail
+from switchboard.cli.operator import Client, Style, printable, tail
 
 HOSTILE = "hi\x1b]0;owned\x07\x1b[2J\x1b[1A\u009b31m\u202etxt.exe\u2066x\u2069\r\nfake line\x00\x7f"
 

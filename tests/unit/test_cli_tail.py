@@ -11,7 +11,7 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 
-from switchboard.client_cli import Client, ClientError, Style, tail
+from switchboard.cli.operator import Client, ClientError, Style, tail
 
 Handler = Callable[[ServerConnection], Awaitable[None]]
 

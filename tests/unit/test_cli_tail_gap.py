@@ -8,7 +8,7 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
 
-from switchboard.client_cli import Client, Style, tail
+from switchboard.cli.operator import Client, Style, tail
 
 
 def frame(seq: int, type: str = "agent.state", **data: Any) -> str:

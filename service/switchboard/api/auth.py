@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from ..settings import Settings
+from ..control.settings import Settings
 from .deps import SettingsDep
 from .problems import ProblemError
 

@@ -11,15 +11,15 @@ from typing import Annotated
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
-from ..host import SessionHost, SessionView
-from ..hub import EventHub
-from ..metrics import Metrics
+from ..control.host import SessionHost, SessionView
+from ..control.hub import EventHub
+from ..control.metrics import Metrics
+from ..control.settings import Settings
+from ..integrations.webhooks import Webhooks
 from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
-from ..settings import Settings
 from ..store import Store
-from ..webhooks import Webhooks
 from .problems import ProblemError, not_found
 from .schemas import SessionRead, ToolCallRead
 

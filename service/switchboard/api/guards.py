@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..settings import Settings, is_loopback_name
+from ..control.settings import Settings, is_loopback_name
 from .auth import AuthError, authenticate, bearer, check
 from .problems import problem_response
 

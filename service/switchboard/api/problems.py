@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..host import InvalidSessionConfig, SessionConflict, TooManySessions
+from ..control.host import InvalidSessionConfig, SessionConflict, TooManySessions
 from ..runtime.agent import UnknownAgent
 from ..runtime.executor import AlreadyEnded, NotCancellable, ToolCallNotFound
 from ..runtime.session import SessionClosed

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from ..hub import SubscriberOverflow, Subscription
+from ..control.hub import SubscriberOverflow, Subscription
 from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event, type_matcher
 from . import deps

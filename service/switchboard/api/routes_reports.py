@@ -6,9 +6,9 @@ import asyncio
 
 from fastapi import APIRouter, Depends
 
-from ..host import SessionHost
+from ..control.host import SessionHost
+from ..integrations.webhooks import BackendResult, CallAlreadyEnded, NotAwaitingReport
 from ..runtime.tools import ToolCallInfo
-from ..webhooks import BackendResult, CallAlreadyEnded, NotAwaitingReport
 from . import deps
 from .auth import Require
 from .deps import ServicesDep

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from ..settings import Settings
+from ..control.settings import Settings
 from ..store import InvalidCursor
 from . import deps
 from .auth import TOKEN_SCOPES, Require, issue_token

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..host import PlayoutSettings, SessionConfig
+from ..control.host import PlayoutSettings, SessionConfig
 from ..runtime.chat import ChatItem
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"

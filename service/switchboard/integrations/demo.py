@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .runtime.agent import Agent
-from .runtime.tools import RunContext, ToolError, function_tool
+from ..runtime.agent import Agent
+from ..runtime.tools import RunContext, ToolError, function_tool
 
 #: Seconds per simulated unit of backend work; tests shrink it.
 WORK_S = 0.5

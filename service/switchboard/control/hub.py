@@ -11,7 +11,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from .runtime.events import Event, type_matcher
+from ..runtime.events import Event, type_matcher
 
 
 class SubscriberOverflow(Exception):

@@ -26,9 +26,9 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from . import __version__
-from .runtime.aio import cancel_and_wait, first_of, spawn
-from .runtime.tools import (
+from .. import __version__
+from ..runtime.aio import cancel_and_wait, first_of, spawn
+from ..runtime.tools import (
     CONFIRM_DESCRIPTION,
     CONFIRM_FIELD,
     DEFAULT_POLICY,
@@ -40,7 +40,7 @@ from .runtime.tools import (
 )
 from .schema_model import dump, object_model
 
-logger = logging.getLogger("switchboard.webhooks")
+logger = logging.getLogger("switchboard.integrations.webhooks")
 
 TIMESTAMP_HEADER = "X-Switchboard-Timestamp"
 SIGNATURE_HEADER = "X-Switchboard-Signature"

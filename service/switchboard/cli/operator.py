@@ -22,7 +22,7 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
-from .client_output import Style, age, choose_style, event_line, format_arguments, printable, short, table
+from .output import Style, age, choose_style, event_line, format_arguments, printable, short, table
 
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection

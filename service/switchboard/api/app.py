@@ -13,27 +13,27 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from . import __version__
-from .agents_file import load_agents_file
-from .api import asyncapi, problems, routes_events, routes_health, routes_reports, routes_sessions, routes_tools
-from .api.deps import Services
-from .api.guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
-from .api.limits import BodyLimit, RequestDeadline
-from .demo import AGENTS as DEMO_AGENTS
-from .demo import DEFAULT_LLMS as DEMO_LLMS
-from .host import SessionHost
-from .hub import EventHub
-from .metrics import Metrics
-from .model_profiles import ModelProfiles
-from .runtime.agent import AgentRegistry
-from .runtime.aio import cancel_and_wait
-from .settings import Settings
-from .store import Store
-from .webhooks import Webhooks
+from .. import __version__
+from ..control.host import SessionHost
+from ..control.hub import EventHub
+from ..control.metrics import Metrics
+from ..control.settings import Settings
+from ..integrations.agents_file import load_agents_file
+from ..integrations.demo import AGENTS as DEMO_AGENTS
+from ..integrations.demo import DEFAULT_LLMS as DEMO_LLMS
+from ..integrations.model_profiles import ModelProfiles
+from ..integrations.webhooks import Webhooks
+from ..runtime.agent import AgentRegistry
+from ..runtime.aio import cancel_and_wait
+from ..store import Store
+from . import asyncapi, problems, routes_events, routes_health, routes_reports, routes_sessions, routes_tools
+from .deps import Services
+from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
+from .limits import BodyLimit, RequestDeadline
 
-logger = logging.getLogger("switchboard.app")
+logger = logging.getLogger("switchboard.api.app")
 
-CONSOLE_DIR = Path(__file__).parent / "console"
+CONSOLE_DIR = Path(__file__).parent.parent / "console"
 
 DESCRIPTION = """Control plane for live AI agent sessions: inject input, interrupt speech, watch tool progress,
 cancel tools. Errors are `application/problem+json`. Every POST accepts an `Idempotency-Key` header."""

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .runtime.llm import build_llm
+from ..runtime.llm import build_llm
 
 PROFILE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 #: What a session may set on top of a profile: nothing here reaches a URL, a variable or a resource limit.

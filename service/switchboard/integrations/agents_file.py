@@ -40,11 +40,11 @@ from pydantic import (
     model_validator,
 )
 
+from ..runtime.agent import Agent, AgentFactory, AgentRegistry
+from ..runtime.executor import COMPANION_TOOLS
+from ..runtime.llm import build_llm
+from ..runtime.tools import CONFIRM_FIELD, ToolPolicy
 from .model_profiles import SESSION_TUNABLE
-from .runtime.agent import Agent, AgentFactory, AgentRegistry
-from .runtime.executor import COMPANION_TOOLS
-from .runtime.llm import build_llm
-from .runtime.tools import CONFIRM_FIELD, ToolPolicy
 from .schema_model import SchemaError, object_model
 from .webhooks import WebhookEndpoint, Webhooks, WebhookTool, default_cancel_url
 

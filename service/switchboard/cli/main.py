@@ -9,9 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-from . import logs
-from .client_cli import add_client_commands
-from .settings import Settings
+from ..control import logs
+from ..control.settings import Settings
+from .operator import add_client_commands
 
 GC_YOUNG_THRESHOLD = 10_000  # CPython's default is 700 allocations
 
@@ -34,8 +34,8 @@ def _ensure_sqlite_dir(url: str) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .agents_file import AgentsFileError
-    from .app import create_app
+    from ..api.app import create_app
+    from ..integrations.agents_file import AgentsFileError
 
     settings = _settings(args)
     try:
@@ -73,7 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from .store import Store
+    from ..store import Store
 
     settings = _settings(args)
     logs.configure(settings.log_level)
@@ -92,13 +92,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def openapi_spec() -> dict[str, object]:
-    from .app import create_app
+    from ..api.app import create_app
 
     return create_app(Settings(api_keys=[])).openapi()
 
 
 def asyncapi_spec() -> dict[str, object]:
-    from .api.asyncapi import asyncapi_spec
+    from ..api.asyncapi import asyncapi_spec
 
     return asyncapi_spec()
 

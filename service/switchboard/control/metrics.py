@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .runtime.events import Event
+from ..runtime.events import Event
 
 
 class _Live(Collector):

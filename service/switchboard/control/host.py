@@ -12,24 +12,24 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ..integrations.model_profiles import ModelProfiles
+from ..runtime.agent import AgentRegistry
+from ..runtime.chat import ChatContext, ChatItem, new_id, utcnow
+from ..runtime.event_types import SessionFailed
+from ..runtime.events import Event, EventLog
+from ..runtime.llm import LLM, build_llm
+from ..runtime.playout import SimulatedPlayout
+from ..runtime.ports import EventSink
+from ..runtime.recovery import end_orphaned_calls, recover
+from ..runtime.session import AgentSession, SessionOptions
+from ..runtime.speech import SpeechInfo
+from ..runtime.status import SessionStatus
+from ..runtime.tools import ToolCallInfo, ToolStatus
+from ..store import SessionData, SessionExists, SessionRecord, Store
 from .hub import EventHub
-from .model_profiles import ModelProfiles
-from .runtime.agent import AgentRegistry
-from .runtime.chat import ChatContext, ChatItem, new_id, utcnow
-from .runtime.event_types import SessionFailed
-from .runtime.events import Event, EventLog
-from .runtime.llm import LLM, build_llm
-from .runtime.playout import SimulatedPlayout
-from .runtime.ports import EventSink
-from .runtime.recovery import end_orphaned_calls, recover
-from .runtime.session import AgentSession, SessionOptions
-from .runtime.speech import SpeechInfo
-from .runtime.status import SessionStatus
-from .runtime.tools import ToolCallInfo, ToolStatus
 from .settings import Settings
-from .store import SessionData, SessionExists, SessionRecord, Store
 
-logger = logging.getLogger("switchboard.host")
+logger = logging.getLogger("switchboard.control.host")
 
 # Sessions recovered at once. Each one awaits its first commits; as many as the store writer puts in one batch
 # (its default batch_max) share a group commit, so 1,000 sessions take a handful of transactions, not hundreds.

@@ -1,0 +1,57 @@
+"""A deterministic event loop on a virtual clock.
+
+``time()`` is virtual: when nothing is ready to run, the clock jumps to the next timer instead of sleeping, so a
+schedule that spans minutes of session time runs in milliseconds, and the same inputs give the same order of
+callbacks every time (asyncio runs ready callbacks first-in first-out; timers due at the same instant keep the order
+the heap gives them, which depends only on the order they were scheduled in).
+
+The simulation does no real I/O. A loop with nothing ready and no timer can never make progress again: that is a
+hang, and it is reported (``Stalled``) instead of blocking forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class Stalled(RuntimeError):
+    """Every task waits on something that nothing will ever resolve."""
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    def __init__(self) -> None:
+        super().__init__()
+        self._now = 0.0
+        self._clock_resolution = 1e-9
+
+    def time(self) -> float:
+        return self._now
+
+    def _run_once(self) -> None:
+        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
+        while scheduled and scheduled[0].cancelled():
+            heapq.heappop(scheduled)
+            self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+        if not self._ready and not self._stopping:  # type: ignore[attr-defined]
+            if not scheduled:
+                raise Stalled(f"nothing can run at t={self._now:.3f}s: every task waits forever")
+            self._now = max(self._now, scheduled[0].when())
+        super()._run_once()  # type: ignore[misc]
+
+    def advance_to(self, when: float) -> None:
+        self._now = max(self._now, when)
+
+
+def new_loop() -> VirtualTimeLoop:
+    loop = VirtualTimeLoop()
+    asyncio.set_event_loop(loop)
+    return loop
+
+
+def run(loop: VirtualTimeLoop, coro: Coroutine[Any, Any, T]) -> T:
+    return loop.run_until_complete(coro)
