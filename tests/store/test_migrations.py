@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from switchboard.store.models import metadata
 from .conftest import Db
 
 REPO = Path(__file__).resolve().parents[2]
-HEAD = "0002"
+HEAD = "0003"
 TABLES = {"sessions", "chat_items", "tool_calls", "speeches", "events", "idempotency_keys"}
 
 
@@ -75,3 +76,38 @@ def test_alembic_command_line_from_the_repo_root(tmp_path: Path) -> None:
     assert up.returncode == 0, up.stderr
     current = subprocess.run([*alembic, "current"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert f"{HEAD} (head)" in current.stdout, current.stdout + current.stderr
+
+
+async def test_text_already_holding_the_escape_character_reads_back_unchanged_after_upgrade(db: Db) -> None:
+    """Rows written before text was encoded may hold U+E000: the upgrade escapes it, so it is not read as an escape."""
+    await upgrade(db.url, "0002", schema=db.schema)
+    stored = "\ue0000 and \ue000e"  # what would decode to "\x00 and \ue000" if left as it was
+    await db.sql(
+        "INSERT INTO sessions (id, agent, state, config, metadata, created_at, updated_at) VALUES "
+        + (
+            "(?, 'a', 'active', ?, '{}', '2024-01-01', '2024-01-01')"
+            if db.kind == "sqlite"
+            else "($1, 'a', 'active', $2::jsonb, '{}', now(), now())"
+        ),
+        "s1",
+        json.dumps({"k": stored}, ensure_ascii=False),
+    )
+    await db.sql(
+        "INSERT INTO speeches (session_id, id, source, state, interrupted, allow_interruptions, text, played_text,"
+        " created_at) VALUES "
+        + (
+            "(?, 'sp1', 'say', 'done', 0, 1, ?, '', '2024-01-01')"
+            if db.kind == "sqlite"
+            else "($1, 'sp1', 'say', 'done', false, true, $2, '', now())"
+        ),
+        "s1",
+        stored,
+    )
+    await upgrade(db.url, "head", schema=db.schema)
+    store = db.store()
+    rec = await store.get_session("s1")
+    assert rec is not None and rec.config == {"k": stored}
+    (speech,) = await store.speeches("s1")
+    assert speech.text == stored
+    await downgrade(db.url, "0002", schema=db.schema)
+    assert await db.sql("SELECT text FROM speeches") == [(stored,)]

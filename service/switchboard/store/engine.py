@@ -11,6 +11,8 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from .text import decode_json_text, encode_json_text
+
 SQLITE_BUSY_TIMEOUT_MS = 5000
 
 # Execution option that makes a SQLite transaction take the write lock at BEGIN (the group-commit writer uses it,
@@ -33,13 +35,14 @@ class CorruptJSON:
 
 def _loads(raw: str | bytes) -> Any:
     try:
-        return json.loads(raw)
+        return json.loads(decode_json_text(raw if isinstance(raw, str) else raw.decode()))
     except ValueError as err:  # a corrupt row must not make the whole read fail; callers report it
         return CorruptJSON(raw if isinstance(raw, str) else raw.decode("utf-8", "replace"), str(err))
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    # NUL and lone surrogates are encoded inside the JSON text: neither database can store them as they are.
+    return encode_json_text(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
 
 
 def make_engine(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -50,8 +51,13 @@ def item_row(session_id: str, pos: int, item: ChatItem) -> dict[str, Any]:
 
 
 def item_from_row(row: Mapping[Any, Any]) -> ChatItem:
-    """From a row whose ``data`` was read as JSON text (``ITEM_DATA``): parsed and validated in one step."""
-    return _validated(chat_item_adapter.validate_json, row["data"])
+    """From a row whose ``data`` was read as JSON text (``ITEM_DATA``). Parsed by ``json`` first: unlike pydantic's
+    parser it accepts the ``\\ud800`` escapes a stored lone surrogate decodes to (see ``text``)."""
+    try:
+        data = json.loads(row["data"])
+    except ValueError as err:
+        raise BadRow(f"data is not valid JSON: {err}") from err
+    return _validated(chat_item_adapter.validate_python, data)
 
 
 _items_adapter: TypeAdapter[list[ChatItem]] = TypeAdapter(list[ChatItem])
@@ -59,7 +65,8 @@ _items_adapter: TypeAdapter[list[ChatItem]] = TypeAdapter(list[ChatItem])
 
 def items_from_texts(texts: Sequence[str]) -> list[ChatItem]:
     """Many items' ``data`` (JSON text) parsed and validated in one call: several times faster than one by one
-    (recovery reads every item of every live session). Raises ``BadRow`` if any of them is bad."""
+    (recovery reads every item of every live session). Raises ``BadRow`` if any of them is bad, or holds a lone
+    surrogate (pydantic's parser rejects those: ``item_from_row`` reads them)."""
     return _validated(_items_adapter.validate_json, "[" + ",".join(texts) + "]")
 
 

@@ -46,6 +46,7 @@ from .rows import (
     speech_from_row,
     tool_call_from_row,
 )
+from .text import JSONText
 from .writer import GroupCommitWriter
 from .writes import DurableCallback, Op, dialect_insert
 
@@ -55,7 +56,7 @@ T = TypeVar("T")
 
 READ_ERROR_LOG_MAX = 100
 # Chat item data read as JSON text: ``item_from_row`` parses and validates it in one step.
-ITEM_DATA = sa.cast(m.chat_items.c.data, sa.Text).label("data")
+ITEM_DATA = sa.cast(m.chat_items.c.data, JSONText).label("data")
 BULK_CHUNK = 500  # sessions per query in load_sessions_bulk (bound parameters stay far below the limits)
 PING_TIMEOUT_S = 2.0
 
