@@ -89,6 +89,8 @@ class FakeBackend:
         if status < 300:
             self.calls.append(payload)
             await self.received.put(("call", payload))
+        if isinstance(body, bytes):  # sent as it is (JSON that JSONResponse could not write, e.g. "\ud800")
+            return Response(body, status_code=status, media_type="application/json")
         return Response(status_code=status) if body is None else JSONResponse(body, status_code=status)
 
     async def _cancel(self, request: Request) -> Response:

@@ -348,3 +348,25 @@ async def test_reports_need_the_tools_report_scope(tmp_path: Path, backend: Fake
             as_reporter = {"authorization": f"Bearer {reporter}"}
             r = await hooks.result(sid, call_id, "found", headers=as_reporter)
             assert r.status_code == 200 and r.json()["status"] == "completed"
+
+
+async def test_lone_surrogates_from_a_backend_answer_and_reports_become_the_replacement_character(hooks: Hooks):
+    """A backend's ``\\ud800`` has no UTF-8 form: its answer, progress and result are taken with U+FFFD in its place
+    (not refused, not a write that fails), and NUL is kept."""
+    hooks.backend.answers["lookup"] = [(200, b'{"output": "A-1 \\ud800 shipped\\u0000"}')]
+    sid = await hooks.session(call_turn("lookup"))
+    call = await hooks.call(sid, "lookup", "completed")
+    assert call["output"] == "A-1 \ufffd shipped\x00" and not call["is_error"]
+    await hooks.backend.next("call")  # that delivery
+
+    hooks.backend.answers["refund"] = [(202, None)]
+    sid = await hooks.session(call_turn("refund", "Refunding."), {"text": "Started."})
+    call_id = (await hooks.backend.next("call"))["call_id"]
+    headers = {"content-type": "application/json"}
+    url = f"/v1/sessions/{sid}/tool-calls/{call_id}"
+    r = await hooks.client.post(f"{url}/progress", content=b'{"message": "bank \\udc00\\u0000"}', headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["progress"][0]["message"] == "bank \ufffd\x00"
+    r = await hooks.client.post(f"{url}/result", content=b'{"output": "refunded \\ud83d"}', headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["output"] == "refunded \ufffd"

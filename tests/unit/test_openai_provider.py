@@ -397,3 +397,35 @@ async def test_errors_never_include_the_api_key(
         assert key not in str(err) and "VERYSECRET" not in str(err), str(err)  # ... and never shown
     assert str(err401).startswith("the model server answered 401: Incorrect API key provided: ***")
     assert err401.retryable is False and err500.retryable is True
+
+
+async def test_a_model_server_emitting_lone_surrogates_yields_valid_text(
+    server: FakeOpenAI, make_llm: Callable[..., OpenAILLM]
+) -> None:
+    """A lone surrogate (``\\ud800`` in the stream's JSON) has no UTF-8 form: it becomes U+FFFD, while a pair split
+    between two chunks is joined into its character. NUL and control characters are kept."""
+    server.script(
+        Reply(
+            events=[
+                f.role(),
+                f.text("a\ud800b\x00"),
+                f.text("x\ud83d"),
+                f.text("\ude00y"),
+                f.tool(0, id="call\udfff", name="bo\ud800ok", args='{"what": "\ud800"}'),
+                f.text("end\ud83d"),
+                f.finish("stop"),
+            ]
+        )
+    )
+    chunks = await collect(make_llm())
+    assert chunks == [
+        TextDelta("a\ufffdb\x00"),
+        TextDelta("x"),
+        TextDelta("😀y"),
+        TextDelta("end"),
+        ToolCallChunk(name="bo\ufffdok", arguments='{"what": "\ufffd"}', call_id="call\ufffd"),
+        TextDelta("\ufffd"),
+    ]
+    for c in chunks:
+        text = c.text if isinstance(c, TextDelta) else c.name + c.arguments  # type: ignore[union-attr]
+        text.encode("utf-8")  # would raise on a surrogate

@@ -5,16 +5,23 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..control.host import PlayoutSettings, SessionConfig
 from ..runtime.chat import ChatItem
+from ..runtime.text import valid_json
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 
 
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        # A body's lone surrogates (``"\ud800"`` in its JSON) become U+FFFD: the one rule of ``runtime.text``.
+        return valid_json(data)
 
 
 class PlayoutConfig(_In):

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .. import __version__
 from ..runtime.aio import cancel_and_wait, first_of, spawn
+from ..runtime.text import valid_json, valid_text
 from ..runtime.tools import (
     CONFIRM_DESCRIPTION,
     CONFIRM_FIELD,
@@ -117,6 +118,14 @@ class BackendResult(BaseModel):
 
     output: str
     is_error: bool = False
+
+    @classmethod
+    def from_answer(cls, content: bytes) -> BackendResult:
+        """From a backend's JSON answer; its lone surrogates become U+FFFD (``runtime.text``). Parsed by ``json``:
+        pydantic's own parser rejects a ``\\ud800`` escape outright."""
+        # ValueError (not JSON, not UTF-8) or ValidationError (itself a ValueError): not a valid result
+        data = json.loads(content)
+        return cls.model_validate(valid_json(data))
 
 
 class NotAwaitingReport(LookupError):
@@ -432,8 +441,8 @@ class WebhookTool(FunctionTool):
         extra = {"session_id": pending.session_id, "call_id": pending.call_id}
         if 200 <= status < 300:
             try:
-                return BackendResult.model_validate_json(response.content)
-            except ValidationError:
+                return BackendResult.from_answer(response.content)
+            except ValueError:
                 logger.warning("the backend of %s answered %d without a valid result", self.name, status, extra=extra)
                 raise ToolError(f"{self.name} failed: its backend answered without a valid result.") from None
         detail = _detail(response)
@@ -451,5 +460,5 @@ def _detail(response: httpx.Response) -> str:
     if isinstance(body, dict):
         for key in ("output", "detail", "error", "message"):
             if isinstance(body.get(key), str):
-                return str(body[key])[:DETAIL_MAX_CHARS]
+                return valid_text(str(body[key])[:DETAIL_MAX_CHARS])
     return ""

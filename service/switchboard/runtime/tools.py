@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .aio import first_of
 from .chat import FunctionCall
+from .text import valid_text
 
 if TYPE_CHECKING:
     from .speech import SpeechHandle
@@ -272,6 +273,11 @@ def format_validation_error(tool: str, err: ValidationError) -> str:
 
 
 def render_output(value: Any) -> str:
+    """A tool's result as the text of its output, valid Unicode (``runtime.text``: a lone surrogate becomes U+FFFD)."""
+    return valid_text(_render(value))
+
+
+def _render(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
@@ -348,7 +354,7 @@ class RunContext:
         """Report progress. The first update moves the call to the background: the reply goes on without it."""
         if progress is not None and not 0.0 <= progress <= 1.0:
             raise ValueError("progress must be between 0 and 1")
-        await self._call.report_progress(message, progress)
+        await self._call.report_progress(valid_text(message), progress)
 
     async def wait_for_playout(self) -> None:
         """Wait for the speech that produced this call to finish playing its text (the tool's preamble).

@@ -31,6 +31,7 @@ from openai.types.chat import ChatCompletionChunk
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..chat import AgentHandoff, ChatItem, ChatMessage, FunctionCall, FunctionCallOutput
+from ..text import StreamText, valid_text
 from .base import LLMChunk, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage
 
 logger = logging.getLogger("switchboard.runtime.llm.openai")
@@ -259,7 +260,8 @@ class _ToolCallAssembler:
         self._emitted.add(index)
         if not call.name:
             raise LLMError(f"malformed stream: tool call {index} has no name")
-        return ToolCallChunk(name=call.name, arguments=call.arguments, call_id=call.call_id)
+        call_id = valid_text(call.call_id) if call.call_id is not None else None
+        return ToolCallChunk(name=valid_text(call.name), arguments=valid_text(call.arguments), call_id=call_id)
 
 
 # -- the provider -----------------------------------------------------------------------------------------------
@@ -435,6 +437,7 @@ class _Response:
 
     def __init__(self) -> None:
         self.calls = _ToolCallAssembler()
+        self.text = StreamText()  # the model's text is made valid Unicode as it arrives (runtime.text)
         self.finished = False
         self.usage: Usage | None = None
 
@@ -446,14 +449,19 @@ class _Response:
             raise LLMError(f"malformed stream: unexpected chunk ({type(err).__name__})") from None
         self.finished = self.finished or finished
         self.usage = usage or self.usage
-        return out
+        return [piece for piece in map(self._valid, out) if not (isinstance(piece, TextDelta) and not piece.text)]
+
+    def _valid(self, piece: LLMChunk) -> LLMChunk:
+        return TextDelta(self.text.feed(piece.text)) if isinstance(piece, TextDelta) else piece
 
     def end(self) -> list[LLMChunk]:
         """What is left once the stream ended: the last tool calls, then the usage."""
         if not self.finished:
             raise _Transient("the model stream ended before the model finished")
+        held = self.text.end()
+        text: list[LLMChunk] = [TextDelta(held)] if held else []
         usage: list[LLMChunk] = [self.usage] if self.usage is not None else []
-        return [*self.calls.flush(), *usage]
+        return [*text, *self.calls.flush(), *usage]
 
 
 async def _close_stream(stream: AsyncStream[ChatCompletionChunk]) -> None:
