@@ -6,7 +6,8 @@
 
 The database is filled through the store (``create_session``, ``ChatStore.commit``, ``EventSink.publish``): per
 session 100 chat items (20 exchanges of user message, assistant message, tool call, tool output, assistant message),
-20 completed tool calls, one finished speech and 30 events; one session in 20 also has a tool call left ``running``
+20 completed tool calls, one finished speech and their events (a chat.item per item, a tool.ended per call, a
+speech.done) plus 30 more; one session in 20 also has a tool call left ``running``
 (a crash in the middle of a tool). Each run then starts a fresh store and ``SessionHost`` on a fresh copy of that
 database (as ``app.py`` does on start) and times ``SessionHost.recover_all()``: every session rebuilt with its chat
 context, ``seq`` continued, the running calls ended ``interrupted`` with their output, ``session.recovered`` emitted.
@@ -40,6 +41,7 @@ from switchboard import Agent, RunContext, function_tool
 from switchboard.control.host import SessionHost
 from switchboard.control.hub import EventHub
 from switchboard.control.settings import Settings
+from switchboard.runtime import event_types as ev
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.chat import ChatItem, ChatMessage, FunctionCall, FunctionCallOutput, utcnow
 from switchboard.runtime.events import Event
@@ -145,8 +147,17 @@ async def fill(url: str, schema: str | None, sessions: int, items: int) -> None:
                 )
                 calls.append(running)
             await chat.commit(sid, Commit(items=content, tool_calls=calls, speeches=speeches))
-            for seq in range(1, EVENTS_PER_SESSION + 1):
-                done = sink.publish(Event(seq=seq, session_id=sid, type="agent.state", data={"state": "listening"}))
+            # what was committed is reported (recovery would emit any event that is missing), then some more
+            payloads: list[ev.EventPayload] = [ev.ChatItemAdded(item=it) for it in content]
+            payloads += [
+                ev.ToolEnded(call_id=c.call_id, name=c.name, status=c.status, output=c.output or "", is_error=False)
+                for c in calls
+                if c.ended
+            ]
+            payloads += [ev.SpeechDone(speech_id=sp.id, interrupted=False) for sp in speeches]
+            payloads += [ev.AgentStateChanged(state="listening")] * EVENTS_PER_SESSION
+            for seq, payload in enumerate(payloads, start=1):
+                done = sink.publish(Event(seq=seq, session_id=sid, type=payload.type, data=payload.data()))
             await done
 
     await asyncio.gather(*(one(i) for i in range(sessions)))

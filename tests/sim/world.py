@@ -18,6 +18,7 @@ from switchboard.runtime.chat import FunctionCallOutput, validate
 from switchboard.runtime.llm.base import LLMChunk, LLMRequest
 from switchboard.runtime.llm.scripted import ScriptedLLM, Turn
 from switchboard.runtime.playout import SimulatedPlayout
+from switchboard.runtime.ports import Reported
 from switchboard.runtime.recovery import recover
 from switchboard.runtime.session import AgentSession, SessionClosed, SessionOptions
 from switchboard.runtime.speech import NotInterruptible, SpeechHandle
@@ -143,7 +144,12 @@ class World:
             last_seq=d.last_seq,
         )
         gen.session = session
-        await recover(session, tool_calls=list(d.tool_calls.values()), speeches=list(d.speeches.values()))
+        await recover(
+            session,
+            tool_calls=list(d.tool_calls.values()),
+            speeches=list(d.speeches.values()),
+            reported=Reported.of(d.events),
+        )
 
     def crash(self) -> None:
         """The process dies: nothing more becomes durable, and its tasks are stopped where they stand (what they

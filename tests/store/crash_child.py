@@ -3,6 +3,10 @@ runs a scripted reply through one completed tool call and into a long one, then 
 SIGKILL.
 
     python tests/store/crash_child.py DATABASE_URL SCHEMA SESSION_ID       (SCHEMA: "" on SQLite)
+    python tests/store/crash_child.py DATABASE_URL SCHEMA SESSION_ID lose-events
+
+With ``lose-events`` the events from the first tool output's ``chat.item`` on are never written (the process "dies"
+between the commit of the call's end and its events) and ``EVENTS_LOST`` is printed at that moment instead.
 
 The test imports ``AGENTS`` and ``session_config`` from here, so both processes run the same agent and script.
 """
@@ -11,17 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from switchboard import Agent, RunContext, function_tool
 from switchboard.control.host import PlayoutSettings, SessionConfig, SessionHost
 from switchboard.control.hub import EventHub
 from switchboard.control.settings import Settings
 from switchboard.runtime.agent import AgentRegistry
-from switchboard.runtime.events import Event
+from switchboard.runtime.events import Event, EventSink
 from switchboard.store import Store
 
 MARKER = "LONG TOOL STARTED"
+EVENTS_LOST = "EVENTS LOST"
 
 
 class Crasher(Agent):
@@ -65,15 +70,35 @@ def build_host(store: Store, on_event: Callable[[Event], None] | None = None) ->
     return SessionHost(store=store, registry=registry, hub=EventHub(), settings=settings, on_event=on_event)
 
 
-async def main(url: str, schema: str, sid: str) -> None:
+class LosingSink:
+    """An event sink that stops writing at the first tool output's ``chat.item``: what a crash right after the commit
+    of a call's end leaves (its output and its end durable, their events lost)."""
+
+    def __init__(self, sink: EventSink) -> None:
+        self._sink = sink
+        self.lost = False
+
+    def publish(self, event: Event) -> Awaitable[None]:
+        ended = event.type == "chat.item" and event.data["item"]["type"] == "function_call_output"
+        if ended and not self.lost:
+            self.lost = True
+            print(EVENTS_LOST, flush=True)
+        if self.lost:
+            return asyncio.get_running_loop().create_future()  # never written, never resolved
+        return self._sink.publish(event)
+
+
+async def main(url: str, schema: str, sid: str, mode: str = "") -> None:
     store = Store.from_url(url, schema=schema or None)
     await store.migrate()
     await store.start()
     host = build_host(store)
+    if mode == "lose-events":
+        host._sink = LosingSink(host._sink)  # type: ignore[assignment]
     await host.create(session_config(sid), {})
     await host.sessions[sid].input("Book room 12, then do the long thing.")
     await asyncio.Event().wait()  # until SIGKILL
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    asyncio.run(main(*sys.argv[1:5]))

@@ -21,14 +21,14 @@ from switchboard.runtime.speech import SpeechState
 from switchboard.runtime.tools import ToolStatus
 
 from .conftest import Db, wait_for
-from .crash_child import MARKER, build_host
+from .crash_child import EVENTS_LOST, MARKER, build_host
 
 CHILD = Path(__file__).with_name("crash_child.py")
 SID = "crashed"
 CHILD_TIMEOUT_S = 30.0
 
 
-async def run_child_until_marker(db: Db) -> None:
+async def run_child_until_marker(db: Db, marker: str = MARKER, *mode: str) -> None:
     """Start the child, wait for its marker (the long tool is running), then SIGKILL it."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -36,6 +36,7 @@ async def run_child_until_marker(db: Db) -> None:
         db.url,
         db.schema or "",
         SID,
+        *mode,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -43,7 +44,7 @@ async def run_child_until_marker(db: Db) -> None:
     output: list[str] = []
     try:
         async with asyncio.timeout(CHILD_TIMEOUT_S):
-            while MARKER not in output:
+            while marker not in output:
                 line = await proc.stdout.readline()
                 if not line:
                     raise AssertionError("the child exited before the long tool started:\n" + "\n".join(output))
@@ -137,3 +138,44 @@ async def test_sigkill_mid_tool_then_recover(db: Db) -> None:
         await host.aclose()
     events = await store.events(SID, limit=10_000)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+async def test_sigkill_between_a_commit_and_its_events_then_recovery_emits_them(db: Db) -> None:
+    """The call's end and its output were committed, the process died before ``tool.ended`` and ``chat.item`` were
+    written: recovery emits them, so nothing durable is left without its event (and the log stays gap-free)."""
+    await run_child_until_marker(db, EVENTS_LOST, "lose-events")
+
+    store = db.store()
+    await store.migrate()
+    await store.start()
+    before = await store.events(SID, limit=10_000)
+    (book,) = [c for c in await store.tool_calls(SID) if c.name == "book"]
+    assert book.status == ToolStatus.COMPLETED
+    assert not [e for e in before if e.type == "tool.ended"], "the crash came after the tool.ended was written"
+    unreported = {it.id for it in await store.chat_items(SID)} - {
+        e.data["item"]["id"] for e in before if e.type == "chat.item"
+    }
+    assert unreported, "the crash came after every chat.item was written"
+
+    host = build_host(store)
+    await host.recover_all()
+    try:
+        assert host.recovered == [SID]
+    finally:
+        await host.aclose()
+    events = await store.events(SID, limit=10_000)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[: len(before)] == before
+    items = await store.chat_items(SID)
+    item_events = [e.data["item"]["id"] for e in events if e.type == "chat.item"]
+    assert sorted(item_events) == sorted(it.id for it in items), "an item has no chat.item, or two"
+    ended = [e.data for e in events if e.type == "tool.ended"]
+    calls = await store.tool_calls(SID)
+    assert sorted(d["call_id"] for d in ended) == sorted(c.call_id for c in calls if c.ended)
+    (book_ended,) = [d for d in ended if d["call_id"] == book.call_id]
+    assert (book_ended["status"], book_ended["output"]) == ("completed", "booked room 12")
+    done = {e.data["speech_id"] for e in events if e.type == "speech.done"}
+    assert {sp.id for sp in await store.speeches(SID) if sp.state == SpeechState.DONE} == done
+    # the recovered events come before session.recovered: they report what happened before the crash
+    recovered_at = next(i for i, e in enumerate(events) if e.type == "session.recovered")
+    assert book.call_id in [d["call_id"] for d in (e.data for e in events[:recovered_at] if e.type == "tool.ended")]

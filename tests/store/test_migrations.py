@@ -22,7 +22,7 @@ from switchboard.store.models import metadata
 from .conftest import Db
 
 REPO = Path(__file__).resolve().parents[2]
-HEAD = "0003"
+HEAD = "0004"
 TABLES = {"sessions", "chat_items", "tool_calls", "speeches", "events", "idempotency_keys"}
 
 
@@ -111,3 +111,29 @@ async def test_text_already_holding_the_escape_character_reads_back_unchanged_af
     assert speech.text == stored
     await downgrade(db.url, "0002", schema=db.schema)
     assert await db.sql("SELECT text FROM speeches") == [(stored,)]
+
+
+async def test_events_written_before_the_subject_column_are_reported_after_upgrade(db: Db) -> None:
+    """Recovery reads ``events.subject`` to find durable changes without an event: the upgrade fills it in for the
+    events already stored, or recovery would emit them all a second time."""
+    await upgrade(db.url, "0003", schema=db.schema)
+    now = "'2024-01-01'" if db.kind == "sqlite" else "now()"
+    await db.sql(
+        f"INSERT INTO sessions (id, agent, state, config, metadata, created_at, updated_at)"
+        f" VALUES ('s1', 'a', 'active', '{{}}', '{{}}', {now}, {now})"
+    )
+    for seq, (kind, data) in enumerate(
+        [
+            ("chat.item", '{"item": {"id": "i1"}}'),
+            ("tool.ended", '{"call_id": "c1"}'),
+            ("speech.done", '{"speech_id": "p1"}'),
+            ("agent.state", '{"state": "idle"}'),
+        ],
+        start=1,
+    ):
+        await db.sql(
+            f"INSERT INTO events (session_id, seq, type, at, data) VALUES ('s1', {seq}, '{kind}', {now}, '{data}')"
+        )
+    await upgrade(db.url, "head", schema=db.schema)
+    reported = (await db.store().load_sessions_bulk(["s1"]))["s1"].reported
+    assert (reported.items, reported.ended_calls, reported.done_speeches) == ({"i1"}, {"c1"}, {"p1"})

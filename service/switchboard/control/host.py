@@ -20,7 +20,7 @@ from ..runtime.events import Event, EventLog
 from ..runtime.llm import LLM, build_llm
 from ..runtime.playout import SimulatedPlayout
 from ..runtime.ports import EventSink
-from ..runtime.recovery import end_orphaned_calls, recover
+from ..runtime.recovery import end_orphaned_calls, recover, report_missing
 from ..runtime.session import AgentSession, SessionOptions
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import SessionStatus
@@ -324,12 +324,13 @@ class SessionHost:
             return
         self.sessions[rec.id] = session
         self.records[rec.id] = rec
-        await recover(session, tool_calls=data.tool_calls, speeches=data.speeches)
+        await recover(session, tool_calls=data.tool_calls, speeches=data.speeches, reported=data.reported)
         self.recovered.append(rec.id)
 
     async def _fail(self, rec: SessionRecord, data: SessionData, *, reason: str, **extra: Any) -> None:
         """Mark a session that cannot be recovered ``failed``; the calls it left running still end (I5)."""
         log = EventLog(rec.id, self._sink, last_seq=data.last_seq)
+        report_missing(log, data.items, data.tool_calls, data.speeches, data.reported)
         interrupted = await end_orphaned_calls(
             rec.id, tool_calls=data.tool_calls, chat=ChatContext(data.items), store=self.store.chat_store(), events=log
         )

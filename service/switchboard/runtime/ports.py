@@ -8,12 +8,14 @@ session's writes in order only while it is the one retrying them. The ``EventSin
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from .chat import ChatItem
-from .events import EventSink
+from .events import Event, EventSink
 from .speech import SpeechInfo
 from .status import SessionStatus
 from .tools import ToolCallInfo
@@ -37,6 +39,53 @@ class Commit(BaseModel):
     session: SessionState | None = None
 
 
+@dataclass(slots=True)
+class Reported:
+    """What a session's durable event log already reports: the chat items with a ``chat.item`` event, the calls with
+    a ``tool.ended`` event, the speeches with a ``speech.done`` event. A commit and its events are separate writes,
+    so a crash between them leaves durable changes unreported; recovery emits what is missing (nothing durable
+    without its event)."""
+
+    items: set[str] = field(default_factory=set)
+    ended_calls: set[str] = field(default_factory=set)
+    done_speeches: set[str] = field(default_factory=set)
+
+    def add(self, event_type: str, key: str) -> None:
+        """Note one event: ``key`` is its item id, call id or speech id."""
+        target = {"chat.item": self.items, "tool.ended": self.ended_calls, "speech.done": self.done_speeches}
+        target[event_type].add(key)
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> Reported:
+        """From events in memory (a store that keeps them as objects)."""
+        reported = cls()
+        for event in events:
+            subject = reported_subject(event)
+            if subject is not None:
+                reported.add(event.type, subject)
+        return reported
+
+
+def reported_subject(event: Event) -> str | None:
+    """What ``event`` reports, if it is one a ``Reported`` tracks: a ``chat.item``'s item id, a ``tool.ended``'s
+    call id, a ``speech.done``'s speech id."""
+    path = REPORTED_KEYS.get(event.type)
+    if path is None:
+        return None
+    value = event.data.get(path[0])
+    if path[1] is not None:
+        value = value.get(path[1]) if isinstance(value, dict) else None
+    return value if isinstance(value, str) else None
+
+
+# The event types a ``Reported`` tracks, and where their key is in the event's data (a field, or a field of one).
+REPORTED_KEYS: dict[str, tuple[str, str | None]] = {
+    "chat.item": ("item", "id"),
+    "tool.ended": ("call_id", None),
+    "speech.done": ("speech_id", None),
+}
+
+
 class ChatStore(Protocol):
     async def commit(self, session_id: str, commit: Commit) -> None:
         """Write ``commit`` atomically and return once it is durable. Appending items costs O(1) whatever the
@@ -48,4 +97,4 @@ class ChatStore(Protocol):
         ...
 
 
-__all__ = ["ChatStore", "Commit", "EventSink", "SessionState"]
+__all__ = ["REPORTED_KEYS", "ChatStore", "Commit", "EventSink", "Reported", "SessionState", "reported_subject"]

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from . import event_types as ev
 from .chat import ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .events import EventLog
-from .ports import ChatStore, Commit
+from .ports import ChatStore, Commit, Reported
 from .session import AgentSession
 from .speech import SpeechInfo, SpeechState
 from .tools import FunctionTool, ToolCallInfo, ToolStatus
@@ -23,13 +23,18 @@ async def recover(
     *,
     tool_calls: Sequence[ToolCallInfo],
     speeches: Sequence[SpeechInfo] = (),
+    reported: Reported | None = None,
 ) -> dict[str, list[str]]:
     """Start ``session`` as recovered and settle what was in flight when the process died.
 
-    Calls left ``running`` end ``interrupted`` with an is_error output (one pair, committed with the status in one
-    transaction), unless their tool is declared ``on_restart="retry"``: those are run again. Speeches that had
-    not finished end interrupted. Returns the call ids by outcome.
+    First the events a crash lost are emitted: each durable change that ``reported`` (what the durable event log
+    holds) lacks gets its event, so nothing durable is left without one. Calls left ``running`` end
+    ``interrupted`` with an is_error output (one pair, committed with the status in one transaction), unless their
+    tool is declared ``on_restart="retry"``: those are run again. Speeches that had not finished end interrupted.
+    Returns the call ids by outcome.
     """
+    if reported is not None:
+        report_missing(session.events, session.chat.items, tool_calls, speeches, reported)
     for info in tool_calls:
         session.executor.adopt(info)
     tools = session.agent.tools
@@ -50,6 +55,44 @@ async def recover(
         logger.info("session %s: re-running %s (%s) after a restart", session.id, info.name, info.call_id)
         session.executor.rerun(info, tools=tools, agent=session.agent.name)
     return {"interrupted": [i.call_id for i in interrupted], "retried": retry_ids}
+
+
+def report_missing(
+    events: EventLog,
+    items: Sequence[ChatItem],
+    tool_calls: Sequence[ToolCallInfo],
+    speeches: Sequence[SpeechInfo],
+    reported: Reported,
+) -> int:
+    """Emit the events of durable changes the durable log does not report (a crash came between a commit and its
+    events): ``chat.item`` for each item, ``tool.ended`` for each ended call, ``speech.done`` for each finished
+    speech. Returns how many."""
+    missing = 0
+    for it in items:
+        if it.id not in reported.items:
+            events.emit(ev.ChatItemAdded(item=it))
+            missing += 1
+    for info in tool_calls:
+        if info.ended and info.call_id not in reported.ended_calls:
+            events.emit(
+                ev.ToolEnded(
+                    call_id=info.call_id,
+                    name=info.name,
+                    status=info.status,
+                    output=info.output or "",
+                    is_error=info.is_error,
+                )
+            )
+            missing += 1
+    for sp in speeches:
+        if sp.state == SpeechState.DONE and sp.id not in reported.done_speeches:
+            events.emit(ev.SpeechDone(speech_id=sp.id, interrupted=sp.interrupted))
+            missing += 1
+    if missing:
+        logger.warning(
+            "session %s: %d durable change(s) had no event (a crash); emitted them", events.session_id, missing
+        )
+    return missing
 
 
 def _split_running(

@@ -138,6 +138,8 @@ events = sa.Table(
     sa.Column("type", String(), nullable=False),
     sa.Column("at", TZDateTime(), nullable=False),
     sa.Column("data", json_type(), nullable=False),
+    # What the event reports, for the events recovery checks (``runtime.ports.Reported``); NULL for the others.
+    sa.Column("subject", String(), nullable=True),
     sa.UniqueConstraint("session_id", "seq"),
     sa.Index(None, "session_id", "type"),
     sqlite_autoincrement=True,  # never reuse an id: dashboard cursors rely on ids only growing

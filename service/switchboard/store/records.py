@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ..runtime.chat import ChatItem
+from ..runtime.ports import Reported
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
@@ -52,6 +53,7 @@ class SessionData:
     tool_calls: list[ToolCallInfo] = field(default_factory=list)
     speeches: list[SpeechInfo] = field(default_factory=list)
     last_seq: int = 0
+    reported: Reported = field(default_factory=Reported)  # what its durable event log reports
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ..runtime.chat import ChatItem, chat_item_adapter
 from ..runtime.events import Event
+from ..runtime.ports import reported_subject
 from ..runtime.speech import SpeechInfo
 from ..runtime.tools import ToolCallInfo
 from .engine import CorruptJSON
@@ -151,6 +152,7 @@ def event_row(event: Event) -> dict[str, Any]:
         "type": event.type,
         "at": event.at,
         "data": event.model_dump(mode="json", include={"data"})["data"],
+        "subject": reported_subject(event),
     }
 
 

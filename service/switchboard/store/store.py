@@ -55,6 +55,13 @@ logger = logging.getLogger("switchboard.store")
 T = TypeVar("T")
 
 READ_ERROR_LOG_MAX = 100
+# What each session's event log reports (``Reported``): the subject of every chat.item, tool.ended and speech.done.
+# Session ids and event types are read as they are (neither can hold what the store encodes): one row per event.
+_REPORTED = sa.select(
+    sa.type_coerce(m.events.c.session_id, sa.String()),
+    sa.type_coerce(m.events.c.type, sa.String()),
+    m.events.c.subject,
+).where(m.events.c.subject.is_not(None))
 # Chat item data read as JSON text: ``item_from_row`` parses and validates it in one step.
 ITEM_DATA = sa.cast(m.chat_items.c.data, JSONText).label("data")
 BULK_CHUNK = 500  # sessions per query in load_sessions_bulk (bound parameters stay far below the limits)
@@ -311,6 +318,8 @@ class Store:
                 stmt = sa.select(ev.c.session_id, sa.func.max(ev.c.seq)).where(ev.c.session_id.in_(chunk))
                 for sid, top in await conn.execute(stmt.group_by(ev.c.session_id)):
                     out[sid].last_seq = int(top or 0)
+                for sid, event_type, subject in await conn.execute(_REPORTED.where(ev.c.session_id.in_(chunk))):
+                    out[sid].reported.add(event_type, subject)
         return out
 
     # -- idempotency (I7) -------------------------------------------------------------------------------------

@@ -93,15 +93,36 @@ def decode_json_text(text: str) -> str:
     return _ENCODED.sub(_decode_json, text)
 
 
+def _encode_value(value: Any) -> Any:
+    return encode_text(value) if value.__class__ is str else value
+
+
+def _decode_value(value: Any) -> Any:
+    # Read for every string column of every row (recovery reads hundreds of thousands): one test in the common case.
+    if value.__class__ is str and ESC in value:
+        return _ENCODED.sub(_decode_plain, value)
+    return value
+
+
 class _Exact(sa.TypeDecorator[str]):
     impl: Any
     cache_ok = True
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
-        return encode_text(value) if isinstance(value, str) else value
+        return _encode_value(value)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Any:
-        return decode_text(value) if isinstance(value, str) else value
+        return _decode_value(value)
+
+    # The processors themselves, not TypeDecorator's generic wrappers around the two methods above (which cost
+    # several calls per value). The drivers have no processors of their own for text.
+    def bind_processor(self, dialect: Dialect) -> Any:
+        inner = self.impl_instance.bind_processor(dialect)
+        return _encode_value if inner is None else super().bind_processor(dialect)
+
+    def result_processor(self, dialect: Dialect, coltype: Any) -> Any:
+        inner = self.impl_instance.result_processor(dialect, coltype)
+        return _decode_value if inner is None else super().result_processor(dialect, coltype)
 
     def coerce_compared_value(self, op: Any, value: Any) -> sa.types.TypeEngine[Any]:
         return self
