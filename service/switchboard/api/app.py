@@ -63,7 +63,8 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
     registry = registry or AgentRegistry.load(settings.agents, builtin=DEMO_AGENTS)
     webhooks = Webhooks()
     metrics = Metrics()
-    models = ModelProfiles(settings.models)  # ValueError: the service does not start
+    # ValueError: the service does not start
+    models = ModelProfiles(settings.models, sessions_may_script=settings.sessions_may_script)
     # agent name -> the model a session of that agent uses when it gives none: the built-in agents' own, and those an
     # agents file declares (its agents cannot take a built-in agent's name)
     default_llms: dict[str, dict[str, Any]] = dict(DEMO_LLMS)

@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     allowed_origins: CommaList = Field(default_factory=list)
     public_docs: bool = True  # /docs, /redoc, /openapi.json without a credential when auth is on
     public_metrics: bool = False  # /metrics without a credential (else it needs the metrics:read scope)
+    # A session's own scripted model picks its tool calls and their arguments: with auth on only when allowed
+    scripted_model: Literal["allow", "deny"] | None = None
+    max_tool_calls_per_turn: int = Field(default=16, ge=1)  # further calls of one model turn are refused, not run
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -104,6 +107,13 @@ class Settings(BaseSettings):
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def sessions_may_script(self) -> bool:
+        """Auth off (local development, tests): allowed unless denied; auth on: only when allowed."""
+        if self.scripted_model is None:
+            return not self.auth_enabled
+        return self.scripted_model == "allow"
 
     def check_bind(self, host: str | None = None) -> None:
         """With no API keys, refuse to listen anywhere but loopback ("" and 0.0.0.0 / :: are every interface)."""
