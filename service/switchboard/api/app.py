@@ -30,6 +30,7 @@ from . import asyncapi, problems, routes_events, routes_health, routes_reports, 
 from .deps import Services
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
+from .stream_slots import StreamSlots
 
 logger = logging.getLogger("switchboard.api.app")
 
@@ -96,7 +97,15 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
         )
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
         app.state.services = Services(
-            settings=settings, store=store, hub=hub, host=host, webhooks=webhooks, metrics=metrics
+            settings=settings,
+            store=store,
+            hub=hub,
+            host=host,
+            webhooks=webhooks,
+            metrics=metrics,
+            streams=StreamSlots(
+                per_process=settings.ws_max_streams, per_credential=settings.ws_max_streams_per_credential
+            ),
         )
         purge_task = asyncio.create_task(_purge_idempotency_keys(store, settings), name="idempotency-purge")
         try:

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     max_sessions: int = Field(default=1000, ge=1)
     ws_buffer: int = Field(default=1000, ge=10)
     ws_ping_interval_s: float = Field(default=20.0, gt=0)
+    # open event streams (each costs memory and a file descriptor): more are closed at once with 4429
+    ws_max_streams: int = Field(default=1000, ge=1)
+    ws_max_streams_per_credential: int = Field(default=100, ge=1)
     ws_max_message_bytes: int = Field(default=64 * 1024, ge=1024)  # a bigger client frame is closed with 1009
     request_timeout_s: float = Field(default=10.0, gt=0)
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=24 * 3600)
