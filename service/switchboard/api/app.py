@@ -62,7 +62,7 @@ async def _purge_idempotency_keys(store: Store, settings: Settings) -> None:
 def create_app(settings: Settings | None = None, *, registry: AgentRegistry | None = None) -> FastAPI:
     settings = settings or Settings()
     registry = registry or AgentRegistry.load(settings.agents, builtin=DEMO_AGENTS)
-    webhooks = Webhooks()
+    webhooks = Webhooks(max_response_bytes=settings.max_webhook_response_bytes)
     metrics = Metrics()
     # ValueError: the service does not start
     models = ModelProfiles(settings.models, sessions_may_script=settings.sessions_may_script)

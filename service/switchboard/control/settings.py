@@ -75,6 +75,7 @@ class Settings(BaseSettings):
     public_metrics: bool = False  # /metrics without a credential (else it needs the metrics:read scope)
     # A session's own scripted model picks its tool calls and their arguments: with auth on only when allowed
     scripted_model: Literal["allow", "deny"] | None = None
+    max_webhook_response_bytes: int = Field(default=1024 * 1024, ge=1024)  # a bigger answer fails the tool call
     max_tool_calls_per_turn: int = Field(default=16, ge=1)  # further calls of one model turn are refused, not run
 
     @field_validator("api_keys", mode="before")
