@@ -22,6 +22,7 @@ from ..runtime.tools import ToolCallInfo
 from ..store import Store
 from .problems import ProblemError, not_found
 from .schemas import SessionRead, ToolCallRead
+from .stream_slots import StreamSlots
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,7 @@ class Services:
     host: SessionHost
     webhooks: Webhooks
     metrics: Metrics
+    streams: StreamSlots
 
 
 def services(conn: HTTPConnection) -> Services:

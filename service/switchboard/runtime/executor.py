@@ -28,6 +28,7 @@ from .tools import (
     ToolCancelled,
     ToolError,
     ToolStatus,
+    capped_output,
     format_validation_error,
     function_tool,
     render_output,
@@ -65,6 +66,10 @@ class Outcome:
     is_error: bool = False
     needs_reply: bool = True
     handoff: Agent | None = None  # the agent the tool asked to hand the session to
+
+    def __post_init__(self) -> None:
+        # every output goes to the chat, the events, the store and back to the model: none may be unbounded
+        self.output = capped_output(self.output)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,9 @@ class ReplySession(Protocol):
     @property
     def max_tool_steps(self) -> int: ...
 
+    @property
+    def max_tool_calls_per_turn(self) -> int: ...
+
     async def commit(self, commit: Commit) -> None:
         """Write durably, in order with the session's other writes."""
         ...
@@ -194,6 +197,8 @@ async def _consume(session: ReplySession, speech: SpeechHandle, gen: Generation,
                 logger.warning("model called %s although tools were off; ignored", chunk.name)
                 continue
             arguments, error = _parse_arguments(chunk.arguments)
+            if len(step.calls) >= session.max_tool_calls_per_turn:  # committed as an error output, never run
+                error = f"too many tool calls in one turn (at most {session.max_tool_calls_per_turn}); not run"
             item = FunctionCall(
                 id=new_id("item"),
                 call_id=chunk.call_id or new_id("call"),

@@ -37,6 +37,8 @@ KEEP_SPEECHES = 500
 
 class SessionOptions(BaseModel):
     max_tool_steps: int = Field(default=3, ge=0, le=20)
+    # set by the server, never by a session: calls of one model turn past it end in an error without running
+    max_tool_calls_per_turn: int = Field(default=16, ge=1)
     preemptive_generation: bool = False
     allow_interruptions: bool = True
     interrupt_force_timeout_s: float = Field(default=INTERRUPT_FORCE_TIMEOUT_S, gt=0)
@@ -403,6 +405,10 @@ class AgentSession:
     @property
     def max_tool_steps(self) -> int:
         return self.options.max_tool_steps
+
+    @property
+    def max_tool_calls_per_turn(self) -> int:
+        return self.options.max_tool_calls_per_turn
 
     def add_to_chat(self, *items: ChatItem) -> None:
         self.chat.append(*items)
