@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -14,10 +13,22 @@ from pydantic import ValidationError
 from . import event_types as ev
 from .agent import Agent
 from .aio import cancel_and_wait, resolve
-from .chat import AgentHandoff, ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .chat import ChatContext, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .companions import COMPANION_TOOLS, companion_tools
 from .events import EventLog
-from .ports import Commit, SessionState
+from .ports import Commit
 from .speech import SpeechHandle, SpeechInterrupted
+from .tool_call import (
+    AlreadyEnded,
+    EndRecord,
+    Handoff,
+    NotCancellable,
+    Outcome,
+    RunningCall,
+    ToolCallNotFound,
+    end_record,
+    without_handoff,
+)
 from .tools import (
     CONFIRM_FIELD,
     FunctionTool,
@@ -29,7 +40,6 @@ from .tools import (
     ToolError,
     ToolStatus,
     format_validation_error,
-    function_tool,
     render_output,
 )
 
@@ -45,117 +55,7 @@ END_FULL_ATTEMPTS = 2
 STORE_ERROR_OUTPUT = "The tool call ended ({status}), but its output could not be stored."
 KEEP_ENDED_CALLS = 1000  # ended calls kept in memory per session (the store keeps every one)
 PROGRESS_KEPT = 50  # progress updates kept on a tool call's record
-COMPANION_TOOLS = frozenset({"list_running_tool_calls", "cancel_tool_call"})
 INTERNAL_ERROR_OUTPUT = "An internal error occurred"
-
-
-class ToolCallNotFound(LookupError):
-    pass
-
-
-class NotCancellable(Exception):
-    """The tool does not allow cancellation."""
-
-
-class AlreadyEnded(Exception):
-    """The tool call has already ended."""
-
-    def __init__(self, info: ToolCallInfo) -> None:
-        super().__init__(f"tool call {info.call_id} already ended {info.status}")
-        self.info = info
-
-
-@dataclass
-class Outcome:
-    status: ToolStatus
-    output: str
-    is_error: bool = False
-    needs_reply: bool = True
-    handoff: Agent | None = None  # the agent the tool asked to hand the session to
-
-
-@dataclass(frozen=True)
-class EndRecord:
-    """What a call's end writes: its pair (and the handoff committed with it) and its final record."""
-
-    items: list[ChatItem]
-    info: ToolCallInfo
-    state: SessionState | None
-
-    def commit(self) -> Commit:
-        return Commit(items=self.items, tool_calls=[self.info], session=self.state)
-
-
-@dataclass(frozen=True)
-class Handoff:
-    """A handoff performed for a call that asked for it; committed together with the call's pair."""
-
-    item: AgentHandoff
-    state: SessionState
-
-
-@dataclass(eq=False)
-class RunningCall:
-    """The live state of one tool call. ``settled_fut`` resolves when the call ended or moved to the background.
-
-    It is what the tool's ``RunContext`` drives (``CallControl``).
-    """
-
-    executor: ToolExecutor
-    item: FunctionCall
-    info: ToolCallInfo
-    tool: FunctionTool | None
-    speech: SpeechHandle | None
-    step: int
-    arguments_error: str | None = None
-    needs_reply: bool = True
-    cancel_reason: str | None = None
-    task: asyncio.Task[None] | None = None
-    tool_task: asyncio.Task[Any] | None = None
-    held: Outcome | None = None  # the outcome of a call waiting for its handoff to be performed
-    ending: bool = False  # its end is being committed (exactly once, I5)
-    cancel_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    settled_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    ended_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    # resolved when the body ignored cancellation past its grace: the call ends without waiting for it
-    abandoned_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    # the call's progress and its end are written one at a time, in order (an update never lands after the end)
-    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    @property
-    def ended(self) -> bool:
-        return self.info.ended
-
-    @property
-    def foreground(self) -> bool:
-        """Still blocking the reply that started it (running and not moved to the background)."""
-        return not self.ended and not self.info.background
-
-    @property
-    def handoff_to(self) -> Agent | None:
-        """The agent this call asked to hand the session to, while its handoff waits to be performed."""
-        return self.held.handoff if self.held is not None and not self.ended else None
-
-    # -- CallControl: what the tool's RunContext drives -----------------------------------------------------
-
-    @property
-    def call_id(self) -> str:
-        return self.info.call_id
-
-    @property
-    def session_id(self) -> str:
-        return self.executor.session_id
-
-    @property
-    def userdata(self) -> dict[str, Any]:
-        return self.executor.userdata
-
-    async def report_progress(self, message: str, progress: float | None) -> None:
-        await self.executor.report_progress(self, message, progress)
-
-    async def wait_for_playout(self) -> None:
-        if self.speech is not None:
-            await self.speech.wait_for_step(self.step)
 
 
 class ToolExecutor:
@@ -323,7 +223,7 @@ class ToolExecutor:
     def _stopped(self, rc: RunningCall) -> Outcome:
         """How a call ends when a teardown stops it."""
         if rc.held is not None and rc.held.handoff is not None:
-            return _without_handoff(rc.held, "the tool was stopped first", ToolStatus.INTERRUPTED, needs_reply=False)
+            return without_handoff(rc.held, "the tool was stopped first", ToolStatus.INTERRUPTED, needs_reply=False)
         if rc.cancel_reason is not None:
             return Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", True)
         return Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", True, False)
@@ -431,7 +331,7 @@ class ToolExecutor:
             return Outcome(ToolStatus.COMPLETED, render_output(result))
         held = Outcome(ToolStatus.COMPLETED, render_output(result), handoff=handoff)
         if rc.speech is not None and rc.speech.interrupted:
-            return _without_handoff(held, "the agent was interrupted", ToolStatus.INTERRUPTED, needs_reply=False)
+            return without_handoff(held, "the agent was interrupted", ToolStatus.INTERRUPTED, needs_reply=False)
         return held
 
     async def _apply_duplicate_policy(self, rc: RunningCall, args: dict[str, Any]) -> Outcome | None:
@@ -483,7 +383,7 @@ class ToolExecutor:
     async def end_without_handoff(self, rc: RunningCall, reason: str) -> None:
         """End a held call without its handoff, for ``reason``: the tool's result (it did its work) is kept."""
         assert rc.held is not None and rc.held.handoff is not None, "only a call held for its handoff"
-        await asyncio.shield(self._finish(rc, _without_handoff(rc.held, reason)))
+        await asyncio.shield(self._finish(rc, without_handoff(rc.held, reason)))
 
     async def _finish(self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None = None) -> bool:
         if rc.ended or rc.ending:
@@ -497,42 +397,13 @@ class ToolExecutor:
             raise
         return True
 
-    def _end_record(self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> EndRecord:
-        now = utcnow()
-        name = rc.info.name
-        if rc.info.background:
-            final_id = f"{rc.info.call_id}/final"
-            call_item = FunctionCall(
-                id=new_id("item"), call_id=final_id, name=name, arguments=rc.item.arguments, created_at=now
-            )
-        else:
-            final_id, call_item = rc.info.call_id, rc.item
-        output = FunctionCallOutput(
-            id=new_id("item"),
-            call_id=final_id,
-            name=name,
-            output=outcome.output,
-            is_error=outcome.is_error,
-            created_at=now,
-        )
-        extra: list[ChatItem] = [handoff.item] if handoff is not None else []
-        info = rc.info.model_copy(
-            update={
-                "status": outcome.status,
-                "output": outcome.output,
-                "is_error": outcome.is_error,
-                "ended_at": now,
-            }
-        )
-        return EndRecord([call_item, output, *extra], info, handoff.state if handoff is not None else None)
-
     async def _write_end(self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> tuple[EndRecord, bool]:
         """Write the call's end; on a permanent store error write it again a few times, the last attempts with
         the output replaced by a note. Returns what was written (or, if nothing could be, the last attempt) and
         whether it is durable."""
-        full = self._end_record(rc, outcome, handoff)
+        full = end_record(rc, outcome, handoff)
         note = STORE_ERROR_OUTPUT.format(status=outcome.status.value)
-        fallback = self._end_record(rc, replace(outcome, output=note, is_error=True), handoff)
+        fallback = end_record(rc, replace(outcome, output=note, is_error=True), handoff)
         attempts = [full] * END_FULL_ATTEMPTS + [fallback] * (len(END_RETRY_BACKOFF_S) + 1 - END_FULL_ATTEMPTS)
         for attempt, record in enumerate(attempts):
             if attempt:
@@ -729,60 +600,25 @@ class ToolExecutor:
         self._abandoning = True
         await cancel_and_wait(*(rc.task for rc in self.running()))
 
-    # -- companion tools for the model ----------------------------------------------------------------------
-
     def _companions(self) -> dict[str, FunctionTool]:
         # Built once: a tool builds a pydantic model, too costly (and too much garbage) for every model request.
         if self._companion_tools is None:
-            self._companion_tools = self._build_companions()
+            self._companion_tools = companion_tools(self)
         return self._companion_tools
-
-    def _build_companions(self) -> dict[str, FunctionTool]:
-        executor = self
-
-        @function_tool(name="list_running_tool_calls")
-        async def list_running_tool_calls() -> str:
-            """List the tool calls that are still running, with their ids and whether they can be cancelled."""
-            rows = [
-                {
-                    "call_id": rc.info.call_id,
-                    "name": rc.info.name,
-                    "arguments": rc.info.arguments,
-                    "cancellable": rc.info.cancellable,
-                    "progress": rc.info.progress[-1].message if rc.info.progress else None,
-                }
-                for rc in executor.running()
-                if rc.info.name not in COMPANION_TOOLS
-            ]
-            return json.dumps(rows)
-
-        @function_tool(name="cancel_tool_call")
-        async def cancel_tool_call(call_id: str) -> str:
-            """Cancel a running tool call by its id (see list_running_tool_calls)."""
-            try:
-                info = await executor.cancel(call_id, reason="cancelled at the user's request")
-            except ToolCallNotFound:
-                raise ToolError(f"There is no tool call {call_id}.") from None
-            except NotCancellable:
-                raise ToolError(f"Tool call {call_id} cannot be cancelled.") from None
-            except AlreadyEnded as err:
-                raise ToolError(f"Tool call {call_id} already ended ({err.info.status.value}).") from None
-            return f"Cancelled {info.name} ({call_id})."
-
-        return {t.name: t for t in (list_running_tool_calls, cancel_tool_call)}
-
-
-def _without_handoff(
-    held: Outcome, reason: str, status: ToolStatus = ToolStatus.FAILED, *, needs_reply: bool = True
-) -> Outcome:
-    """A call whose handoff was not done: its result is kept (the tool did its work), with a note; without a
-    result it ends ``status``."""
-    assert held.handoff is not None
-    note = f"The handoff to {held.handoff.name} was not done: {reason}."
-    if held.output:
-        return Outcome(ToolStatus.COMPLETED, f"{held.output}\n\n({note})", needs_reply=needs_reply)
-    return Outcome(status, note, is_error=True, needs_reply=needs_reply)
 
 
 def _strip_confirm(arguments: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in arguments.items() if k != CONFIRM_FIELD}
+
+
+__all__ = [
+    "COMPANION_TOOLS",
+    "INTERNAL_ERROR_OUTPUT",
+    "AlreadyEnded",
+    "Handoff",
+    "NotCancellable",
+    "Outcome",
+    "RunningCall",
+    "ToolCallNotFound",
+    "ToolExecutor",
+]
