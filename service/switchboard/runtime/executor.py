@@ -573,6 +573,14 @@ class ToolExecutor:
             )
             await cancel_and_wait(*(rc.task for rc in stuck))
         await asyncio.gather(*(rc.task for rc in self._calls.values() if rc.task), return_exceptions=True)
+        await self._ends_written()
+
+    async def _ends_written(self) -> None:
+        # an end still being written (or written again after a store error) outlives its cancelled runner: the
+        # close or shutdown returns only once it is done, so no write of this session lands after it
+        ending = [asyncio.shield(rc.ended_fut) for rc in self._calls.values() if rc.ending and not rc.ended]
+        if ending:
+            await asyncio.gather(*ending)
 
     def _force_cancel(self, rc: RunningCall) -> None:
         task = rc.tool_task
@@ -599,6 +607,7 @@ class ToolExecutor:
         """Stop every running call without recording an end (service shutdown; recovery ends or re-runs them)."""
         self._abandoning = True
         await cancel_and_wait(*(rc.task for rc in self.running()))
+        await self._ends_written()
 
     def _companions(self) -> dict[str, FunctionTool]:
         # Built once: a tool builds a pydantic model, too costly (and too much garbage) for every model request.
