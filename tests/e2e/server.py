@@ -27,8 +27,11 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, tmp_path: Path, *, database_url: str | None = None, **env: str) -> None:
+    def __init__(
+        self, tmp_path: Path, *, database_url: str | None = None, command: list[str] | None = None, **env: str
+    ) -> None:
         self.tmp_path = tmp_path
+        self.command = command or [sys.executable, "-m", "switchboard.cli"]
         self.port = free_port()
         self.database_url = database_url or f"sqlite+aiosqlite:///{tmp_path}/e2e.db"
         self.env = {
@@ -54,7 +57,7 @@ class Server:
     def start(self, timeout: float = 20.0) -> Server:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "switchboard.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            [*self.command, "serve", "--host", "127.0.0.1", "--port", str(self.port)],
             env=self.env,
             cwd=self.tmp_path,
             stdout=log,

@@ -30,7 +30,7 @@ KEY = "cli-operator-key-0123456789"
 KEYS = json.dumps(
     [{"key": KEY, "scopes": ["sessions:read", "sessions:write", "sessions:control", "tools:cancel", "events:read"]}]
 )
-LONG = " ".join(f"word{i}" for i in range(150))
+LONG = " ".join(f"word{i}" for i in range(1500))  # 30 s at 50 words/s: still speaking after several CLI runs
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

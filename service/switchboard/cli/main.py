@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from ..api.app import create_app
     from ..integrations.agents_file import AgentsFileError
+    from ..runtime.agent import AgentsImportError
 
     settings = _settings(args)
     try:
@@ -45,9 +47,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     logs.configure(settings.log_level, json_lines=settings.log_json)
     _ensure_sqlite_dir(settings.database_url)
+    # like `python -m`, find agent modules in the working directory (SWITCHBOARD_AGENTS=myagents:AGENTS)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         app = create_app(settings)
-    except AgentsFileError as err:
+    except (AgentsFileError, AgentsImportError) as err:
         print(f"switchboard: {err}", file=sys.stderr)
         return 2
     config = uvicorn.Config(

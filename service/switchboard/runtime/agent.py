@@ -51,6 +51,10 @@ class UnknownAgent(LookupError):
     pass
 
 
+class AgentsImportError(ImportError):
+    """An agents spec (``module:ATTR``) names a module that cannot be found, or an attribute it lacks."""
+
+
 class AgentRegistry:
     """Agent name -> zero-argument factory."""
 
@@ -88,10 +92,24 @@ class AgentRegistry:
             if not part:
                 continue
             module_name, _, attr = part.partition(":")
-            module: Any = importlib.import_module(module_name)
-            agents = getattr(module, attr or "AGENTS")
+            attr = attr or "AGENTS"
+            module = _import(module_name, part)
+            agents = getattr(module, attr, None)
+            if agents is None:
+                raise AgentsImportError(f"{part}: module {module_name!r} has no attribute {attr!r}")
             if not isinstance(agents, Mapping):
                 raise TypeError(f"{part} is not a mapping of agent names to factories")
             for name, factory in agents.items():
                 registry.register(name, factory)
         return registry
+
+
+def _import(module_name: str, part: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not module_name.startswith(err.name):
+            raise  # the module exists but imports something missing: its own traceback says what
+        raise AgentsImportError(
+            f"{part}: no module named {module_name!r} (looked in the working directory and on the Python path)"
+        ) from None
