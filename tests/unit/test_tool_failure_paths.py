@@ -361,3 +361,17 @@ async def test_suspend_is_bounded_when_a_tool_swallows_cancellation(swallowing_t
         assert h.store.tool_calls[h.sid]["x1"].status == "running", "recovered on the next start"
     finally:
         agent.release.set()
+
+
+async def test_rest_cancel_returns_when_the_store_refuses_the_calls_end():
+    turns = [{"text": "", "tool_calls": [{"name": "search", "id": "s1"}]}, {"text": "OK."}]
+    h = Harness(Desk(), turns)
+    store = picky(h)
+    store.refuse = lambda c: any(info.call_id == "s1" and info.ended for info in c.tool_calls)
+    async with asyncio.timeout(6.0):
+        async with h:
+            await h.session.input("search")
+            await h.wait_for("tool.progress")
+            info = await asyncio.wait_for(h.session.cancel_tool("s1"), 4.0)
+            assert info.status == "cancelled"
+            assert h.session.tool_call("s1").status == "cancelled"
