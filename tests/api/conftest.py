@@ -18,6 +18,7 @@ def make_settings(tmp_path: Any, **kw: Any) -> Settings:
     kw.setdefault("words_per_second", 100.0)
     kw.setdefault("request_timeout_s", 5.0)
     kw.setdefault("allowed_hosts", ["test"])  # the in-process client's host name (http://test)
+    kw.setdefault("scripted_model", "allow")  # the tests script their sessions' models, with auth on too
     return Settings(**kw)
 
 

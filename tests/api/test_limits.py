@@ -297,3 +297,35 @@ async def test_database_errors_on_reads(
     r = await quick.client.get("/v1/sessions/not-live/chat")
     assert_problem(r, status, code)
     assert ("retry-after" in r.headers) == (status == 503)
+
+
+async def test_an_input_cut_off_by_the_deadline_in_a_stalled_database_is_applied_once_and_its_retry_replays_it(
+    quick: Api, monkeypatch: pytest.MonkeyPatch
+):
+    await quick.client.post("/v1/sessions", json={"agent": "tester"})  # warm-up: the first build may miss 0.3 s
+    sid = (await quick.create())["id"]
+    session = quick.app.state.services.host.live(sid)
+    chat_store = session._store
+    real_commit = chat_store.commit
+    stalls = [True]
+
+    async def stalled_once(session_id: str, commit: Any) -> None:
+        if commit.items and stalls:
+            stalls.pop()
+            await asyncio.sleep(DEADLINE_S + 1.5)  # a table lock: past the route's and the request's deadlines
+        await real_commit(session_id, commit)
+
+    monkeypatch.setattr(chat_store, "commit", stalled_once)
+    headers = {"Idempotency-Key": "input-once"}
+    body = {"text": "table for two"}
+    first = await quick.client.post(f"/v1/sessions/{sid}/input", json=body, headers=headers)
+    assert first.status_code == 503, first.text
+    retry = await quick.client.post(f"/v1/sessions/{sid}/input", json=body, headers=headers)
+    assert retry.status_code == 202 and retry.headers.get("idempotent-replayed") == "true", retry.text
+    accepted = retry.json()
+    items = (await quick.client.get(f"/v1/sessions/{sid}/chat")).json()["items"]
+    assert [i["id"] for i in items if i.get("text") == "table for two"] == [accepted["item_id"]]
+    stored = await quick.app.state.services.store.chat_items(sid)
+    assert [i.id for i in stored if getattr(i, "text", None) == "table for two"] == [accepted["item_id"]]
+    speech = await quick.client.get(f"/v1/sessions/{sid}/speeches/{accepted['speech_id']}")
+    assert speech.status_code == 200, speech.text

@@ -348,3 +348,24 @@ async def test_reports_need_the_tools_report_scope(tmp_path: Path, backend: Fake
             as_reporter = {"authorization": f"Bearer {reporter}"}
             r = await hooks.result(sid, call_id, "found", headers=as_reporter)
             assert r.status_code == 200 and r.json()["status"] == "completed"
+
+
+# -- answers too big to take -----------------------------------------------------------------------------------------
+
+
+async def test_an_answer_bigger_than_the_cap_fails_the_call_unread(hooks: Hooks):
+    huge = "x" * (3 * 1024 * 1024)  # past SWITCHBOARD_MAX_WEBHOOK_RESPONSE_BYTES (1 MiB by default)
+    hooks.backend.answers["lookup"] = [(200, {"output": huge})]
+    sid = await hooks.session(call_turn("lookup"))
+    call = await hooks.call(sid, "lookup", "failed")
+    assert call["is_error"] and "more than 1048576 bytes" in call["output"], call["output"][:200]
+    outputs = [i["output"] for i in await hooks.chat(sid) if i["type"] == "function_call_output"]
+    assert outputs and all(len(o) < 1000 for o in outputs)
+
+
+async def test_an_answer_within_the_cap_is_cut_to_the_output_limit_with_a_marker(hooks: Hooks):
+    hooks.backend.answers["lookup"] = [(200, {"output": "y" * 200_000})]
+    sid = await hooks.session(call_turn("lookup"))
+    call = await hooks.call(sid, "lookup", "completed")
+    assert call["output"].startswith("y" * 16_000)
+    assert call["output"].endswith("[output truncated: 184000 more characters not shown]")

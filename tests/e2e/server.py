@@ -41,6 +41,7 @@ class Server:
             "SWITCHBOARD_AGENTS": "tests.agents_fixture:AGENTS",
             "SWITCHBOARD_WORDS_PER_SECOND": "50",
             "SWITCHBOARD_LOG_LEVEL": "WARNING",
+            "SWITCHBOARD_SCRIPTED_MODEL": "allow",  # the tests script their sessions' models, with auth on too
             **env,
         }
         self.proc: subprocess.Popen[bytes] | None = None

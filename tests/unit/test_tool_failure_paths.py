@@ -351,7 +351,7 @@ async def test_rest_cancel_returns_when_a_tool_swallows_cancellation():
 async def test_suspend_is_bounded_when_a_tool_swallows_cancellation(swallowing_tool):
     agent = Desk()
     turns = [{"text": "", "tool_calls": [{"name": swallowing_tool, "id": "x1"}]}]
-    h = Harness(agent, turns)
+    h = Harness(agent, turns, shutdown_tool_grace_s=0.2)
     try:
         await h.__aenter__()
         await h.session.input("go")

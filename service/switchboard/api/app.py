@@ -30,6 +30,7 @@ from . import asyncapi, problems, routes_events, routes_health, routes_reports, 
 from .deps import Services
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
+from .stream_slots import StreamSlots
 
 logger = logging.getLogger("switchboard.api.app")
 
@@ -61,9 +62,10 @@ async def _purge_idempotency_keys(store: Store, settings: Settings) -> None:
 def create_app(settings: Settings | None = None, *, registry: AgentRegistry | None = None) -> FastAPI:
     settings = settings or Settings()
     registry = registry or AgentRegistry.load(settings.agents, builtin=DEMO_AGENTS)
-    webhooks = Webhooks()
+    webhooks = Webhooks(max_response_bytes=settings.max_webhook_response_bytes)
     metrics = Metrics()
-    models = ModelProfiles(settings.models)  # ValueError: the service does not start
+    # ValueError: the service does not start
+    models = ModelProfiles(settings.models, sessions_may_script=settings.sessions_may_script)
     # agent name -> the model a session of that agent uses when it gives none: the built-in agents' own, and those an
     # agents file declares (its agents cannot take a built-in agent's name)
     default_llms: dict[str, dict[str, Any]] = dict(DEMO_LLMS)
@@ -95,7 +97,15 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
         )
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
         app.state.services = Services(
-            settings=settings, store=store, hub=hub, host=host, webhooks=webhooks, metrics=metrics
+            settings=settings,
+            store=store,
+            hub=hub,
+            host=host,
+            webhooks=webhooks,
+            metrics=metrics,
+            streams=StreamSlots(
+                per_process=settings.ws_max_streams, per_credential=settings.ws_max_streams_per_credential
+            ),
         )
         purge_task = asyncio.create_task(_purge_idempotency_keys(store, settings), name="idempotency-purge")
         try:

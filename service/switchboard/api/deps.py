@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
@@ -22,6 +23,7 @@ from ..runtime.tools import ToolCallInfo
 from ..store import Store
 from .problems import ProblemError, not_found
 from .schemas import SessionRead, ToolCallRead
+from .stream_slots import StreamSlots
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,7 @@ class Services:
     host: SessionHost
     webhooks: Webhooks
     metrics: Metrics
+    streams: StreamSlots
 
 
 def services(conn: HTTPConnection) -> Services:
@@ -79,12 +82,21 @@ async def _known_session(sid: str, host: HostDep) -> SessionView:
 KnownSession = Annotated[SessionView, Depends(_known_session)]
 
 
+# Set while an idempotent command with a key runs: the request's deadline (``limits.RequestDeadline``) answers the
+# caller, and the command runs on past it so that its real outcome is recorded under the key (see ``idempotency``).
+command_outlives_caller: contextvars.ContextVar[bool] = contextvars.ContextVar("command_outlives_caller", default=False)
+
+
 @contextlib.asynccontextmanager
 async def deadline(settings: Settings) -> AsyncIterator[None]:
-    """Bound a request's wait on the runtime/store: 503 with Retry-After instead of hanging."""
+    """Bound a request's wait on the runtime/store: 503 with Retry-After instead of hanging (not for a command run
+    under an Idempotency-Key: cutting it off would lose the answer its retry must get)."""
     try:
-        async with asyncio.timeout(settings.request_timeout_s):
+        if command_outlives_caller.get():
             yield
+        else:
+            async with asyncio.timeout(settings.request_timeout_s):
+                yield
     except TimeoutError:
         raise ProblemError(
             503, "unavailable", "The service could not complete this in time; retry.", headers={"Retry-After": "1"}

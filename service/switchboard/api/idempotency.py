@@ -11,6 +11,12 @@ no record runs the route and records its outcome (status and body) unless it is 
 (``Idempotent-Replayed: true``), or get 409 ``idempotency_key_reused`` when their body differs. A route that raises
 (a problem answer) records nothing: the command had no effect, so a retry runs it again.
 
+The command and its record are one unit that outlives the caller: it runs in a task of its own, the route's own
+deadline (``deps.deadline``) does not cut it off, and a cancelled caller only stops waiting. When the request's
+deadline fires (``limits.RequestDeadline``) the caller gets 503 (retry) while the command runs on, still holding the
+key, and records its real answer; a retry with the same key waits for it, then replays it. So a command cut off
+after its effect was durable is never applied twice (I7).
+
 The body compared is the route's parameter named ``body``, as parsed (defaults filled in; a missing optional body
 counts as its defaults). So whatever the route reads must run inside it, after the replay check: a session that
 closed since the first attempt still replays that attempt's answer.
@@ -38,7 +44,7 @@ from pydantic import BaseModel
 
 from ..runtime.chat import utcnow
 from ..store import IdempotencyRecord, Store
-from .deps import services
+from .deps import command_outlives_caller, services
 from .problems import ProblemError
 
 MAX_KEY_LEN = 200
@@ -124,8 +130,34 @@ def _response(status: int, payload: Any) -> Response:
     return JSONResponse(payload, status_code=status)
 
 
-async def _run(attempt: Attempt, key: str, body: Any, locks: KeyLocks, call: Callable[[], Awaitable[Any]]) -> Response:
-    digest = _digest(body)
+async def _run(
+    attempt: Attempt,
+    key: str,
+    body: Any,
+    locks: KeyLocks,
+    call: Callable[[], Awaitable[Any]],
+    tasks: set[asyncio.Task[Response]],
+) -> Response:
+    task = asyncio.create_task(_run_once(attempt, key, _digest(body), locks, call), name=f"idempotent:{key}")
+    tasks.add(task)
+    task.add_done_callback(_settled(tasks))
+    return await asyncio.shield(task)
+
+
+def _settled(tasks: set[asyncio.Task[Response]]) -> Callable[[asyncio.Task[Response]], None]:
+    def done(task: asyncio.Task[Response]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # a caller that was cut off never reads it; a problem answer needs no log
+
+    return done
+
+
+async def _run_once(
+    attempt: Attempt, key: str, digest: str, locks: KeyLocks, call: Callable[[], Awaitable[Any]]
+) -> Response:
+    """Replay the key's record, or run the command and record its outcome: one unit, whatever the caller does."""
+    command_outlives_caller.set(True)  # in this task's own context only
     async with locks.hold(key, attempt.scope):
         found = await attempt.store.idempotency_get(key, attempt.scope)
         if found is not None:
@@ -161,6 +193,7 @@ class _IdempotentRoute(Generic[R]):
         functools.update_wrapper(self, endpoint)  # name and docstring (the operation's description)
         self._endpoint = endpoint
         self._locks = KeyLocks()  # one table per route: the scope of a record is its route's method and path
+        self._tasks: set[asyncio.Task[Response]] = set()  # commands running on after their caller was answered
         hints = typing.get_type_hints(endpoint, include_extras=True)
         signature = inspect.signature(endpoint)
         self._body_model = _body_model(hints[BODY_PARAM]) if BODY_PARAM in signature.parameters else None
@@ -178,7 +211,7 @@ class _IdempotentRoute(Generic[R]):
         if self._body_model is not None:
             parsed = kwargs[BODY_PARAM]
             body = (parsed if parsed is not None else self._body_model()).model_dump(mode="json")
-        return await _run(attempt, attempt.key, body, self._locks, lambda: self._endpoint(**kwargs))
+        return await _run(attempt, attempt.key, body, self._locks, lambda: self._endpoint(**kwargs), self._tasks)
 
 
 def idempotent(endpoint: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R | Response]]:

@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
@@ -22,12 +22,17 @@ from ..control.hub import SubscriberOverflow, Subscription
 from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event, type_matcher
 from . import deps
-from .auth import AuthError, authenticate, bearer, check, url_token
+from .auth import AuthError, Principal, authenticate, bearer, check, url_token
+from .stream_slots import TooManyStreams
 
 logger = logging.getLogger("switchboard.api.ws")
 router = APIRouter(tags=["events"])
 
-REPLAY_PAGE = 500
+# a page of replayed events is held until sent: a slow reader of a large session holds one page, not its history
+REPLAY_PAGE = 100
+MAX_TYPE_GLOBS = 64  # each glob is one more term of the store's filter and of the compiled matcher
+MAX_TYPE_GLOB_CHARS = 100
+MAX_SESSION_IDS = 500  # one query parameter each
 SEND_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
 CLOSE_NORMAL = 1000
@@ -38,6 +43,7 @@ CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
+CLOSE_TOO_MANY_STREAMS = 4429
 CLOSE_SLOW_CONSUMER = 4008
 MAX_POSITION = 2**63 - 1  # since / cursor
 TERMINAL_EVENTS = ("session.closed", "session.failed")  # nothing follows them: a session stream then ends (1000)
@@ -51,12 +57,16 @@ CLOSE_CODES: dict[int, str] = {
     CLOSE_INTERNAL_ERROR: "The server failed, or the client did not answer its keepalive pings: reconnect and resume.",
     CLOSE_SLOW_CONSUMER: "Too slow: the client fell behind (its buffer overflowed or a send stalled). Nothing is lost: "
     "the reason names where to resume, `too slow; resume with since=N` (or `cursor=N` on the multi-session stream).",
-    CLOSE_BAD_REQUEST: "Bad request: `since` or `cursor` is not a non-negative integer, or a client message is not "
-    "JSON.",
+    CLOSE_BAD_REQUEST: "Bad request: `since` or `cursor` is not a non-negative integer, `types` has more than "
+    f"{MAX_TYPE_GLOBS} globs or one longer than {MAX_TYPE_GLOB_CHARS} characters, `session_ids` names more than "
+    f"{MAX_SESSION_IDS} sessions, or a client message is not JSON.",
     CLOSE_UNAUTHENTICATED: "No valid credential (an API key or session token, as `token` or a Bearer header).",
     CLOSE_FORBIDDEN: "The credential lacks the `events:read` scope, is a session token of another session, or is a "
     "session token on the multi-session stream.",
     CLOSE_NOT_FOUND: "No such session (session stream only).",
+    CLOSE_TOO_MANY_STREAMS: "Too many open event streams, for this credential "
+    "(`SWITCHBOARD_WS_MAX_STREAMS_PER_CREDENTIAL`, default 100) or for the server (`SWITCHBOARD_WS_MAX_STREAMS`, "
+    "default 1000); the reason says which. Close a stream, or retry later with a backoff.",
 }
 
 
@@ -69,7 +79,21 @@ class _Closed(Exception):
 def _types(raw: str | None) -> list[str] | None:
     if not raw:
         return None
-    return [t.strip() for t in raw.split(",") if t.strip()] or None
+    globs = [t.strip() for t in raw.split(",") if t.strip()]
+    if len(globs) > MAX_TYPE_GLOBS:
+        raise _Closed(CLOSE_BAD_REQUEST, f"types: at most {MAX_TYPE_GLOBS} globs")
+    if any(len(glob) > MAX_TYPE_GLOB_CHARS for glob in globs):
+        raise _Closed(CLOSE_BAD_REQUEST, f"types: a glob has at most {MAX_TYPE_GLOB_CHARS} characters")
+    return globs or None
+
+
+def _session_ids(raw: str | None) -> list[str] | None:
+    if not raw:
+        return None
+    ids = [s for s in raw.split(",") if s]
+    if len(ids) > MAX_SESSION_IDS:
+        raise _Closed(CLOSE_BAD_REQUEST, f"session_ids: at most {MAX_SESSION_IDS}")
+    return ids
 
 
 def _int_param(ws: WebSocket, name: str) -> int:
@@ -85,7 +109,15 @@ def _int_param(ws: WebSocket, name: str) -> int:
     return value
 
 
-def _authorize(ws: WebSocket, session_id: str | None) -> None:
+def _admit(ws: WebSocket, principal: Principal) -> Callable[[], None]:
+    """A stream slot for ``principal`` (its release), or a 4429 close."""
+    try:
+        return deps.services(ws).streams.acquire(principal.name)
+    except TooManyStreams as err:
+        raise _Closed(CLOSE_TOO_MANY_STREAMS, err.reason) from None
+
+
+def _authorize(ws: WebSocket, session_id: str | None) -> Principal:
     settings = deps.services(ws).settings
     try:
         credential = url_token(ws.query_params.get("token")) or bearer(None, ws.headers.get("authorization"))
@@ -93,6 +125,7 @@ def _authorize(ws: WebSocket, session_id: str | None) -> None:
         check(principal, "events:read", session_id)
         if session_id is None and principal.session_id is not None:
             raise AuthError(403, "forbidden", "A session token cannot read the multi-session stream.")
+        return principal
     except AuthError as err:
         raise _Closed(CLOSE_UNAUTHENTICATED if err.status == 401 else CLOSE_FORBIDDEN, err.code) from None
 
@@ -198,16 +231,25 @@ async def session_events(ws: WebSocket, sid: str) -> None:
     """Stream one session's events: replay those after `since`, then live ones. Filter with `types=tool.*,...`."""
     await ws.accept()
     try:
-        _authorize(ws, sid)
+        principal = _authorize(ws, sid)
         since = _int_param(ws, "since")
         types = _types(ws.query_params.get("types"))
         services = deps.services(ws)
-        host, store, settings = services.host, services.store, services.settings
-        if await host.find(sid) is None:
+        if await services.host.find(sid) is None:
             raise _Closed(CLOSE_NOT_FOUND, "session_not_found")
+        release = _admit(ws, principal)
     except _Closed as closed:
         await _close(ws, closed.code, closed.reason)
         return
+    try:
+        await _session_stream(ws, sid, since, types)
+    finally:
+        release()
+
+
+async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] | None) -> None:
+    services = deps.services(ws)
+    host, store, settings = services.host, services.store, services.settings
     # the end of the session is seen even when the filter leaves its event out
     hub_types = None if types is None else [*types, *TERMINAL_EVENTS]
     sub = host.hub.subscribe(session_ids=[sid], types=hub_types, maxsize=settings.ws_buffer)
@@ -251,15 +293,27 @@ async def all_events(ws: WebSocket) -> None:
     `cursor=now` starts at the live tail, without replaying history (for dashboards that load a snapshot first)."""
     await ws.accept()
     try:
-        _authorize(ws, None)
+        principal = _authorize(ws, None)
         from_now = ws.query_params.get("cursor") == "now"
         cursor = 0 if from_now else _int_param(ws, "cursor")
         types = _types(ws.query_params.get("types"))
-        raw_ids = ws.query_params.get("session_ids")
-        session_ids = [s for s in raw_ids.split(",") if s] if raw_ids else None
+        session_ids = _session_ids(ws.query_params.get("session_ids"))
+        release = _admit(ws, principal)
     except _Closed as closed:
         await _close(ws, closed.code, closed.reason)
         return
+    try:
+        await _multi_stream(ws, cursor if not from_now else None, types, session_ids)
+    finally:
+        release()
+
+
+async def _multi_stream(
+    ws: WebSocket, start: int | None, types: list[str] | None, session_ids: list[str] | None
+) -> None:
+    """``start`` None: from the live tail."""
+    from_now = start is None
+    cursor = start or 0
     services = deps.services(ws)
     store, settings = services.store, services.settings
     sub = services.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer)

@@ -16,6 +16,9 @@ from .deps import HostDep, KnownSession, ServicesDep, SettingsDep
 from .idempotency import idempotent
 from .problems import POST_ERRORS, ProblemError, not_found, problem_responses
 from .schemas import (
+    CHAT_PAGE_DEFAULT,
+    CHAT_PAGE_MAX,
+    MAX_SESSIONS_PAGE,
     ChatRead,
     InputAccepted,
     InputCreate,
@@ -73,7 +76,7 @@ async def list_sessions(
     host: HostDep,
     state: Annotated[SessionStateFilter | None, Query()] = None,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    limit: Annotated[int, Query(ge=1, le=MAX_SESSIONS_PAGE)] = 50,
 ) -> SessionList:
     """List sessions, newest first, optionally by `state` (active, closed, failed)."""
     try:
@@ -117,9 +120,24 @@ async def close_session(session: KnownSession, host: HostDep) -> Response:
     response_model=ChatRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
-async def get_chat(session: KnownSession) -> ChatRead:
-    """The session's chat context in conversation order (each tool output right after its call)."""
-    return ChatRead(items=await session.chat())
+async def get_chat(
+    session: KnownSession,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=CHAT_PAGE_MAX)] = CHAT_PAGE_DEFAULT,
+) -> ChatRead:
+    """The session's chat context in conversation order (each tool output right after its call), a page at a time:
+    `next_cursor` is where the next page starts (null on the last). The cursor names the last item returned, so a
+    page never repeats an item; an output that arrives later for a call on an earlier page appears on that page when
+    it is read again."""
+    items = await session.chat()
+    start = 0
+    if cursor is not None:
+        start = next((i + 1 for i, item in enumerate(items) if item.id == cursor), -1)
+        if start < 0:
+            raise ProblemError(422, "invalid_cursor", "The cursor is not an item of this chat.")
+    page = items[start : start + limit]
+    more = start + limit < len(items)
+    return ChatRead(items=page, next_cursor=page[-1].id if more and page else None)
 
 
 @router.post(

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..control.host import PlayoutSettings, SessionConfig
 from ..runtime.chat import ChatItem
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+#: A session's metadata as JSON, at most: it comes back in every list of sessions (up to ``MAX_SESSIONS_PAGE``).
+MAX_METADATA_BYTES = 4096
+MAX_SESSIONS_PAGE = 200
+CHAT_PAGE_DEFAULT = 200
+CHAT_PAGE_MAX = 1000
 
 
 class _In(BaseModel):
@@ -34,7 +40,17 @@ class SessionCreate(_In):
     preemptive_generation: bool | None = None
     allow_interruptions: bool | None = None
     max_tool_steps: int | None = Field(default=None, ge=0, le=20)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description=f"Free-form JSON, at most {MAX_METADATA_BYTES} bytes as JSON."
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def _small_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > MAX_METADATA_BYTES:
+            raise ValueError(f"metadata is {size} bytes as JSON; at most {MAX_METADATA_BYTES}")
+        return value
 
     def session_config(self) -> SessionConfig:
         """How the session runs (everything but its metadata), as the host takes it."""
@@ -70,6 +86,9 @@ class SessionList(BaseModel):
 
 class ChatRead(BaseModel):
     items: list[ChatItem]
+    next_cursor: str | None = Field(
+        default=None, description="Where the next page starts (pass it as `cursor`); null on the last page."
+    )
 
 
 class InputCreate(_In):

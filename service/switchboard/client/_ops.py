@@ -12,7 +12,6 @@ from pydantic import BaseModel
 from ._http import Call
 from .models import (
     Chat,
-    ChatItem,
     Health,
     InputAccepted,
     InterruptResult,
@@ -51,8 +50,8 @@ def _tool_calls(r: httpx.Response) -> list[ToolCall]:
     return ToolCallList.model_validate_json(r.content).items
 
 
-def _chat(r: httpx.Response) -> list[ChatItem]:
-    return Chat.model_validate_json(r.content).items
+def _chat(r: httpx.Response) -> Chat:
+    return Chat.model_validate_json(r.content)
 
 
 def _text(r: httpx.Response) -> str:
@@ -98,8 +97,9 @@ def close_session(sid: str) -> Call[None]:
     return Call("DELETE", _session(sid), _nothing)
 
 
-def get_chat(sid: str) -> Call[list[ChatItem]]:
-    return Call("GET", _session(sid, "chat"), _chat)
+def get_chat(sid: str, cursor: str | None) -> Call[Chat]:
+    """One page of the chat; ``next_cursor`` names where the next starts."""
+    return Call("GET", _session(sid, "chat"), _chat, params={"cursor": cursor} if cursor else {})
 
 
 def input(

@@ -107,6 +107,7 @@ ChatItem = Annotated[
 
 class Chat(_Model):
     items: list[ChatItem]
+    next_cursor: str | None = None
 
 
 class InputAccepted(_Model):

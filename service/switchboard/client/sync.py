@@ -129,8 +129,15 @@ class Client:
         self._send(_ops.close_session(sid))
 
     def get_chat(self, sid: str) -> list[ChatItem]:
-        """The chat context in conversation order (each tool output right after its call)."""
-        return self._send(_ops.get_chat(sid))
+        """The chat context in conversation order (each tool output right after its call), every page of it."""
+        items: list[ChatItem] = []
+        cursor: str | None = None
+        while True:
+            page = self._send(_ops.get_chat(sid, cursor))
+            items.extend(page.items)
+            if page.next_cursor is None:
+                return items
+            cursor = page.next_cursor
 
     # -- operator commands -----------------------------------------------------------------------------------------
 

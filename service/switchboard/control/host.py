@@ -215,7 +215,9 @@ class SessionHost:
             playout=SimulatedPlayout(float(wps)),
             store=self.store.chat_store(),
             events=self._sink,
-            options=config.options(),
+            options=config.options().model_copy(
+                update={"max_tool_calls_per_turn": self.settings.max_tool_calls_per_turn}
+            ),
             items=items,
             last_seq=last_seq,
         )

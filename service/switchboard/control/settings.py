@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     max_sessions: int = Field(default=1000, ge=1)
     ws_buffer: int = Field(default=1000, ge=10)
     ws_ping_interval_s: float = Field(default=20.0, gt=0)
+    # open event streams (each costs memory and a file descriptor): more are closed at once with 4429
+    ws_max_streams: int = Field(default=1000, ge=1)
+    ws_max_streams_per_credential: int = Field(default=100, ge=1)
     ws_max_message_bytes: int = Field(default=64 * 1024, ge=1024)  # a bigger client frame is closed with 1009
     request_timeout_s: float = Field(default=10.0, gt=0)
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=24 * 3600)
@@ -70,6 +73,10 @@ class Settings(BaseSettings):
     allowed_origins: CommaList = Field(default_factory=list)
     public_docs: bool = True  # /docs, /redoc, /openapi.json without a credential when auth is on
     public_metrics: bool = False  # /metrics without a credential (else it needs the metrics:read scope)
+    # A session's own scripted model picks its tool calls and their arguments: with auth on only when allowed
+    scripted_model: Literal["allow", "deny"] | None = None
+    max_webhook_response_bytes: int = Field(default=1024 * 1024, ge=1024)  # a bigger answer fails the tool call
+    max_tool_calls_per_turn: int = Field(default=16, ge=1)  # further calls of one model turn are refused, not run
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -104,6 +111,13 @@ class Settings(BaseSettings):
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def sessions_may_script(self) -> bool:
+        """Auth off (local development, tests): allowed unless denied; auth on: only when allowed."""
+        if self.scripted_model is None:
+            return not self.auth_enabled
+        return self.scripted_model == "allow"
 
     def check_bind(self, host: str | None = None) -> None:
         """With no API keys, refuse to listen anywhere but loopback ("" and 0.0.0.0 / :: are every interface)."""

@@ -6,7 +6,9 @@ parameters that cannot send anything anywhere (``temperature``). A session's own
 environment variable: otherwise a caller with ``sessions:write`` could point the service at a listener of its
 choosing and receive whatever secret it names, sent as a bearer token.
 
-The scripted model needs no endpoint and no credential, so a session may still bring a script.
+The scripted model needs no endpoint and no credential, but a script picks the tool calls a session makes (with
+their arguments): it is a test and demo facility. A session may bring a script only while the server lets it
+(auth off, or ``SWITCHBOARD_SCRIPTED_MODEL=allow``); an agent's own default script is server configuration.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ SELF_CONTAINED_PROVIDERS = frozenset({"scripted"})
 class ModelProfiles:
     """The server's model profiles, validated once at startup; resolves what a session may use."""
 
-    def __init__(self, profiles: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self, profiles: Mapping[str, Mapping[str, Any]] | None = None, *, sessions_may_script: bool = True
+    ) -> None:
+        self.sessions_may_script = sessions_may_script
         self._profiles: dict[str, dict[str, Any]] = {}
         for name, config in (profiles or {}).items():
             if not PROFILE_NAME_PATTERN.match(name):
@@ -76,6 +81,11 @@ class ModelProfiles:
             return self._profile(requested)
         provider = requested.get("provider", "scripted")
         if provider in SELF_CONTAINED_PROVIDERS:
+            if not self.sessions_may_script:
+                raise ValueError(
+                    f"a session cannot bring its own {provider!r} model while API keys are configured: it is a test "
+                    "and demo facility (the server allows it with SWITCHBOARD_SCRIPTED_MODEL=allow)"
+                )
             return dict(requested)
         raise ValueError(
             f"a session cannot configure the {provider!r} provider itself: model endpoints and credentials come from "

@@ -54,6 +54,8 @@ CANCEL_TIMEOUT_S = 5.0
 CLOSE_GRACE_S = 2.0
 REMEMBER_ENDED = 10_000
 DETAIL_MAX_CHARS = 300
+#: The most of a backend's answer that is read: a bigger one fails the call (a JSON answer cut short is no answer).
+MAX_RESPONSE_BYTES = 1024 * 1024
 
 
 # -- signatures ---------------------------------------------------------------------------------------------------
@@ -226,7 +228,8 @@ def _describe(err: httpx.TransportError) -> str:
 class Webhooks:
     """Per-process webhook machinery: the shared HTTP client, the broker, and background cancel notices."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
+        self.max_response_bytes = max_response_bytes
         self.broker = WebhookBroker()
         self._client: httpx.AsyncClient | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -251,13 +254,12 @@ class Webhooks:
                 pending.sent = True
 
         while True:
+            request = self.client.build_request(
+                "POST", endpoint.url, content=body, headers=signed_headers(endpoint.secret, body)
+            )
+            request.extensions["trace"] = trace
             try:
-                response = await self.client.post(
-                    endpoint.url,
-                    content=body,
-                    headers=signed_headers(endpoint.secret, body),
-                    extensions={"trace": trace},
-                )
+                response = await self._answer_of(request, pending)
             except httpx.TransportError as err:
                 pending.sent = pending.sent or not isinstance(err, httpx.ConnectError | httpx.ConnectTimeout)
                 pending.last_error = _describe(err)
@@ -275,6 +277,24 @@ class Webhooks:
             )
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _answer_of(self, request: httpx.Request, pending: PendingCall) -> httpx.Response:
+        """Send ``request`` and read its answer, at most ``max_response_bytes`` of it (streamed: a bigger answer is
+        never held in memory). An answer that is too big fails the call; one of a failed attempt is not read."""
+        response = await self.client.send(request, stream=True)
+        try:
+            if response.status_code >= 500:
+                return response
+            content = bytearray()
+            async for chunk in response.aiter_bytes():
+                content += chunk
+                if len(content) > self.max_response_bytes:
+                    raise ToolError(
+                        f"{pending.tool} failed: its backend answered more than {self.max_response_bytes} bytes."
+                    )
+            return httpx.Response(response.status_code, content=bytes(content), request=request)
+        finally:
+            await response.aclose()
 
     def notify_cancel(self, endpoint: WebhookEndpoint, pending: PendingCall, reason: str) -> None:
         """Tell the backend to stop, in the background (best effort, retried); never delays the cancellation."""

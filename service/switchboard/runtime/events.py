@@ -8,6 +8,7 @@ import itertools
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
@@ -39,7 +40,13 @@ class EventSink(Protocol):
 
 def type_matcher(patterns: Iterable[str] | None) -> Callable[[str], bool]:
     """A predicate for event types from glob patterns such as ``tool.*`` (None or empty: everything)."""
-    pats = [p.strip() for p in patterns or () if p.strip()]
+    return _compiled_matcher(tuple(p.strip() for p in patterns or () if p.strip()))
+
+
+@lru_cache(maxsize=256)
+def _compiled_matcher(pats: tuple[str, ...]) -> Callable[[str], bool]:
+    """Cached: clients that reconnect with the same filter must not pay (or make the event loop pay) for compiling
+    it again; many globs take tens of milliseconds to compile."""
     if not pats:
         return lambda _type: True
     # one compiled pattern: this runs for every event and every subscriber

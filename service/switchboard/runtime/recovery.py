@@ -27,15 +27,20 @@ async def recover(
     """Start ``session`` as recovered and settle what was in flight when the process died.
 
     Calls left ``running`` end ``interrupted`` with an is_error output (one pair, committed with the status in one
-    transaction), unless their tool is declared ``on_restart="retry"``: those are run again. Speeches that had
-    not finished end interrupted. Returns the call ids by outcome.
+    transaction), unless their tool is declared ``on_restart="retry"``: those are run again.
+
+    Speeches that had not finished: a reply that was accepted but never started generating (still ``scheduled``,
+    not interrupted) is queued again under its id, since the user is still waiting for its answer; every other one
+    (it had begun, or it is a ``say`` whose text only the lost process held) ends interrupted. Returns the call ids
+    by outcome.
     """
     for info in tool_calls:
         session.executor.adopt(info)
     tools = session.agent.tools
     interrupted, retry = _split_running(tool_calls, tools)
     retry_ids = sorted(info.call_id for info in retry)
-    unfinished = [sp for sp in speeches if sp.state != SpeechState.DONE]
+    unanswered = sorted((sp for sp in speeches if _waits_for_answer(sp)), key=lambda sp: sp.created_at)
+    unfinished = [sp for sp in speeches if sp.state != SpeechState.DONE and not _waits_for_answer(sp)]
 
     await session.start(
         recovered=True,
@@ -49,7 +54,15 @@ async def recover(
     for info in retry:
         logger.info("session %s: re-running %s (%s) after a restart", session.id, info.name, info.call_id)
         session.executor.rerun(info, tools=tools, agent=session.agent.name)
+    for sp in unanswered:
+        logger.info("session %s: answering %s, accepted before the restart", session.id, sp.id)
+        session.requeue_reply(sp.id, "deferred_reply" if sp.source == "deferred_reply" else "reply")
     return {"interrupted": [i.call_id for i in interrupted], "retried": retry_ids}
+
+
+def _waits_for_answer(sp: SpeechInfo) -> bool:
+    """An accepted reply that never started: nothing of it was generated, heard or committed yet."""
+    return sp.state == SpeechState.SCHEDULED and not sp.interrupted and sp.source in ("reply", "deferred_reply")
 
 
 def _split_running(

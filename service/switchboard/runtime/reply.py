@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -42,8 +42,11 @@ class ReplySession(Protocol):
     @property
     def max_tool_steps(self) -> int: ...
 
-    async def commit(self, commit: Commit) -> None:
-        """Write durably, in order with the session's other writes."""
+    @property
+    def max_tool_calls_per_turn(self) -> int: ...
+
+    async def commit(self, commit: Commit, *, then: Callable[[], None] | None = None) -> None:
+        """Write durably, in order with the session's other writes, then run ``then`` (one unit)."""
         ...
 
     def add_to_chat(self, *items: ChatItem) -> None:
@@ -76,6 +79,10 @@ class ReplySession(Protocol):
         """Mark ``speech`` done, durably."""
         ...
 
+    async def usable_preemptive(self, job: ReplyJob) -> Generation | None:
+        """The job's speculative generation if it still fits the context now (else None; it is dropped)."""
+        ...
+
 
 @dataclass(eq=False)
 class ReplyJob:
@@ -85,6 +92,7 @@ class ReplyJob:
     instructions: str | None = None
     add_to_chat: bool = True
     preemptive: Generation | None = None
+    context_version: int | None = None  # the chat version the reply was queued on (with its input appended)
     streams: list[PlayoutStream] = field(default_factory=list)
 
 
@@ -113,35 +121,51 @@ async def run_job(session: ReplySession, job: ReplyJob) -> None:
 
 
 async def _commit_message(
-    session: ReplySession, speech: SpeechHandle, step: _Step, text: str, *, interrupted: bool
-) -> bool:
-    """Commit the assistant message of one step: what was heard, never an empty message."""
+    session: ReplySession,
+    speech: SpeechHandle,
+    step: _Step,
+    text: str,
+    *,
+    interrupted: bool,
+    report: ev.EventPayload | None = None,
+) -> None:
+    """Commit the assistant message of one step (what was heard, never an empty message) with the speech, then
+    add it to the live chat and report it, and ``report`` after it: one unit a cancelled speech cannot split."""
     text = text.strip()
-    if not text:
-        return False
-    item = ChatMessage(
-        id=new_id("item"),
-        role="assistant",
-        text=text,
-        interrupted=interrupted,
-        created_at=step.created_at,
+    item = (
+        ChatMessage(id=new_id("item"), role="assistant", text=text, interrupted=interrupted, created_at=step.created_at)
+        if text
+        else None
     )
-    await session.commit(Commit(items=[item], speeches=[speech.info()]))
-    session.add_to_chat(item)
-    session.events.emit(ev.ChatItemAdded(item=item))
-    return True
+    if item is None and report is None:
+        return
+
+    def apply() -> None:
+        if item is not None:
+            session.add_to_chat(item)
+            session.events.emit(ev.ChatItemAdded(item=item))
+        if report is not None:
+            session.events.emit(report)
+
+    await session.commit(Commit(items=[item] if item is not None else [], speeches=[speech.info()]), then=apply)
 
 
 async def _on_interrupted(session: ReplySession, speech: SpeechHandle, step: _Step | None) -> None:
-    committed = False
+    played = ""
     if step is not None:
         played = step.stream.played_text  # read now: the sink is never waited on to acknowledge the stop
         step.stream.stop()
         speech.played_text = (speech.played_text + " " + played).strip()
-        committed = await _commit_message(session, speech, step, played, interrupted=True)
-    if not committed:  # the event reports the interruption only once it is durable (I6)
-        await session.commit(Commit(speeches=[speech.info()]))
-    session.events.emit(ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text))
+    # the event reports the interruption only once it is durable (I6)
+    report = ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text)
+    if step is None:
+        await session.commit(Commit(speeches=[speech.info()]), then=lambda: _emit(session, report))
+        return
+    await _commit_message(session, speech, step, played, interrupted=True, report=report)
+
+
+def _emit(session: ReplySession, payload: ev.EventPayload) -> None:
+    session.events.emit(payload)
 
 
 def _begin_playing(session: ReplySession, speech: SpeechHandle, step: _Step) -> None:
@@ -169,8 +193,8 @@ async def _say(session: ReplySession, job: ReplyJob) -> None:
         else:
             speech.played_text = step.stream.played_text
             step.stream.stop()
-            await session.commit(Commit(speeches=[speech.info()]))
-            session.events.emit(ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text))
+            report = ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text)
+            await session.commit(Commit(speeches=[speech.info()]), then=lambda: _emit(session, report))
         return
     speech.played_text = step.stream.played_text
     if job.add_to_chat:
@@ -194,6 +218,8 @@ async def _consume(session: ReplySession, speech: SpeechHandle, gen: Generation,
                 logger.warning("model called %s although tools were off; ignored", chunk.name)
                 continue
             arguments, error = _parse_arguments(chunk.arguments)
+            if len(step.calls) >= session.max_tool_calls_per_turn:  # committed as an error output, never run
+                error = f"too many tool calls in one turn (at most {session.max_tool_calls_per_turn}); not run"
             item = FunctionCall(
                 id=new_id("item"),
                 call_id=chunk.call_id or new_id("call"),
@@ -222,7 +248,8 @@ async def _reply(session: ReplySession, job: ReplyJob) -> None:
     speech = job.speech
     while True:
         index = speech.begin_step()
-        preemptive = job.preemptive if index == 0 else None
+        preemptive = await session.usable_preemptive(job) if index == 0 else None
+        job.preemptive = preemptive  # closed by run_job however this reply ends
         if preemptive is not None:
             gen = preemptive
         else:

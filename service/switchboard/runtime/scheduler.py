@@ -73,7 +73,16 @@ class SpeechScheduler:
 
     async def finish_unstarted(self, job: ReplyJob) -> None:
         await job.preemptive.aclose() if job.preemptive else None
-        await self._finish(job.speech)
+        await self._finish_safely(job.speech)
+
+    async def _finish_safely(self, speech: SpeechHandle) -> None:
+        # the loop outlives any error in ending one speech: a session that stops playing is deaf to every later input
+        try:
+            await self._finish(speech)
+        except Exception:
+            logger.exception(
+                "speech %s could not be ended", speech.id, extra={"session_id": self.session_id, "speech_id": speech.id}
+            )
 
     async def end_queued(self) -> None:
         """End every queued speech without playing it (at close, once the loop is stopped)."""
@@ -99,7 +108,7 @@ class SpeechScheduler:
                 raise
             finally:
                 if not job.speech.done:  # forced cancel (logged by the speech): still end it properly
-                    await self._finish(job.speech)
+                    await self._finish_safely(job.speech)
                 self.current = None
             if not task.cancelled() and task.exception() is not None:
                 logger.error(

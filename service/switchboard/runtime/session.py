@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -33,15 +33,33 @@ logger = logging.getLogger("switchboard.runtime.session")
 
 SUSPEND_SPEECH_TIMEOUT_S = 2.0
 KEEP_SPEECHES = 500
+# A speech's end is written again once when the store rejects it: the rejection may belong to a write that shared
+# its transaction, and a speech left ``scheduled`` in the store would disagree with the live session (I8).
+SPEECH_END_WRITE_ATTEMPTS = 2
+
+T = TypeVar("T")
+
+
+def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    def done(task: asyncio.Task[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved here too: a caller that was cut off never will
+
+    return done
 
 
 class SessionOptions(BaseModel):
     max_tool_steps: int = Field(default=3, ge=0, le=20)
+    # set by the server, never by a session: calls of one model turn past it end in an error without running
+    max_tool_calls_per_turn: int = Field(default=16, ge=1)
     preemptive_generation: bool = False
     allow_interruptions: bool = True
     interrupt_force_timeout_s: float = Field(default=INTERRUPT_FORCE_TIMEOUT_S, gt=0)
     tool_cancel_grace_s: float = Field(default=1.0, ge=0)
     close_timeout_s: float = Field(default=30.0, gt=0)
+    # at shutdown, how long calls that cannot be cancelled get to end on their own before they are abandoned
+    shutdown_tool_grace_s: float = Field(default=10.0, ge=0)
 
 
 class SessionClosed(Exception):
@@ -108,7 +126,11 @@ class AgentSession:
             tasks=self._writes,
         )
         self._speeches: dict[str, SpeechHandle] = {}
+        # commands, close and suspend take turns: a command runs fully before a close, or finds the session closed
         self._op_lock = asyncio.Lock()
+        self._commands: set[asyncio.Task[Any]] = set()
+        self._closing: asyncio.Task[None] | None = None
+        self._suspending: asyncio.Task[None] | None = None
         self._commit_lock = asyncio.Lock()
         self._deferred_scheduling: asyncio.Task[None] | None = None
         self._handoff_call: RunningCall | None = None  # the call whose handoff is being performed
@@ -134,10 +156,22 @@ class AgentSession:
 
     async def suspend(self) -> None:
         """Stop this session's work without closing it (service shutdown): it stays live in the store and is
-        recovered on the next start, exactly as after a crash, but with every pending write flushed."""
-        if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED, SessionStatus.SUSPENDED):
+        recovered on the next start, exactly as after a crash, but with every pending write flushed.
+
+        Like a close, it runs to its end even when its caller is cancelled; a close already under way is let
+        finish instead (it is bounded), so a shutdown never leaves a session half closed."""
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
             return
-        self.state = SessionStatus.SUSPENDED
+        if self._suspending is None:
+            self._suspending = self._track(self._suspend(), f"suspend:{self.id}")
+        await asyncio.shield(self._suspending)
+
+    async def _suspend(self) -> None:
+        async with self._op_lock:
+            if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED, SessionStatus.SUSPENDED):
+                return
+            self.state = SessionStatus.SUSPENDED
         await self.speculation.abandon()
         current = self._scheduler.current
         if current is not None and not current.done:
@@ -151,16 +185,25 @@ class AgentSession:
             if job.preemptive is not None:
                 await job.preemptive.aclose()
         await cancel_and_wait(*self._handoffs)  # a handoff not committed yet is not done; recovery ends its call
+        await self._grace_for_uncancellable()
         await self.executor.abandon()
         await self.llm.aclose()
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
     async def aclose(self) -> None:
-        """Close: stop speaking, cancel cancellable tools, await the others, emit the final events."""
-        if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
-            return
-        self.state = SessionStatus.CLOSING
+        """Close: stop speaking, cancel cancellable tools, await the others, emit the final events.
+
+        A close runs to its end even when its caller is cancelled: a session half closed answers nothing."""
+        if self._closing is None:
+            self._closing = self._track(self._close(), f"close:{self.id}")
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        async with self._op_lock:
+            if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
+                return
+            self.state = SessionStatus.CLOSING
         await self.speculation.discard()
         if self._deferred_scheduling is not None:  # a deferred reply being committed: queue it, then close it
             await asyncio.shield(self._deferred_scheduling)
@@ -182,6 +225,13 @@ class AgentSession:
         await self.events.emit(ev.SessionClosed())
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
+
+    async def _grace_for_uncancellable(self) -> None:
+        """A deploy is not a crash: a call that cannot be cancelled (a booking) gets a bounded while to end and
+        commit its pair before the process lets go of it (recovery then ends whatever is still running)."""
+        pending = [rc.ended_fut for rc in self.executor.running() if not rc.info.cancellable]
+        if pending and self.options.shutdown_tool_grace_s > 0:
+            await asyncio.wait(pending, timeout=self.options.shutdown_tool_grace_s)
 
     def snapshot(self) -> SessionState:
         return SessionState(
@@ -248,41 +298,54 @@ class AgentSession:
             self.events.emit(ev.UserInput(item_id=None, text=text, final=False, role=role))
             self.speculation.on_interim(text)
             return InputResult(None, None)
-        async with self._op_lock:
-            self._check_open()  # the session may have started closing while this input waited
-            spec = self.speculation.take()
-            if interrupt and self._scheduler.current is not None:
-                try:
-                    await self._interrupt_current(force=force)
-                except NotInterruptible:
-                    pass
-            # only now: the interruption may have changed the context the speculative reply was made from
-            spec = await self.speculation.use_or_drop(spec, text=text, role=role)
-            item = ChatMessage(id=new_id("item"), role=role, text=text)
-            job = self._new_job("reply", preemptive=spec) if reply else None
-            await self.commit(Commit(items=[item], speeches=[job.speech.info()] if job else []))
+        return await self._command(
+            lambda: self._final_input(text, interrupt=interrupt, force=force, reply=reply, role=role), "input"
+        )
+
+    async def _final_input(self, text: str, *, interrupt: bool, force: bool, reply: bool, role: Role) -> InputResult:
+        spec = self.speculation.take()
+        if interrupt and self._scheduler.current is not None:
+            try:
+                await self._interrupt_current(force=force)
+            except NotInterruptible:
+                pass
+        # only now: the interruption may have changed the context the speculative reply was made from
+        spec = await self.speculation.use_or_drop(spec, text=text, role=role)
+        item = ChatMessage(id=new_id("item"), role=role, text=text)
+        job = self._new_job("reply", preemptive=spec) if reply else None
+
+        def apply() -> None:
             self.chat.append(item)
             self.events.emit(ev.UserInput(item_id=item.id, text=text, final=True, role=role))
             self.events.emit(ev.ChatItemAdded(item=item))
             if job is not None:
+                job.context_version = self.chat.version  # what a speculative reply must still match when used
                 self._enqueue(job)
-            return InputResult(item.id, job.speech.id if job else None)
+
+        try:
+            await self.commit(Commit(items=[item], speeches=[job.speech.info()] if job else []), then=apply)
+        except BaseException:
+            if spec is not None:
+                await spec.aclose()
+            raise
+        return InputResult(item.id, job.speech.id if job else None)
 
     async def say(self, text: str, *, allow_interruptions: bool = True, add_to_chat: bool = True) -> SpeechHandle:
         """Speak ``text`` as is (no model), after whatever is queued."""
         self._check_open()
-        job = self._new_job("say", text=text, add_to_chat=add_to_chat, allow_interruptions=allow_interruptions)
-        await self.commit(Commit(speeches=[job.speech.info()]))
-        self._enqueue(job)
-        return job.speech
+        return await self._command(
+            lambda: self._queue_durably(
+                self._new_job("say", text=text, add_to_chat=add_to_chat, allow_interruptions=allow_interruptions)
+            ),
+            "say",
+        )
 
     async def generate_reply(self, *, instructions: str | None = None) -> SpeechHandle:
         """Queue a reply from the model; ``instructions`` are added for this reply only."""
         self._check_open()
-        job = self._new_job("reply", instructions=instructions)
-        await self.commit(Commit(speeches=[job.speech.info()]))
-        self._enqueue(job)
-        return job.speech
+        return await self._command(
+            lambda: self._queue_durably(self._new_job("reply", instructions=instructions)), "reply"
+        )
 
     async def interrupt(self, *, force: bool = False) -> SpeechHandle | None:
         """Interrupt the current speech; returns once its interrupted message is committed.
@@ -290,9 +353,34 @@ class AgentSession:
         Returns the interrupted speech, or None when nothing was speaking. Raises ``NotInterruptible``.
         """
         self._check_open()
-        async with self._op_lock:
-            self._check_open()
-            return await self._interrupt_current(force=force)
+        return await self._command(lambda: self._interrupt_current(force=force), "interrupt")
+
+    async def _queue_durably(self, job: ReplyJob) -> SpeechHandle:
+        await self.commit(Commit(speeches=[job.speech.info()]), then=lambda: self._enqueue(job))
+        return job.speech
+
+    async def _command(self, body: Callable[[], Awaitable[T]], what: str) -> T:
+        """Run one operator command to its end, whatever happens to its caller.
+
+        The command runs in a task of its own, in turn with the other commands, close and suspend: what it commits
+        is also applied to the live session (I8) even when the caller is cut off (a deadline, a disconnect), and a
+        close never slips between its open check and its effect (it runs fully before, or finds the session
+        closed). Cancelling the caller only stops the wait.
+        """
+
+        async def run() -> T:
+            async with self._op_lock:
+                self._check_open()
+                return await body()
+
+        return await asyncio.shield(self._track(run(), f"{what}:{self.id}"))
+
+    def _track(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        # the caller receives the task's outcome; when it was cut off, the outcome is already logged where it arose
+        task = asyncio.create_task(coro, name=name)
+        self._commands.add(task)
+        task.add_done_callback(_forget(self._commands))
+        return task
 
     async def cancel_tool(self, call_id: str) -> ToolCallInfo:
         return await self.executor.cancel(call_id)
@@ -308,26 +396,29 @@ class AgentSession:
 
     # -- persistence ----------------------------------------------------------------------------------------
 
-    async def commit(self, commit: Commit) -> None:
-        """Write ``commit`` durably, in order with this session's other writes.
+    async def commit(self, commit: Commit, *, then: Callable[[], None] | None = None) -> None:
+        """Write ``commit`` durably, in order with this session's other writes, then run ``then`` (which applies the
+        change to the live session and reports it): the two are one unit that a cancelled caller cannot split.
 
         The store rides out an outage itself (see ``ChatStore``); an error it raises is permanent for that write:
         it is logged and raised to the caller, never retried, so it cannot hold up the session's later writes.
         The write runs in its own task, so a caller that is cancelled (a forced speech cancel, say) does not abort
         it.
         """
-        task = asyncio.create_task(self._write(commit), name=f"commit:{self.id}")
+        task = asyncio.create_task(self._write(commit, then), name=f"commit:{self.id}")
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
         await asyncio.shield(task)
 
-    async def _write(self, commit: Commit) -> None:
+    async def _write(self, commit: Commit, then: Callable[[], None] | None) -> None:
         async with self._commit_lock:
             try:
                 await self._store.commit(self.id, commit)
             except Exception:
                 logger.exception("session %s: commit failed for good", self.id, extra={"session_id": self.id})
                 raise
+        if then is not None:
+            then()
 
     # -- scheduling -----------------------------------------------------------------------------------------
 
@@ -345,8 +436,10 @@ class AgentSession:
         add_to_chat: bool = True,
         allow_interruptions: bool | None = None,
         preemptive: Generation | None = None,
+        speech_id: str | None = None,
     ) -> ReplyJob:
         speech = SpeechHandle(
+            speech_id=speech_id,
             source=source or ("say" if kind == "say" else "reply"),
             allow_interruptions=self.options.allow_interruptions
             if allow_interruptions is None
@@ -374,6 +467,17 @@ class AgentSession:
     async def _play(self, job: ReplyJob) -> None:
         await run_job(self, job)
 
+    async def usable_preemptive(self, job: ReplyJob) -> Generation | None:
+        """The job's speculative generation if it still fits the context now, when it is about to be used (a speech
+        that ran before this reply may have changed the context since the input was accepted)."""
+        spec, job.preemptive = job.preemptive, None
+        if spec is None:
+            return None
+        if self.speculation.still_fits(spec, job.context_version):
+            return spec
+        await self.speculation.drop_stale(spec)
+        return None
+
     def _after_speech(self) -> None:
         self._start_pending_speculative()
         if not self._scheduler.has_queued:
@@ -390,8 +494,23 @@ class AgentSession:
         await asyncio.shield(task)
 
     async def _speech_done(self, speech: SpeechHandle) -> None:
-        await self.commit(Commit(speeches=[speech.info()]))
-        self.events.emit(ev.SpeechDone(speech_id=speech.id, interrupted=speech.interrupted))
+        """Never raises: a speech that cannot be ended in the store still ends in memory (its scheduler goes on to
+        the next one); ``speech.done`` is reported only once the end is durable (I6)."""
+        for attempt in range(1, SPEECH_END_WRITE_ATTEMPTS + 1):
+            try:
+                await self.commit(Commit(speeches=[speech.info()]))
+            except Exception:
+                logger.error(
+                    "session %s: the end of speech %s could not be written (attempt %d of %d)",
+                    self.id,
+                    speech.id,
+                    attempt,
+                    SPEECH_END_WRITE_ATTEMPTS,
+                    extra={"session_id": self.id, "speech_id": speech.id},
+                )
+                continue
+            self.events.emit(ev.SpeechDone(speech_id=speech.id, interrupted=speech.interrupted))
+            return
 
     def set_agent_state(self, state: AgentState) -> None:
         if state != self.agent_state:
@@ -403,6 +522,10 @@ class AgentSession:
     @property
     def max_tool_steps(self) -> int:
         return self.options.max_tool_steps
+
+    @property
+    def max_tool_calls_per_turn(self) -> int:
+        return self.options.max_tool_calls_per_turn
 
     def add_to_chat(self, *items: ChatItem) -> None:
         self.chat.append(*items)
@@ -493,13 +616,21 @@ class AgentSession:
 
     async def _enqueue_durable(self, job: ReplyJob) -> None:
         # speech.created is published only once the speech is durable (I6)
+        def apply() -> None:
+            if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
+                job.speech.interrupt(force=True)  # queued only to be ended by the close, never started
+            self._enqueue(job)
+
         try:
-            await self.commit(Commit(speeches=[job.speech.info()]))
+            await self.commit(Commit(speeches=[job.speech.info()]), then=apply)
         finally:
             self._deferred_scheduling = None
-        if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
-            job.speech.interrupt(force=True)  # queued only to be ended by the close, never started
-        self._enqueue(job)
+
+    def requeue_reply(self, speech_id: str, source: SpeechSource) -> None:
+        """Queue again a reply that was accepted (durable, ``scheduled``) but never started before a restart: the
+        user is still waiting for it. It keeps its id; its ``speech.created`` was reported when it was accepted."""
+        job = self._new_job("reply", source=source, speech_id=speech_id)
+        self._scheduler.push(job)
 
     # -- handoff: a step the session takes when a call asks for one ------------------------------------------
 

@@ -90,6 +90,16 @@ class Speculation:
         self.events.emit(ev.GenerationSpeculative(state="used", user_text=spec.user_text))
         return spec
 
+    def still_fits(self, spec: Generation, context_version: int | None) -> bool:
+        """Whether ``spec``, accepted for a reply queued on ``context_version``, may still be used now: nothing was
+        added to the context since (a speech that played before the reply, a tool result) and no call is running."""
+        return context_version is not None and self._chat.version == context_version and not self._tool_running()
+
+    async def drop_stale(self, spec: Generation) -> None:
+        """Drop a speculative generation accepted earlier whose context has changed since (its turn given back)."""
+        await self._drop_generation(spec)
+        self.events.emit(ev.GenerationSpeculative(state="discarded", user_text=spec.user_text))
+
     async def discard(self) -> None:
         """Drop the speculative generation, giving its script turn back."""
         spec, self._speculative = self._speculative, None

@@ -10,7 +10,7 @@ from .agent import Agent
 from .chat import AgentHandoff, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .ports import Commit, SessionState
 from .speech import SpeechHandle
-from .tools import FunctionTool, ToolCallInfo, ToolStatus
+from .tools import FunctionTool, ToolCallInfo, ToolStatus, capped_output
 
 
 class CallOwner(Protocol):
@@ -45,6 +45,10 @@ class Outcome:
     is_error: bool = False
     needs_reply: bool = True
     handoff: Agent | None = None  # the agent the tool asked to hand the session to
+
+    def __post_init__(self) -> None:
+        # every output goes to the chat, the events, the store and back to the model: none may be unbounded
+        self.output = capped_output(self.output)
 
 
 @dataclass(frozen=True)

@@ -271,6 +271,18 @@ def format_validation_error(tool: str, err: ValidationError) -> str:
     return f"Invalid arguments for {tool}: " + "; ".join(parts)
 
 
+#: The most of a tool's output that is kept; the rest is cut, and the cut is marked so the model and readers see it.
+MAX_TOOL_OUTPUT_CHARS = 16_000
+TRUNCATION_MARKER = "\n[output truncated: {dropped} more characters not shown]"
+
+
+def capped_output(text: str, limit: int = MAX_TOOL_OUTPUT_CHARS) -> str:
+    """``text``, or its first ``limit`` characters followed by a marker that says how much was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + TRUNCATION_MARKER.format(dropped=len(text) - limit)
+
+
 def render_output(value: Any) -> str:
     if value is None:
         return ""

@@ -1,0 +1,257 @@
+"""A session on its failure paths: write errors, callers cut off mid-command, close and suspend racing commands,
+stale speculative replies, and what a graceful restart owes the user."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from switchboard import Agent, RunContext, function_tool
+from switchboard.runtime.chat import ChatMessage
+from switchboard.runtime.memory import MemoryStore
+from switchboard.runtime.playout import SimulatedPlayout
+from switchboard.runtime.ports import Commit
+from switchboard.runtime.recovery import recover
+from switchboard.runtime.session import AgentSession, SessionClosed, SessionOptions
+from switchboard.runtime.speech import SpeechHandle, SpeechState
+
+from .harness import WPS, Harness
+
+LONG = " ".join(f"word{i}" for i in range(40))
+
+
+class Plain(Agent):
+    def __init__(self) -> None:
+        super().__init__(instructions="test agent")
+
+
+class Faulty(MemoryStore):
+    """A store whose writes can be held (a stalled database) or rejected for good, chosen by what they carry."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold_items = False  # hold writes that carry chat items until ``release`` is set
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+        self.reject_speech_end = 0  # reject this many writes that end a speech
+
+    async def commit(self, session_id: str, commit: Commit) -> None:
+        if self.reject_speech_end and any(sp.state == SpeechState.DONE for sp in commit.speeches):
+            self.reject_speech_end -= 1
+            raise ValueError("rejected by the store")
+        if self.hold_items and commit.items:
+            self.holding.set()
+            await self.release.wait()
+        await super().commit(session_id, commit)
+
+
+def harness(turns: list[dict] | None = None, **options: object) -> Harness:
+    h = Harness(Plain(), turns, **options)
+    h.store = Faulty()
+    h.session._store = h.store
+    return h
+
+
+def live_texts(h: Harness) -> list[str]:
+    return [it.text for it in h.session.chat.items if isinstance(it, ChatMessage)]
+
+
+def stored_texts(h: Harness) -> list[str]:
+    return [it.text for it in h.chat() if isinstance(it, ChatMessage)]
+
+
+async def test_a_rejected_speech_end_does_not_leave_the_session_deaf(caplog: pytest.LogCaptureFixture):
+    async with harness() as h:
+        first = await h.session.say("one two three")
+        queued = await h.session.say("never played")
+        queued.interrupt()  # ended without playing when its turn comes: that write is rejected
+        h.store.reject_speech_end = 1
+        await asyncio.wait_for(first.wait_done(), 2.0)
+        await h.idle()
+        res = await h.session.input("are you there?")
+        started = await h.wait_for("generation.started", lambda e: e.data["speech_id"] == res.speech_id)
+        assert started.data["step"] == 0
+        await h.wait_for("speech.done", lambda e: e.data["speech_id"] == res.speech_id)
+    assert "could not be written" in caplog.text
+
+
+async def test_a_speech_end_rejected_once_is_still_written_and_reported():
+    async with harness() as h:
+        h.store.reject_speech_end = 1
+        speech = await h.session.say("hello there")
+        await h.wait_for("speech.done", lambda e: e.data["speech_id"] == speech.id)
+        assert h.store.speeches[h.sid][speech.id].state == SpeechState.DONE
+        h.check_invariants()
+
+
+async def test_input_whose_caller_is_cut_off_during_a_stalled_commit_is_applied_live():
+    async with harness() as h:
+        h.store.hold_items = True
+        caller = asyncio.create_task(h.session.input("book a table"))
+        await asyncio.wait_for(h.store.holding.wait(), 1.0)
+        caller.cancel()  # the request deadline fires while the database is stalled
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        h.store.hold_items = False
+        h.store.release.set()
+        user = await h.wait_for("user.input", lambda e: e.data["final"])
+        assert live_texts(h)[0] == "book a table" and stored_texts(h)[0] == "book a table"
+        created = await h.wait_for("speech.created")
+        await h.wait_for("speech.done", lambda e: e.data["speech_id"] == created.data["speech_id"])
+        assert user.data["item_id"] == h.session.chat.items[0].id
+        assert {it.id for it in h.session.chat.items} == {it.id for it in h.chat()}
+
+
+async def test_a_forced_speech_cancel_during_a_slow_commit_keeps_the_message_live():
+    async with harness([{"text": LONG}], interrupt_force_timeout_s=0.05) as h:
+        forced_before = SpeechHandle.forced_cancels
+        res = await h.session.input("talk", interrupt=False)
+        await h.wait_for("speech.started", lambda e: e.data["speech_id"] == res.speech_id)
+        await asyncio.sleep(0.05)
+        h.store.hold_items = True  # the interrupted message's write stalls past the forced-cancel timeout
+        h.store.release.clear()
+        speech = h.session.speech(res.speech_id)
+        assert speech is not None
+        speech.interrupt()
+        await asyncio.wait_for(h.store.holding.wait(), 1.0)
+        await asyncio.sleep(0.2)
+        assert SpeechHandle.forced_cancels == forced_before + 1
+        SpeechHandle.forced_cancels = forced_before  # fired on purpose here
+        h.store.hold_items = False
+        h.store.release.set()
+        await h.wait_for("speech.done", lambda e: e.data["speech_id"] == res.speech_id)
+        await h.idle()
+        assert [it.id for it in h.session.chat.items] == [it.id for it in h.chat()]
+        assert live_texts(h)[-1] == stored_texts(h)[-1]
+
+
+async def test_close_racing_an_input_answers_it_fully_or_refuses_it():
+    async with harness() as h:
+        h.store.hold_items = True
+        caller = asyncio.create_task(h.session.input("last words"))
+        await asyncio.wait_for(h.store.holding.wait(), 1.0)
+        closing = asyncio.create_task(h.session.aclose())
+        await asyncio.sleep(0.01)
+        h.store.hold_items = False
+        h.store.release.set()
+        res = await caller
+        await asyncio.wait_for(closing, 2.0)
+        done = [e.data["speech_id"] for e in h.of_type("speech.done")]
+        assert res.speech_id in done, "an accepted input's speech must end, also when a close follows"
+        assert h.store.speeches[h.sid][res.speech_id].state == SpeechState.DONE
+        with pytest.raises(SessionClosed):
+            await h.session.input("too late")
+
+
+async def test_a_close_whose_caller_is_cancelled_still_closes():
+    async with harness() as h:
+        speech = await h.session.say(LONG)
+        await h.wait_for("speech.started", lambda e: e.data["speech_id"] == speech.id)
+        await asyncio.sleep(0.05)  # a few words heard
+        h.store.hold_items = True  # the close's write of what was heard stalls
+        closing = asyncio.create_task(h.session.aclose())
+        await asyncio.wait_for(h.store.holding.wait(), 1.0)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        h.store.hold_items = False
+        h.store.release.set()
+        await h.wait_for("session.closed")
+        assert h.store.sessions[h.sid].state == "closed"
+
+
+async def test_suspend_racing_an_input_leaves_it_queued_for_recovery():
+    async with harness() as h:
+        await h.session.say(LONG, allow_interruptions=False)
+        h.store.hold_items = True
+        caller = asyncio.create_task(h.session.input("just before the deploy", interrupt=False))
+        await asyncio.wait_for(h.store.holding.wait(), 1.0)
+        suspending = asyncio.create_task(h.session.suspend())
+        await asyncio.sleep(0.01)
+        h.store.hold_items = False
+        h.store.release.set()
+        res = await caller
+        await asyncio.wait_for(suspending, 2.0)
+        stored = h.store.speeches[h.sid][res.speech_id]
+        assert stored.state == SpeechState.SCHEDULED and not stored.interrupted
+        h.session.state = "closed"  # stopped; nothing left for the harness to close
+
+
+async def test_a_speculative_reply_is_not_used_when_a_speech_before_it_changed_the_context():
+    turns = [{"text": "first answer"}]
+    async with harness(turns, preemptive_generation=True) as h:
+        say = await h.session.say(LONG, allow_interruptions=False)
+        await h.wait_for("speech.started", lambda e: e.data["speech_id"] == say.id)
+        await h.session.input("what time is it", final=False)
+        # the final input cannot interrupt the say: the reply waits behind it, and the say's message lands first
+        res = await h.session.input("what time is it")
+        await h.wait_for("speech.done", lambda e: e.data["speech_id"] == res.speech_id, timeout=5.0)
+        started = [e.data for e in h.of_type("generation.started") if e.data["speech_id"] == res.speech_id]
+        assert started == [{"speech_id": res.speech_id, "step": 0, "preemptive": False}]
+        assert [r.preemptive for r in h.llm.requests] == [True, False]
+        seen = [it.text for it in h.llm.requests[-1].items if isinstance(it, ChatMessage)]
+        assert seen[:2] == [LONG, "what time is it"]
+
+
+async def test_recovery_answers_input_accepted_just_before_a_restart():
+    store = Faulty()
+    first = AgentSession(
+        session_id="s1",
+        agent=Plain(),
+        llm=Harness(Plain()).llm,
+        playout=SimulatedPlayout(WPS),
+        store=store,
+        events=Harness(Plain()).events,
+        options=SessionOptions(),
+    )
+    await first.start()
+    busy = await first.say(LONG, allow_interruptions=False)
+    res = await first.input("hello?", interrupt=False)  # 202: queued behind the say
+    await first.suspend()  # the deploy
+    assert busy.done and store.speeches["s1"][res.speech_id].state == SpeechState.SCHEDULED
+
+    h = Harness(Plain(), [{"text": "hello again"}])
+    h.store = store
+    h.session = AgentSession(
+        session_id="s1",
+        agent=Plain(),
+        llm=h.llm,
+        playout=SimulatedPlayout(WPS),
+        store=store,
+        events=h.events,
+        options=SessionOptions(),
+        items=store.chat("s1"),
+    )
+    await recover(h.session, tool_calls=[], speeches=list(store.speeches["s1"].values()))
+    try:
+        started = await h.wait_for("generation.started", lambda e: e.data["speech_id"] == res.speech_id)
+        assert started.data["step"] == 0
+        await h.wait_for("speech.done", lambda e: e.data["speech_id"] == res.speech_id)
+        assert stored_texts(h)[-1] == "hello again"
+        recovered = h.of_type("session.recovered")[0].data
+        assert res.speech_id not in recovered["interrupted_speeches"]
+    finally:
+        await h.session.aclose()
+
+
+class Booking(Agent):
+    def __init__(self) -> None:
+        super().__init__(instructions="books")
+
+    @function_tool
+    async def book(self, ctx: RunContext) -> str:
+        """Book (cannot be cancelled)."""
+        await asyncio.sleep(0.1)
+        return "booked"
+
+
+async def test_shutdown_lets_a_call_that_cannot_be_cancelled_finish_within_its_grace():
+    turns = [{"text": "", "tool_calls": [{"name": "book", "arguments": {}}]}]
+    async with Harness(Booking(), turns, shutdown_tool_grace_s=2.0) as h:
+        await h.session.input("book it")
+        await h.wait_for("tool.started")
+        await h.session.suspend()
+        (info,) = h.store.tool_calls[h.sid].values()
+        assert info.status == "completed" and info.output == "booked"
+        h.session.state = "closed"  # stopped; nothing left for the harness to close
