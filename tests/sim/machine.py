@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from .schedules import DURATIONS_MS, OUT_KEYS
 from .vloop import VirtualTimeLoop, new_loop
-from .workload import TOOL_NAMES
+from .workload import DEAF_SWALLOWS, TOOL_NAMES
 from .world import TEXTS, Op, World
 
 texts = st.sampled_from(tuple(TEXTS))
@@ -24,7 +24,7 @@ def tool_calls(draw: st.DrawFn) -> dict[str, Any]:
     if name == "background":
         args["parallel"] = draw(st.integers(1, 3))
     elif name == "stubborn":
-        args["swallow"] = draw(st.integers(0, 2))
+        args["swallow"] = draw(st.sampled_from((0, 1, 2, DEAF_SWALLOWS)))
     elif name == "back":
         args = {}
     return {"name": name, "arguments": args}

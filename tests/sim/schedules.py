@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .vloop import Stalled, new_loop
-from .workload import OUTPUTS, TOOL_NAMES
+from .workload import DEAF_SWALLOWS, OUTPUTS, TOOL_NAMES
 from .world import TEXTS, Op, Violation, World
 
 OUT_KEYS = (*OUTPUTS, "tool_error")
@@ -32,7 +32,7 @@ def random_call(rng: random.Random) -> dict[str, Any]:
     if name == "background":
         args["parallel"] = rng.choice((1, 1, 2, 3))
     elif name == "stubborn":
-        args["swallow"] = rng.choice((0, 1, 2))
+        args["swallow"] = rng.choice((0, 1, 2, DEAF_SWALLOWS))
     elif name == "back":
         args = {}
     return {"name": name, "arguments": args}

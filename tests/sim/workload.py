@@ -41,6 +41,8 @@ class Effects:
 
 
 EFFECTS = Effects()
+DEAF_SWALLOWS = 100  # a stubborn tool told to swallow this many cancellations ignores them all
+DEAF_WORK_S = 60.0
 
 
 def _out(key: str) -> Any:
@@ -128,10 +130,11 @@ class Desk(Agent):
 
     @function_tool(allow_cancellation=True)
     async def stubborn(self, ctx: RunContext, ms: int = 0, out: str = "plain", swallow: int = 1) -> Any:
-        """Swallows cancellation ``swallow`` times before it gives up (a badly written tool)."""
+        """Swallows cancellation ``swallow`` times before it gives up (a badly written tool); from ``DEAF_SWALLOWS``
+        on it swallows every cancellation and works for ``DEAF_WORK_S`` (longer than any close may take)."""
         EFFECTS.runs.append(("stubborn", ctx.call_id))
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + ms / 1000
+        deadline = loop.time() + (DEAF_WORK_S if swallow >= DEAF_SWALLOWS else ms / 1000)
         swallowed = 0
         while loop.time() < deadline:
             try:

@@ -302,6 +302,9 @@ class World:
                 kind = "I6-durable-without-event" if stored.state == "done" else "liveness-speech-never-done"
                 expect(False, kind, f"speech {speech_id} is {stored.state} in the store and has no speech.done")
         if session is not None and session.state == "active":
+            # after the settle every tool of the workload has finished (or was abandoned): nothing may be running
+            for info in session.tool_calls():
+                expect(info.ended, "I5-left-running", f"{info.call_id} is still running after the session settled")
             live_ids = {it.id for it in session.chat.items}
             expect(live_ids == set(d.items), "I8-live-vs-durable", self._diff(live_ids, set(d.items)))
             for info in session.tool_calls():

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -14,10 +13,22 @@ from pydantic import ValidationError
 from . import event_types as ev
 from .agent import Agent
 from .aio import cancel_and_wait, resolve
-from .chat import AgentHandoff, ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .chat import ChatContext, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .companions import COMPANION_TOOLS, companion_tools
 from .events import EventLog
-from .ports import Commit, SessionState
+from .ports import Commit
 from .speech import SpeechHandle, SpeechInterrupted
+from .tool_call import (
+    AlreadyEnded,
+    EndRecord,
+    Handoff,
+    NotCancellable,
+    Outcome,
+    RunningCall,
+    ToolCallNotFound,
+    end_record,
+    without_handoff,
+)
 from .tools import (
     CONFIRM_FIELD,
     FunctionTool,
@@ -28,116 +39,23 @@ from .tools import (
     ToolCancelled,
     ToolError,
     ToolStatus,
-    capped_output,
     format_validation_error,
-    function_tool,
     render_output,
 )
 
 logger = logging.getLogger("switchboard.runtime.tools")
 
 TOOL_CANCEL_GRACE_S = 1.0
+# a body still running this long after it was cancelled ignores cancellation: its call ends without it
+TOOL_ABANDON_GRACE_S = 1.0
+# a permanent store error on a call's end: the end is written again after each of these pauses, the last attempts
+# with the output replaced by a note (the store never keeps an ended call `running`)
+END_RETRY_BACKOFF_S = (0.1, 0.4, 1.6)
+END_FULL_ATTEMPTS = 2
+STORE_ERROR_OUTPUT = "The tool call ended ({status}), but its output could not be stored."
 KEEP_ENDED_CALLS = 1000  # ended calls kept in memory per session (the store keeps every one)
 PROGRESS_KEPT = 50  # progress updates kept on a tool call's record
-COMPANION_TOOLS = frozenset({"list_running_tool_calls", "cancel_tool_call"})
 INTERNAL_ERROR_OUTPUT = "An internal error occurred"
-
-
-class ToolCallNotFound(LookupError):
-    pass
-
-
-class NotCancellable(Exception):
-    """The tool does not allow cancellation."""
-
-
-class AlreadyEnded(Exception):
-    """The tool call has already ended."""
-
-    def __init__(self, info: ToolCallInfo) -> None:
-        super().__init__(f"tool call {info.call_id} already ended {info.status}")
-        self.info = info
-
-
-@dataclass
-class Outcome:
-    status: ToolStatus
-    output: str
-    is_error: bool = False
-    needs_reply: bool = True
-    handoff: Agent | None = None  # the agent the tool asked to hand the session to
-
-    def __post_init__(self) -> None:
-        # every output goes to the chat, the events, the store and back to the model: none may be unbounded
-        self.output = capped_output(self.output)
-
-
-@dataclass(frozen=True)
-class Handoff:
-    """A handoff performed for a call that asked for it; committed together with the call's pair."""
-
-    item: AgentHandoff
-    state: SessionState
-
-
-@dataclass(eq=False)
-class RunningCall:
-    """The live state of one tool call. ``settled_fut`` resolves when the call ended or moved to the background.
-
-    It is what the tool's ``RunContext`` drives (``CallControl``).
-    """
-
-    executor: ToolExecutor
-    item: FunctionCall
-    info: ToolCallInfo
-    tool: FunctionTool | None
-    speech: SpeechHandle | None
-    step: int
-    arguments_error: str | None = None
-    needs_reply: bool = True
-    cancel_reason: str | None = None
-    task: asyncio.Task[None] | None = None
-    tool_task: asyncio.Task[Any] | None = None
-    held: Outcome | None = None  # the outcome of a call waiting for its handoff to be performed
-    ending: bool = False  # its end is being committed (exactly once, I5)
-    cancel_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    settled_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    ended_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-    @property
-    def ended(self) -> bool:
-        return self.info.ended
-
-    @property
-    def foreground(self) -> bool:
-        """Still blocking the reply that started it (running and not moved to the background)."""
-        return not self.ended and not self.info.background
-
-    @property
-    def handoff_to(self) -> Agent | None:
-        """The agent this call asked to hand the session to, while its handoff waits to be performed."""
-        return self.held.handoff if self.held is not None and not self.ended else None
-
-    # -- CallControl: what the tool's RunContext drives -----------------------------------------------------
-
-    @property
-    def call_id(self) -> str:
-        return self.info.call_id
-
-    @property
-    def session_id(self) -> str:
-        return self.executor.session_id
-
-    @property
-    def userdata(self) -> dict[str, Any]:
-        return self.executor.userdata
-
-    async def report_progress(self, message: str, progress: float | None) -> None:
-        await self.executor.report_progress(self, message, progress)
-
-    async def wait_for_playout(self) -> None:
-        if self.speech is not None:
-            await self.speech.wait_for_step(self.step)
 
 
 class ToolExecutor:
@@ -172,6 +90,7 @@ class ToolExecutor:
         self._abandoning = False
         self.forgotten = 0  # ended calls dropped from memory (read them from the store)
         self._companion_tools: dict[str, FunctionTool] | None = None
+        self._abandoned: set[asyncio.Task[Any]] = set()  # tool bodies that ignored cancellation
 
     # -- queries --------------------------------------------------------------------------------------------
 
@@ -270,39 +189,63 @@ class ToolExecutor:
 
     async def _run(self, rc: RunningCall, available: list[str]) -> None:
         try:
-            await self._commit(Commit(tool_calls=[rc.info]))
-            self._events.emit(
-                ev.ToolStarted(
-                    call_id=rc.info.call_id,
-                    name=rc.info.name,
-                    arguments=rc.info.arguments,
-                    cancellable=rc.info.cancellable,
-                    speech_id=rc.info.speech_id,
-                )
-            )
-            outcome = await self._execute(rc, available)
+            outcome = await self._start_and_execute(rc, available)
             if outcome.handoff is not None:
                 await self._hold_for_handoff(rc, outcome)
                 return
         except asyncio.CancelledError:
             # only a forced teardown cancels the runner: record the call's end, then re-raise
-            await cancel_and_wait(rc.tool_task)
+            await self._stop_body(rc)
             if self._abandoning:
                 raise  # shutdown: the call stays `running` in the store and is recovered on the next start
-            if rc.cancel_reason is not None:
-                outcome = Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", True)
-            else:
-                outcome = Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", True, False)
-            await asyncio.shield(self._finish(rc, outcome))
+            await asyncio.shield(self._finish(rc, self._stopped(rc)))
             raise
         # the end is recorded even if a teardown cancels this task meanwhile (I5: every call ends exactly once)
         await asyncio.shield(self._finish(rc, outcome))
+
+    async def _start_and_execute(self, rc: RunningCall, available: list[str]) -> Outcome:
+        try:
+            await self._commit(Commit(tool_calls=[rc.info]))
+        except Exception:
+            # the store refused the call's record for good: it is not run, and its end is written as a whole
+            return Outcome(ToolStatus.FAILED, "The tool call could not be recorded, so it was not run.", True)
+        self._events.emit(
+            ev.ToolStarted(
+                call_id=rc.info.call_id,
+                name=rc.info.name,
+                arguments=rc.info.arguments,
+                cancellable=rc.info.cancellable,
+                speech_id=rc.info.speech_id,
+            )
+        )
+        return await self._execute(rc, available)
+
+    def _stopped(self, rc: RunningCall) -> Outcome:
+        """How a call ends when a teardown stops it."""
+        if rc.held is not None and rc.held.handoff is not None:
+            return without_handoff(rc.held, "the tool was stopped first", ToolStatus.INTERRUPTED, needs_reply=False)
+        if rc.cancel_reason is not None:
+            return Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", True)
+        return Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", True, False)
+
+    async def _stop_body(self, rc: RunningCall) -> None:
+        """Cancel the tool's body and wait for it, at most ``TOOL_ABANDON_GRACE_S``; a body that ignores
+        cancellation is abandoned (still running, never awaited) so that no teardown waits on it forever."""
+        task = rc.tool_task
+        if task is None or task.done():
+            return
+        task.cancel()
+        await asyncio.wait({task}, timeout=TOOL_ABANDON_GRACE_S)
+        if not task.done():
+            self._abandon_body(rc)
 
     async def _hold_for_handoff(self, rc: RunningCall, outcome: Outcome) -> None:
         """Report the requested handoff and wait until the call has been ended by whoever performs it."""
         rc.held = outcome
         if self._on_handoff is None:  # nobody here performs handoffs: the call completes without one
-            await asyncio.shield(self._finish(rc, replace(outcome, handoff=None)))
+            target = outcome.handoff.name if outcome.handoff is not None else "another agent"
+            done = replace(outcome, output=outcome.output or f"Transferred to {target}.", handoff=None)
+            await asyncio.shield(self._finish(rc, done))
             return
         self._on_handoff(rc)
         # a forced teardown cancels this wait (never the end itself) and ends the call as stopped
@@ -331,13 +274,15 @@ class ToolExecutor:
 
         ctx = RunContext(rc)
         rc.tool_task = asyncio.create_task(rc.tool.invoke(ctx, args), name=f"tool-body:{name}")
-        await asyncio.wait({rc.tool_task})
+        await asyncio.wait({rc.tool_task, rc.abandoned_fut}, return_when=asyncio.FIRST_COMPLETED)
         return self._outcome_of(rc)
 
     def _outcome_of(self, rc: RunningCall) -> Outcome:
         assert rc.tool_task is not None
         name = rc.info.name
         cancelled_output = f"The tool call was cancelled ({rc.cancel_reason or 'cancelled'})."
+        if not rc.tool_task.done():  # abandoned: it ignored cancellation
+            return self._stopped(rc)
         if rc.tool_task.cancelled():
             if rc.cancel_reason is not None:
                 return Outcome(ToolStatus.CANCELLED, cancelled_output, is_error=True)
@@ -384,16 +329,10 @@ class ToolExecutor:
             handoff, result = result
         if handoff is None:
             return Outcome(ToolStatus.COMPLETED, render_output(result))
-        target = handoff.name
+        held = Outcome(ToolStatus.COMPLETED, render_output(result), handoff=handoff)
         if rc.speech is not None and rc.speech.interrupted:
-            return Outcome(
-                ToolStatus.INTERRUPTED,
-                f"The handoff to {target} was not done because the agent was interrupted.",
-                is_error=True,
-                needs_reply=False,
-            )
-        text = render_output(result) or f"Transferred to {target}."
-        return Outcome(ToolStatus.COMPLETED, text, handoff=handoff)
+            return without_handoff(held, "the agent was interrupted", ToolStatus.INTERRUPTED, needs_reply=False)
+        return held
 
     async def _apply_duplicate_policy(self, rc: RunningCall, args: dict[str, Any]) -> Outcome | None:
         tool = rc.tool
@@ -437,74 +376,68 @@ class ToolExecutor:
     async def end_with_handoff(self, rc: RunningCall, handoff: Handoff) -> bool:
         """End a held call with its handoff, committed together with its pair. False when the call had ended
         meanwhile (a forced teardown): then nothing of the handoff was committed."""
-        assert rc.held is not None, "only a call held for its handoff"
-        return await asyncio.shield(self._finish(rc, rc.held, handoff))
+        assert rc.held is not None and rc.held.handoff is not None, "only a call held for its handoff"
+        done = replace(rc.held, output=rc.held.output or f"Transferred to {rc.held.handoff.name}.")
+        return await asyncio.shield(self._finish(rc, done, handoff))
 
     async def end_without_handoff(self, rc: RunningCall, reason: str) -> None:
-        """End a held call as failed: its handoff was not done, for ``reason``."""
+        """End a held call without its handoff, for ``reason``: the tool's result (it did its work) is kept."""
         assert rc.held is not None and rc.held.handoff is not None, "only a call held for its handoff"
-        refused = Outcome(
-            ToolStatus.FAILED, f"The handoff to {rc.held.handoff.name} was not done: {reason}.", is_error=True
-        )
-        await asyncio.shield(self._finish(rc, refused))
+        await asyncio.shield(self._finish(rc, without_handoff(rc.held, reason)))
 
     async def _finish(self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None = None) -> bool:
         if rc.ended or rc.ending:
             return False
         rc.ending = True
         try:
-            await self._commit_end(rc, outcome, handoff)
+            async with rc.write_lock:  # after any update still being written: the end is the call's last write
+                await self._commit_end(rc, outcome, handoff)
         except BaseException:
             rc.ending = False
             raise
         return True
 
+    async def _write_end(self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> tuple[EndRecord, bool]:
+        """Write the call's end; on a permanent store error write it again a few times, the last attempts with
+        the output replaced by a note. Returns what was written (or, if nothing could be, the last attempt) and
+        whether it is durable."""
+        full = end_record(rc, outcome, handoff)
+        note = STORE_ERROR_OUTPUT.format(status=outcome.status.value)
+        fallback = end_record(rc, replace(outcome, output=note, is_error=True), handoff)
+        attempts = [full] * END_FULL_ATTEMPTS + [fallback] * (len(END_RETRY_BACKOFF_S) + 1 - END_FULL_ATTEMPTS)
+        for attempt, record in enumerate(attempts):
+            if attempt:
+                await asyncio.sleep(END_RETRY_BACKOFF_S[attempt - 1])
+            try:
+                await self._commit(record.commit())
+            except Exception:
+                logger.error(
+                    "the end of tool call %s (%s) could not be stored (attempt %d of %d)",
+                    rc.call_id,
+                    rc.info.name,
+                    attempt + 1,
+                    len(attempts),
+                    extra={"session_id": self.session_id, "call_id": rc.call_id},
+                )
+                continue
+            return record, True
+        logger.error(
+            "tool call %s (%s) ended %s but its end could not be stored; it ended in memory only",
+            rc.call_id,
+            rc.info.name,
+            outcome.status.value,
+            extra={"session_id": self.session_id, "call_id": rc.call_id},
+        )
+        return attempts[-1], False
+
     async def _commit_end(self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> None:
-        now = utcnow()
-        name = rc.info.name
-        if rc.info.background:
-            final_id = f"{rc.info.call_id}/final"
-            call_item = FunctionCall(
-                id=new_id("item"), call_id=final_id, name=name, arguments=rc.item.arguments, created_at=now
-            )
-        else:
-            final_id, call_item = rc.info.call_id, rc.item
-        output = FunctionCallOutput(
-            id=new_id("item"),
-            call_id=final_id,
-            name=name,
-            output=outcome.output,
-            is_error=outcome.is_error,
-            created_at=now,
-        )
-        extra: list[ChatItem] = [handoff.item] if handoff is not None else []
-        state: SessionState | None = handoff.state if handoff is not None else None
-        info = rc.info.model_copy(
-            update={
-                "status": outcome.status,
-                "output": outcome.output,
-                "is_error": outcome.is_error,
-                "ended_at": now,
-            }
-        )
-        items: list[ChatItem] = [call_item, output, *extra]
-        await self._commit(Commit(items=items, tool_calls=[info], session=state))
-        rc.info = info
+        record, durable = await self._write_end(rc, outcome, handoff)
+        agent = rc.info.agent
+        rc.info = record.info
         rc.needs_reply = outcome.needs_reply
-        self._chat.append(*items)
-        for it in items:
-            self._events.emit(ev.ChatItemAdded(item=it))
-        if state is not None:
-            self._events.emit(ev.AgentHandedOff(from_agent=rc.info.agent, to_agent=state.agent))
-        self._events.emit(
-            ev.ToolEnded(
-                call_id=info.call_id,
-                name=name,
-                status=info.status,
-                output=outcome.output,
-                is_error=info.is_error,
-            )
-        )
+        self._chat.append(*record.items)
+        if durable:  # an event only reports what is durable (I6)
+            self._emit_end(record, agent)
         resolve(rc.settled_fut, None)
         resolve(rc.ended_fut, None)
         rc.tool_task = None  # drop the finished body (and any traceback it holds)
@@ -514,9 +447,48 @@ class ToolExecutor:
         except Exception:
             logger.exception("on_ended hook failed", extra={"session_id": self.session_id})
 
+    def _emit_end(self, record: EndRecord, agent: str | None) -> None:
+        for it in record.items:
+            self._events.emit(ev.ChatItemAdded(item=it))
+        if record.state is not None:
+            self._events.emit(ev.AgentHandedOff(from_agent=agent, to_agent=record.state.agent))
+        info = record.info
+        self._events.emit(
+            ev.ToolEnded(
+                call_id=info.call_id,
+                name=info.name,
+                status=info.status,
+                output=info.output or "",
+                is_error=info.is_error,
+            )
+        )
+
     async def report_progress(self, rc: RunningCall, message: str, progress: float | None) -> None:
-        if rc.ended:
+        """Write and report one update; an update once the call's end is decided is ignored (it never reopens
+        the call). Shielded: a tool cancelled meanwhile never leaves an update durable but not applied."""
+        if rc.ended or rc.ending:
             return
+        await asyncio.shield(self._report_progress(rc, message, progress))
+
+    async def _report_progress(self, rc: RunningCall, message: str, progress: float | None) -> None:
+        async with rc.write_lock:  # one at a time: only the first update of a call commits its pair
+            if rc.ended or rc.ending:
+                return
+            try:
+                await self._write_progress(rc, message, progress)
+            except Exception:
+                # progress is best effort: a write the store refuses must not fail the tool's work
+                logger.error(
+                    "a progress update of tool call %s (%s) could not be stored",
+                    rc.call_id,
+                    rc.info.name,
+                    extra={"session_id": self.session_id, "call_id": rc.call_id},
+                )
+                return
+        self._events.emit(ev.ToolProgress(call_id=rc.info.call_id, message=message, progress=progress))
+        resolve(rc.settled_fut, None)
+
+    async def _write_progress(self, rc: RunningCall, message: str, progress: float | None) -> None:
         update = ProgressUpdate(message=message, progress=progress, at=utcnow())
         # the record keeps the latest updates (each write stays small); the event log keeps every one of them
         kept = [*rc.info.progress[-(PROGRESS_KEPT - 1) :], update]
@@ -539,8 +511,6 @@ class ToolExecutor:
         else:
             await self._commit(Commit(tool_calls=[info]))
             rc.info = info
-        self._events.emit(ev.ToolProgress(call_id=rc.info.call_id, message=message, progress=progress))
-        resolve(rc.settled_fut, None)
 
     # -- cancelling and draining ----------------------------------------------------------------------------
 
@@ -564,9 +534,10 @@ class ToolExecutor:
         if rc.cancel_reason is None:
             rc.cancel_reason = reason
             resolve(rc.cancel_fut, None)
-            # cooperative first; a tool that ignores ctx.cancelled is cancelled after a grace period
+            # cooperative first; a tool that ignores ctx.cancelled is cancelled after a grace period, and one that
+            # ignores that too is abandoned after another, so that the cancel always returns
             loop = asyncio.get_running_loop()
-            loop.call_later(self._cancel_grace_s, _cancel_task, rc)
+            loop.call_later(self._cancel_grace_s, self._force_cancel, rc)
             # not started yet: the runner sees cancel_reason before starting the body (cancelling the runner itself
             # could hit its first commit, and the call would then never end)
         await asyncio.shield(rc.ended_fut)
@@ -595,65 +566,68 @@ class ToolExecutor:
         except TimeoutError:
             stuck = self.running()
             logger.error(
-                "%d tool call(s) still running at close; stopping them",
+                "%d tool call(s) still running at close; stopping them: %s",
                 len(stuck),
+                ", ".join(f"{rc.call_id} ({rc.info.name})" for rc in stuck),
                 extra={"session_id": self.session_id},
             )
             await cancel_and_wait(*(rc.task for rc in stuck))
         await asyncio.gather(*(rc.task for rc in self._calls.values() if rc.task), return_exceptions=True)
+        await self._ends_written()
+
+    async def _ends_written(self) -> None:
+        # an end still being written (or written again after a store error) outlives its cancelled runner: the
+        # close or shutdown returns only once it is done, so no write of this session lands after it
+        ending = [asyncio.shield(rc.ended_fut) for rc in self._calls.values() if rc.ending and not rc.ended]
+        if ending:
+            await asyncio.gather(*ending)
+
+    def _force_cancel(self, rc: RunningCall) -> None:
+        task = rc.tool_task
+        if task is None or task.done() or rc.ended:
+            return
+        task.cancel()
+        asyncio.get_running_loop().call_later(TOOL_ABANDON_GRACE_S, self._abandon_body, rc)
+
+    def _abandon_body(self, rc: RunningCall) -> None:
+        task = rc.tool_task
+        if task is None or task.done() or rc.ended:
+            return
+        logger.error(
+            "tool %s ignores cancellation; call %s ends without it",
+            rc.info.name,
+            rc.call_id,
+            extra={"session_id": self.session_id, "call_id": rc.call_id},
+        )
+        self._abandoned.add(task)  # a reference until it ends (if it ever does); nothing awaits it
+        task.add_done_callback(self._abandoned.discard)
+        resolve(rc.abandoned_fut, None)
 
     async def abandon(self) -> None:
         """Stop every running call without recording an end (service shutdown; recovery ends or re-runs them)."""
         self._abandoning = True
         await cancel_and_wait(*(rc.task for rc in self.running()))
-
-    # -- companion tools for the model ----------------------------------------------------------------------
+        await self._ends_written()
 
     def _companions(self) -> dict[str, FunctionTool]:
         # Built once: a tool builds a pydantic model, too costly (and too much garbage) for every model request.
         if self._companion_tools is None:
-            self._companion_tools = self._build_companions()
+            self._companion_tools = companion_tools(self)
         return self._companion_tools
-
-    def _build_companions(self) -> dict[str, FunctionTool]:
-        executor = self
-
-        @function_tool(name="list_running_tool_calls")
-        async def list_running_tool_calls() -> str:
-            """List the tool calls that are still running, with their ids and whether they can be cancelled."""
-            rows = [
-                {
-                    "call_id": rc.info.call_id,
-                    "name": rc.info.name,
-                    "arguments": rc.info.arguments,
-                    "cancellable": rc.info.cancellable,
-                    "progress": rc.info.progress[-1].message if rc.info.progress else None,
-                }
-                for rc in executor.running()
-                if rc.info.name not in COMPANION_TOOLS
-            ]
-            return json.dumps(rows)
-
-        @function_tool(name="cancel_tool_call")
-        async def cancel_tool_call(call_id: str) -> str:
-            """Cancel a running tool call by its id (see list_running_tool_calls)."""
-            try:
-                info = await executor.cancel(call_id, reason="cancelled at the user's request")
-            except ToolCallNotFound:
-                raise ToolError(f"There is no tool call {call_id}.") from None
-            except NotCancellable:
-                raise ToolError(f"Tool call {call_id} cannot be cancelled.") from None
-            except AlreadyEnded as err:
-                raise ToolError(f"Tool call {call_id} already ended ({err.info.status.value}).") from None
-            return f"Cancelled {info.name} ({call_id})."
-
-        return {t.name: t for t in (list_running_tool_calls, cancel_tool_call)}
-
-
-def _cancel_task(rc: RunningCall) -> None:
-    if rc.tool_task is not None and not rc.tool_task.done():
-        rc.tool_task.cancel()
 
 
 def _strip_confirm(arguments: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in arguments.items() if k != CONFIRM_FIELD}
+
+
+__all__ = [
+    "COMPANION_TOOLS",
+    "INTERNAL_ERROR_OUTPUT",
+    "AlreadyEnded",
+    "Handoff",
+    "NotCancellable",
+    "Outcome",
+    "RunningCall",
+    "ToolCallNotFound",
+    "ToolExecutor",
+]

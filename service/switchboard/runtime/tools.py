@@ -363,7 +363,10 @@ class RunContext:
         return self._call.cancel_fut.done()
 
     async def update(self, message: str, progress: float | None = None) -> None:
-        """Report progress. The first update moves the call to the background: the reply goes on without it."""
+        """Report progress. The first update moves the call to the background: the reply goes on without it.
+
+        Updates of one call are written one at a time, in order; one made once the call has ended is ignored.
+        """
         if progress is not None and not 0.0 <= progress <= 1.0:
             raise ValueError("progress must be between 0 and 1")
         await self._call.report_progress(valid_text(message), progress)

@@ -1,0 +1,54 @@
+"""The companion tools offered to the model whenever one of its tools is cancellable: list and cancel calls."""
+
+from __future__ import annotations
+
+import json
+from typing import Protocol
+
+from .tool_call import AlreadyEnded, NotCancellable, RunningCall, ToolCallNotFound
+from .tools import FunctionTool, ToolCallInfo, ToolError, function_tool
+
+COMPANION_TOOLS = frozenset({"list_running_tool_calls", "cancel_tool_call"})
+
+
+class Calls(Protocol):
+    """The calls the companion tools list and cancel (the ``ToolExecutor``'s)."""
+
+    def running(self) -> list[RunningCall]: ...
+
+    async def cancel(self, call_id: str, *, reason: str = ...) -> ToolCallInfo: ...
+
+
+def companion_tools(executor: Calls) -> dict[str, FunctionTool]:
+    """``list_running_tool_calls`` and ``cancel_tool_call`` for the calls of ``executor``."""
+
+    @function_tool(name="list_running_tool_calls")
+    async def list_running_tool_calls() -> str:
+        """List the tool calls that are still running, with their ids and whether they can be cancelled."""
+        rows = [
+            {
+                "call_id": rc.info.call_id,
+                "name": rc.info.name,
+                "arguments": rc.info.arguments,
+                "cancellable": rc.info.cancellable,
+                "progress": rc.info.progress[-1].message if rc.info.progress else None,
+            }
+            for rc in executor.running()
+            if rc.info.name not in COMPANION_TOOLS
+        ]
+        return json.dumps(rows)
+
+    @function_tool(name="cancel_tool_call")
+    async def cancel_tool_call(call_id: str) -> str:
+        """Cancel a running tool call by its id (see list_running_tool_calls)."""
+        try:
+            info = await executor.cancel(call_id, reason="cancelled at the user's request")
+        except ToolCallNotFound:
+            raise ToolError(f"There is no tool call {call_id}.") from None
+        except NotCancellable:
+            raise ToolError(f"Tool call {call_id} cannot be cancelled.") from None
+        except AlreadyEnded as err:
+            raise ToolError(f"Tool call {call_id} already ended ({err.info.status.value}).") from None
+        return f"Cancelled {info.name} ({call_id})."
+
+    return {t.name: t for t in (list_running_tool_calls, cancel_tool_call)}
