@@ -188,6 +188,7 @@ class World:
                 with contextlib.suppress(PermanentStoreError):
                     await self._bounded(self.session.suspend(), "suspend")
             await self._bounded(self.gen.store.flush(), "store flush at shutdown")
+            self.crash()  # then the process exits: whatever of it still runs writes nothing more
             await self.restart()
             return
         if kind == "abort":  # a caller cancelled mid-command (a deadline, a disconnect)
