@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from .vloop import Stalled, new_loop
+from .vloop import Livelock, Stalled, new_loop
 from .workload import DEAF_SWALLOWS, OUTPUTS, TOOL_NAMES
 from .world import TEXTS, Op, Violation, World
 
@@ -140,6 +140,8 @@ def classify(err: BaseException) -> str:
         return err.kind
     if isinstance(err, Stalled):
         return "liveness-stalled"
+    if isinstance(err, Livelock):
+        return "liveness-livelock"
     return f"crash-{type(err).__name__}"
 
 

@@ -13,14 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
+#: A schedule spans at most a few virtual minutes, which take well under a second of real time; one still running
+#: after this long is spinning (tasks that keep each other ready without the clock ever moving).
+REAL_TIME_LIMIT_S = 30.0
+
+
 class Stalled(RuntimeError):
     """Every task waits on something that nothing will ever resolve."""
+
+
+class Livelock(RuntimeError):
+    """Tasks keep running without the schedule ever finishing (a busy loop)."""
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
@@ -28,11 +38,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super().__init__()
         self._now = 0.0
         self._clock_resolution = 1e-9
+        self._real_deadline = time.monotonic() + REAL_TIME_LIMIT_S
 
     def time(self) -> float:
         return self._now
 
     def _run_once(self) -> None:
+        if time.monotonic() > self._real_deadline:
+            raise Livelock(f"still running after {REAL_TIME_LIMIT_S:g}s of real time (virtual t={self._now:.3f}s)")
         scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
         while scheduled and scheduled[0].cancelled():
             heapq.heappop(scheduled)
