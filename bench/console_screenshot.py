@@ -2,7 +2,8 @@
 
 Starts a real server (SQLite in a temporary directory) with the small shop agent below, runs a scripted
 conversation — a completed stock check, a long answer the operator interrupts, a parcel tracking call still in
-progress — opens the console in Debian's headless Chromium and saves the picture.
+progress — next to two sessions that need an operator (a model that never answers, a tool whose backend fails),
+opens the console in Debian's headless Chromium and saves the picture with the attention queue.
 
 Run: ``.venv/bin/python bench/console_screenshot.py [--output docs/console.png]``
 """
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from switchboard import Agent, RunContext, function_tool
+from switchboard import Agent, RunContext, ToolError, function_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACKING_STEPS = ("Opening the order book", "Checking the warehouse", "Asking the carrier", "Reading the tracking")
@@ -38,6 +39,11 @@ class ShopAgent(Agent):
             await ctx.update(f"{step} for {order_id}", progress=round(i / len(TRACKING_STEPS), 2))
             await ctx.sleep(2.0)
         return f"Order {order_id} is in the carrier's van, arriving today before 18:00."
+
+    @function_tool
+    async def reserve_pickup(self, ctx: RunContext, order_id: str) -> str:
+        """Reserve a pickup slot at the shop (its backend is down in this picture)."""
+        raise ToolError("the store's booking system did not answer (HTTP 503)")
 
 
 AGENTS = {"shop": ShopAgent}
@@ -75,13 +81,37 @@ def main() -> int:
         print(f"{CHROMIUM} is missing: apt-get install chromium", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(Path(tmp), SWITCHBOARD_AGENTS="bench.console_screenshot:AGENTS").start()
+        server = Server(
+            Path(tmp),
+            SWITCHBOARD_AGENTS="bench.console_screenshot:AGENTS",
+            SWITCHBOARD_ATTENTION_STALL_S="3",
+            SWITCHBOARD_ATTENTION_SILENCE_S="3",
+        ).start(timeout=90)
         try:
             with httpx.Client(base_url=server.url, timeout=10) as api, sync_playwright() as pw:
-                for other in ("billing-0412", "returns-0388"):
-                    api.post("/v1/sessions", json={"id": other, "agent": "shop"})
+                never = {"provider": "scripted", "turns": [{"text": "late", "ttft_ms": 600_000}]}
+                failing = {
+                    "provider": "scripted",
+                    "turns": [{"tool_calls": [{"name": "reserve_pickup", "arguments": {"order_id": "B-2210"}}]}],
+                    "fallback": {"text": "I'm sorry, I could not reserve a slot. Let me find someone to help."},
+                }
+                for other, llm, caller, said in (
+                    ("billing-0412", never, "+41 44 555 01 12", "Why was I charged twice?"),
+                    ("returns-0388", failing, "+41 31 555 09 77", "Can I pick up my order at the shop?"),
+                    ("sales-0391", None, "+41 21 555 04 40", None),
+                ):
+                    body = {"id": other, "agent": "shop", "metadata": {"caller": caller}}
+                    api.post("/v1/sessions", json={**body, **({"llm": llm} if llm else {})}).raise_for_status()
+                    if said:
+                        api.post(f"/v1/sessions/{other}/input", json={"text": said})
                 sid = "support-7f3a"
-                body = {"id": sid, "agent": "shop", "llm": SCRIPT, "playout": {"words_per_second": 6}}
+                body = {
+                    "id": sid,
+                    "agent": "shop",
+                    "llm": SCRIPT,
+                    "playout": {"words_per_second": 6},
+                    "metadata": {"caller": "+41 79 555 23 61"},
+                }
                 api.post("/v1/sessions", json=body).raise_for_status()
 
                 browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
@@ -105,6 +135,7 @@ def main() -> int:
                     "() => (document.querySelector('.row.tool[data-status=\"running\"] progress')?.value ?? 0) >= 0.5",
                     timeout=15000,
                 )
+                page.wait_for_function("() => document.querySelectorAll('#attention > li').length >= 2", timeout=15000)
                 page.fill("#op-text", "Offer a 10% voucher for the delay")
                 page.mouse.move(0, 0)
                 Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -5,16 +5,20 @@ Every session's scripted turn is a long preamble (300 words at 3 words/s) follow
 tool, which awaits ``ctx.wait_for_playout()``. Each session's events are streamed over a WebSocket
 (``types=speech.*,tool.*,generation.*``) and every frame is timestamped on receipt (``time.perf_counter``).
 
-Each round has three phases, every command timed from just before its request is written:
+Each round has two phases, every command timed from just before its request is written:
 
-* ``interrupt``: ``POST /interrupt`` on every speaking session (the tool waiting on its preamble). Measured: the
-  response; the ``speech.interrupted`` frame; the ``tool.ended`` frame with status ``interrupted``, which is when the
-  tool's ``wait_for_playout()`` was released and its call/output pair committed (the event's ``at`` is server time,
-  so only receipt times are compared).
-* ``input (idle)``: ``POST /input`` on every session, now listening. Measured: the response and the
-  ``generation.started`` frame of the new reply (again a preamble and a waiting tool).
+* ``interrupt``, then ``input (idle)``: ``POST /interrupt`` on a speaking session (its tool waiting on the preamble).
+  Measured: the response; the ``speech.interrupted`` frame; the ``tool.ended`` frame with status ``interrupted``,
+  which is when the tool's ``wait_for_playout()`` was released and its call/output pair committed (the event's ``at``
+  is server time, so only receipt times are compared). As soon as that session has settled, ``POST /input`` on it:
+  the response and the ``generation.started`` frame of the new reply (again a preamble and a waiting tool). So an
+  input reaches a listening session while every other session speaks.
 * ``input (barge-in)``: ``POST /input`` (``interrupt=true``) on every session while it speaks: the response, the
   old speech's ``speech.interrupted`` and ``tool.ended``, and the new reply's ``generation.started``.
+
+The budgeted figure "injected input -> ``generation.started``" is both inputs' last measurement. Beside each round the
+server's CPU time per command is printed (it includes the 200 sessions' speaking): unlike latencies, the machine's
+load does not inflate it.
 
 Commands are issued open loop, ``--wave`` sessions at a time and a wave every ``--period-ms`` (default: one command
 every 50 ms, 20 per second, a wave never waits for the previous one), while all the other sessions keep speaking.
@@ -128,6 +132,7 @@ class Sess:
     status: dict[str, str] = field(default_factory=dict)  # call id -> terminal status
     speech: str | None = None  # the current reply
     closed: str | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # set on every frame
 
     async def read(self) -> None:
         assert self.ws is not None
@@ -142,10 +147,30 @@ class Sess:
                     self.call_of[data["speech_id"]] = data["call_id"]
                 elif kind == "tool.ended":
                     self.status[data["call_id"]] = data["status"]
+                self.changed.set()
         except Exception as err:  # recorded and reported; a round then fails its wait
             self.closed = repr(err)
         else:
             self.closed = f"closed {self.ws.close_code} {self.ws.close_reason}"
+        self.changed.set()
+
+    async def timed_post(self, path: str, body: dict[str, Any], ok: int, key: str) -> tuple[float, float, Any]:
+        """POST on this session's connection: (start, response time, ``key`` of the answer), checked."""
+        await self.http.ready()
+        t0 = time.perf_counter()
+        status, answer = await self.http.post(f"/v1/sessions/{self.id}/{path}", body)
+        t1 = time.perf_counter()
+        if status != ok or not answer.get(key):
+            raise RuntimeError(f"{path} {self.id}: {status} {answer}")
+        return t0, t1 - t0, answer[key]
+
+    async def wait_for(self, what: str, pred: Callable[[Sess], bool], timeout: float = WAIT_S) -> None:
+        async with asyncio.timeout(timeout):
+            while not pred(self):
+                if self.closed:
+                    raise RuntimeError(f"{self.id} never reached '{what}': {self.closed}")
+                self.changed.clear()
+                await self.changed.wait()
 
     def waiting(self) -> bool:
         """Speaking its current reply, with that reply's tool started (it awaits the preamble at once)."""
@@ -195,22 +220,22 @@ async def in_waves(
 async def run_round(sessions: list[Sess], wave: int, period_s: float) -> Samples:
     samples: Samples = {}
     sent: dict[Sess, tuple[float, str, str, float]] = {}  # session -> (t0, old speech, old call, response)
+    inputs: dict[Sess, tuple[float, float]] = {}  # session -> (t0, response) of its input
 
-    # 1. POST /interrupt while every session speaks and its tool waits on the preamble
-    async def interrupt(s: Sess) -> dict[str, float]:
+    # 1. POST /interrupt on a speaking session whose tool waits on the preamble; once it has settled (its tool
+    #    ended, its speech done), POST /input on it: an input to a listening session while all others speak
+    async def interrupt_then_input(s: Sess) -> dict[str, float]:
         speech = s.speech
         assert speech is not None
-        await s.http.ready()
-        t0 = time.perf_counter()
-        status, body = await s.http.post(f"/v1/sessions/{s.id}/interrupt", {})
-        t1 = time.perf_counter()
-        if status != 200 or not body.get("interrupted"):
-            raise RuntimeError(f"interrupt {s.id}: {status} {body}")
-        sent[s] = (t0, speech, s.call_of[speech], t1 - t0)
+        t0, resp, _ = await s.timed_post("interrupt", {}, 200, "interrupted")
+        sent[s] = (t0, speech, s.call_of[speech], resp)
+        await s.wait_for("interrupted", lambda s: s.settled(speech))
+        t0, resp, s.speech = await s.timed_post("input", {"text": "carry on"}, 202, "speech_id")
+        inputs[s] = (t0, resp)
         return {}
 
-    await in_waves(sessions, wave, period_s, interrupt)
-    await wait_until("interrupted", sessions, lambda s: s.settled(sent[s][1]))
+    await in_waves(sessions, wave, period_s, interrupt_then_input)
+    await wait_until("speaking again", sessions, Sess.waiting)
     for s, (t0, speech, call, resp) in sent.items():
         if s.status[call] != "interrupted":
             raise RuntimeError(f"{s.id}: tool ended {s.status[call]!r}, expected 'interrupted'")
@@ -219,42 +244,20 @@ async def run_round(sessions: list[Sess], wave: int, period_s: float) -> Samples
             (s.seen[("speech.interrupted", speech)] - t0) * 1000
         )
         samples.setdefault("interrupt: tool.ended (unblocked)", []).append((s.seen[("tool.ended", call)] - t0) * 1000)
-
-    # 2. POST /input on listening sessions
-    async def post_input(s: Sess) -> dict[str, float]:
-        await s.http.ready()
-        t0 = time.perf_counter()
-        status, body = await s.http.post(f"/v1/sessions/{s.id}/input", {"text": "carry on", "interrupt": True})
-        t1 = time.perf_counter()
-        if status != 202 or not body.get("speech_id"):
-            raise RuntimeError(f"input {s.id}: {status} {body}")
-        s.speech = body["speech_id"]
-        sent[s] = (t0, "", "", t1 - t0)
-        return {}
-
-    sent.clear()
-    await in_waves(sessions, wave, period_s, post_input)
-    await wait_until("speaking again", sessions, Sess.waiting)
-    for s, (t0, _, _, resp) in sent.items():
-        samples.setdefault("input (idle): response", []).append(resp * 1000)
+    for s, (t0, resp) in inputs.items():
         assert s.speech is not None
+        samples.setdefault("input (idle): response", []).append(resp * 1000)
         samples.setdefault("input (idle): generation.started", []).append(
             (s.seen[("generation.started", s.speech)] - t0) * 1000
         )
     await asyncio.sleep(0.3)  # every tool is inside wait_for_playout()
 
-    # 3. POST /input (interrupt=true) while speaking: barge-in
+    # 2. POST /input (interrupt=true, the default) while speaking: barge-in
     async def barge_in(s: Sess) -> dict[str, float]:
         old = s.speech
         assert old is not None
-        await s.http.ready()
-        t0 = time.perf_counter()
-        status, body = await s.http.post(f"/v1/sessions/{s.id}/input", {"text": "stop, other thing", "interrupt": True})
-        t1 = time.perf_counter()
-        if status != 202 or not body.get("speech_id"):
-            raise RuntimeError(f"barge-in {s.id}: {status} {body}")
-        s.speech = body["speech_id"]
-        sent[s] = (t0, old, s.call_of[old], t1 - t0)
+        t0, resp, s.speech = await s.timed_post("input", {"text": "stop, other thing"}, 202, "speech_id")
+        sent[s] = (t0, old, s.call_of[old], resp)
         return {}
 
     sent.clear()
@@ -344,6 +347,16 @@ def server_report(server: Server) -> list[str]:
     return notes
 
 
+def save(path: str, text: str) -> None:
+    Path(path).write_text(text)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` so far: what the machine's load does not inflate."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def run(args: argparse.Namespace) -> int:
     modes = [m for m in args.modes.split(",") if m]
     print(f"python {platform.python_version()} on {platform.system()} {platform.machine()}, {os.cpu_count()} cpus")
@@ -355,7 +368,13 @@ async def run(args: argparse.Namespace) -> int:
     medians: dict[str, dict[str, dict[str, float]]] = {}
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="sb-bench-") as tmp:
-        server = Server(Path(tmp), SWITCHBOARD_WORDS_PER_SECOND="3", SWITCHBOARD_MAX_SESSIONS="1000").start()
+        server = Server(
+            Path(tmp),
+            SWITCHBOARD_WORDS_PER_SECOND="3",
+            SWITCHBOARD_MAX_SESSIONS="1000",
+            SWITCHBOARD_WS_MAX_STREAMS_PER_CREDENTIAL="1000",
+            **({"PYTHONPATH": f"{args.source}/service:{ROOT}"} if args.source else {}),
+        ).start(timeout=120)  # a busy machine starts it slowly
         sessions: list[Sess] = []
         try:
             async with asyncio.timeout(args.timeout_s):
@@ -366,11 +385,20 @@ async def run(args: argparse.Namespace) -> int:
                     wave, period = (args.wave, args.period_ms / 1000) if mode == "waves" else (len(sessions), 0.0)
                     per_round: list[dict[str, dict[str, float]]] = []
                     for r in range(args.rounds):
+                        assert server.proc is not None
+                        cpu0 = cpu_s(server.proc.pid)
                         samples = await run_round(sessions, wave, period)
+                        commands = 3 * len(sessions)  # interrupt, input, barge-in
+                        cpu_ms = (cpu_s(server.proc.pid) - cpu0) * 1000 / commands
                         stats = {k: {"p50": pct(v, 50), "p99": pct(v, 99), "max": max(v)} for k, v in samples.items()}
                         per_round.append(stats)
                         summary = ", ".join(f"{k} {stats[k]['p99']:.1f}" for k in BUDGETED)
-                        print(f"[{mode}] round {r + 1}, p99 (ms): {summary}", flush=True)
+                        load = os.getloadavg()[0]
+                        print(
+                            f"[{mode}] round {r + 1}, p99 (ms): {summary}; server CPU {cpu_ms:.2f} ms per command;"
+                            f" load {load:.1f}",
+                            flush=True,
+                        )
                     medians[mode] = {
                         k: {q: statistics.median(st[k][q] for st in per_round) for q in ("p50", "p99", "max")}
                         for k in per_round[0]
@@ -381,6 +409,8 @@ async def run(args: argparse.Namespace) -> int:
             with contextlib.suppress(Exception):
                 notes = server_report(server)
             server.stop()
+            if args.server_log:
+                save(args.server_log, server.logs())
 
     print(f"\nmedian over rounds (ms); {args.sessions} sessions")
     print(f"| mode  | {'measurement (from the POST)':<36} |    p50 |    p99 |    max |")
@@ -411,8 +441,11 @@ def main() -> int:
     parser.add_argument("--modes", default="waves", help="waves (budgeted) and/or burst")
     parser.add_argument("--wave", type=int, default=1, help="sessions per wave")
     parser.add_argument("--period-ms", type=float, default=50.0, help="time between waves")
+    parser.add_argument("--source", help="run the server from this checkout's service/ (to compare versions)")
+    parser.add_argument("--server-log", help="keep the server's log in this file")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="stop after this long, whatever happens")
     args = parser.parse_args()
+    args.source = args.source and str(Path(args.source).resolve())
     try:
         import uvloop  # the server runs on uvloop too (uvicorn's default when installed)
     except ImportError:

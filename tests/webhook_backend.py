@@ -27,6 +27,7 @@ class FakeBackend:
     def __init__(self, secret: str) -> None:
         self.secret = secret
         self.calls: list[dict[str, Any]] = []
+        self.call_headers: list[dict[str, str]] = []  # the headers of each call in ``calls``
         self.cancels: list[dict[str, Any]] = []
         self.bad_signatures = 0
         self.attempts: dict[str, int] = defaultdict(int)
@@ -88,6 +89,7 @@ class FakeBackend:
         status, body = script.pop(0) if len(script) > 1 else script[0]
         if status < 300:
             self.calls.append(payload)
+            self.call_headers.append(dict(request.headers))
             await self.received.put(("call", payload))
         if isinstance(body, bytes):  # sent as it is (JSON that JSONResponse could not write, e.g. "\ud800")
             return Response(body, status_code=status, media_type="application/json")

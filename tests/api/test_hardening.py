@@ -152,6 +152,24 @@ async def test_security_headers_on_every_response(api: Api):
     assert big.status_code == 413 and big.headers["x-content-type-options"] == "nosniff"
 
 
+async def test_security_headers_on_an_unexpected_error(api: Api, monkeypatch: pytest.MonkeyPatch):
+    """An unhandled exception is answered by the framework's outermost layer, outside every middleware: that 500
+    used to go out without nosniff, framing or CSP headers."""
+
+    async def broken(**_: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(api.app.state.services.host, "list_sessions", broken)
+    transport = httpx.ASGITransport(app=api.app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        r = await client.get("/v1/sessions")
+    assert r.status_code == 500 and r.json()["code"] == "internal_error"
+    assert "a bug" not in r.text
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["x-frame-options"] == "DENY"
+    assert r.headers["content-security-policy"] == "default-src 'none'; frame-ancestors 'none'"
+
+
 # -- docs and metrics ----------------------------------------------------------------------------------------------
 
 

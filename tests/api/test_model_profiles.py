@@ -138,3 +138,40 @@ def test_profiles_and_agent_defaults_are_checked_at_startup(tmp_path: Path, regi
     agents.write_text("- name: desk\n  instructions: Help.\n  llm: {profile: missing}\n")
     with pytest.raises(ValueError, match="agent 'desk': llm: unknown model profile 'missing'"):
         create_app(make_settings(tmp_path, agents_file=agents), registry=registry)
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        {"provider": "openai", "model": "gpt-4o-mini", "api_key_env": "SWITCHBOARD_TEST_UNSET_KEY"},
+        {
+            "provider": "openai",
+            "model": "m",
+            "base_url": "http://127.0.0.1:9/v1",
+            "api_key_env": "SWITCHBOARD_TEST_UNSET_KEY",
+        },
+    ],
+    ids=["openai", "server-naming-a-variable"],
+)
+async def test_a_profile_whose_key_is_not_set_is_refused_naming_the_variable(
+    tmp_path: Path,
+    registry: AgentRegistry,
+    profile: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.delenv("SWITCHBOARD_TEST_UNSET_KEY", raising=False)
+    models = {"cloud": profile, "local": {"provider": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}}
+    app = create_app(make_settings(tmp_path, models=models), registry=registry)  # the service still starts
+    assert "model profile 'cloud' cannot be used" in caplog.text and "SWITCHBOARD_TEST_UNSET_KEY" in caplog.text
+    async with app.router.lifespan_context(app), await _client(app) as client:
+        r = await client.post("/v1/sessions", json={"id": "s", "agent": "tester", "llm": {"profile": "cloud"}})
+        problem = assert_problem(r, 422, "model_not_configured")
+        assert "SWITCHBOARD_TEST_UNSET_KEY" in problem["detail"] and "not set" in problem["detail"]
+        assert (await client.get("/v1/sessions/s")).status_code == 404
+        # a local server needs no key: that profile works without one
+        r = await client.post("/v1/sessions", json={"agent": "tester", "llm": {"profile": "local"}})
+        assert r.status_code == 201, r.text
+        monkeypatch.setenv("SWITCHBOARD_TEST_UNSET_KEY", "sk-test-value-0123456789")
+        r = await client.post("/v1/sessions", json={"agent": "tester", "llm": {"profile": "cloud"}})
+        assert r.status_code == 201 and "sk-test-value" not in r.text

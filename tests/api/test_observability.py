@@ -237,6 +237,8 @@ async def test_a_burst_larger_than_the_buffer_closes_4008_not_1011(api: Api, cap
     for ws in streams:
         await until(lambda ws=ws: _has(ws, "agent.state"))
     await asyncio.sleep(0.05)  # every pump is now waiting for live events
+    for sub in api.app.state.services.hub._by_session[sid]:
+        sub.direct = None  # the pumps take the burst (an idle stream whose socket takes it all gets it: below)
     last = max(f["seq"] for f in streams[0].frames)
     burst = [
         (10_000 + i, Event(seq=last + 1 + i, session_id=sid, type="tool.progress", data={"message": str(i)}))
@@ -246,6 +248,31 @@ async def test_a_burst_larger_than_the_buffer_closes_4008_not_1011(api: Api, cap
     for ws in streams:
         assert await ws.closed() == (4008, f"too slow; resume with since={last}")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_burst_larger_than_the_buffer_reaches_idle_streams_whole(api: Api):
+    """Sent from the hub's publish itself while the streams wait idle (as a broadcast would), a burst bigger than the
+    buffer is delivered in full, in order: only a stream that cannot take it is dropped."""
+    sid = await create(api, [])
+    streams = [AsgiWebSocket(api.app, f"/v1/sessions/{sid}/events") for _ in range(3)]
+    for ws in streams:
+        await until(lambda ws=ws: _has(ws, "agent.state"))
+    await asyncio.sleep(0.05)
+    last = max(f["seq"] for f in streams[0].frames)
+    burst = [
+        (10_000 + i, Event(seq=last + 1 + i, session_id=sid, type="tool.progress", data={"message": str(i)}))
+        for i in range(WS_BUFFER + 5)
+    ]
+    api.app.state.services.hub.publish(burst)
+    for ws in streams:
+
+        async def whole(ws: AsgiWebSocket = ws) -> bool:
+            return any(f["seq"] == last + WS_BUFFER + 5 for f in ws.frames)
+
+        await until(whole)
+        assert [f["seq"] for f in ws.frames if f["seq"] > last] == [e.seq for _, e in burst]
+        assert not ws.task.done()
+        await ws.disconnect()
 
 
 async def _gauge(api: Api, name: str, value: float) -> bool:

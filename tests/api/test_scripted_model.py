@@ -88,3 +88,114 @@ async def test_tool_calls_past_the_cap_of_one_turn_are_not_run(tmp_path: Path, r
     assert sorted(o["output"] for o in ran) == ["slept 0.0", "slept 0.01", "slept 0.02"]
     refused = [o for o in outputs if o["is_error"]]
     assert all("too many tool calls in one turn (at most 3)" in o["output"] for o in refused)
+
+
+async def _session_of(client: httpx.AsyncClient, sid: str, turns: list[dict[str, Any]], text: str) -> list[Any]:
+    """Run one input on a new scripted session ``sid``; its chat once the reply is done."""
+    llm = {"provider": "scripted", "turns": turns}
+    assert (await client.post("/v1/sessions", json={"id": sid, "agent": "tester", "llm": llm})).status_code == 201
+    speech = (await client.post(f"/v1/sessions/{sid}/input", json={"text": text})).json()["speech_id"]
+
+    async def done() -> bool:
+        return (await client.get(f"/v1/sessions/{sid}/speeches/{speech}")).json()["state"] == "done"
+
+    await until(done)
+    return list((await client.get(f"/v1/sessions/{sid}/chat")).json()["items"])
+
+
+async def test_tool_calls_past_the_cap_of_one_session_are_rejected(tmp_path: Path, registry: AgentRegistry) -> None:
+    """One input with many calls and max_tool_steps: 20 gave 1,500 tool runs: per turn caps alone do not bound a
+    session. Past the session's cap every call ends `rejected`, with an output that says why, and never runs."""
+    two = {"tool_calls": [{"name": "slow", "arguments": {"seconds": 0}} for _ in range(2)]}
+    app = create_app(make_settings(tmp_path, max_tool_calls_per_session=3), registry=registry)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
+    ):
+        chat = await _session_of(client, "s", [two, two, two, {"text": "done"}], "go")
+        calls = (await client.get("/v1/sessions/s/tool-calls")).json()["items"]
+    assert [c["status"] for c in calls] == ["completed"] * 3 + ["rejected"] * 3
+    for call in calls[3:]:
+        assert (
+            call["is_error"] and call["output"] == "this session made its 3 tool calls, the most it may make; not run"
+        )
+    outputs = [i for i in chat if i["type"] == "function_call_output"]
+    assert len(outputs) == 6  # each call still has its output (I1, I5)
+
+
+async def test_call_ids_are_the_services_own(tmp_path: Path, registry: AgentRegistry) -> None:
+    """A script picked its calls' ids: the same id in two sessions, or one shaped like another call's synthetic
+    `<id>/final` pair. Now the service names every call; what the script says is ignored."""
+    turn = {
+        "tool_calls": [
+            {"name": "book", "arguments": {"what": "a"}, "id": "victim"},
+            {"name": "book", "arguments": {"what": "b"}, "id": "victim/final"},
+        ]
+    }
+    app = create_app(make_settings(tmp_path), registry=registry)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
+    ):
+        await _session_of(client, "a", [turn, {"text": "done"}], "go")
+        await _session_of(client, "b", [turn, {"text": "done"}], "go")
+        ids = [
+            c["call_id"] for sid in "ab" for c in (await client.get(f"/v1/sessions/{sid}/tool-calls")).json()["items"]
+        ]
+    assert len(ids) == 4 and len(set(ids)) == 4
+    assert all(i.startswith("call_") and "victim" not in i and "/" not in i for i in ids), ids
+
+
+async def test_the_session_cap_counts_the_calls_made_before_a_restart(tmp_path: Path, registry: AgentRegistry) -> None:
+    two = {"tool_calls": [{"name": "slow", "arguments": {"seconds": 0}} for _ in range(2)]}
+    turns = [two, {"text": "first done"}, two, {"text": "second done"}]
+    settings = make_settings(tmp_path, max_tool_calls_per_session=3)
+    app = create_app(settings, registry=registry)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
+    ):
+        await _session_of(client, "s", turns, "go")
+    app = create_app(settings, registry=registry)  # the next process: the session is recovered from the store
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client,
+    ):
+        speech = (await client.post("/v1/sessions/s/input", json={"text": "again"})).json()["speech_id"]
+
+        async def done() -> bool:
+            return (await client.get(f"/v1/sessions/s/speeches/{speech}")).json()["state"] == "done"
+
+        await until(done)
+        calls = (await client.get("/v1/sessions/s/tool-calls")).json()["items"]
+    assert [c["status"] for c in calls] == ["completed"] * 3 + ["rejected"]
+
+
+def test_the_spec_documents_the_turn_format_with_an_example(tmp_path: Path, registry: AgentRegistry) -> None:
+    spec = create_app(make_settings(tmp_path), registry=registry).openapi()
+    llm = spec["components"]["schemas"]["SessionCreate"]["properties"]["llm"]
+    script = next(s for s in llm["anyOf"] if s.get("title") == "Scripted model")
+    turn = script["properties"]["turns"]["items"]
+    assert {"text", "tool_calls", "ttft_ms", "word_ms"} <= set(turn["properties"])
+    assert "{{tool_output:NAME}}" in turn["properties"]["text"]["description"]
+    assert set(script["properties"]["fallback"]["properties"]) == set(turn["properties"])
+    assert any("turns" in example for example in llm["examples"])
+    assert any("profile" in s.get("properties", {}) for s in llm["anyOf"])
+
+
+@pytest.mark.parametrize(
+    ("llm", "said"),
+    [
+        ({"provider": "scripted", "turns": [{"txt": "hi"}]}, "unknown key 'turns.0.txt'"),
+        ({"provider": "scripted", "turns": "hi"}, "turns: Input should be a valid list"),
+        ({"provider": "scripted", "turn": []}, "unknown key 'turn' (allowed: provider, turns, fallback, on_user"),
+        ({"provider": "scripted", "turns": [{"ttft_ms": -1}]}, "turns.0.ttft_ms: Input should be greater than"),
+    ],
+)
+async def test_a_bad_script_is_refused_in_words_without_a_validation_dump(
+    tmp_path: Path, registry: AgentRegistry, llm: dict[str, Any], said: str
+) -> None:
+    r = await _create(tmp_path, registry, {"agent": "tester", "llm": llm}, scripted_model="allow")
+    problem = assert_problem(r, 422, "invalid_session_config")
+    assert said in problem["detail"]
+    assert "pydantic" not in r.text and "http" not in problem["detail"] and "input_value" not in r.text

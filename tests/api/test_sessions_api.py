@@ -142,6 +142,43 @@ async def test_input_reply_chat_and_speech(api: Api):
     assert_problem(await api.client.get(f"/v1/sessions/{s['id']}/tool-calls/nope"), 404, "tool_call_not_found")
 
 
+async def test_the_agent_speaks_only_once_audio_starts_after_the_playouts_first_audio_ms(api: Api):
+    playout = {"words_per_second": 100, "first_audio_ms": 2000}
+    s = await api.create(llm={"provider": "scripted", "turns": [{"text": "Hello there."}]}, playout=playout)
+    await _thinking_until_audio(api, s)
+    bad = await api.client.post("/v1/sessions", json={"agent": "tester", "playout": {"first_audio_ms": -1}})
+    assert_problem(bad, 422, "invalid_request")
+
+
+async def test_the_servers_first_audio_ms_is_the_default(tmp_path: Any, registry: Any):
+    app = create_app(make_settings(tmp_path, first_audio_ms=2000), registry=registry)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            api = Api(client, app)
+            s = await api.create(llm={"provider": "scripted", "turns": [{"text": "Hello there."}]})
+            await _thinking_until_audio(api, s)
+
+
+async def _thinking_until_audio(api: Api, s: dict[str, Any]) -> None:
+    """The model is done but the voice has not started yet: the agent is thinking, the speech generating."""
+    accepted = (await api.client.post(f"/v1/sessions/{s['id']}/input", json={"text": "hi"})).json()
+    url = f"/v1/sessions/{s['id']}/speeches/{accepted['speech_id']}"
+
+    async def generated() -> dict[str, Any] | None:
+        sp = (await api.client.get(url)).json()
+        return sp if sp["text"] == "Hello there." else None
+
+    speech = await until(generated)
+    assert speech["state"] == "generating", "the model is done, the voice has not started yet"
+    assert (await api.client.get(f"/v1/sessions/{s['id']}")).json()["agent_state"] == "thinking"
+    r = await api.client.post(f"/v1/sessions/{s['id']}/interrupt", json={})
+    assert r.status_code == 200 and r.json()["interrupted"] is True
+    speech = (await api.client.get(url)).json()
+    assert speech["interrupted"] and speech["played_text"] == ""
+    assert (await api.client.get(f"/v1/sessions/{s['id']}")).json()["agent_state"] == "listening"
+
+
 async def test_interim_input_commits_nothing(api: Api):
     s = await api.create()
     r = await api.client.post(f"/v1/sessions/{s['id']}/input", json={"text": "hel", "final": False})
@@ -317,3 +354,39 @@ async def test_the_demo_agent_runs_its_own_script_when_the_session_gives_no_mode
         return [i["text"] for i in items if i.get("role") == "assistant"]
 
     assert (await until(first_reply))[0] == "Let me look up your order."
+
+
+async def test_cancel_is_refused_with_409_while_the_speech_disallows_interruptions_unless_force(api: Api):
+    turns = [
+        {"text": "Searching.", "tool_calls": [{"name": "search", "arguments": {"query": "q", "seconds": 30}}]},
+        {"text": "It is running and I keep talking for a while.", "word_ms": 200},  # the speech goes on
+    ]
+    s = await api.create(llm={"provider": "scripted", "turns": turns}, allow_interruptions=False)
+    sid = s["id"]
+    await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "search"})
+
+    async def background() -> list[dict[str, Any]]:
+        calls = (await api.client.get(f"/v1/sessions/{sid}/tool-calls", params={"status": "running"})).json()
+        return [c for c in calls["items"] if c["progress"]]
+
+    call = (await until(background))[0]
+    path = f"/v1/sessions/{sid}/tool-calls/{call['call_id']}/cancel"
+    body = assert_problem(await api.client.post(path), 409, "not_interruptible")
+    assert "does not allow interruptions" in body["detail"]
+    assert_problem(await api.client.post(path, json={"force": False}), 409, "not_interruptible")
+    forced = await api.client.post(path, json={"force": True})
+    assert forced.status_code == 200 and forced.json()["status"] == "cancelled"
+
+
+async def test_the_tool_call_resource_carries_the_redacted_exception_message(api: Api):
+    turns = [{"text": "Trying.", "tool_calls": [{"name": "fail", "arguments": {"expected": False}}]}]
+    s = await api.create(llm={"provider": "scripted", "turns": turns})
+    await api.client.post(f"/v1/sessions/{s['id']}/input", json={"text": "go"})
+
+    async def ended() -> dict[str, Any] | None:
+        calls = (await api.client.get(f"/v1/sessions/{s['id']}/tool-calls")).json()["items"]
+        return next((c for c in calls if c.get("status") == "failed"), None)
+
+    call = await until(ended)
+    assert call["error"] == "RuntimeError: secret internal detail"
+    assert call["output"] == "An internal error occurred", "the model gets the generic text"

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from switchboard.api.app import create_app
+from switchboard.integrations.webhooks import REPORT_TOKEN_HEADER
 from switchboard.runtime.agent import AgentRegistry
 from tests.agents_fixture import AGENTS as TEST_AGENTS
 from tests.webhook_backend import FakeBackend
@@ -105,12 +106,25 @@ class Hooks:
 
         await until(found)
 
-    async def progress(self, sid: str, call_id: str, message: str, progress: float | None = None, **kw: Any) -> Any:
-        body = {"message": message} if progress is None else {"message": message, "progress": progress}
-        return await self.client.post(f"/v1/sessions/{sid}/tool-calls/{call_id}/progress", json=body, **kw)
+    def token(self, sid: str, call_id: str) -> str | None:
+        """The report credential the backend received with this call (None: it never received it)."""
+        delivered = [c for c in self.backend.calls if (c["session_id"], c["call_id"]) == (sid, call_id)]
+        return str(delivered[-1]["report_token"]) if delivered else None
 
-    async def result(self, sid: str, call_id: str, output: str, **kw: Any) -> Any:
-        return await self.client.post(f"/v1/sessions/{sid}/tool-calls/{call_id}/result", json={"output": output}, **kw)
+    def _as_backend(self, sid: str, call_id: str, headers: dict[str, str] | None) -> dict[str, str]:
+        token = self.token(sid, call_id)
+        return {**({REPORT_TOKEN_HEADER: token} if token else {}), **(headers or {})}
+
+    async def progress(
+        self, sid: str, call_id: str, message: str, progress: float | None = None, headers: Any = None
+    ) -> Any:
+        body = {"message": message} if progress is None else {"message": message, "progress": progress}
+        url = f"/v1/sessions/{sid}/tool-calls/{call_id}/progress"
+        return await self.client.post(url, json=body, headers=self._as_backend(sid, call_id, headers))
+
+    async def result(self, sid: str, call_id: str, output: str, headers: Any = None) -> Any:
+        url = f"/v1/sessions/{sid}/tool-calls/{call_id}/result"
+        return await self.client.post(url, json={"output": output}, headers=self._as_backend(sid, call_id, headers))
 
 
 @pytest.fixture
@@ -144,7 +158,9 @@ async def test_a_200_answer_is_the_result_and_the_backend_sees_a_signed_call(hoo
         "session_id": sid,
         "tool": "lookup",
         "arguments": {"order_id": "A-1"},
+        "report_token": hooks.token(sid, call["call_id"]),
     }
+    assert str(delivered["report_token"]).startswith("sbr_")
     assert hooks.backend.bad_signatures == 0
 
     async def replied() -> bool:
@@ -153,6 +169,18 @@ async def test_a_200_answer_is_the_result_and_the_backend_sees_a_signed_call(hoo
     await until(replied)
     pairs = [(i["type"], i.get("output")) for i in await hooks.chat(sid) if i["type"].startswith("function")]
     assert pairs == [("function_call", None), ("function_call_output", "A-1 shipped on Monday")]
+
+
+async def test_a_backend_never_sees_a_call_id_a_script_picked(hooks: Hooks):
+    """Two sessions whose scripts name their calls alike: the backend dedupes on call_id, so a picked id could
+    make it drop (or answer with the result of) another session's call. Deliveries carry the service's own ids."""
+    turn = {"text": "On it.", "tool_calls": [{"name": "lookup", "arguments": {"order_id": "A-1"}, "id": "c1"}]}
+    first = await hooks.session(turn)
+    second = await hooks.session(turn)
+    delivered = [await hooks.backend.next("call") for _ in range(2)]
+    assert {d["session_id"] for d in delivered} == {first, second}
+    ids = [d["call_id"] for d in delivered]
+    assert ids[0] != ids[1] and "c1" not in ids and all(i.startswith("call_") for i in ids)
 
 
 async def test_an_is_error_answer_fails_the_call(hooks: Hooks):
@@ -173,17 +201,21 @@ async def test_202_then_progress_and_result_over_the_api(hooks: Hooks):
 
     r = await hooks.progress(sid, call_id, "contacting the bank", 0.25)
     assert r.status_code == 200, r.text
-    body = r.json()
+    assert r.json() == {"call_id": call_id, "status": "running"}  # the call's status, nothing more
+    body = await hooks.call(sid, "refund")
     assert body["status"] == "running" and body["background"] is True
     assert [(p["message"], p["progress"]) for p in body["progress"]] == [("contacting the bank", 0.25)]
     r = await hooks.progress(sid, call_id, "almost there", 0.9, headers={"Idempotency-Key": "p2"})
-    assert r.status_code == 200 and len(r.json()["progress"]) == 2
+    assert r.status_code == 200 and len((await hooks.call(sid, "refund"))["progress"]) == 2
     again = await hooks.progress(sid, call_id, "almost there", 0.9, headers={"Idempotency-Key": "p2"})
-    assert again.headers.get("Idempotent-Replayed") == "true" and len(again.json()["progress"]) == 2
+    assert (
+        again.headers.get("Idempotent-Replayed") == "true" and len((await hooks.call(sid, "refund"))["progress"]) == 2
+    )
 
     r = await hooks.result(sid, call_id, "refunded 12 EUR", headers={"Idempotency-Key": "r1"})
     assert r.status_code == 200, r.text
-    ended = r.json()
+    assert r.json() == {"call_id": call_id, "status": "completed"}
+    ended = await hooks.call(sid, "refund")
     assert ended["status"] == "completed" and ended["output"] == "refunded 12 EUR" and ended["ended_at"]
 
     async def final_reply() -> bool:
@@ -192,10 +224,13 @@ async def test_202_then_progress_and_result_over_the_api(hooks: Hooks):
     await until(final_reply)
     chat = await hooks.chat(sid)
     calls = [(i["type"], i["call_id"]) for i in chat if i["type"].startswith("function")]
-    # the background pair at the first progress report, then the result as its own pair (like a Python tool)
+    # the background pair at the first progress report, the second report as a pair of its own (once: its replay
+    # adds nothing), then the result as its own pair (like a Python tool)
     assert calls == [
         ("function_call", call_id),
         ("function_call_output", call_id),
+        ("function_call", f"{call_id}/update/2"),
+        ("function_call_output", f"{call_id}/update/2"),
         ("function_call", f"{call_id}/final"),
         ("function_call_output", f"{call_id}/final"),
     ]
@@ -211,15 +246,25 @@ async def test_202_then_progress_and_result_over_the_api(hooks: Hooks):
 
 
 async def test_reports_for_unknown_sessions_and_calls(hooks: Hooks):
+    """Without the call's report credential, every report gets one answer: nothing says which sessions exist."""
     sid = await hooks.session({"text": "Hello."})
-    assert_problem(await hooks.result("nope", "c1", "x"), 404, "session_not_found")
-    assert_problem(await hooks.progress(sid, "c1", "x"), 404, "tool_call_not_found")
+    assert_problem(await hooks.result("nope", "c1", "x"), 403, "report_refused")
+    assert_problem(await hooks.progress(sid, "c1", "x"), 403, "report_refused")
+    # a credential of another call names nothing here either
+    hooks.backend.answers["lookup"] = [(202, None)]
+    other = await hooks.session(call_turn("lookup"))
+    call_id = (await hooks.backend.next("call"))["call_id"]
+    headers = {REPORT_TOKEN_HEADER: str(hooks.token(other, call_id))}
+    assert_problem(await hooks.result(sid, call_id, "x", headers=headers), 403, "report_refused")
+    assert_problem(await hooks.result(other, "c1", "x", headers=headers), 403, "report_refused")
     assert_problem(
-        await hooks.client.post(f"/v1/sessions/{sid}/tool-calls/c1/result", json={"is_error": True}),
+        await hooks.client.post(
+            f"/v1/sessions/{other}/tool-calls/{call_id}/result", json={"is_error": True}, headers=headers
+        ),
         422,
         "invalid_request",
     )
-    assert_problem(await hooks.progress(sid, "c1", "x", 1.5), 422, "invalid_request")
+    assert_problem(await hooks.progress(other, call_id, "x", 1.5), 422, "invalid_request")
 
 
 async def test_cancel_ends_the_call_at_once_and_notifies_the_backend(hooks: Hooks):
@@ -327,12 +372,18 @@ async def test_the_agents_default_llm_is_used_when_a_session_gives_none(hooks: H
     await until(answered)
 
 
-async def test_reports_need_the_tools_report_scope(tmp_path: Path, backend: FakeBackend, monkeypatch: Any):
+async def test_reports_need_the_tools_report_scope_and_the_calls_own_credential(
+    tmp_path: Path, backend: FakeBackend, monkeypatch: Any
+):
+    """A tools:report key meant for one backend used to complete another session's call with a forged output, and
+    the answer carried that call's arguments; the answers also told which sessions exist. Now a report needs the
+    credential its call's delivery carried, and every report without it gets the very same answer."""
     monkeypatch.setenv(SECRET_ENV, SECRET)
-    operator, reporter = "o" * 16, "r" * 16
+    operator, reporter, intruder = "o" * 16, "r" * 16, "i" * 16
     keys = [
         {"key": operator, "scopes": ["sessions:read", "sessions:write", "sessions:control"]},
         {"key": reporter, "scopes": ["tools:report"]},
+        {"key": intruder, "scopes": ["tools:report"]},  # another backend's key
     ]
     settings = make_settings(tmp_path, agents_file=agents_file(tmp_path, backend), api_keys=keys)
     app = create_app(settings, registry=AgentRegistry(TEST_AGENTS))
@@ -342,12 +393,42 @@ async def test_reports_need_the_tools_report_scope(tmp_path: Path, backend: Fake
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             client.headers["authorization"] = f"Bearer {operator}"
             hooks = Hooks(client, backend)
-            sid = await hooks.session(call_turn("lookup"))
+            sid = await hooks.session(call_turn("lookup", order_id="SECRET-ORDER-42"))
             call_id = (await backend.next("call"))["call_id"]
             assert_problem(await hooks.result(sid, call_id, "found"), 403, "forbidden")
+
+            as_intruder = {"authorization": f"Bearer {intruder}"}
+            refusals = []
+            for target_sid, target_call, token in (
+                (sid, call_id, None),  # a running call, no credential
+                (sid, call_id, "sbr_" + "A" * 43),  # a forged one
+                (sid, call_id, "\u00e9t\u00e9".encode("latin-1")),  # one it cannot even compare
+                (sid, "no-such-call", None),
+                ("no-such-session", call_id, None),
+            ):
+                for kind in ("result", "progress"):
+                    url = f"/v1/sessions/{target_sid}/tool-calls/{target_call}/{kind}"
+                    headers = {**as_intruder, **({REPORT_TOKEN_HEADER: token} if token else {})}
+                    body = {"output": "forged"} if kind == "result" else {"message": "forged"}
+                    r = await client.post(url, json=body, headers=headers)
+                    refusals.append((r.status_code, r.json()))
+            assert all(refusal == refusals[0] for refusal in refusals), refusals
+            assert refusals[0][0] == 403 and refusals[0][1]["code"] == "report_refused"
+            assert "SECRET-ORDER-42" not in str(refusals)
+            call = await hooks.call(sid, "lookup")
+            assert call["status"] == "running" and call["progress"] == []  # nothing forged landed
+
             as_reporter = {"authorization": f"Bearer {reporter}"}
             r = await hooks.result(sid, call_id, "found", headers=as_reporter)
-            assert r.status_code == 200 and r.json()["status"] == "completed"
+            assert r.status_code == 200 and r.json() == {"call_id": call_id, "status": "completed"}
+            assert "SECRET-ORDER-42" not in r.text  # a report's answer never echoes the call's arguments
+            # the rightful backend hears how its call stands; the intruder still hears nothing
+            assert_problem(await hooks.result(sid, call_id, "again", headers=as_reporter), 409, "already_ended")
+            assert (
+                await client.post(
+                    f"/v1/sessions/{sid}/tool-calls/{call_id}/result", json={"output": "x"}, headers=as_intruder
+                )
+            ).json() == refusals[0][1]
 
 
 async def test_lone_surrogates_from_a_backend_answer_and_reports_become_the_replacement_character(hooks: Hooks):
@@ -362,14 +443,14 @@ async def test_lone_surrogates_from_a_backend_answer_and_reports_become_the_repl
     hooks.backend.answers["refund"] = [(202, None)]
     sid = await hooks.session(call_turn("refund", "Refunding."), {"text": "Started."})
     call_id = (await hooks.backend.next("call"))["call_id"]
-    headers = {"content-type": "application/json"}
+    headers = {"content-type": "application/json", REPORT_TOKEN_HEADER: str(hooks.token(sid, call_id))}
     url = f"/v1/sessions/{sid}/tool-calls/{call_id}"
     r = await hooks.client.post(f"{url}/progress", content=b'{"message": "bank \\udc00\\u0000"}', headers=headers)
     assert r.status_code == 200, r.text
-    assert r.json()["progress"][0]["message"] == "bank \ufffd\x00"
+    assert (await hooks.call(sid, "refund"))["progress"][0]["message"] == "bank \ufffd\x00"
     r = await hooks.client.post(f"{url}/result", content=b'{"output": "refunded \\ud83d"}', headers=headers)
     assert r.status_code == 200, r.text
-    assert r.json()["output"] == "refunded \ufffd"
+    assert (await hooks.call(sid, "refund"))["output"] == "refunded \ufffd"
 
 
 # -- answers too big to take -----------------------------------------------------------------------------------------

@@ -55,15 +55,20 @@ class Server:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> Server:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [*self.command, "serve", "--host", "127.0.0.1", "--port", str(self.port)],
-            env=self.env,
-            cwd=self.tmp_path,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Start the process without waiting for it to be ready."""
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [*self.command, "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+                env=self.env,
+                cwd=self.tmp_path,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return self.proc
+
+    def start(self, timeout: float = 60.0) -> Server:
+        self.proc = self.launch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -212,3 +212,30 @@ async def test_credentials_never_reach_the_server_log(server: Server):
         expired.partition(".")[2],
     ):
         assert secret not in log, f"a credential is in the server log: {secret[:12]}..."
+
+
+async def test_ag_ui_stream_is_authenticated_like_the_event_streams(server: Server):
+    mine, other = await new_session(server), await new_session(server)
+    token = await session_token(server, mine)
+
+    async def status(sid: str, headers: dict[str, str] | None = None, query: str = "") -> tuple[int, str]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=5) as client:
+            async with client.stream("GET", f"/v1/sessions/{sid}/ag-ui{query}", headers=headers) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    return r.status_code, r.json()["code"]
+                async for line in r.aiter_lines():  # the first frame: the run that session.started opens
+                    assert '"RUN_STARTED"' in line and f'"threadId":"{sid}"' in line
+                    return 200, ""
+        raise AssertionError("no frame")
+
+    assert await status(mine) == (401, "unauthenticated")
+    assert await status(mine, bearer("wrong-key-0123456789abcdef")) == (401, "invalid_key")
+    assert await status(mine, query=f"?token={READER}") == (401, "key_in_url")
+    assert await status("nope") == (401, "unauthenticated")  # an unknown session is not revealed
+    assert await status(mine, bearer(NO_EVENTS)) == (403, "forbidden")
+    assert await status(mine, bearer(READER)) == (200, "")
+    assert await status(mine, query=f"?token={token}") == (200, "")
+    assert await status(other, query=f"?token={token}") == (403, "forbidden")
+    assert await status(other, bearer(token)) == (403, "forbidden")
+    await assert_no_stream_left(server)

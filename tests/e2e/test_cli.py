@@ -19,7 +19,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
-from switchboard.cli.operator import Client, Style, tail
+from switchboard.cli.operator import Style, tail
+from switchboard.client import AsyncClient
 
 from .console_support import create_session, server_events, wait_until
 from .server import Server
@@ -218,7 +219,7 @@ async def test_tail_honours_4008_and_resumes_without_gaps(srv: Server) -> None:
         out, notes = io.StringIO(), []
         async with serve(proxy, "127.0.0.1", 0) as proxy_server:
             port = proxy_server.sockets[0].getsockname()[1]
-            api = Client(f"http://127.0.0.1:{port}", KEY)
+            api = AsyncClient(f"http://127.0.0.1:{port}", api_key=KEY)
             tail_task = asyncio.create_task(tail(api, sid, style=Style(False, True), out=out, note=notes.append))
             await client.post(f"/v1/sessions/{sid}/input", json={"text": "count"})
             async with asyncio.timeout(10):
@@ -226,6 +227,7 @@ async def test_tail_honours_4008_and_resumes_without_gaps(srv: Server) -> None:
                     await asyncio.sleep(0.02)
             assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
             assert await asyncio.wait_for(tail_task, 10) == 0
+            await api.aclose()
     assert notes == ["fell behind the live stream; resuming from seq 8"]
     assert [p.rsplit("since=", 1)[1] for p in requested] == ["0", "8"]
     seqs = printed_seqs(out.getvalue())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -296,18 +297,30 @@ async def test_a_webhook_backend_reports_progress_and_result_through_the_client(
                 sid = (await sb.create_session("orders", llm=scripted(*turns))).id
                 await sb.input(sid, "Refund it.")
                 call = await backend.next("call")
-                progressed = await sb.report_tool_progress(sid, call["call_id"], "asking the bank", progress=0.5)
-                assert progressed.status == "running" and progressed.progress[-1].progress == 0.5
+                cid, token = call["call_id"], call["report_token"]  # the delivery's report credential
+                progressed = await sb.report_tool_progress(
+                    sid, cid, "asking the bank", report_token=token, progress=0.5
+                )
+                assert progressed.status == "running" and not progressed.ended
+                assert (await sb.get_tool_call(sid, cid)).progress[-1].progress == 0.5
                 with Client(server.url) as blocking:  # the blocking client from a worker thread, as a backend would
-                    more = await asyncio.to_thread(blocking.report_tool_progress, sid, call["call_id"], "nearly")
-                    assert [p.message for p in more.progress] == ["asking the bank", "nearly"]
-                    done = await asyncio.to_thread(blocking.report_tool_result, sid, call["call_id"], "Refunded.")
-                assert done.status == "completed" and done.output == "Refunded." and not done.is_error
+                    more = await asyncio.to_thread(
+                        functools.partial(blocking.report_tool_progress, sid, cid, "nearly", report_token=token)
+                    )
+                    assert more.status == "running"
+                    done = await asyncio.to_thread(
+                        functools.partial(blocking.report_tool_result, sid, cid, "Refunded.", report_token=token)
+                    )
+                assert done.status == "completed" and done.ended
+                ended = await sb.get_tool_call(sid, cid)
+                assert [p.message for p in ended.progress] == ["asking the bank", "nearly"]
+                assert ended.output == "Refunded." and not ended.is_error
                 with pytest.raises(Conflict) as twice:
-                    await sb.report_tool_result(sid, call["call_id"], "Refunded twice.", is_error=True)
+                    await sb.report_tool_result(sid, cid, "Refunded twice.", report_token=token, is_error=True)
                 assert twice.value.code == "already_ended"
-                with pytest.raises(NotFound):
-                    await sb.report_tool_progress(sid, "call_nope", "?")
+                with pytest.raises(Forbidden) as elsewhere:  # a credential names one call: no other
+                    await sb.report_tool_progress(sid, "call_nope", "?", report_token=token)
+                assert elsewhere.value.code == "report_refused"
                 await sb.close_session(sid)
         finally:
             await asyncio.to_thread(server.stop)

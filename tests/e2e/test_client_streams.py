@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from switchboard.client import AsyncClient, AsyncEventStream, Event
+from switchboard.client import AsyncClient, AsyncEventStream, Event, Resume
 
 from .server import Server
 
@@ -78,9 +78,11 @@ async def test_a_session_stream_resumes_across_a_server_restart(tmp_path: Path):
     try:
         async with AsyncClient(server.url, reconnect_for_s=60) as sb:
             sid = (await sb.create_session("tester", llm=scripted(progress_turn(200, 0.02)))).id
-            reader = Reader(sb.events(sid))
+            resumes: list[Resume] = []
+            reader = Reader(sb.events(sid, on_resume=resumes.append))
             await sb.input(sid, "count")
             await reader.seen(step(10, 200))
+            before_kill = reader.events[-1].seq if reader.events else 0
             await asyncio.to_thread(server.kill)  # a crash: the tool is cut off, the stream drops
             await asyncio.to_thread(server.start)
             await reader.seen(lambda e: e.type == "session.recovered")
@@ -93,6 +95,9 @@ async def test_a_session_stream_resumes_across_a_server_restart(tmp_path: Path):
         assert [e.seq for e in got] == list(range(1, len(got) + 1))
         assert got == reference
         assert got[-1].type == "session.closed"
+        # the hook heard of every reconnect, each from the last seq yielded
+        assert resumes and all(r.reason == "connection_lost" for r in resumes)
+        assert resumes[0].position >= before_kill and resumes[0].code == 1006
     finally:
         await asyncio.to_thread(server.stop)
 
@@ -108,7 +113,8 @@ async def test_a_slow_consumer_is_closed_with_4008_and_the_stream_goes_on_withou
     try:
         async with AsyncClient(server.url) as sb:
             sid = (await sb.create_session("tester", llm=scripted(progress_turn(40, 0.02), {"text": "Done."}))).id
-            reader = Reader(sb.events(sid))
+            resumes: list[Resume] = []
+            reader = Reader(sb.events(sid, on_resume=resumes.append))
             await reader.seen(lambda e: e.type == "session.started")
             reader.gate.clear()  # stop reading: the socket buffers and then the server's buffer fill up
             await sb.input(sid, "count")
@@ -129,6 +135,8 @@ async def test_a_slow_consumer_is_closed_with_4008_and_the_stream_goes_on_withou
         assert got == reference
         assert len([e for e in got if e.type == "user.input" and not e.data["final"]]) == interim
         assert [e.data["message"] for e in got if e.type == "tool.progress"] == [f"step {i}/40" for i in range(1, 41)]
+        assert [(r.reason, r.code, r.delay_s) for r in resumes] == [("too_slow", 4008, 0.0)]
+        assert "resume with since=" in resumes[0].detail
     finally:
         await asyncio.to_thread(server.stop)
 

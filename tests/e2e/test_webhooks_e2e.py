@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from switchboard.integrations.webhooks import REPORT_TOKEN_HEADER
 from tests.webhook_backend import FakeBackend
 
 from .server import EventStream, Server
@@ -21,9 +22,12 @@ SECRET = "e2e-webhook-secret"
 
 async def said(client: httpx.AsyncClient, text: str, timeout: float = 5.0) -> None:
     """Wait until the agent said ``text`` (so the next input does not cut its reply short)."""
-    async with asyncio.timeout(timeout):
-        while not any(i.get("role") == "assistant" and i.get("text") == text for i in await chat(client, "w1")):
-            await asyncio.sleep(0.02)
+    try:
+        async with asyncio.timeout(timeout):
+            while not any(i.get("role") == "assistant" and i.get("text") == text for i in await chat(client, "w1")):
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"the agent never said {text!r}: {await chat(client, 'w1')}") from None
 
 
 async def test_example_agents_file_sync_async_and_cancelled_webhook_calls(tmp_path: Path):
@@ -62,19 +66,23 @@ async def test_example_agents_file_sync_async_and_cancelled_webhook_calls(tmp_pa
                     call = await backend.next("call")
                     assert call["tool"] == "refund_order" and call["arguments"] == refund  # no confirm flag sent
                     base = f"/v1/sessions/w1/tool-calls/{call['call_id']}"
+                    as_backend = {REPORT_TOKEN_HEADER: call["report_token"]}  # the call's own report credential
                     r = await client.post(
                         f"{base}/progress",
                         json={"message": "asking the bank", "progress": 0.5},
-                        headers={"Idempotency-Key": "refund-p1"},
+                        headers={"Idempotency-Key": "refund-p1", **as_backend},
                     )
                     assert r.status_code == 200, r.text
                     progress = await events.wait_for("tool.progress", lambda d: d["call_id"] == call["call_id"])
                     assert progress["data"]["message"] == "asking the bank"
-                    r = await client.post(f"{base}/result", json={"output": "Refunded 12.50 EUR."})
+                    # the first report moved the call to the background; the result comes after the tool reply (a
+                    # result that lands before it is answered by that step, with no reply of its own)
+                    await said(client, "I started the refund.")
+                    r = await client.post(f"{base}/result", json={"output": "Refunded 12.50 EUR."}, headers=as_backend)
                     assert r.status_code == 200 and r.json()["status"] == "completed"
                     ended = await events.wait_for("tool.ended", lambda d: d["call_id"] == call["call_id"])
                     assert ended["data"]["output"] == "Refunded 12.50 EUR."
-                    late = await client.post(f"{base}/result", json={"output": "Refunded twice."})
+                    late = await client.post(f"{base}/result", json={"output": "Refunded twice."}, headers=as_backend)
                     assert late.status_code == 409 and late.json()["code"] == "already_ended"
                     await said(client, "Refunded 12.50 EUR.")
 

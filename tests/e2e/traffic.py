@@ -147,7 +147,12 @@ async def check_session(
         if call["background"]:
             expected_outputs[f"{cid}/final"] = 1
     assert set(ended) == {c["call_id"] for c in calls}, "a tool.ended event for a call the API does not know"
-    assert outputs == expected_outputs, (sid, outputs, expected_outputs)
+    # every ctx.update() after the first is a pair of its own (`<call_id>/update/<n>`), each exactly once, of a call
+    # that went to the background
+    updates = Counter({cid: n for cid, n in outputs.items() if "/update/" in cid})
+    assert all(n == 1 for n in updates.values()), (sid, updates)
+    assert {cid.split("/update/")[0] for cid in updates} <= {c["call_id"] for c in calls if c["background"]}, updates
+    assert outputs - updates == expected_outputs, (sid, outputs, expected_outputs)
     return SessionCheck(events=len(frames), tool_calls=Counter(c["status"] for c in calls), chat_items=len(items))
 
 

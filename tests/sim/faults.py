@@ -58,6 +58,7 @@ class FaultyStore:
         self.published: list[Event] = []  # every event handed to the sink, in call order
         self._event_tail: asyncio.Future[None] | None = None
         self._writers: set[asyncio.Task[None]] = set()
+        self._turns: dict[str, asyncio.Lock] = {}
 
     def _session(self, sid: str) -> Durable:
         return self.durable.setdefault(sid, Durable())
@@ -68,6 +69,11 @@ class FaultyStore:
     # -- ChatStore ----------------------------------------------------------------------------------------------
 
     async def commit(self, session_id: str, commit: Commit) -> None:
+        # a session's commits may overlap (it pipelines them); they land in call order, as the port promises
+        async with self._turns.setdefault(session_id, asyncio.Lock()):
+            await self._commit(session_id, commit)
+
+    async def _commit(self, session_id: str, commit: Commit) -> None:
         loop = asyncio.get_running_loop()
         if self.crashed:
             await self._hang()

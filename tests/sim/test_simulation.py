@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 from .machine import SessionMachine
 from .schedules import generate, run_schedule
+from .workload import DEAF_SWALLOWS
 
 CI_EXAMPLES = int(os.environ.get("SWITCHBOARD_SIM_EXAMPLES", "100"))
 CI_SEEDS = int(os.environ.get("SWITCHBOARD_SIM_SEEDS", "500"))
@@ -31,6 +33,7 @@ def test_simulated_sessions_keep_every_invariant() -> None:
     machine().runTest()
 
 
+@pytest.mark.timeout(300)  # ~20 s on a quiet machine; the default minute is too tight on a loaded one
 def test_seeded_schedules_keep_every_invariant() -> None:
     failures = []
     for seed in range(CI_SEEDS):
@@ -40,3 +43,23 @@ def test_seeded_schedules_keep_every_invariant() -> None:
         except Exception as err:  # collected: the report names every failing seed, not only the first
             failures.append(f"seed {seed}: {err}")
     assert not failures, f"{len(failures)} schedule(s) broke an invariant:\n" + "\n".join(failures[:20])
+
+
+def test_a_session_still_working_past_the_settle_time_is_waited_for_not_reported() -> None:
+    """Two tools that ignore cancellation, one per step of one reply, keep it busy for two virtual minutes: longer
+    than the first settle. The oracles judge the session once that work is over, not while it is still under way."""
+    deaf = {"ms": 0, "out": "plain", "swallow": DEAF_SWALLOWS}
+    turns = [
+        {"text": "t0 t1", "tool_calls": [{"name": "stubborn", "arguments": deaf}]},
+        {"text": "t2 t3", "tool_calls": [{"name": "stubborn", "arguments": deaf}]},
+        {"text": "t4 t5"},
+    ]
+    run_schedule(turns, [("input", "hello", True, True, False, True)])
+
+
+def test_a_reply_interrupted_after_it_started_then_lost_to_a_crash_counts_as_answered() -> None:
+    """The reply started (generation.started was published), an operator interrupted it, and the process died before
+    that event was durable: the input was answered, and recovery ends the started reply as interrupted, by design."""
+    turns = [{"text": "t0 t1 t2"}]
+    ops = [("slow", 50), ("input", "hello", True, True, False, True), ("interrupt", False), ("crash",)]
+    run_schedule(turns, ops)

@@ -54,6 +54,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             if not scheduled:
                 raise Stalled(f"nothing can run at t={self._now:.3f}s: every task waits forever")
             self._now = max(self._now, scheduled[0].when())
+        elif scheduled and scheduled[0].when() < self._now + self._clock_resolution:
+            # the base loop runs a timer this close as due; the clock must reach its time too, or a task that sleeps
+            # until an instant a hair ahead (``sleep(deadline - time())``) wakes before it again and again while
+            # another task keeps the ready queue busy, and the clock never moves
+            self._now = max(self._now, scheduled[0].when())
         super()._run_once()  # type: ignore[misc]
 
     def advance_to(self, when: float) -> None:

@@ -31,6 +31,9 @@ Op = tuple[Any, ...]
 SID = "sim"
 WORDS_PER_SECOND = 20.0
 SETTLE_S = 120.0
+# work still under way after SETTLE_S gets more time, up to this: a tool that ignores cancellation works for a minute,
+# and one may run in every step of every scripted turn (a dozen), one after the other
+SETTLE_MAX_S = 1800.0
 TEXTS = {
     "hello": "hello there",
     "long": " ".join(f"w{i}" for i in range(30)),
@@ -87,6 +90,8 @@ class World:
         self.accepted_speeches: set[str] = set()
         # (generation, user item id, reply speech id) of the latest input that asked for a reply
         self.last_reply_input: tuple[int, str, str] | None = None
+        # an interrupt (or an interrupting input) was applied after the latest input that asked for a reply
+        self.interrupted_since_input = False
         self.forced_before = SpeechHandle.forced_cancels
         self.log: list[str] = []
         EFFECTS.runs.clear()
@@ -209,15 +214,19 @@ class World:
         try:
             if kind == "input":
                 _, text, final, interrupt, force, reply = op
+                if final and interrupt:  # set first: the caller may be cut off once the input is applied
+                    self.interrupted_since_input = True
                 result = await session.input(TEXTS[text], final=final, interrupt=interrupt, force=force, reply=reply)
                 if result.speech_id is not None:
                     self.accepted_speeches.add(result.speech_id)
                     self.last_reply_input = (self.gen.number, result.item_id or "", result.speech_id)
+                    self.interrupted_since_input = False
             elif kind == "say":
                 _, text, allow, add = op
                 speech = await session.say(TEXTS[text], allow_interruptions=allow, add_to_chat=add)
                 self.accepted_speeches.add(speech.id)
             elif kind == "interrupt":
+                self.interrupted_since_input = True  # set first: the caller may be cut off once it is applied
                 await session.interrupt(force=op[1])
             elif kind == "cancel":
                 running = [info for info in session.tool_calls() if not info.ended]
@@ -275,6 +284,17 @@ class World:
         store.poison_next = 0
         store.commit_delay_s = store.event_delay_s = 0.0
         await asyncio.sleep(SETTLE_S)
+        waited = SETTLE_S
+        while self._busy() and waited < SETTLE_MAX_S:
+            await asyncio.sleep(SETTLE_S / 4)
+            waited += SETTLE_S / 4
+
+    def _busy(self) -> bool:
+        """The live session still has work under way that will end on its own (a speech, a tool, a write)."""
+        session = self.session
+        if session is None or session.state != "active":
+            return False
+        return not session.idle or session.pending_writes > 0 or any(not i.ended for i in session.tool_calls())
 
     def check_end(self) -> None:
         d = self.durable.get(SID)
@@ -317,20 +337,38 @@ class World:
                 )
             if self.last_reply_input is not None:
                 _, item_id, speech_id = self.last_reply_input
-                after = False
-                answered = False
-                reported = any(e.type == "user.input" and e.data.get("item_id") == item_id for e in d.events)
-                for e in d.events:
-                    if e.type == "user.input" and e.data.get("item_id") == item_id:
-                        after = True
-                    elif e.type == "generation.started" and (
-                        after or (not reported and e.data["speech_id"] == speech_id)
-                    ):
-                        # an input whose user.input event was lost (an event-log gap, reported as such) is answered
-                        # when its own reply generates
-                        answered = True
-                expect(answered, "liveness-input-unanswered", f"input {item_id} was accepted and never answered")
+                expect(
+                    self._answered(d, item_id, speech_id),
+                    "liveness-input-unanswered",
+                    f"input {item_id} was accepted and never answered",
+                )
         del durable_types
+
+    def _ended_by_a_later_interrupt(self, e: Any, speech_id: str) -> bool:
+        """An interrupt ends the queued speeches after the current one too (LiveKit's semantics): a reply still queued
+        when a later interrupt came is ended, not owed."""
+        own_end = e.type == "speech.done" and e.data["speech_id"] == speech_id and e.data["interrupted"]
+        return bool(own_end and self.interrupted_since_input)
+
+    def _answered(self, d: Durable, item_id: str, speech_id: str) -> bool:
+        """The input got a reply: a generation started after it."""
+        after = False
+        reported = any(e.type == "user.input" and e.data.get("item_id") == item_id for e in d.events)
+        for e in d.events:
+            if e.type == "user.input" and e.data.get("item_id") == item_id:
+                after = True
+            elif e.type == "generation.started" and (after or (not reported and e.data["speech_id"] == speech_id)):
+                # an input whose user.input event was lost (an event-log gap, reported as such) is answered when its
+                # own reply generates
+                return True
+            elif self._ended_by_a_later_interrupt(e, speech_id):
+                return True
+        for gen in self.generations:
+            # a crash may lose the generation.started that a process published (it never became durable): the reply
+            # had started, and recovery ends a reply that had started as interrupted, by design
+            if any(e.type == "generation.started" and e.data["speech_id"] == speech_id for e in gen.store.published):
+                return True
+        return False
 
     def _state(self) -> str:
         session = self.session

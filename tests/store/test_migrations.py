@@ -22,8 +22,8 @@ from switchboard.store.models import metadata
 from .conftest import Db
 
 REPO = Path(__file__).resolve().parents[2]
-HEAD = "0004"
-TABLES = {"sessions", "chat_items", "tool_calls", "speeches", "events", "idempotency_keys"}
+HEAD = "0006"
+TABLES = {"sessions", "chat_items", "tool_calls", "speeches", "events", "idempotency_keys", "nodes"}
 
 
 def _diff(conn: Connection) -> list[Any]:

@@ -265,12 +265,16 @@ async def test_retry_tool_already_in_the_background_keeps_one_pair(db: Db, runs:
 
     second = await Proc(db, AGENTS).start()
     try:
-        # the re-run reports progress again and ends: still one call with the background output, and the result as
-        # its `/final` pair (never a second pair under the same call id)
+        # the re-run reports progress again and ends: still one call with the background output, its new update as
+        # the next `/update/<n>` pair, and the result as its `/final` pair (never a second pair under one call id)
         await second.said("s", "Fetch says fetched")
         assert runs["fetch"] == 2
         items = await check_chat(second.store, "s")
-        assert [it.call_id for it in items if isinstance(it, FunctionCall)] == [call.call_id, f"{call.call_id}/final"]
+        assert [it.call_id for it in items if isinstance(it, FunctionCall)] == [
+            call.call_id,
+            f"{call.call_id}/update/2",
+            f"{call.call_id}/final",
+        ]
         (background,) = outputs(items, call.call_id)
         assert "running in the background" in background[0]
         assert outputs(items, f"{call.call_id}/final") == [("fetched", False)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from switchboard.runtime.agent import Agent
@@ -38,6 +38,7 @@ class Harness:
         self.playout = playout or SimulatedPlayout(WPS)
         options.setdefault("interrupt_force_timeout_s", 2.0)
         options.setdefault("tool_cancel_grace_s", 0.2)
+        options.setdefault("trust_model_call_ids", True)  # the scripts here name their calls ("c1")
         self.session = AgentSession(
             session_id=session_id,
             agent=agent,
@@ -65,9 +66,11 @@ class Harness:
         """The committed chat, read back from the store (what survives)."""
         return self.store.chat(self.sid)
 
-    def summary(self) -> list[tuple[Any, ...]]:
+    def summary(self, skip: Collection[str] = ()) -> list[tuple[Any, ...]]:
         out: list[tuple[Any, ...]] = []
         for it in self.chat():
+            if it.id in skip:
+                continue
             if isinstance(it, ChatMessage):
                 out.append((it.role, it.text, *(("interrupted",) if it.interrupted else ())))
             elif isinstance(it, FunctionCall):

@@ -70,6 +70,7 @@ def test_the_example_file_loads(tmp_path: Path):
     declared.register(registry)
     agent = registry.create("orders")
     assert agent.name == "orders" and "order desk" in agent.instructions
+    assert getattr(agent, "greeting", "").startswith("Hello, this is the order desk.")
     lookup, refund = agent.tools["lookup_order"], agent.tools["refund_order"]
     assert isinstance(lookup, WebhookTool) and isinstance(refund, WebhookTool)
     assert type(lookup.policy) is ToolPolicy  # the policy alone, not the whole spec

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from switchboard.cli.output import Style, describe, event_line
+from switchboard.runtime.event_types import EVENT_PAYLOADS, EventPayload
 
 PLAIN = Style(False, True)
 ASCII = Style(False, False)
@@ -37,8 +38,13 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
         c("──── session recovered after a restart (agent concierge) ────", "1;33"),
     ),
     (ev("session.closed"), "session closed", c("session closed", "1")),
-    (ev("session.failed", error="boom"), "session failed: boom", c("session failed: boom", "1;31")),
-    (ev("session.failed"), "session failed: ", c("session failed: ", "1;31")),
+    (ev("session.failed", reason="boom"), "session failed: boom", c("session failed: boom", "1;31")),
+    (
+        ev("session.failed", reason="unknown agent 'claims'", agent="claims"),
+        "session failed: unknown agent 'claims' (agent claims)",
+        None,
+    ),
+    (ev("session.failed"), "session failed: no reason given", c("session failed: no reason given", "1;31")),
     (ev("agent.state", state="thinking"), "agent is thinking", c("agent is thinking", "2")),
     (ev("agent.handoff", from_agent="a", to_agent="b"), "handoff a → b", c("handoff a → b", "35")),
     (ev("user.input", text="hi  there\n"), "user: hi there", c("user: ", "32;1") + "hi there"),
@@ -163,3 +169,68 @@ def test_event_line_puts_seq_clock_and_type_in_columns() -> None:
     assert len(clock) == len("00:00:00.000")
     assert line == f"    7 {clock} session.closed      session closed"
     assert event_line({"seq": 1, "type": "x", "at": "not a time", "data": {}}, PLAIN).startswith("    1 not a time x ")
+
+
+# Fields a line deliberately leaves out (ids the operator does not need on every line, or shown another way).
+NOT_SHOWN: dict[str, set[str]] = {
+    "session.recovered": {"interrupted_calls", "retried_calls", "interrupted_speeches"},
+    "session.failed": {"interrupted_calls"},
+    "user.input": {"item_id", "final", "role"},
+    "generation.started": {"preemptive"},
+    "generation.speculative": {"state", "user_text"},
+    "generation.failed": {"speech_id", "step"},
+    "tool.started": {"speech_id"},
+    "tool.progress": {"call_id"},
+    "tool.ended": {"call_id", "is_error"},
+    "speech.done": {"interrupted"},
+}
+
+
+def _example(model: type[EventPayload]) -> EventPayload:
+    """A payload of ``model`` with every text field set to a value that names it."""
+    values: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if annotation in (str, str | None):
+            values[name] = f"<{name}>"
+        elif name == "item":
+            values[name] = {"type": "message", "id": "i1", "role": "assistant", "text": "<item>", "created_at": NOW}
+    return model.model_validate({**_defaults(model), **values})
+
+
+NOW = "2026-01-01T00:00:00+00:00"
+
+
+def _defaults(model: type[EventPayload]) -> dict[str, Any]:
+    # the non-text required fields of each payload, filled with plain values
+    samples: dict[str, Any] = {
+        "interrupted_calls": [],
+        "retried_calls": [],
+        "interrupted_speeches": [],
+        "state": "thinking" if model.type == "agent.state" else "started",
+        "final": True,
+        "role": "user",
+        "source": "reply",
+        "interrupted": False,
+        "step": 1,
+        "preemptive": False,
+        "arguments": {},
+        "cancellable": False,
+        "progress": 0.5,
+        "status": "completed",
+        "is_error": False,
+    }
+    return {name: samples[name] for name in model.model_fields if name in samples}
+
+
+@pytest.mark.parametrize("model", EVENT_PAYLOADS, ids=[m.type for m in EVENT_PAYLOADS])
+def test_every_text_field_of_every_event_type_reaches_the_line(model: type[EventPayload]) -> None:
+    """The line is built from the typed payload: a formatter reading a field the event does not carry (the
+    ``reason`` of ``session.failed`` read as ``error``) prints nothing where the operator needs the text."""
+    payload = _example(model)
+    line = describe({"type": model.type, "data": payload.data()}, PLAIN)
+    skipped = NOT_SHOWN.get(model.type, set())
+    for name, value in payload.data().items():
+        if name in skipped or not isinstance(value, str):
+            continue
+        assert value in line, f"{model.type}: {name} is not in {line!r}"

@@ -9,7 +9,8 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
 
-from switchboard.cli.operator import Client, Style, printable, tail
+from switchboard.cli.operator import Style, printable, tail
+from switchboard.client import AsyncClient
 
 HOSTILE = "hi\x1b]0;owned\x07\x1b[2J\x1b[1A\u009b31m\u202etxt.exe\u2066x\u2069\r\nfake line\x00\x7f"
 
@@ -29,7 +30,7 @@ async def test_tail_prints_terminal_controls_as_escapes():
     async with serve(handler, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
         out = io.StringIO()
-        code = await tail(Client(f"http://127.0.0.1:{port}", None), "s1", style=Style(True, True), out=out)
+        code = await tail(AsyncClient(f"http://127.0.0.1:{port}"), "s1", style=Style(True, True), out=out)
     assert code == 0
     lines = out.getvalue().split("\n")[:-1]
     assert len(lines) == 5, lines  # one line per event: no raw newline from the text

@@ -8,7 +8,8 @@ from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
 
-from switchboard.cli.operator import Client, Style, tail
+from switchboard.cli.operator import Style, tail
+from switchboard.client import AsyncClient
 
 
 def frame(seq: int, type: str = "agent.state", **data: Any) -> str:
@@ -33,7 +34,7 @@ async def test_tail_rereads_after_a_missing_frame():
         port = server.sockets[0].getsockname()[1]
         out, notes = io.StringIO(), []
         code = await tail(
-            Client(f"http://127.0.0.1:{port}", None), "s1", style=Style(False, False), out=out, note=notes.append
+            AsyncClient(f"http://127.0.0.1:{port}"), "s1", style=Style(False, False), out=out, note=notes.append
         )
     assert code == 0
     assert [line.split()[0] for line in out.getvalue().splitlines()] == ["1", "2", "3", "4"]

@@ -28,11 +28,11 @@ class BrokenOnce(MemoryStore):
         super().__init__()
         self.reject_next = 0
 
-    async def commit(self, session_id: str, commit: Commit) -> None:
+    async def write(self, session_id: str, commit: Commit) -> None:
         if self.reject_next:
             self.reject_next -= 1
             raise ValueError("rejected by the store")
-        await super().commit(session_id, commit)
+        await super().write(session_id, commit)
 
 
 async def test_an_outage_is_ridden_out_by_the_store_and_writes_land_once_in_order():
@@ -54,11 +54,11 @@ class Unreachable(MemoryStore):
         self.attempts = 0
         self.down = False
 
-    async def commit(self, session_id: str, commit: Commit) -> None:
+    async def write(self, session_id: str, commit: Commit) -> None:
         if self.down:
             self.attempts += 1
             raise ConnectionError("connection refused")
-        await super().commit(session_id, commit)
+        await super().write(session_id, commit)
 
 
 async def test_the_session_never_retries_a_failed_commit():
@@ -101,3 +101,96 @@ async def test_suspend_commits_what_was_heard_and_leaves_the_session_live():
         assert "session.closed" not in h.types()  # a shutdown is not a close: the session is recovered later
         assert h.store.sessions[h.sid].state == "active"
         h.session.state = "closed"  # already stopped; nothing left for the harness to close
+
+
+class Gated(MemoryStore):
+    """Records when each commit reaches the store, and holds the writes that carry a chosen text until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received: list[str] = []  # texts, in the order the commits reached the store
+        self.hold = ""
+        self.release = asyncio.Event()
+        self.refuse = ""
+
+    async def commit(self, session_id: str, commit: Commit) -> None:
+        self.received += [it.text for it in commit.items if isinstance(it, ChatMessage)]
+        await super().commit(session_id, commit)
+
+    async def write(self, session_id: str, commit: Commit) -> None:
+        texts = [it.text for it in commit.items if isinstance(it, ChatMessage)]
+        if self.hold in texts:
+            await self.release.wait()
+        if self.refuse in texts:
+            raise ValueError("rejected by the store")
+        await super().write(session_id, commit)
+
+
+def two_writes(h: Harness, first: str, second: str) -> tuple[list[str], asyncio.Task[None], asyncio.Task[None]]:
+    """Two overlapping commits of one message each; the list records the order their effects are applied in."""
+    applied: list[str] = []
+
+    def write(text: str) -> asyncio.Task[None]:
+        return asyncio.create_task(
+            h.session.commit(Commit(items=[message("user", text)]), then=lambda: applied.append(text))
+        )
+
+    return applied, write(first), write(second)
+
+
+def stored(h: Harness) -> list[str]:
+    return [it.text for it in h.store.chat(h.sid) if isinstance(it, ChatMessage)]
+
+
+async def test_overlapping_commits_reach_the_store_at_once_and_are_applied_in_order():
+    # a session pipelines its writes: the second reaches the store while the first is not durable yet (they can share
+    # a group commit), and the live session applies them in the order they were made
+    h = Harness(Plain())
+    h.store = h.session._store = store = Gated()
+    async with h:
+        store.hold = "first"
+        applied, first, second = two_writes(h, "first", "second")
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert store.received == ["first", "second"]
+        assert applied == [] and not first.done() and not second.done()
+        store.release.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 1.0)
+        assert applied == ["first", "second"]
+        assert stored(h) == ["first", "second"]
+
+
+async def test_a_refused_commit_does_not_hold_up_or_reorder_the_next_one(caplog: pytest.LogCaptureFixture):
+    h = Harness(Plain())
+    h.store = h.session._store = store = Gated()
+    async with h:
+        store.hold, store.refuse = "refused", "refused"
+        applied, refused, later = two_writes(h, "refused", "later")
+        await asyncio.sleep(0.01)
+        store.release.set()
+        with pytest.raises(ValueError, match="rejected"):
+            await asyncio.wait_for(refused, 1.0)
+        await asyncio.wait_for(later, 1.0)
+        assert applied == ["later"]
+        assert stored(h) == ["later"]
+    assert "commit failed for good" in caplog.text
+
+
+async def test_a_caller_cancelled_while_an_earlier_write_is_pending_still_has_its_write_applied():
+    h = Harness(Plain())
+    h.store = h.session._store = store = Gated()
+    async with h:
+        store.hold = "first"
+        applied, first, second = two_writes(h, "first", "second")
+        await asyncio.sleep(0.01)
+        second.cancel()  # the caller gives up (a deadline); its write and its effect are one unit all the same
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        store.release.set()
+        await asyncio.wait_for(first, 1.0)
+        for _ in range(20):
+            if len(applied) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert applied == ["first", "second"]
+        assert stored(h) == ["first", "second"]

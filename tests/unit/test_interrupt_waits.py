@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 
 import pytest
 
 from switchboard import Agent, RunContext, SpeechInterrupted, function_tool
 from switchboard.runtime.aio import resolve
 from switchboard.runtime.chat import FunctionCallOutput
+from switchboard.runtime.playout import PlaybackReport
 from switchboard.runtime.speech import NotInterruptible
 
 from .harness import WPS, Harness
@@ -121,6 +123,7 @@ class DeafStream:
         self.stop_calls = 0
         self._changed = asyncio.Event()
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._report = PlaybackReport()  # reports its start like any sink; only the stop goes unacknowledged
         self._task = asyncio.create_task(self._run(), name="deaf-playout")
         owner.tasks.add(self._task)
         self._task.add_done_callback(owner.tasks.discard)
@@ -143,6 +146,9 @@ class DeafStream:
     def stop(self) -> None:
         self.stop_calls += 1  # acknowledged by nobody: playback goes on, and wait_done() will never resolve
 
+    def on_playback_started(self, callback: Callable[[], None]) -> None:
+        self._report.on_started(callback)
+
     async def _run(self) -> None:
         while True:
             match = _WORD.search(self._text, self._played_chars)
@@ -152,6 +158,7 @@ class DeafStream:
                 self._changed.clear()
                 await self._changed.wait()
                 continue
+            self._report.started()
             await asyncio.sleep(self._word_s)
             self._played_chars = match.end()
         if not self.stop_calls:

@@ -149,10 +149,10 @@ async def test_close_with_queued_speeches_ends_them_unstarted():
 class SlowDeferredStore(MemoryStore):
     """Commits of a deferred reply's speech take a while (so a close can overtake them)."""
 
-    async def commit(self, session_id: str, commit: Commit) -> None:
+    async def write(self, session_id: str, commit: Commit) -> None:
         if any(sp.source == "deferred_reply" and sp.state == "scheduled" for sp in commit.speeches):
             await asyncio.sleep(0.05)
-        await super().commit(session_id, commit)
+        await super().write(session_id, commit)
 
 
 async def test_close_while_a_deferred_reply_is_being_scheduled():

@@ -91,7 +91,9 @@ def test_config_is_validated_with_clear_errors() -> None:
         build_llm({"provider": "openai", "model": "m", "timeout_s": 0})
     with pytest.raises(ValueError, match="base_url: Value error, must be an http"):
         build_llm({"provider": "openai", "model": "m", "base_url": "localhost:8000"})
-    with pytest.raises(ValueError, match="unknown llm provider 'anthropic' \\(available: scripted, openai\\)"):
+    with pytest.raises(
+        ValueError, match="unknown llm provider 'anthropic' \\(available: scripted, openai, fallback\\)"
+    ):
         build_llm({"provider": "anthropic"})
     llm = build_llm({"provider": "openai", "model": "m", "base_url": "http://127.0.0.1:1/v1", "temperature": 0.2})
     assert isinstance(llm, OpenAILLM)

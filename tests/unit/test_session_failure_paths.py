@@ -4,12 +4,14 @@ stale speculative replies, and what a graceful restart owes the user."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import pytest
 
 from switchboard import Agent, RunContext, function_tool
 from switchboard.runtime.chat import ChatMessage
-from switchboard.runtime.memory import MemoryStore
+from switchboard.runtime.events import Event
+from switchboard.runtime.memory import MemoryEventLog, MemoryStore
 from switchboard.runtime.playout import SimulatedPlayout
 from switchboard.runtime.ports import Commit
 from switchboard.runtime.recovery import recover
@@ -35,15 +37,19 @@ class Faulty(MemoryStore):
         self.holding = asyncio.Event()
         self.release = asyncio.Event()
         self.reject_speech_end = 0  # reject this many writes that end a speech
+        self.rejecting = asyncio.Event()  # set when a write that ends a speech is about to be rejected
+        self.reject_after_s = 0.0  # how long the store takes to reject it
 
-    async def commit(self, session_id: str, commit: Commit) -> None:
+    async def write(self, session_id: str, commit: Commit) -> None:
         if self.reject_speech_end and any(sp.state == SpeechState.DONE for sp in commit.speeches):
             self.reject_speech_end -= 1
+            self.rejecting.set()
+            await asyncio.sleep(self.reject_after_s)
             raise ValueError("rejected by the store")
         if self.hold_items and commit.items:
             self.holding.set()
             await self.release.wait()
-        await super().commit(session_id, commit)
+        await super().write(session_id, commit)
 
 
 def harness(turns: list[dict] | None = None, **options: object) -> Harness:
@@ -83,6 +89,69 @@ async def test_a_speech_end_rejected_once_is_still_written_and_reported():
         await h.wait_for("speech.done", lambda e: e.data["speech_id"] == speech.id)
         assert h.store.speeches[h.sid][speech.id].state == SpeechState.DONE
         h.check_invariants()
+
+
+async def test_a_speech_end_the_store_keeps_rejecting_is_written_again_at_last_without_its_text():
+    """Rejected again and again (a store refusing its text, or writes it shares a transaction with): the end is
+    written again after a pause, the last attempts without the text, so the store never keeps a speech the live
+    session has ended as unfinished (I8), and its speech.done is reported once it is durable (I6)."""
+    async with harness() as h:
+        h.store.reject_speech_end = 2
+        speech = await h.session.say("hello there", add_to_chat=False)
+        await h.wait_for("speech.done", lambda e: e.data["speech_id"] == speech.id, timeout=5.0)
+        stored = h.store.speeches[h.sid][speech.id]
+        assert stored.state == SpeechState.DONE and not stored.interrupted
+        assert stored.played_text == "" and speech.played_text == "hello there"
+        h.check_invariants()
+
+
+async def test_a_close_during_a_rejected_speech_end_is_the_last_write_and_reports_the_end_first():
+    """A closed session is never recovered: a speech's end written again after a store error must land (and be
+    reported) before the close, never after it, or nothing ever reports it."""
+    async with harness() as h:
+        h.store.reject_speech_end = 1
+        h.store.reject_after_s = 0.05
+        speech = await h.session.say("hello there", add_to_chat=False)
+        await asyncio.wait_for(h.store.rejecting.wait(), 2.0)
+        await h.session.aclose()
+        types = [(e.type, e.data.get("speech_id")) for e in h.events.events[h.sid]]
+        assert types[-1] == ("session.closed", None)
+        assert ("speech.done", speech.id) in types
+        assert h.store.speeches[h.sid][speech.id].state == SpeechState.DONE
+        assert h.store.sessions[h.sid].state == "closed"
+
+
+class LateEvents(MemoryEventLog):
+    """An event sink that makes each event durable a while after it was emitted (a busy event writer)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.durable: list[Event] = []
+
+    def publish(self, event: Event) -> Awaitable[None]:
+        super().publish(event)
+        durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def land() -> None:
+            self.durable.append(event)
+            durable.set_result(None)
+
+        asyncio.get_running_loop().call_later(self.delay_s, land)
+        return durable
+
+
+async def test_a_suspend_returns_once_the_events_of_what_it_ended_are_durable():
+    """A shutdown flushes every pending write, events included: when suspend returns, the end of the speech it
+    interrupted is durable and so is its ``speech.done`` (nothing durable without its event, I6)."""
+    async with harness([{"text": LONG}]) as h:
+        late = LateEvents(0.2)
+        h.session.events._sink = h.events = late  # from here on, events become durable late
+        res = await h.session.input("talk")
+        await h.wait_for("speech.started", lambda e: e.data["speech_id"] == res.speech_id)
+        await h.session.suspend()
+        assert h.store.speeches[h.sid][res.speech_id].state == SpeechState.DONE
+        assert ("speech.done", res.speech_id) in [(e.type, e.data.get("speech_id")) for e in late.durable]
 
 
 async def test_input_whose_caller_is_cut_off_during_a_stalled_commit_is_applied_live():

@@ -34,7 +34,7 @@ class PickyStore(MemoryStore):
         self.refused = 0
         self.writing = asyncio.Event()  # set when a slow write has started
 
-    async def commit(self, session_id: str, commit: Commit) -> None:
+    async def write(self, session_id: str, commit: Commit) -> None:
         delay = self.slow(commit)
         if delay:
             self.writing.set()
@@ -42,7 +42,7 @@ class PickyStore(MemoryStore):
         if self.refuse(commit):
             self.refused += 1
             raise RefusedWrite("the store rejected this write")
-        await super().commit(session_id, commit)
+        await super().write(session_id, commit)
 
 
 def picky(h: Harness) -> PickyStore:

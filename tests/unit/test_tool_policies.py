@@ -45,9 +45,9 @@ class Dup(Agent):
         """Duplicates rejected (same name and arguments)."""
         return await self._work(ctx, f"rejected_args {x}")
 
-    @function_tool(on_duplicate="replace")
+    @function_tool(on_duplicate="replace", allow_cancellation=True)
     async def replaced(self, ctx: RunContext, x: int) -> str:
-        """A new call replaces the running one."""
+        """A new call replaces the running one (which can be cancelled)."""
         return await self._work(ctx, f"replaced {x}")
 
     @function_tool(on_duplicate="confirm")

@@ -10,13 +10,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+import httpx
+from fastapi import FastAPI, Request, Response
 from fastapi.staticfiles import StaticFiles
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
 from .. import __version__
+from ..control import tracing
+from ..control.fanout import RedisFanout
 from ..control.host import SessionHost
 from ..control.hub import EventHub
 from ..control.metrics import Metrics
+from ..control.ownership import AnotherInstanceRunning, NodeLease
 from ..control.settings import Settings
 from ..integrations.agents_file import load_agents_file
 from ..integrations.demo import AGENTS as DEMO_AGENTS
@@ -26,11 +32,25 @@ from ..integrations.webhooks import Webhooks
 from ..runtime.agent import AgentRegistry
 from ..runtime.aio import cancel_and_wait
 from ..store import Store
-from . import asyncapi, problems, routes_events, routes_health, routes_reports, routes_sessions, routes_tools
-from .deps import Services
+from . import (
+    asyncapi,
+    problems,
+    routes_agents,
+    routes_agui,
+    routes_cluster,
+    routes_events,
+    routes_health,
+    routes_reports,
+    routes_sessions,
+    routes_tools,
+)
+from .deps import Services, services
+from .forward import SessionElsewhere, forward
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
+from .rate_limit import WriteRateLimiter
 from .stream_slots import StreamSlots
+from .traces import CommandSpans
 
 logger = logging.getLogger("switchboard.api.app")
 
@@ -59,10 +79,39 @@ async def _purge_idempotency_keys(store: Store, settings: Settings) -> None:
         await asyncio.sleep(IDEMPOTENCY_PURGE_EVERY_S)
 
 
-def create_app(settings: Settings | None = None, *, registry: AgentRegistry | None = None) -> FastAPI:
+async def _expire_sessions(host: SessionHost, store: Store, settings: Settings) -> None:
+    """Close sessions idle for ``idle_timeout_s`` and delete ended ones after ``closed_retention_s`` (0 turns either
+    off), every ``housekeeping_interval_s``."""
+    while True:
+        await asyncio.sleep(settings.housekeeping_interval_s)
+        try:
+            if settings.idle_timeout_s:
+                await host.close_idle(settings.idle_timeout_s)
+            if settings.closed_retention_s:
+                cutoff = datetime.now(UTC) - timedelta(seconds=settings.closed_retention_s)
+                purged = await store.purge_ended_sessions(cutoff)
+                if purged:
+                    logger.info("deleted %d session(s) ended before %s", len(purged), cutoff.isoformat())
+        except Exception:
+            logger.exception("session housekeeping failed; will retry")
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    registry: AgentRegistry | None = None,
+    tracer_provider: trace.TracerProvider | None = None,
+) -> FastAPI:
+    """The service. ``tracer_provider``: where its spans go (default: as the ``OTEL_*`` variables say, if at all)."""
     settings = settings or Settings()
+    own_provider = tracer_provider is None
+    if tracer_provider is None:
+        tracer_provider = tracing.configure()  # ValueError (an exporter that is not installed): it does not start
+    traces = tracing.Tracing(tracer_provider) if tracer_provider is not None else None
     registry = registry or AgentRegistry.load(settings.agents, builtin=DEMO_AGENTS)
-    webhooks = Webhooks(max_response_bytes=settings.max_webhook_response_bytes)
+    webhooks = Webhooks(max_response_bytes=settings.max_webhook_response_bytes, report_secret=settings.token_secret)
+    if traces is not None:
+        webhooks.trace_headers = traces.call_headers
     metrics = Metrics()
     # ValueError: the service does not start
     models = ModelProfiles(settings.models, sessions_may_script=settings.sessions_may_script)
@@ -84,8 +133,24 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
         store = Store.from_url(settings.database_url)
         if settings.migrate_on_start:
             await store.migrate()
+        lease = NodeLease(store, settings)
+        try:
+            await lease.start()
+        except BaseException as err:
+            if isinstance(err, AnotherInstanceRunning):  # the service does not start: say why on one line
+                logger.error("not starting: %s", err)
+            await store.aclose()
+            raise
+        store.writer.on_commit = metrics.on_store_commit
         await store.start()
         hub = EventHub(default_buffer=settings.ws_buffer)
+        fanout = (
+            RedisFanout(settings.redis_url, hub, lease.node_id, database_url=settings.database_url)
+            if settings.redis_url
+            else None
+        )
+        # a forwarded command gets the owner's whole deadline (its backstop included) before this node gives up on it
+        forwarder = httpx.AsyncClient(timeout=settings.request_timeout_s + REQUEST_DEADLINE_GRACE_S + 1.0)
         host = SessionHost(
             store=store,
             registry=registry,
@@ -94,8 +159,13 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
             on_event=metrics.on_event,
             default_llms=default_llms,
             models=models,
+            lease=lease,
+            on_durable=fanout.on_durable if fanout is not None else None,
+            model_observer=metrics,
+            wrap_sink=traces.sink if traces is not None else None,
         )
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
+        metrics.bind_node(host)
         app.state.services = Services(
             settings=settings,
             store=store,
@@ -106,17 +176,34 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
             streams=StreamSlots(
                 per_process=settings.ws_max_streams, per_credential=settings.ws_max_streams_per_credential
             ),
+            writes=WriteRateLimiter(rate_per_s=settings.write_rate_per_s, burst=settings.write_burst),
+            forwarder=forwarder,
+            fanout=fanout,
         )
-        purge_task = asyncio.create_task(_purge_idempotency_keys(store, settings), name="idempotency-purge")
+        tasks = [asyncio.create_task(_purge_idempotency_keys(store, settings), name="idempotency-purge")]
+        if fanout is not None:
+            fanout.start()
         try:
             await host.recover_all()
+            tasks.append(asyncio.create_task(_expire_sessions(host, store, settings), name="session-expiry"))
+            if settings.cluster_mode:  # take over the sessions of nodes that die
+                tasks.append(asyncio.create_task(host.adopt_forever(lease.lease_s / 2), name="adopt"))
             logger.info("switchboard ready (%d live sessions)", len(host.sessions))
+            logger.info("agents: %s", ", ".join(registry.names()))
+            logger.info("operator console: http://%s:%d/console/", settings.host, settings.port)
             yield
         finally:
-            await cancel_and_wait(purge_task)
+            await cancel_and_wait(*tasks)
             await host.aclose()
             await webhooks.aclose()
+            await forwarder.aclose()
+            if fanout is not None:
+                await fanout.aclose()
+            await store.writer.aclose()  # every write durable before the node says it stopped (its sessions free)
+            await lease.aclose()
             await store.aclose()
+            if own_provider and isinstance(tracer_provider, SdkTracerProvider):
+                tracer_provider.shutdown()  # exports what is still batched
 
     app = problems.ProblemAPI(
         title="Switchboard",
@@ -126,14 +213,24 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
         openapi_tags=[
             {"name": "sessions", "description": "Live sessions and operator commands"},
             {"name": "tools", "description": "Tool calls: list, read, cancel"},
+            {"name": "agents", "description": "The agents sessions can run, their tools and models"},
             {"name": "events", "description": "WebSocket event streams"},
             {"name": "health", "description": "Liveness, readiness, metrics"},
+            {"name": "cluster", "description": "The nodes serving this database"},
         ],
     )
     problems.install(app)
-    for router in (routes_sessions.router, routes_tools.router, routes_reports.router):
+
+    @app.exception_handler(SessionElsewhere)
+    async def _elsewhere(request: Request, exc: SessionElsewhere) -> Response:
+        found = services(request)
+        return await forward(request, exc, found.forwarder, found.settings.cluster_secret)
+
+    routers = (routes_sessions, routes_tools, routes_reports, routes_agents, routes_cluster)
+    for router in (module.router for module in routers):
         app.include_router(router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_events.router)
+    app.include_router(routes_agui.router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_health.router)
     app.include_router(asyncapi.router)  # GET /asyncapi.json, like /openapi.json: public, outside the schema
     # the operator console: static ES modules, a pure client of the public API (/console redirects to /console/)
@@ -151,4 +248,6 @@ def create_app(settings: Settings | None = None, *, registry: AgentRegistry | No
     # outermost: a request browsers must not make is refused before anything else; every answer gets the headers
     app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(SecurityHeaders)
+    if traces is not None:  # outside all: a refused command is a span too
+        app.add_middleware(CommandSpans, tracer=traces.tracer)
     return app

@@ -51,6 +51,13 @@ _SESSION_QUERY: dict[str, Any] = {
             "description": "Replay the stored events with `seq` greater than this, then stream live ones.",
         },
         "types": _TYPES_QUERY,
+        "format": {
+            "enum": ["switchboard", "ag-ui"],
+            "default": "switchboard",
+            "description": "`ag-ui`: each frame is an AG-UI event (the `ag-ui-protocol` models; docs/ag-ui.md), not a "
+            'Switchboard event; the last frame made from a session event carries `rawEvent: {"seq": N}`, the `since` '
+            "to resume from. Cannot be combined with `types`.",
+        },
         "token": _TOKEN_QUERY,
     },
 }

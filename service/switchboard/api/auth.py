@@ -9,12 +9,14 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 
 from ..control.settings import Settings
-from .deps import SettingsDep
+from .deps import SettingsDep, services
 from .problems import ProblemError
+from .rate_limit import COMMAND_METHODS, WriteRateLimiter
 
 TOKEN_PREFIX = "sbt_"
 TOKEN_SCOPES = ("sessions:read", "events:read")
@@ -25,6 +27,13 @@ class Principal:
     name: str
     scopes: frozenset[str]
     session_id: str | None = None  # set for per-session tokens: valid for that session only
+    # Who this is, for what is kept per caller (idempotency records, rate limits, session quotas): an API key by a
+    # digest of the key (names are optional and may repeat), a token by its session. Never the secret itself.
+    subject: str = ""
+
+    @property
+    def identity(self) -> str:
+        return self.subject or self.name
 
     def allows(self, scope: str, session_id: str | None = None) -> bool:
         if scope not in self.scopes:
@@ -32,7 +41,7 @@ class Principal:
         return self.session_id is None or self.session_id == session_id
 
 
-ANONYMOUS = Principal("anonymous", frozenset({"*"}))
+ANONYMOUS = Principal("anonymous", frozenset({"*"}), subject="anonymous")
 
 
 class AuthError(Exception):
@@ -54,14 +63,17 @@ def _unb64(text: str) -> bytes:
 def issue_token(settings: Settings, session_id: str, ttl_s: int | None = None) -> tuple[str, int]:
     expires = int(time.time()) + (ttl_s or settings.token_ttl_s)
     payload = _b64(json.dumps({"sid": session_id, "exp": expires, "n": secrets.token_hex(4)}).encode())
-    sig = _b64(hmac.new(settings.token_secret.encode(), payload.encode(), hashlib.sha256).digest())
-    return f"{TOKEN_PREFIX}{payload}.{sig}", expires
+    return f"{TOKEN_PREFIX}{payload}.{_token_signature(settings, payload)}", expires
+
+
+def _token_signature(settings: Settings, payload: str) -> str:
+    return _b64(hmac.new(settings.token_secret.encode(), payload.encode(), hashlib.sha256).digest())
 
 
 def _verify_token(settings: Settings, token: str) -> Principal:
     body = token[len(TOKEN_PREFIX) :]
     payload, _, sig = body.partition(".")
-    expected = _b64(hmac.new(settings.token_secret.encode(), payload.encode(), hashlib.sha256).digest())
+    expected = _token_signature(settings, payload)
     # as bytes: compare_digest refuses a str holding anything but ASCII, and header values can hold any latin-1
     if not sig or not hmac.compare_digest(sig.encode(), expected.encode()):
         raise AuthError(401, "invalid_token", "The session token is invalid.")
@@ -72,7 +84,38 @@ def _verify_token(settings: Settings, token: str) -> Principal:
         raise AuthError(401, "invalid_token", "The session token is invalid.") from None
     if exp < time.time():
         raise AuthError(401, "token_expired", "The session token has expired.")
-    return Principal(f"token:{sid}", frozenset(TOKEN_SCOPES), session_id=sid)
+    return Principal(f"token:{sid}", frozenset(TOKEN_SCOPES), session_id=sid, subject=f"token:{sid}")
+
+
+def _seal_key(settings: Settings) -> bytes:
+    # derived, so a sealed record's MAC is never a token signature (and the reverse)
+    return hmac.new(settings.token_secret.encode(), b"switchboard idempotency seal v1", hashlib.sha256).digest()
+
+
+def seal_token(settings: Settings, answer: Any) -> Any:
+    """What an idempotency record keeps of a minted token's answer: its payload (session, expiry, nonce: no secret)
+    with a MAC under a key derived from the token secret, in place of the token. The store then holds nothing that
+    authenticates anyone, and nothing that could be turned into a token without the server's secret."""
+    token = str(answer["token"])
+    payload = token[len(TOKEN_PREFIX) :].partition(".")[0]
+    mac = _b64(hmac.new(_seal_key(settings), payload.encode(), hashlib.sha256).digest())
+    return {**answer, "token": None, "sealed_token": f"{payload}.{mac}"}
+
+
+def unseal_token(settings: Settings, record: Any) -> Any:
+    """The answer a sealed record replays: the very token first answered, signed again (signing is deterministic).
+    A record whose MAC does not check (written under another secret, or not by this service) replays nothing."""
+    payload, _, mac = str(record.get("sealed_token") or "").partition(".")
+    expected = _b64(hmac.new(_seal_key(settings), payload.encode(), hashlib.sha256).digest())
+    if not payload or not hmac.compare_digest(mac.encode(), expected.encode()):
+        raise ProblemError(
+            409,
+            "idempotency_key_reused",
+            "The token answered under this Idempotency-Key cannot be replayed (the token secret changed); "
+            "use a new key.",
+        )
+    answer = {k: v for k, v in record.items() if k != "sealed_token"}
+    return {**answer, "token": f"{TOKEN_PREFIX}{payload}.{_token_signature(settings, payload)}"}
 
 
 def authenticate(settings: Settings, credential: str | None) -> Principal:
@@ -85,8 +128,15 @@ def authenticate(settings: Settings, credential: str | None) -> Principal:
         return _verify_token(settings, credential)
     for api_key in settings.api_keys:
         if hmac.compare_digest(api_key.key.encode(), credential.encode()):
-            return Principal(api_key.name or f"key:{api_key.key[:4]}…", frozenset(api_key.scopes))
+            return Principal(
+                api_key.name or f"key:{api_key.key[:4]}…", frozenset(api_key.scopes), subject=key_subject(api_key.key)
+            )
     raise AuthError(401, "invalid_key", "The API key is not valid.")
+
+
+def key_subject(key: str) -> str:
+    """An API key's identity where callers are told apart: a digest, so no store or log ever holds the key."""
+    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def bearer(request_headers: dict[str, str] | None, header: str | None) -> str | None:
@@ -124,7 +174,7 @@ class Require:
         self.scope = scope
         self.keys_only = keys_only
 
-    def __call__(self, request: Request, settings: SettingsDep) -> Principal:
+    async def __call__(self, request: Request, settings: SettingsDep) -> Principal:
         try:
             principal = authenticate(settings, bearer(None, request.headers.get("authorization")))
             check(principal, self.scope, request.path_params.get("sid"))
@@ -133,4 +183,22 @@ class Require:
         except AuthError as err:
             headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
             raise ProblemError(err.status, err.code, err.detail, headers=headers) from None
+        if request.method in COMMAND_METHODS and principal is not ANONYMOUS:
+            wait_s = services(request).writes.take(principal.identity)
+            if wait_s is not None:
+                raise ProblemError(
+                    429,
+                    "rate_limited",
+                    "Too many commands from this credential; retry after Retry-After seconds.",
+                    headers={"Retry-After": WriteRateLimiter.retry_after(wait_s)},
+                )
+        request.state.principal = principal
         return principal
+
+
+def principal_of(request: Request) -> Principal:
+    """The caller a route's ``Require`` let in (authenticated again if no ``Require`` ran)."""
+    found = getattr(request.state, "principal", None)
+    if isinstance(found, Principal):
+        return found
+    return authenticate(services(request).settings, bearer(None, request.headers.get("authorization")))

@@ -9,20 +9,25 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
 
+import httpx
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
+from ..control.fanout import RedisFanout
 from ..control.host import SessionHost, SessionView
 from ..control.hub import EventHub
 from ..control.metrics import Metrics
 from ..control.settings import Settings
 from ..integrations.webhooks import Webhooks
+from ..runtime.chat import utcnow
 from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
-from ..store import Store
+from ..store import NodeState, Store
+from .forward import FORWARDED_HEADER, SessionElsewhere
 from .problems import ProblemError, not_found
-from .schemas import SessionRead, ToolCallRead
+from .rate_limit import WriteRateLimiter
+from .schemas import LatencyRead, SessionRead, ToolCallRead
 from .stream_slots import StreamSlots
 
 
@@ -37,6 +42,9 @@ class Services:
     webhooks: Webhooks
     metrics: Metrics
     streams: StreamSlots
+    writes: WriteRateLimiter
+    forwarder: httpx.AsyncClient  # commands for sessions other nodes run (``forward``)
+    fanout: RedisFanout | None = None  # cluster mode: events to and from the other nodes
 
 
 def services(conn: HTTPConnection) -> Services:
@@ -46,15 +54,21 @@ def services(conn: HTTPConnection) -> Services:
     return found
 
 
-def _settings(conn: HTTPConnection) -> Settings:
+# Dependencies are coroutines: FastAPI runs a plain function in its thread pool, a thread hop per dependency and
+# request that costs more than the lookup itself once the event loop is busy (see ``tests/api/test_dependencies.py``).
+async def _services(conn: HTTPConnection) -> Services:
+    return services(conn)
+
+
+async def _settings(conn: HTTPConnection) -> Settings:
     return services(conn).settings
 
 
-def _host(conn: HTTPConnection) -> SessionHost:
+async def _host(conn: HTTPConnection) -> SessionHost:
     return services(conn).host
 
 
-ServicesDep = Annotated[Services, Depends(services)]
+ServicesDep = Annotated[Services, Depends(_services)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 HostDep = Annotated[SessionHost, Depends(_host)]
 
@@ -70,9 +84,53 @@ async def known_session(host: SessionHost, sid: str) -> SessionView:
 async def active_session(host: SessionHost, sid: str) -> AgentSession:
     """The live session, ready for commands; 409 when it exists but is not active, 404 when it never existed."""
     view = await known_session(host, sid)
+    await owned_here(host, view)
     if view.live is None or view.state != SessionStatus.ACTIVE:
         raise ProblemError(409, "session_not_active", f"Session {sid!r} is {view.state}.")
     return view.live
+
+
+async def owned_here(host: SessionHost, view: SessionView) -> None:
+    """A command for a live session another node runs: forwarded there in cluster mode (``SessionElsewhere``), else
+    503 (this instance was replaced: the session is the new one's)."""
+    owner = view.record.owner_node
+    if view.live is not None or not SessionStatus(view.state).live or owner is None:
+        return
+    if owner == host.node_id:
+        if host.lease is None or not host.lease.fence.owns(view.id):
+            return
+        # claimed, and being recovered here: it answers in a moment
+        raise ProblemError(
+            503, "session_recovering", f"Session {view.id!r} is being recovered; retry.", headers={"Retry-After": "1"}
+        )
+    if host.settings.cluster_mode:
+        raise SessionElsewhere(view.id, owner, await host.store.nodes.live_url(owner))
+    raise ProblemError(
+        503,
+        "session_moved",
+        f"Session {view.id!r} is run by node {owner}, not this one; retry.",
+        headers={"Retry-After": "1"},
+    )
+
+
+async def _forwarded(conn: HTTPConnection) -> bool:
+    return FORWARDED_HEADER in conn.headers
+
+
+Forwarded = Annotated[bool, Depends(_forwarded)]
+
+
+async def place_new_session(host: SessionHost, forwarded: bool) -> None:
+    """Cluster mode: a new session goes to the least-loaded live node (this one on a tie); a request another node
+    forwarded here is placed here."""
+    if not host.settings.cluster_mode or forwarded:
+        return
+    now = utcnow()
+    live = [n for n in await host.store.nodes.list_nodes(states=[NodeState.LIVE]) if n.lease_until > now]
+    mine = next((n.sessions for n in live if n.id == host.node_id), 0)
+    target = min(live, key=lambda n: (n.sessions, n.id != host.node_id), default=None)
+    if target is not None and target.id != host.node_id and target.sessions < mine:
+        raise SessionElsewhere("(new)", target.id, target.url)
 
 
 async def _known_session(sid: str, host: HostDep) -> SessionView:
@@ -103,8 +161,28 @@ async def deadline(settings: Settings) -> AsyncIterator[None]:
         ) from None
 
 
-def session_read(view: SessionView) -> SessionRead:
+def _ms(seconds: float | None) -> float | None:
+    return round(seconds * 1000, 1) if seconds is not None else None
+
+
+def _latency(host: SessionHost, view: SessionView) -> LatencyRead:
+    ttft = getattr(view.live.llm, "last_ttft_s", None) if view.live is not None else None
+    return LatencyRead(
+        time_to_first_token_ms=_ms(ttft if isinstance(ttft, float) else None),
+        time_to_first_audio_ms=_ms(host.attention.first_audio_s(view.id)),
+    )
+
+
+def session_read(view: SessionView, host: SessionHost) -> SessionRead:
     rec, live = view.record, view.live
+    common = {
+        "created_at": rec.created_at,
+        "metadata": rec.metadata,
+        "last_activity_at": host.attention.last_activity(rec.id) or rec.updated_at,
+        "attention": [r.model_dump() for r in host.attention_reasons(view)],
+        "model": host.model_summary(rec),
+        "latency": _latency(host, view),
+    }
     if live is not None:
         return SessionRead(
             id=live.id,
@@ -112,8 +190,8 @@ def session_read(view: SessionView) -> SessionRead:
             state=live.state,
             agent_state=live.agent_state,
             current_speech_id=live.current_speech.id if live.current_speech else None,
-            created_at=rec.created_at,
-            metadata=rec.metadata,
+            owner_node=rec.owner_node,
+            **common,
         )
     return SessionRead(
         id=rec.id,
@@ -121,8 +199,8 @@ def session_read(view: SessionView) -> SessionRead:
         state=rec.state,
         agent_state="listening",
         current_speech_id=None,
-        created_at=rec.created_at,
-        metadata=rec.metadata,
+        owner_node=rec.owner_node if SessionStatus(rec.state).live else None,
+        **common,
     )
 
 
@@ -139,6 +217,7 @@ def tool_call_read(sid: str, info: ToolCallInfo) -> ToolCallRead:
         progress=[p.model_dump() for p in info.progress],
         output=info.output,
         is_error=info.is_error,
+        error=info.error,
         speech_id=info.speech_id,
         started_at=info.started_at,
         ended_at=info.ended_at,

@@ -24,27 +24,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..control.settings import Settings, is_loopback_name
 from .auth import AuthError, authenticate, bearer, check
+from .headers import DOCS_PATHS, security_headers
 from .problems import problem_response
 
 CLOSE_POLICY_VIOLATION = 1008
 COMMAND_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 METRICS_PATH = "/metrics"
 METRICS_SCOPE = "metrics:read"
-
-# The console is static ES modules and a stylesheet from its own origin; its streams are same-origin WebSockets.
-CONSOLE_CSP = (
-    "default-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
-    "form-action 'self'; frame-ancestors 'none'"
-)
-# The interactive docs load their script and styles from a CDN (FastAPI's pages): only framing is refused there.
-DOCS_CSP = "frame-ancestors 'none'"
-API_CSP = "default-src 'none'; frame-ancestors 'none'"  # JSON answers: nothing to load, nothing to frame
-COMMON_HEADERS = (
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"x-frame-options", b"DENY"),
-)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -189,14 +175,7 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path: str = scope.get("path", "")
-        if path == "/console" or path.startswith("/console/"):
-            csp = CONSOLE_CSP
-        elif path in DOCS_PATHS and path != "/openapi.json":
-            csp = DOCS_CSP
-        else:
-            csp = API_CSP
-        extra = (*COMMON_HEADERS, (b"content-security-policy", csp.encode()))
+        extra = security_headers(scope.get("path", ""))
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":

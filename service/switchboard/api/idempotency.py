@@ -6,7 +6,12 @@ A route is written plainly and decorated (below its ``@router.post``)::
     @idempotent
     async def inject_input(sid: str, body: InputCreate, host: HostDep) -> InputAccepted: ...
 
-Without the header the route just runs. With it, one request per key and route runs at a time: the first to find
+Records belong to the caller: a key is scoped by the credential (``auth.Principal.identity``: a digest of the API
+key, never the key), the method and the path, so one caller can never replay another's answer. A route whose answer
+holds a secret (a minted token) is decorated ``@idempotent_sealed(seal, unseal)``: the record keeps only the sealed
+form, and a replay unseals it (see ``auth.seal_token``).
+
+Without the header the route just runs. With it, one request per key, caller and route runs at a time: the first to find
 no record runs the route and records its outcome (status and body) unless it is a 5xx; the others replay it
 (``Idempotent-Replayed: true``), or get 409 ``idempotency_key_reused`` when their body differs. A route that raises
 (a problem answer) records nothing: the command had no effect, so a retry runs it again.
@@ -42,8 +47,10 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
+from ..control.settings import Settings
 from ..runtime.chat import utcnow
 from ..store import IdempotencyRecord, Store
+from .auth import principal_of
 from .deps import command_outlives_caller, services
 from .problems import ProblemError
 
@@ -92,18 +99,21 @@ class Attempt:
     key: str | None
     scope: str
     store: Store
+    settings: Settings
     response: Response  # the route's own (FastAPI's sub-response): a route may set its status code
     default_status: int
 
 
-def _attempt(request: Request, response: Response) -> Attempt:
+async def _attempt(request: Request, response: Response) -> Attempt:
     key = request.headers.get("idempotency-key")
     if key is not None and (not key or len(key) > MAX_KEY_LEN):
         raise ProblemError(400, "invalid_idempotency_key", f"Idempotency-Key must be 1-{MAX_KEY_LEN} chars.")
     route = request.scope.get("route")
     default_status = route.status_code if isinstance(route, APIRoute) and route.status_code else 200
-    scope = f"{request.method} {request.url.path}"
-    return Attempt(key, scope, services(request).store, response, default_status)
+    # the caller first: records are never shared between credentials
+    scope = f"{principal_of(request).identity} {request.method} {request.url.path}"
+    found = services(request)
+    return Attempt(key, scope, found.store, found.settings, response, default_status)
 
 
 _ATTEMPT_PARAM = "idempotency_attempt"
@@ -130,6 +140,22 @@ def _response(status: int, payload: Any) -> Response:
     return JSONResponse(payload, status_code=status)
 
 
+Seal = Callable[[Settings, Any], Any]  # an answer (JSON) -> what its record keeps, and back
+
+
+@dataclass(frozen=True, slots=True)
+class Sealing:
+    seal: Seal
+    unseal: Seal  # raises ProblemError when the record can no longer be replayed
+
+
+def _kept(settings: Settings, payload: Any) -> Any:
+    return payload
+
+
+PLAIN = Sealing(_kept, _kept)
+
+
 async def _run(
     attempt: Attempt,
     key: str,
@@ -137,8 +163,9 @@ async def _run(
     locks: KeyLocks,
     call: Callable[[], Awaitable[Any]],
     tasks: set[asyncio.Task[Response]],
+    sealing: Sealing,
 ) -> Response:
-    task = asyncio.create_task(_run_once(attempt, key, _digest(body), locks, call), name=f"idempotent:{key}")
+    task = asyncio.create_task(_run_once(attempt, key, _digest(body), locks, call, sealing), name=f"idempotent:{key}")
     tasks.add(task)
     task.add_done_callback(_settled(tasks))
     return await asyncio.shield(task)
@@ -154,7 +181,7 @@ def _settled(tasks: set[asyncio.Task[Response]]) -> Callable[[asyncio.Task[Respo
 
 
 async def _run_once(
-    attempt: Attempt, key: str, digest: str, locks: KeyLocks, call: Callable[[], Awaitable[Any]]
+    attempt: Attempt, key: str, digest: str, locks: KeyLocks, call: Callable[[], Awaitable[Any]], sealing: Sealing
 ) -> Response:
     """Replay the key's record, or run the command and record its outcome: one unit, whatever the caller does."""
     command_outlives_caller.set(True)  # in this task's own context only
@@ -167,7 +194,7 @@ async def _run_once(
                     "idempotency_key_reused",
                     "This Idempotency-Key was already used with a different request body.",
                 )
-            replay = _response(found.status_code, found.response_body)
+            replay = _response(found.status_code, sealing.unseal(attempt.settings, found.response_body))
             replay.headers[REPLAYED_HEADER] = "true"
             return replay
         result = await call()
@@ -179,7 +206,7 @@ async def _run_once(
                 scope=attempt.scope,
                 request_hash=digest,
                 status_code=status,
-                response_body=payload,
+                response_body=sealing.seal(attempt.settings, payload),
                 created_at=utcnow(),
             )
             await attempt.store.idempotency_put(record)
@@ -189,9 +216,10 @@ async def _run_once(
 class _IdempotentRoute(Generic[R]):
     """The endpoint FastAPI sees: the route's own parameters plus the attempt, with annotations resolved."""
 
-    def __init__(self, endpoint: Callable[..., Awaitable[R]]) -> None:
+    def __init__(self, endpoint: Callable[..., Awaitable[R]], sealing: Sealing = PLAIN) -> None:
         functools.update_wrapper(self, endpoint)  # name and docstring (the operation's description)
         self._endpoint = endpoint
+        self._sealing = sealing
         self._locks = KeyLocks()  # one table per route: the scope of a record is its route's method and path
         self._tasks: set[asyncio.Task[Response]] = set()  # commands running on after their caller was answered
         hints = typing.get_type_hints(endpoint, include_extras=True)
@@ -211,9 +239,21 @@ class _IdempotentRoute(Generic[R]):
         if self._body_model is not None:
             parsed = kwargs[BODY_PARAM]
             body = (parsed if parsed is not None else self._body_model()).model_dump(mode="json")
-        return await _run(attempt, attempt.key, body, self._locks, lambda: self._endpoint(**kwargs), self._tasks)
+        call = functools.partial(self._endpoint, **kwargs)
+        return await _run(attempt, attempt.key, body, self._locks, call, self._tasks, self._sealing)
 
 
 def idempotent(endpoint: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R | Response]]:
     """Make a POST route honour ``Idempotency-Key`` (see the module docstring)."""
     return _IdempotentRoute(endpoint)
+
+
+def idempotent_sealed(
+    seal: Seal, unseal: Seal
+) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R | Response]]]:
+    """``idempotent`` for a route whose answer holds a secret: its record keeps ``seal(answer)`` only."""
+
+    def decorate(endpoint: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R | Response]]:
+        return _IdempotentRoute(endpoint, Sealing(seal, unseal))
+
+    return decorate

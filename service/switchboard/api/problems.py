@@ -13,12 +13,20 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..control.host import InvalidSessionConfig, SessionConflict, TooManySessions
+from ..control.host import (
+    InvalidSessionConfig,
+    ModelNotConfigured,
+    SessionConflict,
+    SessionQuotaExceeded,
+    TooManySessions,
+)
+from ..control.ownership import NodeDeposed
 from ..runtime.agent import UnknownAgent
 from ..runtime.executor import AlreadyEnded, NotCancellable, ToolCallNotFound
 from ..runtime.session import SessionClosed
 from ..runtime.speech import NotInterruptible
-from ..store import DATABASE_ERRORS, is_transient
+from ..store import DATABASE_ERRORS, SessionFenced, is_transient
+from .headers import problem_headers
 
 logger = logging.getLogger("switchboard.api")
 
@@ -149,6 +157,10 @@ def _tool_call_not_found(err: ToolCallNotFound) -> str:
     return f"No tool call {err.args[0]!r}."
 
 
+def _session_fenced(err: SessionFenced) -> str:
+    return f"Session {err.session_id!r} is no longer run by this node ({err.detail})."
+
+
 def _session_exists(err: SessionConflict) -> str:
     return f"Session {err.session_id!r} exists with a different body."
 
@@ -161,9 +173,13 @@ DOMAIN_PROBLEMS: dict[type[Exception], DomainProblem[Any]] = {
     AlreadyEnded: DomainProblem(409, "already_ended", _already_ended),
     ToolCallNotFound: DomainProblem(404, "tool_call_not_found", _tool_call_not_found),
     UnknownAgent: DomainProblem(422, "unknown_agent"),
+    ModelNotConfigured: DomainProblem(422, "model_not_configured"),
     InvalidSessionConfig: DomainProblem(422, "invalid_session_config"),
     SessionConflict: DomainProblem(409, "session_exists", _session_exists),
+    SessionQuotaExceeded: DomainProblem(429, "session_quota_exceeded", headers={"Retry-After": "5"}),
     TooManySessions: DomainProblem(429, "too_many_sessions", headers={"Retry-After": "5"}),
+    SessionFenced: DomainProblem(503, "session_moved", _session_fenced, headers={"Retry-After": "1"}),
+    NodeDeposed: DomainProblem(503, "node_fenced"),
 }
 
 
@@ -223,4 +239,5 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return problem_response(500, "internal_error", "An internal error occurred.")
+        # answered from outside every middleware (Starlette's ServerErrorMiddleware): the headers come from here
+        return problem_response(500, "internal_error", "An internal error occurred.", headers=problem_headers())

@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
@@ -21,8 +21,11 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from ..control.hub import SubscriberOverflow, Subscription
 from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event, type_matcher
+from ..store import Store
 from . import deps
+from .agui import SHARED, AguiTranslator
 from .auth import AuthError, Principal, authenticate, bearer, check, url_token
+from .direct_send import DirectSend
 from .stream_slots import TooManyStreams
 
 logger = logging.getLogger("switchboard.api.ws")
@@ -46,7 +49,9 @@ CLOSE_NOT_FOUND = 4404
 CLOSE_TOO_MANY_STREAMS = 4429
 CLOSE_SLOW_CONSUMER = 4008
 MAX_POSITION = 2**63 - 1  # since / cursor
-TERMINAL_EVENTS = ("session.closed", "session.failed")  # nothing follows them: a session stream then ends (1000)
+TERMINAL_EVENTS = ("session.closed", "session.failed")
+FORMAT_SWITCHBOARD = "switchboard"
+FORMAT_AGUI = "ag-ui"  # nothing follows them: a session stream then ends (1000)
 
 #: Every close code of the event streams and what it means to a client (published in the AsyncAPI document).
 CLOSE_CODES: dict[int, str] = {
@@ -57,7 +62,8 @@ CLOSE_CODES: dict[int, str] = {
     CLOSE_INTERNAL_ERROR: "The server failed, or the client did not answer its keepalive pings: reconnect and resume.",
     CLOSE_SLOW_CONSUMER: "Too slow: the client fell behind (its buffer overflowed or a send stalled). Nothing is lost: "
     "the reason names where to resume, `too slow; resume with since=N` (or `cursor=N` on the multi-session stream).",
-    CLOSE_BAD_REQUEST: "Bad request: `since` or `cursor` is not a non-negative integer, `types` has more than "
+    CLOSE_BAD_REQUEST: "Bad request: `since` or `cursor` is not a non-negative integer, `format` is not `switchboard` "
+    "or `ag-ui` (or `ag-ui` with `types`), `types` has more than "
     f"{MAX_TYPE_GLOBS} globs or one longer than {MAX_TYPE_GLOB_CHARS} characters, `session_ids` names more than "
     f"{MAX_SESSION_IDS} sessions, or a client message is not JSON.",
     CLOSE_UNAUTHENTICATED: "No valid credential (an API key or session token, as `token` or a Bearer header).",
@@ -94,6 +100,15 @@ def _session_ids(raw: str | None) -> list[str] | None:
     if len(ids) > MAX_SESSION_IDS:
         raise _Closed(CLOSE_BAD_REQUEST, f"session_ids: at most {MAX_SESSION_IDS}")
     return ids
+
+
+def _format(raw: str | None, types: list[str] | None) -> str:
+    fmt = raw or FORMAT_SWITCHBOARD
+    if fmt not in (FORMAT_SWITCHBOARD, FORMAT_AGUI):
+        raise _Closed(CLOSE_BAD_REQUEST, f"format must be {FORMAT_SWITCHBOARD} or {FORMAT_AGUI}")
+    if fmt == FORMAT_AGUI and types is not None:  # runs and tool calls are built from the whole log
+        raise _Closed(CLOSE_BAD_REQUEST, "types cannot be combined with format=ag-ui")
+    return fmt
 
 
 def _int_param(ws: WebSocket, name: str) -> int:
@@ -228,12 +243,14 @@ async def _run(
 
 @router.websocket("/v1/sessions/{sid}/events")
 async def session_events(ws: WebSocket, sid: str) -> None:
-    """Stream one session's events: replay those after `since`, then live ones. Filter with `types=tool.*,...`."""
+    """Stream one session's events: replay those after `since`, then live ones. Filter with `types=tool.*,...`.
+    `format=ag-ui` sends AG-UI events instead (docs/ag-ui.md)."""
     await ws.accept()
     try:
         principal = _authorize(ws, sid)
         since = _int_param(ws, "since")
         types = _types(ws.query_params.get("types"))
+        fmt = _format(ws.query_params.get("format"), types)
         services = deps.services(ws)
         if await services.host.find(sid) is None:
             raise _Closed(CLOSE_NOT_FOUND, "session_not_found")
@@ -242,47 +259,152 @@ async def session_events(ws: WebSocket, sid: str) -> None:
         await _close(ws, closed.code, closed.reason)
         return
     try:
-        await _session_stream(ws, sid, since, types)
+        await _session_stream(ws, sid, since, types, fmt)
     finally:
         release()
 
 
-async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] | None) -> None:
-    services = deps.services(ws)
-    host, store, settings = services.host, services.store, services.settings
+async def session_log(
+    store: Store,
+    sub: Subscription,
+    sid: str,
+    since: int,
+    types: list[str] | None,
+    ended: bool,
+    *,
+    heartbeat_s: float | None = None,
+    remote: Callable[[], bool] | None = None,
+    delivered: Callable[[], Awaitable[int]] | None = None,
+) -> AsyncGenerator[tuple[Event, str | None] | None, None]:
+    """One session's events after ``since``: replayed from the store, then live from ``sub`` (subscribed before the
+    replay began), each exactly once and in order, until its terminal event. Live ones come with their JSON. With
+    ``heartbeat_s``, yields None after that long without an event. Raises ``SubscriberOverflow`` when ``sub`` fell
+    behind. ``ended``: the session had ended when ``sub`` was made (its terminal event is in the store)."""
+    last = since
+    while True:  # replay what is stored
+        page = await store.events(sid, since=last, limit=REPLAY_PAGE, types=types)
+        for event in page:
+            yield event, None
+            last = event.seq
+            if event.type in TERMINAL_EVENTS:
+                return
+        if len(page) < REPLAY_PAGE:
+            break
+    if ended:
+        return
+    matches = type_matcher(types)
+    while True:  # then live
+        if heartbeat_s is None:  # the common case, without a timer per event per subscriber
+            _, event, text = await sub.get()
+        else:
+            try:
+                async with asyncio.timeout(heartbeat_s):
+                    _, event, text = await sub.get()  # cancel-safe: an event is taken only once the wait is over
+            except TimeoutError:
+                yield None
+                continue
+        if event.seq <= last:
+            continue
+        if remote is not None and event.seq > last + 1 and remote():
+            # another node runs it: its events come through Redis, which may have lost some; the database has them
+            # (what went out without this generator, ``delivered`` by a direct send, is not missed)
+            if delivered is not None:
+                last = max(last, await delivered())
+            for missed in await _missed(store, sid, last, event.seq, types):
+                yield missed, None
+                last = missed.seq
+        if matches(event.type):
+            yield event, text
+            last = event.seq
+        if event.type in TERMINAL_EVENTS:
+            return
+
+
+async def _missed(store: Store, sid: str, last: int, seq: int, types: list[str] | None) -> list[Event]:
+    """The stored events of ``sid`` after ``last`` and before ``seq``."""
+    if seq - last <= 1:
+        return []
+    return [e for e in await store.events(sid, since=last, limit=seq - last - 1, types=types) if e.seq < seq]
+
+
+async def _delivered(direct: DirectSend, resume: list[int]) -> int:
+    """The last seq a stream sent, its direct send still under way included."""
+    await direct.settled()
+    return resume[0]
+
+
+async def open_session_log(
+    services: deps.Services,
+    sid: str,
+    since: int,
+    types: list[str] | None,
+    *,
+    heartbeat_s: float | None = None,
+    delivered: Callable[[], Awaitable[int]] | None = None,
+) -> tuple[Subscription, AsyncGenerator[tuple[Event, str | None] | None, None]]:
+    """Subscribe to ``sid``'s live events, then make its gap-free log after ``since`` (``session_log``)."""
     # the end of the session is seen even when the filter leaves its event out
     hub_types = None if types is None else [*types, *TERMINAL_EVENTS]
-    sub = host.hub.subscribe(session_ids=[sid], types=hub_types, maxsize=settings.ws_buffer)
-    matches = type_matcher(types)
+    sub = services.host.hub.subscribe(session_ids=[sid], types=hub_types, maxsize=services.settings.ws_buffer)
     # checked after subscribing: a session that ends later reports it through the hub; one that has ended has its
-    # terminal event durable already (host.close() returns only after that), so the replay below has all of it
-    session = await host.find(sid)
+    # terminal event durable already (host.close() returns only after that), so the replay has all of it
+    session = await services.host.find(sid)
     ended = session is not None and session.ended
+    log = session_log(
+        services.store,
+        sub,
+        sid,
+        since,
+        types,
+        ended,
+        heartbeat_s=heartbeat_s,
+        remote=_remote(services, sid),
+        delivered=delivered,
+    )
+    return sub, log
+
+
+def _remote(services: deps.Services, sid: str) -> Callable[[], bool] | None:
+    """Cluster mode: whether another node runs ``sid`` now (its events reach this one through Redis)."""
+    if not services.settings.cluster_mode:
+        return None
+    return lambda: services.host.live(sid) is None
+
+
+async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] | None, fmt: str) -> None:
     resume = [since]
+    sub, log = await open_session_log(
+        deps.services(ws), sid, since, types, delivered=lambda: _delivered(direct, resume)
+    )
     sends = _Sends()
+    translator = AguiTranslator(sid) if fmt == FORMAT_AGUI else None
+
+    def frames(event: Event, text: str | None) -> list[str]:
+        if translator is not None:
+            return SHARED.ws(translator, event)
+        return [text or event.model_dump_json()]
+
+    # live events go out from the hub's publish while the pump waits idle (no task wakes per event)
+    remote = _remote(deps.services(ws), sid)
+    # an event after a gap from another node waits for the pump, which fills the gap from the store first
+    accept = None if remote is None else (lambda event: event.seq == resume[0] + 1 or not remote())
+    direct = DirectSend(ws, sub, frames, resume, sends, TERMINAL_EVENTS, accept=accept)
+    sub.direct = direct
 
     async def pump() -> None:
-        last = since
-        while True:  # replay what is stored
-            page = await store.events(sid, since=last, limit=REPLAY_PAGE, types=types)
-            for event in page:
-                await _send(ws, event.model_dump_json(), sends)
-                last = resume[0] = event.seq
-                if event.type in TERMINAL_EVENTS:
-                    raise _Closed(CLOSE_NORMAL, "session closed")
-            if len(page) < REPLAY_PAGE:
-                break
-        if ended:
+        try:
+            async with contextlib.aclosing(log):
+                async for item in log:
+                    if item is None:
+                        continue
+                    event, text = item
+                    await direct.settled()  # a direct send still finishing goes first
+                    for frame in frames(event, text):
+                        await _send(ws, frame, sends)
+                    resume[0] = event.seq
             raise _Closed(CLOSE_NORMAL, "session closed")
-        while True:  # then live
-            _, event, text = await sub.get()
-            if event.seq <= last:
-                continue
-            if matches(event.type):
-                await _send(ws, text, sends)
-                last = resume[0] = event.seq
-            if event.type in TERMINAL_EVENTS:
-                raise _Closed(CLOSE_NORMAL, "session closed")
+        finally:
+            await direct.aclose()
 
     await _run(ws, sub, pump(), resume, sends)
 

@@ -22,12 +22,20 @@ async def healthz() -> Health:
     "/readyz",
     operation_id="readyz",
     response_model=Health,
-    responses={503: {"model": Health, "description": "The database is unreachable"}},
+    responses={503: {"model": Health, "description": "The database is unreachable, or this node was fenced"}},
 )
 async def readyz(services: ServicesDep) -> Response:
-    """The service can reach its database."""
+    """The service can reach its database and still owns its sessions (a node that another instance took over
+    answers 503 with why)."""
+    lease = services.host.lease
+    if lease is not None and lease.deposed is not None:
+        body = Health(status="fenced", detail=lease.deposed).model_dump(exclude_none=True)
+        return JSONResponse(body, status_code=503)
     if await services.store.ping():
-        return JSONResponse(Health(status="ok").model_dump(exclude_none=True))
+        fanout = services.fanout
+        degraded = "redis unavailable: event streams of other nodes' sessions wait for it, nothing is lost"
+        detail = degraded if fanout is not None and not fanout.available else None
+        return JSONResponse(Health(status="ok", detail=detail).model_dump(exclude_none=True))
     body = Health(status="unavailable", detail="database unreachable").model_dump(exclude_none=True)
     return JSONResponse(body, status_code=503, headers={"Retry-After": "2"})
 

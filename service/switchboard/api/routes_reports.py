@@ -1,30 +1,60 @@
-"""Reports from webhook-tool backends that answered 202: progress while the call runs, then its result."""
+"""Reports from webhook-tool backends that answered 202: progress while the call runs, then its result.
+
+A report needs the ``tools:report`` scope and the call's own report credential (the ``report_token`` of its delivery,
+in the ``X-Switchboard-Report-Token`` header), checked before anything is looked up: without it every report gets the
+same 403 ``report_refused``, whether the session and the call exist or not. With it, the backend hears how its call
+stands (409 ``already_ended``, ``not_awaiting_report``); the answer is the call's status, nothing more.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Header
 
 from ..control.host import SessionHost
-from ..integrations.webhooks import BackendResult, CallAlreadyEnded, NotAwaitingReport
+from ..integrations.webhooks import REPORT_TOKEN_HEADER, BackendResult, CallAlreadyEnded, NotAwaitingReport
 from ..runtime.tools import ToolCallInfo
 from . import deps
 from .auth import Require
 from .deps import ServicesDep
 from .idempotency import idempotent
 from .problems import ProblemError, not_found, problem_responses
-from .schemas import ToolCallRead, ToolProgressReport, ToolResultReport
+from .schemas import ToolProgressReport, ToolReportRead, ToolResultReport
 
 router = APIRouter(tags=["tools"])
 
 REPORT_RESPONSES = problem_responses(
     400,
-    (404, "unknown session or tool call"),
+    (403, "report_refused: no report credential of this tool call (the same answer whether the call exists or not)"),
+    (404, "the call's session is gone"),
     408,
     (409, "already_ended (the call has its result, was cancelled or timed out), or not_awaiting_report"),
     413,
 )
+
+
+def report_refused() -> ProblemError:
+    return ProblemError(
+        403,
+        "report_refused",
+        f"Reports need the report_token of the tool call's delivery, in the {REPORT_TOKEN_HEADER} header.",
+    )
+
+
+async def _reporter(
+    sid: str,
+    call_id: str,
+    services: ServicesDep,
+    token: Annotated[str | None, Header(alias=REPORT_TOKEN_HEADER)] = None,
+) -> None:
+    """The caller holds this call's report credential (checked before anything about the call is looked up)."""
+    if not services.webhooks.credentials.check(sid, call_id, token):
+        raise report_refused()
+
+
+REPORTER = [Depends(Require("tools:report")), Depends(_reporter)]
 
 
 def _already_ended(call_id: str, info: ToolCallInfo | None = None) -> ProblemError:
@@ -35,8 +65,8 @@ def _already_ended(call_id: str, info: ToolCallInfo | None = None) -> ProblemErr
 async def _refused(
     host: SessionHost, sid: str, call_id: str, err: CallAlreadyEnded | NotAwaitingReport
 ) -> ProblemError:
-    """Why a report was refused: the call ended (409), is not a webhook call waiting for one (409), or does not
-    exist (404)."""
+    """Why the rightful backend's report was refused: the call ended (409), is not a webhook call waiting for one
+    (409), or its session is gone (404)."""
     if isinstance(err, CallAlreadyEnded):
         live = host.live(sid)
         return _already_ended(call_id, live.tool_call(call_id) if live is not None else None)
@@ -51,23 +81,25 @@ async def _refused(
     )
 
 
-async def _read(host: SessionHost, sid: str, call_id: str) -> ToolCallRead:
+async def _read(host: SessionHost, sid: str, call_id: str) -> ToolReportRead:
     session = await deps.known_session(host, sid)
     info = await session.tool_call(call_id)
     if info is None:  # pragma: no cover - a call that took a report is in the session or the store
         raise not_found("tool_call", call_id)
-    return deps.tool_call_read(sid, info)
+    return ToolReportRead(call_id=info.call_id, status=info.status.value)
 
 
 @router.post(
     "/v1/sessions/{sid}/tool-calls/{call_id}/progress",
     operation_id="reportToolProgress",
-    response_model=ToolCallRead,
+    response_model=ToolReportRead,
     responses=REPORT_RESPONSES,
-    dependencies=[Depends(Require("tools:report"))],
+    dependencies=REPORTER,
 )
 @idempotent
-async def report_tool_progress(sid: str, call_id: str, body: ToolProgressReport, services: ServicesDep) -> ToolCallRead:
+async def report_tool_progress(
+    sid: str, call_id: str, body: ToolProgressReport, services: ServicesDep
+) -> ToolReportRead:
     """Report progress of a webhook call (its backend answered 202). It streams as `tool.progress`; the first report
     moves the call to the background, exactly like `ctx.update()` in a Python tool. Returns once it is recorded."""
     try:
@@ -82,15 +114,15 @@ async def report_tool_progress(sid: str, call_id: str, body: ToolProgressReport,
 @router.post(
     "/v1/sessions/{sid}/tool-calls/{call_id}/result",
     operation_id="reportToolResult",
-    response_model=ToolCallRead,
+    response_model=ToolReportRead,
     responses=REPORT_RESPONSES,
-    dependencies=[Depends(Require("tools:report"))],
+    dependencies=REPORTER,
 )
 @idempotent
-async def report_tool_result(sid: str, call_id: str, body: ToolResultReport, services: ServicesDep) -> ToolCallRead:
-    """Report the result of a webhook call (its backend answered 202); `is_error` marks a failure. Returns the call
-    once it has ended and its output is committed. A second result, or one after the call was cancelled or timed
-    out, is a 409 `already_ended` and changes nothing."""
+async def report_tool_result(sid: str, call_id: str, body: ToolResultReport, services: ServicesDep) -> ToolReportRead:
+    """Report the result of a webhook call (its backend answered 202); `is_error` marks a failure. Returns the call's
+    status once it has ended and its output is committed. A second result, or one after the call was cancelled or
+    timed out, is a 409 `already_ended` and changes nothing."""
     try:
         services.webhooks.broker.result(sid, call_id, BackendResult(output=body.output, is_error=body.is_error))
     except (CallAlreadyEnded, NotAwaitingReport) as err:

@@ -6,14 +6,14 @@ import time
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from ..control.settings import Settings
 from ..store import InvalidCursor
 from . import deps
-from .auth import TOKEN_SCOPES, Require, issue_token
+from .auth import TOKEN_SCOPES, Require, issue_token, principal_of, seal_token, unseal_token
 from .deps import HostDep, KnownSession, ServicesDep, SettingsDep
-from .idempotency import idempotent
+from .idempotency import idempotent, idempotent_sealed
 from .problems import POST_ERRORS, ProblemError, not_found, problem_responses
 from .schemas import (
     CHAT_PAGE_DEFAULT,
@@ -56,14 +56,26 @@ def _check_text(settings: Settings, text: str) -> None:
     dependencies=[Depends(Require("sessions:write"))],
 )
 @idempotent
-async def create_session(body: SessionCreate, response: Response, host: HostDep, settings: SettingsDep) -> SessionRead:
+async def create_session(
+    body: SessionCreate,
+    request: Request,
+    response: Response,
+    host: HostDep,
+    settings: SettingsDep,
+    forwarded: deps.Forwarded,
+) -> SessionRead:
     """Create a live session running `agent`. Creating the same `id` again with the same body returns it (200);
-    with a different body it is a conflict (409)."""
+    with a different body it is a conflict (409). In cluster mode it runs on the least-loaded node. One API key runs
+    at most `SWITCHBOARD_MAX_SESSIONS_PER_KEY` live sessions (429 `session_quota_exceeded`)."""
+    await deps.place_new_session(host, forwarded)
+    # the creator's live sessions count against its key's quota (with auth off there is one caller: no quota)
+    owner = principal_of(request).identity if settings.auth_enabled else None
+    config = body.session_config().model_copy(update={"owner": owner})
     async with deps.deadline(settings):
-        session, created = await host.create(body.session_config(), body.metadata)
+        session, created = await host.create(config, body.metadata)
     if not created:
         response.status_code = 200
-    return deps.session_read(session)
+    return deps.session_read(session, host)
 
 
 @router.get(
@@ -75,15 +87,27 @@ async def create_session(body: SessionCreate, response: Response, host: HostDep,
 async def list_sessions(
     host: HostDep,
     state: Annotated[SessionStateFilter | None, Query()] = None,
+    agent: Annotated[str | None, Query(min_length=1, max_length=100, description="The agent it started with.")] = None,
+    attention: Annotated[
+        bool,
+        Query(
+            description="Only the sessions that need an operator (each with its `attention` reasons), the longest "
+            "waiting first, in one page: live sessions of this process and the sessions that failed since it started."
+        ),
+    ] = False,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_SESSIONS_PAGE)] = 50,
 ) -> SessionList:
-    """List sessions, newest first, optionally by `state` (active, closed, failed)."""
+    """List sessions, newest first, optionally by `state` (active, closed, failed) and `agent`; or, with
+    `attention=true`, the sessions that need an operator."""
+    if attention:
+        views = await host.needing_attention(agent=agent)
+        return SessionList(items=[deps.session_read(view, host) for view in views[:limit]], next_cursor=None)
     try:
-        views, next_cursor = await host.list_sessions(state=state, cursor=cursor, limit=limit)
+        views, next_cursor = await host.list_sessions(state=state, agent=agent, cursor=cursor, limit=limit)
     except InvalidCursor:
         raise ProblemError(422, "invalid_cursor", "The cursor is not valid.") from None
-    return SessionList(items=[deps.session_read(view) for view in views], next_cursor=next_cursor)
+    return SessionList(items=[deps.session_read(view, host) for view in views], next_cursor=next_cursor)
 
 
 @router.get(
@@ -93,9 +117,9 @@ async def list_sessions(
     response_model=SessionRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
-async def get_session(session: KnownSession) -> SessionRead:
+async def get_session(session: KnownSession, host: HostDep) -> SessionRead:
     """Read one session."""
-    return deps.session_read(session)
+    return deps.session_read(session, host)
 
 
 @router.delete(
@@ -108,6 +132,7 @@ async def get_session(session: KnownSession) -> SessionRead:
 )
 async def close_session(session: KnownSession, host: HostDep) -> Response:
     """Close a session: stop speaking, cancel cancellable tools, await the others, emit the final events."""
+    await deps.owned_here(host, session)
     if session.live is not None:
         await host.close(session.id)
     return Response(status_code=204)
@@ -192,7 +217,9 @@ async def say(sid: str, body: SayCreate, host: HostDep, settings: SettingsDep) -
 )
 @idempotent
 async def interrupt(sid: str, services: ServicesDep, body: InterruptCreate | None = None) -> InterruptResult:
-    """Interrupt the current speech. Returns once the interrupted message (only what was heard) is committed."""
+    """Interrupt the current speech and the queued ones after it, up to the first that does not allow
+    interruptions (`force`: all of them). Returns once the interrupted message (only what was heard) is committed;
+    409 `not_interruptible` when the current speech does not allow interruptions and `force` is false."""
     body = body or InterruptCreate()
     session = await deps.active_session(services.host, sid)
     started = time.perf_counter()
@@ -227,7 +254,7 @@ async def get_speech(sid: str, speech_id: str, host: HostDep) -> SpeechRead:
     response_model=TokenRead,
     dependencies=[Depends(Require("sessions:read", keys_only=True))],
 )
-@idempotent
+@idempotent_sealed(seal_token, unseal_token)  # the record keeps no usable token
 async def create_token(session: KnownSession, settings: SettingsDep, body: TokenCreate | None = None) -> TokenRead:
     """A short-lived token that can read this session and stream its events (for embedded dashboards). Needs an
     API key: a session token cannot create tokens."""

@@ -12,7 +12,7 @@ from .auth import Require
 from .deps import HostDep, KnownSession, SettingsDep
 from .idempotency import idempotent
 from .problems import ProblemError, not_found, problem_responses
-from .schemas import ToolCallList, ToolCallRead
+from .schemas import ToolCallCancel, ToolCallList, ToolCallRead
 
 router = APIRouter(tags=["tools"])
 
@@ -54,20 +54,37 @@ async def get_tool_call(sid: str, call_id: str, host: HostDep) -> ToolCallRead:
     "/v1/sessions/{sid}/tool-calls/{call_id}/cancel",
     operation_id="cancelToolCall",
     response_model=ToolCallRead,
-    responses=problem_responses(400, 404, 408, (409, "not_cancellable or already_ended"), 413),
+    responses=problem_responses(
+        400,
+        404,
+        408,
+        (
+            409,
+            "not_cancellable, already_ended, or not_interruptible (the speech that made the call does not allow "
+            "interruptions; send force=true)",
+        ),
+        413,
+    ),
     dependencies=[Depends(Require("tools:cancel"))],
 )
 @idempotent
-async def cancel_tool_call(sid: str, call_id: str, host: HostDep, settings: SettingsDep) -> ToolCallRead:
-    """Cancel a running, cancellable tool call. Returns once it has ended `cancelled`."""
+async def cancel_tool_call(
+    sid: str, call_id: str, host: HostDep, settings: SettingsDep, body: ToolCallCancel | None = None
+) -> ToolCallRead:
+    """Cancel a running, cancellable tool call. Returns once it has ended `cancelled`.
+
+    Refused with 409 `not_interruptible` while the speech that made the call is still going on and does not allow
+    interruptions, unless `force` is true."""
+    body = body or ToolCallCancel()
     session = await deps.known_session(host, sid)
+    await deps.owned_here(host, session)
     if session.live is None:
         stored = await session.tool_call(call_id)
         if stored is None:
             raise not_found("tool_call", call_id)
         raise ProblemError(409, "already_ended", f"Tool call {call_id!r} already ended ({stored.status.value}).")
     async with deps.deadline(settings):
-        info = await session.live.cancel_tool(call_id)
+        info = await session.live.cancel_tool(call_id, force=body.force)
     return deps.tool_call_read(sid, info)
 
 

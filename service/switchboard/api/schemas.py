@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
+from ..control.attention import AttentionCode
+from ..control.catalog import AgentDescription, ModelSummary
 from ..control.host import PlayoutSettings, SessionConfig
 from ..runtime.chat import ChatItem
+from ..runtime.llm.scripted import ScriptConfig
 from ..runtime.text import valid_json
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
@@ -32,12 +35,63 @@ class _In(BaseModel):
 
 class PlayoutConfig(_In):
     words_per_second: float = Field(default=3.0, gt=0, le=1000)
+    first_audio_ms: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000,
+        description="Time to first audio: the simulated voice starts this long after a speech's first text "
+        "(the agent is `speaking` from then on). Default: the server's `SWITCHBOARD_FIRST_AUDIO_MS` (0).",
+    )
+
+
+def _inline_refs(schema: Any, defs: dict[str, Any]) -> Any:
+    """``schema`` with each ``$ref`` to its ``$defs`` replaced by the definition (to embed it in one field)."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return _inline_refs(defs[ref.removeprefix("#/$defs/")], defs)
+        return {k: _inline_refs(v, defs) for k, v in schema.items() if k != "$defs"}
+    if isinstance(schema, list):
+        return [_inline_refs(v, defs) for v in schema]
+    return schema
+
+
+def _llm_schema() -> dict[str, Any]:
+    """The documented shapes of a session's ``llm`` (validated by the model profiles and the provider, so that a
+    refusal says why in words)."""
+    script = ScriptConfig.model_json_schema()
+    script = _inline_refs(script, script.get("$defs", {}))
+    script["properties"] = {"provider": {"const": "scripted", "default": "scripted"}, **script["properties"]}
+    script["title"] = "Scripted model"
+    profile = {
+        "title": "Model profile",
+        "type": "object",
+        "description": "A model the server configured (SWITCHBOARD_MODELS), by name.",
+        "properties": {
+            "profile": {"type": "string", "description": "The profile's name."},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        },
+        "required": ["profile"],
+        "additionalProperties": False,
+    }
+    example = {
+        "provider": "scripted",
+        "turns": [
+            {
+                "text": "Let me look that up.",
+                "tool_calls": [{"name": "lookup_order", "arguments": {"order_id": "A-1"}}],
+            },
+            {"text": "Your order {{tool_output:lookup_order}}.", "ttft_ms": 200, "word_ms": 50},
+        ],
+        "fallback": {"text": "Is there anything else?"},
+    }
+    return {"anyOf": [profile, script, {"type": "null"}], "examples": [example, {"profile": "fast"}]}
 
 
 class SessionCreate(_In):
     id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN, description="Client-chosen id (idempotent).")
     agent: str = Field(min_length=1, max_length=100)
-    llm: dict[str, Any] | None = Field(
+    llm: Annotated[dict[str, Any] | None, WithJsonSchema(_llm_schema())] = Field(
         default=None,
         description='The model: a server-side model profile, {"profile": "<name>", "temperature"?} (profiles are '
         "configured with SWITCHBOARD_MODELS; endpoints and credentials never come from a request), or a script, "
@@ -65,7 +119,11 @@ class SessionCreate(_In):
             id=self.id,
             agent=self.agent,
             llm=self.llm,
-            playout=PlayoutSettings(words_per_second=self.playout.words_per_second) if self.playout else None,
+            playout=PlayoutSettings(
+                words_per_second=self.playout.words_per_second, first_audio_ms=self.playout.first_audio_ms
+            )
+            if self.playout
+            else None,
             preemptive_generation=self.preemptive_generation,
             allow_interruptions=self.allow_interruptions,
             max_tool_steps=self.max_tool_steps,
@@ -76,6 +134,23 @@ class SessionCreate(_In):
 SessionStateFilter = Literal["initializing", "active", "closing", "closed", "failed"]
 
 
+class AttentionRead(BaseModel):
+    """One reason the session needs an operator."""
+
+    code: AttentionCode = Field(description="What is wrong (a stable code).")
+    message: str = Field(description="What is wrong, for a person.")
+    since: datetime = Field(description="Since when.")
+
+
+class LatencyRead(BaseModel):
+    """The latest turn's latency (null until the session has had one)."""
+
+    time_to_first_token_ms: float | None = Field(default=None, description="Model request to its first chunk.")
+    time_to_first_audio_ms: float | None = Field(
+        default=None, description="A reply's first model request to its first word playing."
+    )
+
+
 class SessionRead(BaseModel):
     id: str
     agent: str
@@ -84,6 +159,19 @@ class SessionRead(BaseModel):
     current_speech_id: str | None
     created_at: datetime
     metadata: dict[str, Any]
+    owner_node: str | None = Field(
+        default=None, description="The node running the session (null: none yet, or it is over)."
+    )
+    last_activity_at: datetime = Field(description="The session's latest event this process saw (else its creation).")
+    attention: list[AttentionRead] = Field(
+        default_factory=list, description="Why the session needs an operator now, oldest first (empty: it does not)."
+    )
+    model: ModelSummary | None = Field(default=None, description="The model the session uses.")
+    latency: LatencyRead = Field(default_factory=LatencyRead)
+
+
+class AgentList(BaseModel):
+    items: list[AgentDescription]
 
 
 class SessionList(BaseModel):
@@ -168,9 +256,18 @@ class ToolCallRead(BaseModel):
     progress: list[ProgressRead]
     output: str | None
     is_error: bool
+    error: str | None = Field(
+        default=None, description="Why the call failed (the exception's message, redacted); the model is given `output`"
+    )
     speech_id: str | None
     started_at: datetime
     ended_at: datetime | None
+
+
+class ToolCallCancel(_In):
+    force: bool = Field(
+        default=False, description="Cancel even while the speech that made the call does not allow interruptions"
+    )
 
 
 class ToolCallList(BaseModel):
@@ -191,6 +288,14 @@ class ToolResultReport(_In):
     is_error: bool = False
 
 
+class ToolReportRead(BaseModel):
+    """A report's answer: the call's status once the report is applied (`running`, or how it ended). Only what the
+    reporting backend already knows: never the call's arguments, progress or other sessions' state."""
+
+    call_id: str
+    status: str
+
+
 class TokenCreate(_In):
     ttl_s: int | None = Field(default=None, ge=10, le=7 * 24 * 3600)
 
@@ -202,6 +307,22 @@ class TokenRead(BaseModel):
     expires_at: datetime
 
 
+class NodeRead(BaseModel):
+    """A running (or recently running) instance of the service on this database."""
+
+    id: str
+    url: str = Field(description="How the other nodes reach this one.")
+    state: Literal["live", "stopped", "dead"]
+    mode: Literal["single", "cluster"]
+    sessions: int = Field(description="Live sessions it owns.")
+    heartbeat_at: datetime
+    lease_until: datetime
+
+
+class NodeList(BaseModel):
+    items: list[NodeRead]
+
+
 class Health(BaseModel):
-    status: Literal["ok", "unavailable"]
+    status: Literal["ok", "unavailable", "fenced"]
     detail: str | None = None

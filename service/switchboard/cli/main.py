@@ -13,6 +13,7 @@ from pathlib import Path
 from ..control import logs
 from ..control.settings import Settings
 from .operator import add_client_commands
+from .session_commands import add_session_commands
 
 GC_YOUNG_THRESHOLD = 10_000  # CPython's default is 700 allocations
 
@@ -42,6 +43,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     try:
         settings.check_bind()
+        settings.check_cluster()
     except ValueError as err:
         print(f"switchboard: {err}", file=sys.stderr)
         return 2
@@ -73,8 +75,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-    uvicorn.Server(config).run()
-    return 0
+    server = uvicorn.Server(config)
+    server.run()
+    # a lifespan that failed to start (another instance on the database, say) has logged why
+    return 0 if server.started else 3
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -153,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     events_spec.set_defaults(func=cmd_asyncapi)
 
     add_client_commands(sub)  # sessions, tail, input, interrupt, tools, cancel
+    add_session_commands(sub)  # create, say, close, agents, attention
     return parser
 
 

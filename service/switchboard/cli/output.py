@@ -125,8 +125,15 @@ def _template(text: str, *colours: str) -> Formatter:
     return line
 
 
+def _session_closed(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    reason = f" ({d['reason']})" if d.get("reason") else ""  # closed by the service itself, e.g. idle
+    return s(f"session closed{reason}", "bold")
+
+
 def _session_failed(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
-    return s(f"session failed: {d.get('error', '')}", "bold", "red")
+    reason = d.get("reason") or "no reason given"
+    agent = f" (agent {d['agent']})" if d.get("agent") else ""
+    return s(f"session failed: {reason}{agent}", "bold", "red")
 
 
 def _user_input(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
@@ -189,7 +196,9 @@ def _tool_progress(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
 def _tool_ended(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
     status = str(d.get("status"))
     colour = STATUS_COLOURS.get(status, "red")
-    return s(f"tool {d.get('name') or d.get('call_id')} {status}", colour, "bold") + f": {short(d.get('output'))}"
+    line = s(f"tool {d.get('name') or d.get('call_id')} {status}", colour, "bold") + f": {short(d.get('output'))}"
+    error = d.get("error")  # why it failed (redacted); the model was given only the output
+    return line + s(f" ({short(error)})", "dim") if error else line
 
 
 def _unknown(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
@@ -199,7 +208,7 @@ def _unknown(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
 EVENT_FORMATTERS: dict[str, Formatter] = {
     "session.started": _template("session started with agent {agent}", "bold"),
     "session.recovered": _template("──── session recovered after a restart (agent {agent}) ────", "bold", "yellow"),
-    "session.closed": _template("session closed", "bold"),
+    "session.closed": _session_closed,
     "session.failed": _session_failed,
     "agent.state": _template("agent is {state}", "dim"),
     "agent.handoff": _template("handoff {from_agent} → {to_agent}", "magenta"),

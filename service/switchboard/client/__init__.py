@@ -21,9 +21,11 @@ from .errors import (
     Unavailable,
     ValidationFailed,
 )
-from .events import AsyncEventStream, EventStream
+from .events import AsyncEventStream, EventStream, Resume, ResumeHook
 from .models import (
     AgentHandoff,
+    AgentInfo,
+    AttentionReason,
     ChatItem,
     ChatMessage,
     Event,
@@ -40,6 +42,7 @@ from .models import (
     Speech,
     ToolCall,
     ToolProgress,
+    ToolReport,
     ToolStatus,
     Usage,
 )
@@ -47,8 +50,10 @@ from .sync import Client
 
 __all__ = [
     "AgentHandoff",
+    "AgentInfo",
     "AsyncClient",
     "AsyncEventStream",
+    "AttentionReason",
     "BadRequest",
     "ChatItem",
     "ChatMessage",
@@ -66,6 +71,8 @@ __all__ = [
     "OtherChatItem",
     "PayloadTooLarge",
     "RequestTimeout",
+    "Resume",
+    "ResumeHook",
     "RetryPolicy",
     "SayAccepted",
     "ServerError",
@@ -77,6 +84,7 @@ __all__ = [
     "TooManyRequests",
     "ToolCall",
     "ToolProgress",
+    "ToolReport",
     "ToolStatus",
     "Unauthorized",
     "Unavailable",

@@ -11,6 +11,8 @@ from pydantic import BaseModel
 
 from ._http import Call
 from .models import (
+    AgentInfo,
+    AgentList,
     Chat,
     Health,
     InputAccepted,
@@ -22,10 +24,12 @@ from .models import (
     Speech,
     ToolCall,
     ToolCallList,
+    ToolReport,
     ToolStatus,
 )
 
 M = TypeVar("M", bound=BaseModel)
+REPORT_TOKEN_HEADER = "X-Switchboard-Report-Token"  # the webhook delivery's report_token goes here
 Role = Literal["user", "system", "developer"]
 
 
@@ -84,9 +88,30 @@ def create_session(
     return Call("POST", "/v1/sessions", _model(Session), json=body, command=True, idempotency_key=idempotency_key)
 
 
-def list_sessions(state: str | None, cursor: str | None, limit: int | None) -> Call[SessionList]:
-    params = {k: v for k, v in {"state": state, "cursor": cursor, "limit": limit}.items() if v is not None}
+def list_sessions(
+    state: str | None, cursor: str | None, limit: int | None, *, agent: str | None = None, attention: bool = False
+) -> Call[SessionList]:
+    given = {
+        "state": state,
+        "cursor": cursor,
+        "limit": limit,
+        "agent": agent,
+        "attention": "true" if attention else None,
+    }
+    params = {k: v for k, v in given.items() if v is not None}
     return Call("GET", "/v1/sessions", _model(SessionList), params=params)
+
+
+def _agents(r: httpx.Response) -> list[AgentInfo]:
+    return AgentList.model_validate_json(r.content).items
+
+
+def list_agents() -> Call[list[AgentInfo]]:
+    return Call("GET", "/v1/agents", _agents)
+
+
+def get_agent(name: str) -> Call[AgentInfo]:
+    return Call("GET", "/v1/agents/" + _seg(name), _model(AgentInfo))
 
 
 def get_session(sid: str) -> Call[Session]:
@@ -152,9 +177,10 @@ def get_tool_call(sid: str, call_id: str) -> Call[ToolCall]:
     return Call("GET", _session(sid, "tool-calls", call_id), _model(ToolCall))
 
 
-def cancel_tool_call(sid: str, call_id: str, *, idempotency_key: str | None) -> Call[ToolCall]:
+def cancel_tool_call(sid: str, call_id: str, *, force: bool, idempotency_key: str | None) -> Call[ToolCall]:
     path = _session(sid, "tool-calls", call_id, "cancel")
-    return Call("POST", path, _model(ToolCall), command=True, idempotency_key=idempotency_key)
+    body = {"force": True} if force else None
+    return Call("POST", path, _model(ToolCall), json=body, command=True, idempotency_key=idempotency_key)
 
 
 def list_running_tool_calls(limit: int | None) -> Call[list[ToolCall]]:
@@ -169,20 +195,24 @@ def create_token(sid: str, *, ttl_s: int | None, idempotency_key: str | None) ->
     )
 
 
+def _report(sid: str, call_id: str, what: str, body: dict[str, Any], token: str, key: str | None) -> Call[ToolReport]:
+    path = _session(sid, "tool-calls", call_id, what)
+    headers = {REPORT_TOKEN_HEADER: token}
+    return Call("POST", path, _model(ToolReport), json=body, command=True, idempotency_key=key, headers=headers)
+
+
 def report_tool_progress(
-    sid: str, call_id: str, message: str, *, progress: float | None, idempotency_key: str | None
-) -> Call[ToolCall]:
+    sid: str, call_id: str, message: str, *, report_token: str, progress: float | None, idempotency_key: str | None
+) -> Call[ToolReport]:
     body = {"message": message, "progress": progress}
-    path = _session(sid, "tool-calls", call_id, "progress")
-    return Call("POST", path, _model(ToolCall), json=body, command=True, idempotency_key=idempotency_key)
+    return _report(sid, call_id, "progress", body, report_token, idempotency_key)
 
 
 def report_tool_result(
-    sid: str, call_id: str, output: str, *, is_error: bool, idempotency_key: str | None
-) -> Call[ToolCall]:
+    sid: str, call_id: str, output: str, *, report_token: str, is_error: bool, idempotency_key: str | None
+) -> Call[ToolReport]:
     body = {"output": output, "is_error": is_error}
-    path = _session(sid, "tool-calls", call_id, "result")
-    return Call("POST", path, _model(ToolCall), json=body, command=True, idempotency_key=idempotency_key)
+    return _report(sid, call_id, "result", body, report_token, idempotency_key)
 
 
 def health() -> Call[Health]:

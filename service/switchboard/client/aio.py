@@ -10,8 +10,9 @@ import httpx
 
 from . import _ops
 from ._http import Call, RetryPolicy, T, asend, auth_headers
-from .events import AsyncEventStream, stream_position
+from .events import AsyncEventStream, ResumeHook, stream_position
 from .models import (
+    AgentInfo,
     ChatItem,
     Health,
     InputAccepted,
@@ -22,6 +23,7 @@ from .models import (
     SessionToken,
     Speech,
     ToolCall,
+    ToolReport,
     ToolStatus,
 )
 from .sync import DEFAULT_TIMEOUT_S, DEFAULT_URL, RECONNECT_FOR_S
@@ -104,10 +106,24 @@ class AsyncClient:
         )
 
     async def list_sessions(
-        self, *, state: str | None = None, cursor: str | None = None, limit: int | None = None
+        self,
+        *,
+        state: str | None = None,
+        agent: str | None = None,
+        attention: bool = False,
+        cursor: str | None = None,
+        limit: int | None = None,
     ) -> SessionList:
-        """One page of sessions, newest first; pass ``next_cursor`` back as ``cursor`` for the next."""
-        return await self._send(_ops.list_sessions(state, cursor, limit))
+        """One page of sessions, newest first; pass ``next_cursor`` back as ``cursor`` for the next. ``agent``: only
+        sessions of that agent; ``attention``: only the sessions that need an operator (in one page)."""
+        return await self._send(_ops.list_sessions(state, cursor, limit, agent=agent, attention=attention))
+
+    async def list_agents(self) -> list[AgentInfo]:
+        """The registered agents, with their tools and default model."""
+        return await self._send(_ops.list_agents())
+
+    async def get_agent(self, name: str) -> AgentInfo:
+        return await self._send(_ops.get_agent(name))
 
     async def iter_sessions(self, *, state: str | None = None, page_size: int | None = None) -> AsyncIterator[Session]:
         """Every session, newest first, page after page."""
@@ -196,10 +212,13 @@ class AsyncClient:
     async def get_tool_call(self, sid: str, call_id: str) -> ToolCall:
         return await self._send(_ops.get_tool_call(sid, call_id))
 
-    async def cancel_tool_call(self, sid: str, call_id: str, *, idempotency_key: str | None = None) -> ToolCall:
+    async def cancel_tool_call(
+        self, sid: str, call_id: str, *, force: bool = False, idempotency_key: str | None = None
+    ) -> ToolCall:
         """Cancel a running, cancellable call; returns it once it has ended ``cancelled``. ``Conflict`` with code
-        ``not_cancellable`` or ``already_ended`` otherwise."""
-        return await self._send(_ops.cancel_tool_call(sid, call_id, idempotency_key=idempotency_key))
+        ``not_cancellable`` or ``already_ended`` otherwise, or ``not_interruptible`` while the speech that made
+        the call does not allow interruptions (unless ``force``)."""
+        return await self._send(_ops.cancel_tool_call(sid, call_id, force=force, idempotency_key=idempotency_key))
 
     async def list_running_tool_calls(self, *, limit: int | None = None) -> list[ToolCall]:
         """Running tool calls across every live session."""
@@ -211,18 +230,32 @@ class AsyncClient:
         call_id: str,
         message: str,
         *,
+        report_token: str,
         progress: float | None = None,
         idempotency_key: str | None = None,
-    ) -> ToolCall:
-        """From a webhook tool's backend (it answered 202): progress of the call."""
-        call = _ops.report_tool_progress(sid, call_id, message, progress=progress, idempotency_key=idempotency_key)
+    ) -> ToolReport:
+        """From a webhook tool's backend (it answered 202): progress of the call. ``report_token`` is the one its
+        delivery carried (a report without it is refused)."""
+        call = _ops.report_tool_progress(
+            sid, call_id, message, report_token=report_token, progress=progress, idempotency_key=idempotency_key
+        )
         return await self._send(call)
 
     async def report_tool_result(
-        self, sid: str, call_id: str, output: str, *, is_error: bool = False, idempotency_key: str | None = None
-    ) -> ToolCall:
-        """From a webhook tool's backend (it answered 202): the call's result; returns the ended call."""
-        call = _ops.report_tool_result(sid, call_id, output, is_error=is_error, idempotency_key=idempotency_key)
+        self,
+        sid: str,
+        call_id: str,
+        output: str,
+        *,
+        report_token: str,
+        is_error: bool = False,
+        idempotency_key: str | None = None,
+    ) -> ToolReport:
+        """From a webhook tool's backend (it answered 202): the call's result, with the ``report_token`` of its
+        delivery; returns the call's status once it has ended."""
+        call = _ops.report_tool_result(
+            sid, call_id, output, report_token=report_token, is_error=is_error, idempotency_key=idempotency_key
+        )
         return await self._send(call)
 
     # -- tokens and health -----------------------------------------------------------------------------------------
@@ -246,11 +279,23 @@ class AsyncClient:
 
     # -- events ----------------------------------------------------------------------------------------------------
 
-    def events(self, sid: str, *, since: int = 0, types: Sequence[str] | None = None) -> AsyncEventStream:
+    def events(
+        self,
+        sid: str,
+        *,
+        since: int = 0,
+        types: Sequence[str] | None = None,
+        on_resume: ResumeHook | None = None,
+    ) -> AsyncEventStream:
         """The session's events after ``since`` (glob ``types`` such as ``tool.*``), each once and in order across
-        reconnects; the iteration ends when the session has closed."""
+        reconnects; the iteration ends when the session has closed. ``on_resume`` is told of each reconnect."""
         pos = stream_position(
-            self.base_url, session_id=sid, start=since, types=types, reconnect_for_s=self.reconnect_for_s
+            self.base_url,
+            session_id=sid,
+            start=since,
+            types=types,
+            reconnect_for_s=self.reconnect_for_s,
+            on_resume=on_resume,
         )
         return AsyncEventStream(pos, self._headers)
 
@@ -260,6 +305,7 @@ class AsyncClient:
         cursor: int | Literal["now"] = 0,
         session_ids: Sequence[str] | None = None,
         types: Sequence[str] | None = None,
+        on_resume: ResumeHook | None = None,
     ) -> AsyncEventStream:
         """Events of many sessions (all, or ``session_ids``), each carrying its ``cursor``; resumes from the last
         one across reconnects. ``cursor="now"`` starts at the live tail. It never ends by itself."""
@@ -269,5 +315,6 @@ class AsyncClient:
             types=types,
             session_ids=session_ids,
             reconnect_for_s=self.reconnect_for_s,
+            on_resume=on_resume,
         )
         return AsyncEventStream(pos, self._headers)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import quote, urlencode
@@ -42,6 +43,22 @@ _HANDSHAKE_ERRORS: dict[int, type[SwitchboardError]] = {
 }
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Why a stream is about to reconnect, and from where (passed to an ``on_resume`` hook)."""
+
+    #: ``too_slow``: the service closed it with 4008; ``connection_lost``: it dropped (or could not be opened);
+    #: ``gap``: a ``seq`` was missing, so it reads again from the last one yielded
+    reason: Literal["too_slow", "connection_lost", "gap"]
+    position: int | Literal["now"]  #: the seq (or cursor) it resumes after
+    code: int  #: the close code (1006 without one; 0 for a gap)
+    detail: str  #: the close reason, or the error
+    delay_s: float  #: how long it waits before reconnecting
+
+
+ResumeHook = Callable[[Resume], None]
+
+
 class _Reconnect(Exception):
     """Leave this connection and resume from the position reached (a missing ``seq`` was noticed)."""
 
@@ -58,7 +75,9 @@ class _Position:
         types: Sequence[str] | None,
         session_ids: Sequence[str] | None,
         reconnect_for_s: float,
+        on_resume: ResumeHook | None = None,
     ) -> None:
+        self.on_resume = on_resume
         self.base_url = ("ws" + base_url[4:] if base_url.startswith("http") else base_url).rstrip("/")
         self.session_id = session_id
         self.last: int | Literal["now"] = start
@@ -100,6 +119,7 @@ class _Position:
             if position <= self.last:
                 return None
             if self.session_id is not None and self.types is None and position > self.last + 1:
+                self._resuming("gap", 0, f"seq {self.last + 1} is missing", 0.0)
                 raise _Reconnect  # seqs have no gaps: read again from the last one yielded
         self.last = position
         self.failing_since, self.delay_s = None, RECONNECT_FIRST_S
@@ -122,6 +142,7 @@ class _Position:
             if match and self.last != "now":
                 self.last = min(self.last, int(match.group(1)))
             self.failing_since = None
+            self._resuming("too_slow", code, reason, 0.0)
             return 0.0
         if self.opened_at is not None and now - self.opened_at >= STABLE_CONNECTION_S:
             self.failing_since, self.delay_s = None, RECONNECT_FIRST_S
@@ -134,7 +155,14 @@ class _Position:
                 f"Could not reconnect to {self.url()} for {self.reconnect_for_s:g} s ({code} {reason})",
             )
         delay, self.delay_s = self.delay_s, min(self.delay_s * 2, RECONNECT_MAX_S)
+        self._resuming("connection_lost", code, reason, delay)
         return delay
+
+    def _resuming(
+        self, reason: Literal["too_slow", "connection_lost", "gap"], code: int, detail: str, delay: float
+    ) -> None:
+        if self.on_resume is not None:
+            self.on_resume(Resume(reason, self.last, code, detail, delay))
 
     def handshake_failed(self, err: Exception) -> float | None:
         """A connection that was not opened: final for an HTTP answer that says so, else retried like a drop."""
@@ -265,6 +293,7 @@ def stream_position(
     types: Sequence[str] | None = None,
     session_ids: Sequence[str] | None = None,
     reconnect_for_s: float,
+    on_resume: ResumeHook | None = None,
 ) -> _Position:
     return _Position(
         base_url,
@@ -273,4 +302,5 @@ def stream_position(
         types=types,
         session_ids=session_ids,
         reconnect_for_s=reconnect_for_s,
+        on_resume=on_resume,
     )

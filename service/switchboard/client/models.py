@@ -26,6 +26,28 @@ class ToolStatus(StrEnum):
     INTERRUPTED = "interrupted"
 
 
+class AttentionReason(_Model):
+    """Why a session needs an operator (``code``: generation_failed, tool_failed, tool_long_running, ...)."""
+
+    code: str
+    message: str
+    since: datetime
+
+
+class ModelSummary(_Model):
+    """A model by name: never an endpoint or a credential."""
+
+    provider: str
+    model: str | None = None
+    profile: str | None = None
+    fallbacks: list[str] = Field(default_factory=list)
+
+
+class Latency(_Model):
+    time_to_first_token_ms: float | None = None
+    time_to_first_audio_ms: float | None = None
+
+
 class Session(_Model):
     id: str
     agent: str
@@ -34,6 +56,31 @@ class Session(_Model):
     current_speech_id: str | None = None
     created_at: datetime
     metadata: dict[str, Any] = Field(default_factory=dict)
+    last_activity_at: datetime | None = None
+    attention: list[AttentionReason] = Field(default_factory=list)
+    model: ModelSummary | None = None
+    latency: Latency = Field(default_factory=Latency)
+
+
+class ToolDescription(_Model):
+    name: str
+    description: str
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    policy: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentInfo(_Model):
+    """A registered agent: its tools and the model its sessions use by default."""
+
+    name: str
+    description: str | None = None
+    tools: list[ToolDescription] = Field(default_factory=list)
+    model: ModelSummary | None = None
+    error: str | None = None
+
+
+class AgentList(_Model):
+    items: list[AgentInfo]
 
 
 class SessionList(_Model):
@@ -159,9 +206,21 @@ class ToolCall(_Model):
     progress: list[ToolProgress] = Field(default_factory=list)
     output: str | None = None
     is_error: bool = False
+    error: str | None = None  # why it failed, for observers (redacted); the model was given ``output``
     speech_id: str | None = None
     started_at: datetime
     ended_at: datetime | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.status != ToolStatus.RUNNING
+
+
+class ToolReport(_Model):
+    """The answer to a backend's report: the call's status once the report is applied."""
+
+    call_id: str
+    status: ToolStatus | str
 
     @property
     def ended(self) -> bool:

@@ -7,6 +7,7 @@
 // The fragment never reaches the server; the API key lives only in sessionStorage.
 
 import { Api } from "./api.js";
+import { AttentionQueue } from "./attention.js";
 import { Overview } from "./overview.js";
 import { SessionView } from "./session_view.js";
 
@@ -19,7 +20,7 @@ function route() {
 
 const initial = route();
 const api = new Api({ token: initial.token });
-const app = { api, overview: null, view: null };
+const app = { api, overview: null, view: null, attention: null };
 window.switchboard = app; // for debugging and for the browser tests
 
 function notice(message) {
@@ -69,7 +70,9 @@ function restart() {
   notice("");
   authUi();
   if (app.overview) app.overview.stop();
+  if (app.attention) app.attention.stop();
   app.overview = embedded ? null : new Overview(overviewParts).start();
+  app.attention = embedded ? null : new AttentionQueue(attentionParts).start();
   const sid = app.view?.sid ?? route().sid;
   if (app.view) app.view.stop();
   app.view = null;
@@ -84,6 +87,15 @@ const overviewParts = {
   toolsList: $("running-tools"),
   toolsEmpty: $("tools-empty"),
   status: $("list-status"),
+  onError,
+  filter: $("session-filter"),
+  sortHeads: [...document.querySelectorAll("table.sessions th[data-sort]")],
+};
+const attentionParts = {
+  api,
+  list: $("attention"),
+  empty: $("attention-empty"),
+  count: $("attention-count"),
   onError,
 };
 
@@ -108,10 +120,36 @@ $("auth-form").addEventListener("submit", (e) => {
 });
 document.addEventListener("keydown", (e) => {
   if (e.key === "Escape" && !$("auth-form").hidden) $("auth-form").hidden = true;
+  shortcut(e);
 });
+
+// Keys for the controls used under pressure; never while typing, never with a modifier.
+function shortcut(e) {
+  const typing = e.target.closest?.("input, textarea, select, [contenteditable]");
+  if (typing || e.ctrlKey || e.metaKey || e.altKey || embedded) return;
+  const go = (ids, step) => {
+    if (!ids.length) return;
+    const at = ids.indexOf(app.view?.sid);
+    location.hash = `session=${encodeURIComponent(ids[(at + step + ids.length) % ids.length])}`;
+  };
+  const actions = {
+    "/": () => $("op-text")?.focus(),
+    i: () => $("op-interrupt-now")?.click(),
+    j: () => go(app.overview?.visibleIds() ?? [], 1),
+    k: () => go(app.overview?.visibleIds() ?? [], -1),
+    g: () => go(app.attention?.ids() ?? [], 1),
+  };
+  const action = actions[e.key];
+  if (!action) return;
+  e.preventDefault();
+  action();
+}
 window.addEventListener("hashchange", () => openSession(route().sid));
 
 if (embedded) document.body.classList.add("embedded");
 authUi();
-if (!embedded) app.overview = new Overview(overviewParts).start();
+if (!embedded) {
+  app.overview = new Overview(overviewParts).start();
+  app.attention = new AttentionQueue(attentionParts).start();
+}
 openSession(initial.sid);

@@ -1,4 +1,5 @@
-// The overview: live sessions (state, agent state, running tools, age) and running tool calls across sessions.
+// The overview: sessions (state, agent state, running tools, last activity, metadata), searchable and sortable, and
+// running tool calls across sessions.
 //
 // With auth off it follows the multi-session stream (/v1/events from the live tail, after a snapshot); a browser
 // cannot send an API key on a WebSocket without putting it in the URL, so with auth on it refreshes over REST.
@@ -9,10 +10,43 @@ import { MultiStream } from "./stream.js";
 
 const TYPES = "session.*,agent.state,agent.handoff,tool.started,tool.progress,tool.ended";
 const POLL_MS = 2000;
+const ARRANGE_MS = 200;
+
+function lastActivity(data) {
+  return Date.parse(data.last_activity_at || data.created_at);
+}
+
+function metadataText(metadata) {
+  if (!metadata) return "";
+  return Object.entries(metadata)
+    .map(([k, v]) => `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`)
+    .join(" · ");
+}
+
+function searchText(data) {
+  return [data.id, data.agent, data.state, data.agent_state, metadataText(data.metadata)].join(" ").toLowerCase();
+}
+
+const SORT_KEYS = {
+  id: (s) => s.data.id,
+  agent: (s) => s.data.agent || "",
+  state: (s) => s.data.state || "",
+  agent_state: (s) => s.data.agent_state || "",
+  tools: (s) => Number(s.cells.tools.textContent || 0),
+  activity: (s) => lastActivity(s.data),
+};
 
 export class Overview {
-  constructor({ api, sessionsBody, sessionsEmpty, toolsList, toolsEmpty, status, onError }) {
+  constructor({ api, sessionsBody, sessionsEmpty, toolsList, toolsEmpty, status, onError, filter, sortHeads }) {
     this.api = api;
+    this.filter = filter;
+    this.sortHeads = sortHeads || [];
+    this.sortKey = "activity";
+    this.sortDir = -1;
+    if (filter) filter.addEventListener("input", () => this._arrange());
+    for (const th of this.sortHeads) {
+      th.querySelector("button").addEventListener("click", () => this.sortBy(th.dataset.sort));
+    }
     this.sessionsBody = sessionsBody;
     this.sessionsEmpty = sessionsEmpty;
     this.toolsList = toolsList;
@@ -46,6 +80,7 @@ export class Overview {
     clearInterval(this._poll);
     clearInterval(this._tick);
     clearTimeout(this._fallback);
+    clearTimeout(this._arrangeTimer);
   }
 
   select(sid) {
@@ -85,6 +120,7 @@ export class Overview {
       this._upsertSession(s);
     }
     for (const [id, s] of this.sessions) {
+      // gone from the live list: ended (a failed session keeps its state; it stays listed, marked failed)
       if (!seen.has(id) && s.data.state === "active") this._upsertSession({ ...s.data, state: "closed" });
     }
     const live = new Set();
@@ -95,6 +131,7 @@ export class Overview {
     }
     for (const id of [...this.tools.keys()]) if (!live.has(id)) this._removeTool(id);
     this._counts();
+    this._arrange();
   }
 
   // -- live events -----------------------------------------------------------------------------------------------
@@ -103,6 +140,7 @@ export class Overview {
     const d = ev.data || {};
     const sid = ev.session_id;
     const known = this.sessions.get(sid);
+    if (known && ev.at) known.data.last_activity_at = ev.at;
     switch (ev.type) {
       case "session.started":
       case "session.recovered":
@@ -145,6 +183,16 @@ export class Overview {
         break;
     }
     this._counts();
+    this._arrangeSoon();
+  }
+
+  /** Re-order and filter at most every ARRANGE_MS while events stream in (a busy service sends many). */
+  _arrangeSoon() {
+    if (this._arrangeTimer) return;
+    this._arrangeTimer = setTimeout(() => {
+      this._arrangeTimer = null;
+      this._arrange();
+    }, ARRANGE_MS);
   }
 
   async _fetchSession(sid) {
@@ -167,12 +215,13 @@ export class Overview {
         state: h("td"),
         agentState: h("td"),
         tools: h("td", { class: "num" }),
-        age: h("td", { class: "num" }),
+        age: h("td", { class: "num activity" }),
+        metadata: h("div", { class: "metadata muted small" }),
       };
       const row = h(
         "tr",
         { dataset: { sessionId: data.id } },
-        h("th", { scope: "row" }, link),
+        h("th", { scope: "row" }, link, cells.metadata),
         cells.agent,
         cells.state,
         cells.agentState,
@@ -190,7 +239,40 @@ export class Overview {
     s.row.dataset.state = s.data.state ?? "";
     s.cells.agentState.textContent = s.data.state === "active" ? (s.data.agent_state ?? "") : "—";
     s.cells.agentState.dataset.state = s.data.agent_state ?? "";
-    s.cells.age.textContent = formatAge(Date.now() - Date.parse(s.data.created_at));
+    s.cells.metadata.textContent = metadataText(s.data.metadata);
+    s.cells.age.textContent = formatAge(Date.now() - lastActivity(s.data));
+  }
+
+  sortBy(key) {
+    this.sortDir = this.sortKey === key ? -this.sortDir : key === "activity" ? -1 : 1;
+    this.sortKey = key;
+    for (const th of this.sortHeads) {
+      if (th.dataset.sort === key) th.setAttribute("aria-sort", this.sortDir > 0 ? "ascending" : "descending");
+      else th.removeAttribute("aria-sort");
+    }
+    this._arrange();
+  }
+
+  /** Show the sessions that match the search, in the chosen order. */
+  _arrange() {
+    const words = (this.filter?.value || "").toLowerCase().split(/\s+/).filter(Boolean);
+    const rows = [...this.sessions.values()];
+    const key = SORT_KEYS[this.sortKey] || SORT_KEYS.activity;
+    rows.sort((a, b) => {
+      const x = key(a);
+      const y = key(b);
+      return (x < y ? -1 : x > y ? 1 : 0) * this.sortDir;
+    });
+    for (const s of rows) {
+      const text = searchText(s.data);
+      s.row.hidden = !words.every((w) => text.includes(w));
+      this.sessionsBody.append(s.row);
+    }
+  }
+
+  /** The visible session rows' ids, in order. */
+  visibleIds() {
+    return [...this.sessionsBody.querySelectorAll("tr")].filter((r) => !r.hidden).map((r) => r.dataset.sessionId);
   }
 
   _upsertTool(data) {
@@ -249,7 +331,7 @@ export class Overview {
 
   _ages() {
     const now = Date.now();
-    for (const s of this.sessions.values()) s.cells.age.textContent = formatAge(now - Date.parse(s.data.created_at));
+    for (const s of this.sessions.values()) s.cells.age.textContent = formatAge(now - lastActivity(s.data));
   }
 
   async cancel(data, button) {

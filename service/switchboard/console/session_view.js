@@ -1,6 +1,7 @@
 // One session: its header, the operator controls and the live timeline.
 
 import { Intent } from "./api.js";
+import { REASON_LABELS } from "./attention.js";
 import { h } from "./dom.js";
 import { SessionStream } from "./stream.js";
 import { Timeline } from "./timeline.js";
@@ -12,6 +13,9 @@ const STREAM_STATES = {
   ended: "Session closed",
   failed: "Disconnected",
 };
+
+// events after which the header re-reads the session (model latency, attention)
+const REFRESH_ON = new Set(["speech.done", "generation.failed", "tool.ended", "session.failed"]);
 
 export class SessionView {
   constructor({ root, api, sid }) {
@@ -37,6 +41,7 @@ export class SessionView {
     try {
       const session = await this.api.get(this.path);
       this._updateHeader({ agent: session.agent, agentState: session.agent_state, state: session.state });
+      this._showSession(session);
     } catch (err) {
       this._showError(err.message);
       if (err.status === 404 || err.status === 401 || err.status === 403) return this;
@@ -53,11 +58,46 @@ export class SessionView {
 
   stop() {
     if (this.stream) this.stream.stop();
+    this.timeline.stop();
     clearTimeout(this._busyTimer);
+    clearTimeout(this._refreshTimer);
+  }
+
+  async _refreshSession() {
+    try {
+      this._showSession(await this.api.get(this.path));
+    } catch {
+      // the next event tries again
+    }
+  }
+
+  /** The model, the last turn's latency and why the session needs attention, from a read of the session. */
+  _showSession(session) {
+    const m = session.model;
+    this.meta.model.textContent = m
+      ? [m.model ? `${m.provider}/${m.model}` : m.provider, m.profile ? `(profile ${m.profile})` : ""]
+          .concat(m.fallbacks?.length ? [`then ${m.fallbacks.join(", ")}`] : [])
+          .filter(Boolean)
+          .join(" ")
+      : "—";
+    const l = session.latency || {};
+    const parts = [];
+    if (l.time_to_first_token_ms != null) parts.push(`first token ${Math.round(l.time_to_first_token_ms)} ms`);
+    if (l.time_to_first_audio_ms != null) parts.push(`first audio ${Math.round(l.time_to_first_audio_ms)} ms`);
+    this.meta.latency.textContent = parts.join(" · ") || "—";
+    const reasons = (session.attention || []).map((r) =>
+      h("li", { dataset: { code: r.code } }, h("strong", { text: REASON_LABELS[r.code] || r.code }), ` ${r.message}`),
+    );
+    this.reasons.replaceChildren(...reasons);
+    this.reasons.hidden = reasons.length === 0;
   }
 
   _onEvents(events) {
     this.timeline.ingest(events);
+    if (events.some((ev) => REFRESH_ON.has(ev.type))) {
+      clearTimeout(this._refreshTimer);
+      this._refreshTimer = setTimeout(() => this._refreshSession(), 250);
+    }
     // while the history replays, tell assistive technology not to announce every row; live rows are announced
     if (this.list.getAttribute("aria-busy") !== "true" && this._settled) return;
     this.list.setAttribute("aria-busy", "true");
@@ -84,7 +124,10 @@ export class SessionView {
       state: h("dd", { class: "state" }),
       agentState: h("dd", { class: "agent-state" }),
       running: h("dd", { class: "running" }),
+      model: h("dd", { class: "model" }),
+      latency: h("dd", { class: "latency" }),
     };
+    this.reasons = h("ul", { class: "session-reasons", "aria-label": "Needs attention", hidden: true });
     this.streamStatus = h("span", { class: "conn", role: "status", "aria-live": "polite" });
     const header = h(
       "header",
@@ -101,7 +144,12 @@ export class SessionView {
         this.meta.agentState,
         h("dt", { text: "Running tools" }),
         this.meta.running,
+        h("dt", { text: "Model" }),
+        this.meta.model,
+        h("dt", { text: "Last turn" }),
+        this.meta.latency,
       ),
+      this.reasons,
     );
 
     this.error = h("div", { class: "error-box", role: "alert", hidden: true });
@@ -231,6 +279,7 @@ export class SessionView {
       this.meta.state.textContent = info.state;
       this.root.dataset.sessionState = info.state;
       this._setEnded(info.state !== "active");
+      if (this.streamStatus.dataset.state === "ended") this._streamState("ended"); // closed or failed
     }
     if (info.agentState) {
       this.meta.agentState.textContent = info.agentState;
@@ -241,7 +290,8 @@ export class SessionView {
   }
 
   _streamState(state, detail) {
-    this.streamStatus.textContent = STREAM_STATES[state] || state;
+    const failed = state === "ended" && this.root.dataset.sessionState === "failed";
+    this.streamStatus.textContent = failed ? "Session failed" : STREAM_STATES[state] || state;
     this.streamStatus.dataset.state = state;
     if (state === "failed" && detail) this._showError(detail);
   }

@@ -9,6 +9,7 @@
 import { appendPinned, clock, formatArgs, h, nextFrame, splitHeard, truncate } from "./dom.js";
 
 const OUTPUT_MAX = 2000;
+const LIVE_POLL_MS = 400;
 
 function summary(ev) {
   const d = ev.data || {};
@@ -137,11 +138,17 @@ export class Timeline {
         break;
       case "session.closed":
         this.info.state = "closed";
-        row = this._row(ev, "session", "Session closed");
+        row = this._row(ev, "session", d.reason ? `Session closed (${d.reason})` : "Session closed");
         break;
       case "session.failed":
         this.info.state = "failed";
-        row = this._row(ev, "session error", "Session failed", h("p", { text: d.error || "" }));
+        row = this._row(
+          ev,
+          "session error",
+          "Session failed",
+          h("p", { text: d.reason || "No reason was given." }),
+          d.agent ? h("p", { class: "muted", text: `Agent ${d.agent}` }) : null,
+        );
         break;
       case "agent.state":
         this.info.agentState = d.state;
@@ -246,6 +253,8 @@ export class Timeline {
   _speechState(id, state) {
     const sp = this.speeches.get(id);
     if (!sp || sp.interrupted) return;
+    if (state === "speaking" || state === "thinking") this._followLive(sp);
+    else this._stopLive(sp);
     sp.state.textContent = state;
     for (const seg of sp.segments) seg.row.dataset.state = state;
     const first = sp.segments[0];
@@ -276,9 +285,44 @@ export class Timeline {
     return row;
   }
 
+  /**
+   * While a speech is generated and played, show what the model has said so far (GET .../speeches/{id}, polled),
+   * below what is committed; the committed message replaces it when the step ends.
+   */
+  _followLive(sp) {
+    if (sp.liveTimer || !this.fetchSpeech) return;
+    sp.live = h("p", { class: "live-text muted", "aria-live": "off" });
+    sp.segments.at(-1).row.append(sp.live);
+    const poll = () =>
+      this.fetchSpeech(sp.id).then(
+        (info) => {
+          if (!sp.live) return;
+          const committed = sp.segments.flatMap((seg) => seg.parts).join(" ");
+          const rest = (info.text || "").slice(committed.length).trim();
+          sp.live.textContent = rest ? `${rest} …` : "";
+        },
+        () => {},
+      );
+    poll();
+    sp.liveTimer = setInterval(poll, LIVE_POLL_MS);
+  }
+
+  /** Stop following live text (the view is closed). */
+  stop() {
+    for (const sp of this.speeches.values()) this._stopLive(sp);
+  }
+
+  _stopLive(sp) {
+    clearInterval(sp.liveTimer);
+    sp.liveTimer = null;
+    if (sp.live) sp.live.remove();
+    sp.live = null;
+  }
+
   _interrupted(id, playedText) {
     const sp = this.speeches.get(id);
     if (!sp) return;
+    this._stopLive(sp);
     const last = sp.segments.at(-1);
     if (!sp.interrupted) {
       sp.interrupted = true;
@@ -390,6 +434,11 @@ export class Timeline {
       tool.output.textContent = truncate(d.output, OUTPUT_MAX);
       tool.output.hidden = false;
       tool.output.classList.toggle("error", Boolean(d.is_error));
+    }
+    if (d.error) {
+      // why it failed (redacted); the model was given only the output above
+      tool.output.textContent = truncate(`${d.output ? `${d.output}\n` : ""}${d.error}`, OUTPUT_MAX);
+      tool.output.hidden = false;
     }
     if (tool.cancel) {
       tool.cancel.remove();

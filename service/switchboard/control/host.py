@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from ..runtime.agent import AgentRegistry
 from ..runtime.chat import ChatContext, ChatItem, new_id, utcnow
 from ..runtime.event_types import SessionFailed
 from ..runtime.events import Event, EventLog
-from ..runtime.llm import LLM, build_llm
+from ..runtime.llm import LLM, MissingCredential, build_llm
 from ..runtime.playout import SimulatedPlayout
 from ..runtime.ports import EventSink
 from ..runtime.recovery import end_orphaned_calls, recover, report_missing
@@ -26,7 +27,11 @@ from ..runtime.speech import SpeechInfo
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo, ToolStatus
 from ..store import SessionData, SessionExists, SessionRecord, Store
+from .attention import AttentionReason, AttentionTracker, Thresholds
+from .catalog import AgentCatalog, ModelSummary, summarize_model
 from .hub import EventHub
+from .model_meter import MeteredLLM, ModelObserver, model_label
+from .ownership import NodeLease
 from .settings import Settings
 
 logger = logging.getLogger("switchboard.control.host")
@@ -34,6 +39,7 @@ logger = logging.getLogger("switchboard.control.host")
 # Sessions recovered at once. Each one awaits its first commits; as many as the store writer puts in one batch
 # (its default batch_max) share a group commit, so 1,000 sessions take a handful of transactions, not hundreds.
 RECOVERY_CONCURRENCY = 256
+FENCED_REMEMBERED = 1000
 
 
 @contextmanager
@@ -62,14 +68,23 @@ class TooManySessions(Exception):
     pass
 
 
+class SessionQuotaExceeded(TooManySessions):
+    """The caller already runs as many live sessions as one credential may."""
+
+
 class InvalidSessionConfig(ValueError):
     """The session's model or options cannot be built (an unknown provider, a bad key...)."""
+
+
+class ModelNotConfigured(InvalidSessionConfig):
+    """The session's model needs something the service's configuration lacks (an API key's variable)."""
 
 
 class PlayoutSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     words_per_second: float | None = None
+    first_audio_ms: int | None = None
 
 
 class SessionConfig(BaseModel):
@@ -88,6 +103,8 @@ class SessionConfig(BaseModel):
     preemptive_generation: bool | None = None
     allow_interruptions: bool | None = None
     max_tool_steps: int | None = None
+    # who created it (a digest of the API key; None with auth off): its live sessions count against that key's quota
+    owner: str | None = None
 
     @classmethod
     def from_record(cls, rec: SessionRecord) -> SessionConfig:
@@ -169,8 +186,16 @@ class SessionHost:
         on_event: Callable[[Event], None] | None = None,
         default_llms: Mapping[str, dict[str, Any]] | None = None,
         models: ModelProfiles | None = None,
+        lease: NodeLease | None = None,
+        on_durable: Callable[[list[Event]], None] | None = None,
+        model_observer: ModelObserver | None = None,
+        wrap_sink: Callable[[EventSink], EventSink] | None = None,
     ) -> None:
         self.store = store
+        # this process as a node: the sessions it owns, checked by every write (None: unfenced, as in tests)
+        self.lease = lease
+        if lease is not None:
+            lease.fence.on_fenced = self._on_lost
         self.registry = registry
         self.hub = hub
         self.settings = settings
@@ -178,20 +203,83 @@ class SessionHost:
         # agents file's)
         self.default_llms = dict(default_llms or {})
         self.models = models or ModelProfiles()
+        self.model_observer = model_observer
+        self.catalog = AgentCatalog(registry, self.models, self.default_llms)
         self.sessions: dict[str, AgentSession] = {}
         self.records: dict[str, SessionRecord] = {}
         self._on_event = on_event
+        self._also_on_durable = on_durable  # e.g. the cluster's fan-out to the other nodes
+        self.attention = AttentionTracker(
+            Thresholds(
+                long_tool_s=settings.attention_long_tool_s,
+                stall_s=settings.attention_stall_s,
+                silence_s=settings.attention_silence_s,
+            )
+        )
         self._sink: EventSink = store.event_sink(on_durable=self._on_durable)
+        if wrap_sink is not None:  # tracing sees each event as it is emitted
+            self._sink = wrap_sink(self._sink)
         self._create_lock = asyncio.Lock()
+        # when each live session last reported anything (its events), for closing idle ones; a clock tests can move
+        self.clock: Callable[[], float] = time.monotonic
+        self._active_at: dict[str, float] = {}
         self.recovered: list[str] = []
+        self._warned_handoffs: set[str] = set()
         self.failed: list[str] = []
+        self.fenced: dict[str, str] = {}  # session id -> why this node lost it (the latest FENCED_REMEMBERED)
+        self.adopted = 0
+        self._drops: set[asyncio.Task[None]] = set()
+
+    @property
+    def node_id(self) -> str | None:
+        return self.lease.node_id if self.lease is not None else None
+
+    def _on_lost(self, sid: str, why: str) -> None:
+        """The session is another node's now (or nobody's): stop running it here at once, without waiting for its
+        tools (nothing it does can be written any more); reads of it answer from the store from now on."""
+        session = self.sessions.pop(sid, None)
+        self.records.pop(sid, None)
+        self._active_at.pop(sid, None)
+        self.fenced[sid] = why
+        while len(self.fenced) > FENCED_REMEMBERED:
+            del self.fenced[next(iter(self.fenced))]
+        if session is not None:
+            task = asyncio.create_task(session.suspend(tool_grace=False), name=f"fenced:{sid}")
+            self._drops.add(task)
+            task.add_done_callback(self._drops.discard)
 
     def _on_durable(self, events: list[Event]) -> None:
         pairs = [(e.cursor or 0, e) for e in events]
+        now = self.clock()
+        for event in events:
+            if event.session_id in self.sessions:  # live here: a closed or failed one has no clock to keep
+                self._active_at[event.session_id] = now
+            self.attention.observe(event, self.sessions.get(event.session_id))
+            if event.type == "agent.handoff":
+                self._check_handoff(event)
         self.hub.publish(pairs)
+        if self._also_on_durable is not None:
+            self._also_on_durable(events)
         if self._on_event is not None:
             for _, event in pairs:
                 self._on_event(event)
+
+    def _first_audio_ms(self, config: SessionConfig) -> int:
+        chosen = config.playout.first_audio_ms if config.playout else None
+        return self.settings.first_audio_ms if chosen is None else chosen
+
+    def _check_handoff(self, event: Event) -> None:
+        target = event.data.get("to_agent")
+        if target in self.registry or target in self._warned_handoffs:
+            return
+        self._warned_handoffs.add(str(target))
+        logger.warning(
+            "session %s: handed off to agent %r, which is not registered: the session works until the service "
+            "restarts, then it cannot be recovered; register it (SWITCHBOARD_AGENTS) under that name",
+            event.session_id,
+            target,
+            extra={"session_id": event.session_id},
+        )
 
     # -- building sessions ----------------------------------------------------------------------------------
 
@@ -199,7 +287,11 @@ class SessionHost:
         """The session's model: its own ``llm`` (a model profile, or a self-contained provider), else the default of
         the agent it started with. A session's own llm is checked on every build, recovery included: a stored config
         never bypasses it."""
-        return build_llm(self.models.for_session(config.llm, self.default_llms.get(config.agent)))
+        resolved = self.models.for_session(config.llm, self.default_llms.get(config.agent))
+        llm = build_llm(resolved)
+        if self.model_observer is None:
+            return llm
+        return MeteredLLM(llm, model_label(resolved), self.model_observer)
 
     def _build(self, rec: SessionRecord, *, items: Sequence[ChatItem] = (), last_seq: int = 0) -> AgentSession:
         config = SessionConfig.from_record(rec)
@@ -212,11 +304,14 @@ class SessionHost:
             session_id=rec.id,
             agent=agent,
             llm=llm,
-            playout=SimulatedPlayout(float(wps)),
+            playout=SimulatedPlayout(float(wps), first_audio_s=self._first_audio_ms(config) / 1000),
             store=self.store.chat_store(),
             events=self._sink,
             options=config.options().model_copy(
-                update={"max_tool_calls_per_turn": self.settings.max_tool_calls_per_turn}
+                update={
+                    "max_tool_calls_per_turn": self.settings.max_tool_calls_per_turn,
+                    "max_tool_calls_per_session": self.settings.max_tool_calls_per_session,
+                }
             ),
             items=items,
             last_seq=last_seq,
@@ -238,8 +333,11 @@ class SessionHost:
                 if found.config == stored and found.metadata == metadata:
                     return SessionView(found, existing, self.store), False
                 raise SessionConflict(sid)
+            if self.lease is not None:
+                self.lease.check_serving()
             if len(self.sessions) >= self.settings.max_sessions:
                 raise TooManySessions(f"this server hosts at most {self.settings.max_sessions} live sessions")
+            self._check_quota(config.owner)
             now = utcnow()
             rec = SessionRecord(
                 id=sid,
@@ -251,19 +349,47 @@ class SessionHost:
                 current_speech_id=None,
                 created_at=now,
                 updated_at=now,
+                owner_node=self.node_id,
+                owner_epoch=1 if self.lease is not None else 0,
             )
             try:
                 session = self._build(rec)  # validates agent and llm before anything is stored
+            except MissingCredential as err:
+                raise ModelNotConfigured(str(err)) from err
             except ValueError as err:
                 raise InvalidSessionConfig(str(err)) from err
             try:
                 await self.store.create_session(rec)
             except SessionExists:
                 raise SessionConflict(sid) from None
+            if self.lease is not None:
+                self.lease.claim_new(sid)
             self.sessions[sid] = session
             self.records[sid] = rec
         await session.start()
         return SessionView(rec, session, self.store), True
+
+    def _check_quota(self, owner: str | None) -> None:
+        """One credential cannot fill the server: it runs at most ``session_quota`` live sessions at once."""
+        if owner is None:
+            return
+        quota = self.settings.session_quota
+        if sum(1 for rec in self.records.values() if rec.config.get("owner") == owner) >= quota:
+            raise SessionQuotaExceeded(f"one API key runs at most {quota} live sessions at once; close some first")
+
+    async def close_idle(self, idle_timeout_s: float) -> list[str]:
+        """Close every session that has been idle (``AgentSession.dormant``, no event) for ``idle_timeout_s``; each
+        one's ``session.closed`` says ``reason: idle``. Returns their ids."""
+        now = self.clock()
+        stale = [
+            sid
+            for sid, session in self.sessions.items()
+            if session.dormant and now - self._active_at.setdefault(sid, now) >= idle_timeout_s
+        ]
+        for sid in stale:
+            logger.info("closing session %s: idle for %.0f s", sid, idle_timeout_s, extra={"session_id": sid})
+        await asyncio.gather(*(self.close(sid, reason="idle") for sid in stale))
+        return stale
 
     async def find(self, sid: str) -> SessionView | None:
         """The session, live or stored; None when it never existed. Only a session that is not live costs a read."""
@@ -274,32 +400,69 @@ class SessionHost:
         return SessionView(rec, None, self.store) if rec is not None else None
 
     async def list_sessions(
-        self, *, state: str | None = None, cursor: str | None = None, limit: int = 50
+        self, *, state: str | None = None, agent: str | None = None, cursor: str | None = None, limit: int = 50
     ) -> tuple[list[SessionView], str | None]:
         """Sessions newest first, a page at a time (``Store.list_sessions``), each with its live session if any."""
-        records, next_cursor = await self.store.list_sessions(state=state, cursor=cursor, limit=limit)
+        records, next_cursor = await self.store.list_sessions(state=state, agent=agent, cursor=cursor, limit=limit)
         return [SessionView(rec, self.sessions.get(rec.id), self.store) for rec in records], next_cursor
+
+    def model_summary(self, rec: SessionRecord) -> ModelSummary | None:
+        """The provider and model name a session uses, and its profile: nothing secret (no URL, no variable)."""
+        config = SessionConfig.from_record(rec)
+        return summarize_model(self.models, config.llm, self.default_llms.get(config.agent))
+
+    def attention_reasons(self, view: SessionView) -> list[AttentionReason]:
+        """Why ``view`` needs an operator now (empty: it does not)."""
+        return self.attention.reasons(view.id, view.live, store_unavailable=self.store.writer.unavailable)
+
+    async def needing_attention(self, *, agent: str | None = None) -> list[SessionView]:
+        """The sessions this process knows need an operator: live ones with a reason, and those that failed; the
+        longest waiting first."""
+        views = [SessionView(self.records[sid], live, self.store) for sid, live in list(self.sessions.items())]
+        for sid in self.attention.failed_sessions():
+            rec = await self.store.get_session(sid)
+            if rec is not None and sid not in self.sessions:
+                views.append(SessionView(rec, None, self.store))
+        found = [(reasons, v) for v in views if (reasons := self.attention_reasons(v))]
+        found = [
+            (r, v)
+            for r, v in found
+            if agent is None or v.record.agent == agent or (v.live and v.live.agent.name == agent)
+        ]
+        found.sort(key=lambda pair: pair[0][0].since)
+        return [v for _, v in found]
 
     def live(self, sid: str) -> AgentSession | None:
         return self.sessions.get(sid)
 
-    async def close(self, sid: str) -> bool:
+    async def close(self, sid: str, *, reason: str | None = None) -> bool:
         session = self.sessions.get(sid)
         if session is None:
             return False
         try:
-            await session.aclose()
+            await session.aclose(reason=reason)
         finally:
-            self.sessions.pop(sid, None)
-            self.records.pop(sid, None)
+            if self.sessions.get(sid) is session:
+                self.sessions.pop(sid, None)
+                self.records.pop(sid, None)
+                self._active_at.pop(sid, None)
+                if self.lease is not None:
+                    self.lease.fence.release(sid)
         return True
 
     # -- recovery and shutdown ------------------------------------------------------------------------------
 
     async def recover_all(self) -> None:
         """Recover every session that was live (on start, before serving): all of them read in a few bulk queries,
-        then each rebuilt and settled (``runtime.recovery.recover``); one that cannot be rebuilt is marked failed."""
-        records = await self.store.live_sessions()
+        then each rebuilt and settled (``runtime.recovery.recover``); one that cannot be rebuilt is marked failed.
+
+        A node recovers the sessions it claims: those no live node owns (``NodeLease.claim_orphans``)."""
+        if self.lease is None:
+            records = await self.store.live_sessions()
+        else:
+            claimed = await self.lease.claim_orphans()
+            records = await self.store.live_sessions(ids=list(claimed)) if claimed else []
+            self.adopted += len(records)
         if not records:
             return
         sem = asyncio.Semaphore(RECOVERY_CONCURRENCY)
@@ -340,9 +503,20 @@ class SessionHost:
         await log.emit(SessionFailed(reason=reason, interrupted_calls=interrupted, **extra))
         self.failed.append(rec.id)
 
+    async def adopt_forever(self, interval_s: float) -> None:
+        """Cluster mode: take over, every ``interval_s``, this node's share of the sessions of dead nodes."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.recover_all()
+            except Exception:
+                logger.exception("adopting orphaned sessions failed; will retry")
+
     async def aclose(self) -> None:
         """Service shutdown: suspend every session (they stay live and are recovered on the next start)."""
         sessions = list(self.sessions.values())
         await asyncio.gather(*(s.suspend() for s in sessions), return_exceptions=True)
+        if self._drops:
+            await asyncio.gather(*self._drops, return_exceptions=True)
         self.sessions.clear()
         self.records.clear()

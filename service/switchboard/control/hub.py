@@ -38,6 +38,11 @@ class Subscription:
         self._ready = asyncio.Event()
         self.overflowed = False
         self.closed = False
+        #: A stream that can send an event at once sets this: offered each live event while its reader waits idle in
+        #: ``get``, it returns True once it has taken the event (no task wakes for it), False to have it buffered.
+        self.direct: Callable[[tuple[int, Event, str]], bool] | None = None
+        self.error: BaseException | None = None  # raised by ``get``: the stream's direct send failed
+        self._waiting = False
 
     def matches(self, event_type: str) -> bool:
         """Whether this subscription's type filter takes events of ``event_type``."""
@@ -45,6 +50,8 @@ class Subscription:
 
     def _offer(self, item: tuple[int, Event, str]) -> None:
         if self.overflowed or self.closed or not self._matches(item[1].type):
+            return
+        if self.direct is not None and self._waiting and not self._buffer and self.direct(item):
             return
         if len(self._buffer) >= self._maxsize:
             self.overflowed = True
@@ -60,11 +67,22 @@ class Subscription:
         while not self._buffer:
             if self.overflowed:
                 raise SubscriberOverflow(-1)
+            if self.error is not None:
+                raise self.error
             self._ready.clear()
-            await self._ready.wait()
+            self._waiting = True
+            try:
+                await self._ready.wait()
+            finally:
+                self._waiting = False
         if self.overflowed:
             raise SubscriberOverflow(-1)
         return self._buffer.popleft()
+
+    def fail(self, error: BaseException) -> None:
+        """End the reader's wait with ``error`` (its direct send failed)."""
+        self.error = error
+        self._ready.set()
 
     def pending(self) -> int:
         return len(self._buffer)

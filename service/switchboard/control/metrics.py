@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..runtime.events import Event
+
+if TYPE_CHECKING:
+    from .host import SessionHost
 
 
 class _Live(Collector):
@@ -24,6 +28,39 @@ class _Live(Collector):
         )
         yield GaugeMetricFamily(
             "switchboard_event_subscribers", "Live event-stream subscriptions", value=self._subscribers()
+        )
+
+
+class _Node(Collector):
+    """Ownership: sessions this node owns, takeovers, fencing refusals, the lease."""
+
+    def __init__(self, host: SessionHost) -> None:
+        self._host = host
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        lease = self._host.lease
+        if lease is None:
+            return
+        yield GaugeMetricFamily(
+            "switchboard_node_owned_sessions", "Sessions this node owns", value=len(lease.fence.epochs)
+        )
+        yield CounterMetricFamily(
+            "switchboard_node_adoptions", "Sessions this node took over from nodes gone", value=self._host.adopted
+        )
+        yield CounterMetricFamily(
+            "switchboard_node_fencing_refusals",
+            "Writes refused because this node no longer owned their session",
+            value=lease.fence.refusals,
+        )
+        yield CounterMetricFamily(
+            "switchboard_node_lease_renewals_failed", "Lease renewals that failed", value=lease.renewals_failed
+        )
+        if lease.renew_latency_s is not None:
+            yield GaugeMetricFamily(
+                "switchboard_node_lease_renew_seconds", "The last lease renewal's latency", value=lease.renew_latency_s
+            )
+        yield GaugeMetricFamily(
+            "switchboard_node_deposed", "1 when this node lost its sessions", value=int(bool(lease.deposed))
         )
 
 
@@ -42,13 +79,59 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
             registry=r,
         )
-        self.ws_connections = Gauge("switchboard_ws_connections", "Open WebSocket event streams", registry=r)
+        self.generation_failures = Counter(
+            "switchboard_generation_failures", "Model generations that failed, by model", ["model"], registry=r
+        )
+        self.time_to_first_token = Histogram(
+            "switchboard_model_time_to_first_token_seconds",
+            "From a model request to its first chunk, by model",
+            ["model"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+            registry=r,
+        )
+        self.tokens = Counter(
+            "switchboard_model_tokens", "Tokens reported by models, by model and kind", ["model", "kind"], registry=r
+        )
+        self.store_commit = Histogram(
+            "switchboard_store_commit_seconds",
+            "One group commit of the store's writer: from its transaction's start to its commit",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
+            registry=r,
+        )
+        self.store_batch_ops = Histogram(
+            "switchboard_store_batch_operations",
+            "Operations (events, items, tool call changes) written by one group commit",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
+        self.ws_connections = Gauge(
+            "switchboard_ws_connections", "Open event streams (WebSocket, and AG-UI over SSE)", registry=r
+        )
         self.ws_dropped = Counter(
             "switchboard_ws_slow_consumers_dropped", "Event streams closed for falling behind (4008)", registry=r
         )
 
+    def on_store_commit(self, seconds: float, operations: int) -> None:
+        self.store_commit.observe(seconds)
+        self.store_batch_ops.observe(operations)
+
     def bind(self, sessions: Callable[[], int], subscribers: Callable[[], int]) -> None:
         self.registry.register(_Live(sessions, subscribers))
+
+    def bind_node(self, host: SessionHost) -> None:
+        self.registry.register(_Node(host))
+
+    # -- ModelObserver (control.model_meter) --
+
+    def model_first_token(self, model: str, seconds: float) -> None:
+        self.time_to_first_token.labels(model).observe(seconds)
+
+    def model_tokens(self, model: str, prompt: int, completion: int) -> None:
+        self.tokens.labels(model, "prompt").inc(prompt)
+        self.tokens.labels(model, "completion").inc(completion)
+
+    def model_failed(self, model: str) -> None:
+        self.generation_failures.labels(model).inc()
 
     def on_event(self, event: Event) -> None:
         self.events.inc()

@@ -7,6 +7,7 @@ import json
 import secrets
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -23,6 +24,8 @@ ALL_SCOPES: tuple[Scope, ...] = (
     "events:read",
     "metrics:read",
 )
+SINGLE_LEASE_S = 10.0
+CLUSTER_LEASE_S = 2.0
 # a comma-separated list in the environment ("a,b"), or a JSON list
 CommaList = Annotated[list[str], NoDecode]
 
@@ -57,6 +60,15 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(default=30.0, gt=0)  # and the whole body within this (408)
     max_text_chars: int = Field(default=8000, ge=1)
     max_sessions: int = Field(default=1000, ge=1)
+    # live sessions one API key may run at once (unset: half of max_sessions), so no key can fill the server
+    max_sessions_per_key: int | None = Field(default=None, ge=1)
+    # a live session with nothing happening (no input, speech or tool call) for this long is closed, reason "idle"
+    # (0: never)
+    idle_timeout_s: float = Field(default=3600.0, ge=0)
+    # closed and failed sessions are deleted from the store (chat, tool calls, events) this long after they ended
+    # (0: kept forever)
+    closed_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
+    housekeeping_interval_s: float = Field(default=30.0, gt=0)  # how often the two above are applied
     ws_buffer: int = Field(default=1000, ge=10)
     ws_ping_interval_s: float = Field(default=20.0, gt=0)
     # open event streams (each costs memory and a file descriptor): more are closed at once with 4429
@@ -65,7 +77,17 @@ class Settings(BaseSettings):
     ws_max_message_bytes: int = Field(default=64 * 1024, ge=1024)  # a bigger client frame is closed with 1009
     request_timeout_s: float = Field(default=10.0, gt=0)
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=24 * 3600)
+    # commands (POST, DELETE) per API key: a bucket of write_burst refilled at write_rate_per_s (0: no limit); one
+    # more is a 429 with Retry-After. With auth off nothing is limited.
+    write_rate_per_s: float = Field(default=20.0, ge=0)
+    write_burst: int = Field(default=100, ge=1)
     words_per_second: float = Field(default=3.0, gt=0)
+    # the simulated voice's time to first audio (a session's playout.first_audio_ms overrides it)
+    first_audio_ms: int = Field(default=0, ge=0, le=10_000)
+    # when a session enters the attention queue (GET /v1/sessions?attention=true, the console's queue)
+    attention_long_tool_s: float = Field(default=60.0, gt=0)  # a tool call running this long
+    attention_stall_s: float = Field(default=10.0, gt=0)  # a generation with nothing to play this long
+    attention_silence_s: float = Field(default=8.0, gt=0)  # a reply to input not yet heard this long
 
     # Browsers (see docs/security.md). With auth off only loopback Host and Origin headers are accepted; these add
     # host names (no port) and exact origins ("https://ops.example.com") for a trusted proxy or dashboard.
@@ -77,6 +99,17 @@ class Settings(BaseSettings):
     scripted_model: Literal["allow", "deny"] | None = None
     max_webhook_response_bytes: int = Field(default=1024 * 1024, ge=1024)  # a bigger answer fails the tool call
     max_tool_calls_per_turn: int = Field(default=16, ge=1)  # further calls of one model turn are refused, not run
+    max_tool_calls_per_session: int = Field(default=1000, ge=1)  # and further calls of one session (restarts too)
+
+    # Nodes and ownership (see docs/cluster.md). Cluster mode: ``redis_url`` set, on PostgreSQL.
+    redis_url: str | None = None
+    node_id: str | None = Field(default=None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")
+    advertise_url: str | None = None  # how the other nodes reach this one (default: http://host:port)
+    cluster_secret: str | None = Field(default=None, min_length=32)  # authenticates node-to-node calls
+    # How long a node's lease lasts without renewal (default: 10 s alone, 2 s in a cluster, where it bounds failover)
+    lease_s: float | None = Field(default=None, ge=0.5, le=300)
+    # Alone on a database: how long a new instance waits for a live one to stop before it refuses to start
+    takeover_wait_s: float = Field(default=15.0, ge=0)
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -109,8 +142,35 @@ class Settings(BaseSettings):
         return {} if value in ("", None) else value
 
     @property
+    def cluster_mode(self) -> bool:
+        return bool(self.redis_url)
+
+    @property
+    def effective_lease_s(self) -> float:
+        if self.lease_s is not None:
+            return self.lease_s
+        return CLUSTER_LEASE_S if self.cluster_mode else SINGLE_LEASE_S
+
+    def check_cluster(self) -> None:
+        """Cluster mode needs PostgreSQL, and a secret for node-to-node calls unless every address is loopback."""
+        if not self.cluster_mode:
+            return
+        if not self.database_url.startswith(("postgresql", "postgres")):
+            raise ValueError("cluster mode (SWITCHBOARD_REDIS_URL) needs a PostgreSQL SWITCHBOARD_DATABASE_URL")
+        advertised = urlsplit(self.advertise_url).hostname if self.advertise_url else self.host
+        if self.cluster_secret is None and not (is_loopback_name(self.host) and is_loopback_name(advertised or "")):
+            raise ValueError("cluster mode on a non-loopback address needs SWITCHBOARD_CLUSTER_SECRET (32+ chars)")
+
+    @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def session_quota(self) -> int:
+        """Live sessions one API key may run at once."""
+        if self.max_sessions_per_key is not None:
+            return self.max_sessions_per_key
+        return max(1, self.max_sessions // 2)
 
     @property
     def sessions_may_script(self) -> bool:

@@ -4,6 +4,7 @@ The file holds a list of agents, or a mapping of agent names to agents::
 
     - name: concierge
       instructions: You book tables.
+      greeting: Welcome to the concierge. How can I help?   # optional: said when the agent enters
       llm: {provider: openai, model: gpt-4o-mini}      # optional: used when a session gives no llm
       tools:
         - kind: webhook
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -42,11 +44,13 @@ from pydantic import (
 
 from ..runtime.agent import Agent, AgentFactory, AgentRegistry
 from ..runtime.executor import COMPANION_TOOLS
-from ..runtime.llm import build_llm
+from ..runtime.llm import MissingCredential, build_llm
 from ..runtime.tools import CONFIRM_FIELD, ToolPolicy
 from .model_profiles import SESSION_TUNABLE
 from .schema_model import SchemaError, object_model
 from .webhooks import WebhookEndpoint, Webhooks, WebhookTool, default_cancel_url
+
+logger = logging.getLogger("switchboard.integrations.agents_file")
 
 AGENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # what model providers accept as a function name
@@ -110,7 +114,10 @@ class WebhookToolSpec(ToolPolicy):
 class AgentSpec(_Spec):
     name: str = Field(pattern=AGENT_NAME_PATTERN)
     instructions: str = Field(min_length=1)
+    # said as is when the agent enters: when a session starts with it, and after a handoff to it
+    greeting: str | None = Field(default=None, min_length=1, max_length=2000)
     llm: dict[str, Any] | None = None
+    on_model_error: str | None = Field(default=None, min_length=1, max_length=1000)
     tools: list[WebhookToolSpec] = Field(default_factory=list)
 
     @field_validator("llm")
@@ -124,6 +131,9 @@ class AgentSpec(_Spec):
         elif value is not None:
             try:
                 build_llm(value)  # providers build lazily: this checks the config, it opens nothing
+            except MissingCredential as err:
+                # the service starts; a session of this agent is refused, naming the variable
+                logger.warning("an agent's model cannot be used: %s", err)
             except ValidationError as err:
                 raise ValueError("invalid llm configuration: " + _join_errors(err)) from None
             except ValueError as err:
@@ -211,6 +221,26 @@ def read_agents_file(path: str | Path, *, environ: Mapping[str, str] | None = No
     return parsed.agents
 
 
+class DeclaredAgent(Agent):
+    """An agent of the agents file: its hooks are what the file declares (a greeting on enter)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        instructions: str,
+        tools: Iterable[WebhookTool],
+        greeting: str | None = None,
+        on_model_error: str | None = None,
+    ) -> None:
+        super().__init__(instructions=instructions, tools=tools, name=name, on_model_error=on_model_error)
+        self.greeting = greeting
+
+    async def on_enter(self) -> None:
+        if self.greeting:
+            await self.session.say(self.greeting)
+
+
 @dataclass(frozen=True)
 class DeclaredAgents:
     """Agents from an agents file, ready to register: a factory each, and the llm configs they default to."""
@@ -256,6 +286,13 @@ def load_agents_file(
     factories: dict[str, AgentFactory] = {}
     for spec in specs:
         tools = tuple(webhook_tool(t, webhooks, environ[t.secret_env]) for t in spec.tools)
-        factories[spec.name] = functools.partial(Agent, instructions=spec.instructions, tools=tools, name=spec.name)
+        factories[spec.name] = functools.partial(
+            DeclaredAgent,
+            instructions=spec.instructions,
+            tools=tools,
+            name=spec.name,
+            greeting=spec.greeting,
+            on_model_error=spec.on_model_error,
+        )
     llms = {spec.name: spec.llm for spec in specs if spec.llm is not None}
     return DeclaredAgents(Path(path), factories, llms)

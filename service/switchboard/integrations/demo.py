@@ -16,6 +16,8 @@ from ..runtime.tools import RunContext, ToolError, function_tool
 
 #: Seconds per simulated unit of backend work; tests shrink it.
 WORK_S = 0.5
+#: Units of work of a flight search: long enough to cancel it by hand (the README's quickstart does).
+FLIGHT_LEGS = 40
 
 
 class BillingAgent(Agent):
@@ -68,9 +70,10 @@ class DemoAgent(Agent):
     async def search_flights(self, ctx: RunContext, origin: str, destination: str) -> str:
         """Search flights between two cities. Slow; can be cancelled."""
         found = 0
-        for leg in range(6):
+        for leg in range(FLIGHT_LEGS):
             if ctx.cancelled:
                 return f"Search stopped early; {found} flights found so far."
+            await ctx.update(f"Searching {origin} to {destination}: {found} flights so far", progress=leg / FLIGHT_LEGS)
             await ctx.sleep(WORK_S)
             found += leg % 2 + 1
         return f"Found {found} flights from {origin} to {destination}; the cheapest is 89 EUR."
@@ -84,38 +87,54 @@ class DemoAgent(Agent):
 
 AGENTS = {"demo": DemoAgent, "billing": BillingAgent}
 
-#: A scripted conversation that shows the demo tools without any model.
+
+def _say(text: str, *calls: dict[str, Any]) -> dict[str, Any]:
+    return {"text": text, "tool_calls": list(calls), "ttft_ms": 200, "word_ms": 120}
+
+
+def _call(tool: str, /, **arguments: Any) -> dict[str, Any]:
+    return {"name": tool, "arguments": arguments}
+
+
+#: The demo's model without a model: it answers what the user asks and what each tool returns, in whatever order
+#: the conversation takes (interruptions, cancellations, background results), so each step of the README's
+#: quickstart gets a fitting answer.
 DEMO_SCRIPT: dict[str, Any] = {
     "provider": "scripted",
-    "turns": [
+    "on_user": [
         {
-            "text": "Let me look up your order.",
-            "tool_calls": [{"name": "lookup_order", "arguments": {"order_id": "A-1042"}}],
-            "ttft_ms": 200,
-            "word_ms": 120,
+            "match": r"\border\b|A-\d+",
+            "turn": _say("Let me look up your order.", _call("lookup_order", order_id="A-1042")),
         },
-        {"text": "I'm checking it now; I'll tell you as soon as I know.", "word_ms": 120},
-        {"text": "Good news: {{tool_output:lookup_order}}", "word_ms": 120},
         {
-            "text": "I'll search flights for you.",
-            "tool_calls": [{"name": "search_flights", "arguments": {"origin": "Paris", "destination": "Rome"}}],
-            "word_ms": 120,
+            "match": r"fl(y|ight)",
+            "turn": _say(
+                "I'll search flights from Paris to Rome; it takes a few seconds.",
+                _call("search_flights", origin="Paris", destination="Rome"),
+            ),
         },
-        {"text": "{{tool_output:search_flights}}", "word_ms": 120},
         {
-            "text": "Let me book that table.",
-            "tool_calls": [{"name": "book_table", "arguments": {"name": "Ada", "time": "19:30", "party": 2}}],
-            "word_ms": 120,
+            "match": r"table|book|dinner",
+            "turn": _say("Let me book that table.", _call("book_table", name="Ada", time="19:30", party=2)),
         },
-        {"text": "{{tool_output:book_table}}", "word_ms": 120},
         {
-            "text": "I'll transfer you to billing.",
-            "tool_calls": [{"name": "transfer_to_billing", "arguments": {}}],
-            "word_ms": 120,
+            "match": r"bill|invoice|refund|charge",
+            "turn": _say("I'll transfer you to billing.", _call("transfer_to_billing")),
         },
-        {"text": "Billing desk here. How can I help with your invoice?", "word_ms": 120},
+        {"match": r"cancel|stop|never ?mind", "turn": _say("Understood, I've stopped.")},
     ],
-    "fallback": {"text": "I'm here. Ask me about an order, a table, or a flight.", "word_ms": 120},
+    "on_started": {
+        "lookup_order": _say("I'm checking it now; I'll tell you as soon as I know."),
+        "search_flights": _say("The search is running; you can keep talking to me meanwhile."),
+    },
+    "on_output": {
+        "lookup_order": _say("Here is what I found: {{tool_output:lookup_order}}"),
+        "search_flights": _say("{{tool_output:search_flights}}"),
+        "book_table": _say("{{tool_output:book_table}}"),
+        "transfer_to_billing": _say("Billing desk here. How can I help with your invoice?"),
+        "refund": _say("{{tool_output:refund}}"),
+    },
+    "fallback": _say("I'm here. Ask me about an order, a table, a flight, or your bill."),
 }
 
 #: The model config each built-in agent uses when a session gives none (as an agents file's ``llm`` does).

@@ -13,17 +13,33 @@ their arguments): it is a test and demo facility. A session may bring a script o
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..runtime.llm import build_llm
+from ..runtime.llm import MissingCredential, build_llm
+
+logger = logging.getLogger("switchboard.integrations.model_profiles")
 
 PROFILE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 #: What a session may set on top of a profile: nothing here reaches a URL, a variable or a resource limit.
 SESSION_TUNABLE = frozenset({"temperature"})
 #: Providers a session may configure in full because they talk to nothing outside the process.
 SELF_CONTAINED_PROVIDERS = frozenset({"scripted"})
+
+
+#: Keys of a profile about what happens when its model fails (not passed to the provider).
+FALLBACK_KEYS = frozenset({"fallbacks", "ttft_timeout_s"})
+
+
+def _fallbacks(name: str, given: Mapping[str, Any]) -> tuple[list[str], float | None]:
+    chain, timeout = given.get("fallbacks", []), given.get("ttft_timeout_s")
+    if not isinstance(chain, list) or not all(isinstance(n, str) for n in chain):
+        raise ValueError(f"model profile {name!r}: fallbacks must be a list of profile names")
+    if timeout is not None and (not isinstance(timeout, int | float) or not 0 < timeout <= 600):
+        raise ValueError(f"model profile {name!r}: ttft_timeout_s must be a number of seconds in (0, 600]")
+    return chain, timeout
 
 
 class ModelProfiles:
@@ -34,16 +50,32 @@ class ModelProfiles:
     ) -> None:
         self.sessions_may_script = sessions_may_script
         self._profiles: dict[str, dict[str, Any]] = {}
-        for name, config in (profiles or {}).items():
+        # profile -> (the profiles tried after it, in order; the time each gets to produce a first chunk)
+        self._fallbacks: dict[str, tuple[list[str], float | None]] = {}
+        for name, given in (profiles or {}).items():
             if not PROFILE_NAME_PATTERN.match(name):
                 raise ValueError(f"model profile name {name!r}: use letters, digits, '_', '.', '-' (max 64)")
-            if "profile" in config:
+            if "profile" in given:
                 raise ValueError(f"model profile {name!r}: a profile cannot refer to another profile")
+            config = {k: v for k, v in given.items() if k not in FALLBACK_KEYS}
+            if FALLBACK_KEYS & set(given):
+                self._fallbacks[name] = _fallbacks(name, given)
             try:
                 build_llm(dict(config))  # checks the config; providers open nothing until used
+            except MissingCredential as err:
+                # the service starts (the other profiles work); a session asking for this one is refused, naming it
+                logger.warning("model profile %r cannot be used: %s", name, err)
             except ValueError as err:
                 raise ValueError(f"model profile {name!r}: {err}") from None
             self._profiles[name] = dict(config)
+        for name, (chain, _) in self._fallbacks.items():
+            missing = [n for n in chain if n not in self._profiles or n == name]
+            if missing:
+                raise ValueError(f"model profile {name!r}: fallbacks: not other profiles: {', '.join(missing)}")
+
+    def fallbacks(self, name: str) -> list[str]:
+        """The profiles tried after ``name`` when its model fails."""
+        return list(self._fallbacks.get(name, ([], None))[0])
 
     def names(self) -> list[str]:
         return sorted(self._profiles)
@@ -65,7 +97,11 @@ class ModelProfiles:
                 f"a session may set only {', '.join(sorted(SESSION_TUNABLE))} on a model profile; "
                 f"{', '.join(refused)} come(s) from the server's configuration"
             )
-        return {**self._profiles[name], **tuning}
+        if name not in self._fallbacks:
+            return {**self._profiles[name], **tuning}
+        chain, ttft_timeout_s = self._fallbacks[name]
+        models = [{**self._profiles[n], **tuning} for n in [name, *chain]]
+        return {"provider": "fallback", "models": models, "ttft_timeout_s": ttft_timeout_s}
 
     def for_session(
         self, requested: Mapping[str, Any] | None, default: Mapping[str, Any] | None

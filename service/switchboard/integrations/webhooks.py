@@ -1,9 +1,11 @@
 """Webhook tools: a declared tool whose calls are POSTed, signed, to a backend that answers at once or reports later.
 
-Delivery: ``POST url`` with ``{call_id, session_id, tool, arguments}`` and the headers ``X-Switchboard-Timestamp``
-(Unix seconds) and ``X-Switchboard-Signature: v1=<hex HMAC-SHA256 of "<timestamp>.<raw body>">``. The backend
-answers ``200 {"output": str, "is_error"?: bool}`` (the result), or ``202`` and later reports progress and the
-result through the API (``WebhookBroker`` routes those reports to the waiting call). Connection failures and 5xx
+Delivery: ``POST url`` with ``{call_id, session_id, tool, arguments, report_token}`` and the headers
+``X-Switchboard-Timestamp`` (Unix seconds) and ``X-Switchboard-Signature: v1=<hex HMAC-SHA256 of "<timestamp>.<raw
+body>">``. The backend answers ``200 {"output": str, "is_error"?: bool}`` (the result), or ``202`` and later reports
+progress and the result through the API (``WebhookBroker`` routes those reports to the waiting call), sending the
+call's ``report_token`` in the ``X-Switchboard-Report-Token`` header: a report credential that names one call, so a
+backend can report on its own calls and on no one else's (``ReportCredentials``). Connection failures and 5xx
 are retried with backoff until the call's ``timeout_s``; any other status ends the call with an ``is_error`` output.
 Deliveries are at least once: a backend dedupes on ``call_id``. Cancellation is cooperative, as for Python tools:
 the call ends ``cancelled`` at once and the backend is told by a signed POST to ``cancel_url`` in the background.
@@ -12,14 +14,17 @@ the call ends ``cancelled`` at once and the backend is told by a signed POST to 
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import hashlib
 import hmac
 import json
 import logging
 import random
+import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +51,8 @@ logger = logging.getLogger("switchboard.integrations.webhooks")
 TIMESTAMP_HEADER = "X-Switchboard-Timestamp"
 SIGNATURE_HEADER = "X-Switchboard-Signature"
 SIGNATURE_VERSION = "v1"
+REPORT_TOKEN_HEADER = "X-Switchboard-Report-Token"
+REPORT_TOKEN_PREFIX = "sbr_"
 REPLAY_WINDOW_S = 300.0  # backends reject a timestamp further than this from their clock
 RETRY_BASE_S = 0.1
 RETRY_MAX_S = 2.0
@@ -108,6 +115,32 @@ def verify_signature(
         return False
     # compare_digest raises on a str holding anything but ASCII; no such value can be one of our hex signatures
     return any(part.isascii() and hmac.compare_digest(expected, part.strip()) for part in signature.split(","))
+
+
+class ReportCredentials:
+    """Per-call report credentials: ``sbr_<base64url HMAC-SHA256 of the session and call ids>``.
+
+    Each delivery carries its call's credential (``report_token``), and a report must present it: only the backend
+    that received a call can report on it, whatever its API key's scopes. Derived, not stored, so the rightful
+    backend is recognised also after its call ended (it gets a precise 409) and on any process sharing the secret;
+    anyone else gets one answer that says nothing about which sessions or calls exist.
+    """
+
+    def __init__(self, secret: str | None = None) -> None:
+        root = (secret if secret is not None else secrets.token_urlsafe(32)).encode()
+        # a key of its own: a report credential is never a valid session token or signature, and the reverse
+        self._key = hmac.new(root, b"switchboard report credential v1", hashlib.sha256).digest()
+
+    def issue(self, session_id: str, call_id: str) -> str:
+        subject = json.dumps([session_id, call_id], ensure_ascii=True).encode()  # unambiguous, any characters
+        mac = hmac.new(self._key, subject, hashlib.sha256).digest()
+        return REPORT_TOKEN_PREFIX + base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+    def check(self, session_id: str, call_id: str, token: str | None) -> bool:
+        """Whether ``token`` is the credential of this call (constant time; False for anything unusable)."""
+        if not token or not token.isascii():
+            return False
+        return hmac.compare_digest(self.issue(session_id, call_id), token)
 
 
 # -- reports from backends ----------------------------------------------------------------------------------------
@@ -237,11 +270,20 @@ def _describe(err: httpx.TransportError) -> str:
 class Webhooks:
     """Per-process webhook machinery: the shared HTTP client, the broker, and background cancel notices."""
 
-    def __init__(self, *, max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
+    def __init__(self, *, max_response_bytes: int = MAX_RESPONSE_BYTES, report_secret: str | None = None) -> None:
         self.max_response_bytes = max_response_bytes
         self.broker = WebhookBroker()
+        self.credentials = ReportCredentials(report_secret)
         self._client: httpx.AsyncClient | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: (session id, call id) -> headers naming the call's trace (W3C ``traceparent``), set when tracing is on
+        self.trace_headers: Callable[[str, str], dict[str, str]] | None = None
+
+    def _headers(self, secret: str, body: bytes, pending: PendingCall) -> dict[str, str]:
+        headers = signed_headers(secret, body)
+        if self.trace_headers is not None:
+            headers.update(self.trace_headers(pending.session_id, pending.call_id))
+        return headers
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -264,7 +306,7 @@ class Webhooks:
 
         while True:
             request = self.client.build_request(
-                "POST", endpoint.url, content=body, headers=signed_headers(endpoint.secret, body)
+                "POST", endpoint.url, content=body, headers=self._headers(endpoint.secret, body, pending)
             )
             request.extensions["trace"] = trace
             try:
@@ -278,7 +320,7 @@ class Webhooks:
                     pending.last_error = None
                     return response
                 pending.last_error = f"HTTP {response.status_code}"
-            logger.info(
+            logger.warning(  # a backend that fails is an operator's business: not INFO
                 "webhook delivery of %s failed (%s); retrying",
                 pending.tool,
                 pending.last_error,
@@ -326,7 +368,7 @@ class Webhooks:
                 response = await self.client.post(
                     endpoint.cancel_url,
                     content=body,
-                    headers=signed_headers(endpoint.secret, body),
+                    headers=self._headers(endpoint.secret, body, pending),
                     timeout=CANCEL_TIMEOUT_S,
                 )
             except httpx.TransportError as err:
@@ -427,10 +469,14 @@ class WebhookTool(FunctionTool):
 
     async def _result(self, pending: PendingCall, arguments: dict[str, Any]) -> BackendResult:
         args = {k: v for k, v in arguments.items() if k != CONFIRM_FIELD}
-        body = json.dumps(
-            {"call_id": pending.call_id, "session_id": pending.session_id, "tool": self.name, "arguments": args},
-            separators=(",", ":"),
-        ).encode()
+        delivery = {
+            "call_id": pending.call_id,
+            "session_id": pending.session_id,
+            "tool": self.name,
+            "arguments": args,
+            "report_token": self._webhooks.credentials.issue(pending.session_id, pending.call_id),
+        }
+        body = json.dumps(delivery, separators=(",", ":")).encode()
         timeout_s = self.endpoint.timeout_s
         try:
             async with asyncio.timeout(timeout_s):

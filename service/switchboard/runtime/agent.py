@@ -2,11 +2,63 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from .tools import FunctionTool
+from .chat import ChatItem, ChatMessage, new_id
+from .tools import FunctionTool, StopResponse
+
+logger = logging.getLogger("switchboard.runtime.agent")
+
+# commands wait for the hook (it runs before the input is committed): one that hangs must not make the session deaf
+USER_TURN_HOOK_TIMEOUT_S = 5.0
+
+
+class AgentSessionControl(Protocol):
+    """What an agent's hooks may do with the session it is the agent of (``AgentSession`` implements it)."""
+
+    async def say(self, text: str, *, allow_interruptions: bool = True, add_to_chat: bool = True) -> Any: ...
+
+    async def generate_reply(self, *, instructions: str | None = None) -> Any: ...
+
+    async def interrupt(self, *, force: bool = False) -> Any: ...
+
+
+class TurnContext:
+    """The chat as the reply to a user turn will see it (``items``, without the new message). Messages added with
+    ``add_message`` are shown to the model for this reply only, after the chat and before the new message; they
+    are never persisted (to keep something, say it or let a tool return it)."""
+
+    def __init__(self, items: Iterable[ChatItem]) -> None:
+        self.items: tuple[ChatItem, ...] = tuple(items)
+        self.added: list[ChatMessage] = []
+
+    def add_message(self, *, role: str = "system", text: str) -> ChatMessage:
+        message = ChatMessage(id=new_id("item"), role=role, text=text)
+        self.added.append(message)
+        return message
+
+
+@dataclass
+class NewMessage:
+    """The user's message of a completed turn, as it is about to be committed: edit ``text`` to change it."""
+
+    text: str
+    role: str = "user"
+
+
+@dataclass
+class UserTurn:
+    """What ``on_user_turn_completed`` made of a user turn: the text to commit, the messages shown to the model
+    for this reply only, and whether a reply is wanted."""
+
+    text: str
+    extra: list[ChatMessage] = field(default_factory=list)
+    reply: bool = True
 
 
 class Agent:
@@ -14,7 +66,13 @@ class Agent:
 
     >>> class Concierge(Agent):
     ...     def __init__(self) -> None:
-    ...         super().__init__(instructions="You book tables.")
+    ...         super().__init__(instructions="You book tables.", on_model_error="Sorry, one moment please.")
+    ...     async def on_enter(self) -> None:
+    ...         await self.session.say("Welcome to the concierge.")
+
+    The hooks (``on_enter``, ``on_exit``, ``on_user_turn_completed``) do nothing unless overridden.
+    ``on_model_error``: what the agent says when its model fails (after any fallback models), so that the caller
+    hears something rather than silence; None says nothing.
     """
 
     def __init__(
@@ -23,13 +81,44 @@ class Agent:
         instructions: str,
         tools: Iterable[FunctionTool] = (),
         name: str | None = None,
+        on_model_error: str | None = None,
     ) -> None:
         self.instructions = instructions
+        self.on_model_error = on_model_error
         self.name = name or getattr(type(self), "registry_name", None) or type(self).__name__.lower()
         self._extra_tools = list(tools)
+        self._session: AgentSessionControl | None = None
 
     def __repr__(self) -> str:
         return f"<Agent {self.name}>"
+
+    @property
+    def session(self) -> AgentSessionControl:
+        """The session this agent is the agent of (set when it becomes the session's agent)."""
+        if self._session is None:
+            raise RuntimeError(f"agent {self.name} is not running in a session")
+        return self._session
+
+    def attach(self, session: AgentSessionControl | None) -> None:
+        """Called by the session when the agent becomes (or stops being) its agent."""
+        self._session = session
+
+    # -- hooks ------------------------------------------------------------------------------------------------
+
+    async def on_enter(self) -> None:
+        """Called once the agent has become the session's agent: when a new session starts (not when one is
+        recovered after a restart), and after a handoff to it. Speak from here (``self.session.say(...)``,
+        ``self.session.generate_reply(...)``); it runs in a task of its own, the session does not wait for it."""
+
+    async def on_exit(self) -> None:
+        """Called when a handoff moves the session to another agent, just before the switch (not waited for)."""
+
+    async def on_user_turn_completed(self, turn_ctx: TurnContext, new_message: NewMessage) -> None:
+        """Called for each final user input that asks for a reply, before it is committed and the reply queued.
+
+        Edit ``new_message.text`` to change what is committed; add messages to ``turn_ctx`` for this reply only;
+        raise ``StopResponse`` to commit the message without a reply. An error is logged and the input is handled
+        unchanged (input is never dropped)."""
 
     @property
     def tools(self) -> dict[str, FunctionTool]:
@@ -42,6 +131,44 @@ class Agent:
         for tool in self._extra_tools:
             found[tool.name] = tool
         return found
+
+
+async def complete_user_turn(
+    agent: Agent,
+    items: Iterable[ChatItem],
+    text: str,
+    *,
+    session_id: str,
+    timeout_s: float = USER_TURN_HOOK_TIMEOUT_S,
+) -> UserTurn:
+    """Run the agent's ``on_user_turn_completed`` on a final user ``text``. A hook that fails or takes longer than
+    ``timeout_s`` leaves the turn as it was (logged): the input is still committed and answered."""
+    turn_ctx = TurnContext(items)
+    message = NewMessage(text)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await agent.on_user_turn_completed(turn_ctx, message)
+    except StopResponse:
+        return UserTurn(message.text, [], reply=False)
+    except TimeoutError:
+        logger.error(
+            "on_user_turn_completed of agent %s took longer than %.1fs; the turn is handled unchanged",
+            agent.name,
+            timeout_s,
+            extra={"session_id": session_id},
+        )
+        return UserTurn(text)
+    except Exception:
+        logger.exception(
+            "on_user_turn_completed of agent %s failed; the turn is handled unchanged",
+            agent.name,
+            extra={"session_id": session_id},
+        )
+        return UserTurn(text)
+    if not isinstance(message.text, str) or not message.text.strip():
+        logger.error("on_user_turn_completed of agent %s left an empty message; kept the original", agent.name)
+        return UserTurn(text, list(turn_ctx.added))
+    return UserTurn(message.text, list(turn_ctx.added))
 
 
 AgentFactory = Callable[[], Agent]

@@ -18,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 PLACEHOLDER_OUTPUT = "This tool call is still in progress; its result will be shared when it is done."
 
 
+#: the synthetic call id of an async tool's final pair is ``<call_id>/final`` (never a call the model made)
+FINAL_SUFFIX = "/final"
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
 
@@ -138,6 +142,24 @@ def validate(items: Sequence[ChatItem]) -> list[str]:
     return problems
 
 
+#: The progress pairs (``<call_id>/update/<n>``) of one call that a model is shown: the latest ones. The store keeps
+#: every pair; the model's view stays bounded however many updates a long tool makes.
+UPDATE_PAIRS_SHOWN = 3
+UPDATE_MARK = "/update/"
+
+
+def _latest_updates(view: list[ChatItem]) -> list[ChatItem]:
+    """``view`` without the progress pairs of a call older than its latest ``UPDATE_PAIRS_SHOWN``."""
+    per_call: dict[str, list[str]] = {}
+    for it in view:
+        if isinstance(it, FunctionCall) and UPDATE_MARK in it.call_id:
+            per_call.setdefault(it.call_id.rsplit(UPDATE_MARK, 1)[0], []).append(it.call_id)
+    hidden = {cid for ids in per_call.values() for cid in ids[:-UPDATE_PAIRS_SHOWN]}
+    if not hidden:
+        return view
+    return [it for it in view if not (isinstance(it, (FunctionCall, FunctionCallOutput)) and it.call_id in hidden)]
+
+
 class ChatContext:
     """The in-memory chat context of one session: append-only items plus ordered views.
 
@@ -172,6 +194,10 @@ class ChatContext:
                 return it
         return None
 
+    def count_calls(self, prefix: str) -> int:
+        """How many calls have an id starting with ``prefix``."""
+        return sum(1 for it in self._items if isinstance(it, FunctionCall) and it.call_id.startswith(prefix))
+
     def has_output(self, call_id: str) -> bool:
         return any(isinstance(it, FunctionCallOutput) and it.call_id == call_id for it in self._items)
 
@@ -194,7 +220,7 @@ class ChatContext:
                     created_at=call.created_at,
                 )
             )
-        view = order_items([*self._items, *extra])
+        view = _latest_updates(order_items([*self._items, *extra]))
         # Defence in depth for I2: a call that somehow lacks its output is never shown to the model.
         outputs = {it.call_id for it in view if isinstance(it, FunctionCallOutput)}
         calls = {it.call_id for it in view if isinstance(it, FunctionCall)}

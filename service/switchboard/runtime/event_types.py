@@ -73,6 +73,9 @@ class SessionClosed(EventPayload):
     """The session has closed; nothing follows this event."""
 
     type: ClassVar[Literal["session.closed"]] = "session.closed"
+    reason: str | None = Field(
+        default=None, description="Why the service closed it (`idle`: nothing happened for its idle timeout)."
+    )
 
 
 class SessionFailed(EventPayload):
@@ -208,6 +211,7 @@ class ToolEnded(EventPayload):
     status: ToolStatus
     output: str
     is_error: bool
+    error: str | None = None  # why it failed (the exception's message, redacted); the model gets only ``output``
 
 
 EVENT_PAYLOADS: tuple[type[EventPayload], ...] = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import itertools
 import re
@@ -66,6 +67,7 @@ class EventLog:
         self._sink = sink
         self._seq = itertools.count(last_seq + 1)
         self.last_seq = last_seq
+        self._last_durable: Awaitable[None] | None = None
 
     def emit(self, payload: EventPayload) -> Awaitable[None]:
         """Log ``payload`` as the session's next event; only a registered payload model is accepted."""
@@ -73,7 +75,15 @@ class EventLog:
             raise UnknownEventType(f"{type(payload).__name__} is not a registered event payload")
         event = Event(seq=next(self._seq), session_id=self.session_id, type=payload.type, data=payload.data())
         self.last_seq = event.seq
-        return self._sink.publish(event)
+        self._last_durable = self._sink.publish(event)
+        return self._last_durable
+
+    async def flushed(self) -> None:
+        """Return once every event emitted so far is durable (the sink makes them durable in order). An event the
+        sink failed to write was logged there; it does not make this fail."""
+        if self._last_durable is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._last_durable)
 
 
 def done_future() -> asyncio.Future[None]:

@@ -11,14 +11,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import event_types as ev
-from .agent import Agent
 from .aio import cancel_and_wait, resolve
-from .chat import ChatContext, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .arguments import canonical, nulls_to_defaults
+from .chat import ChatContext, FunctionCall, new_id, utcnow
 from .companions import COMPANION_TOOLS, companion_tools
 from .events import EventLog
 from .ports import Commit
-from .speech import SpeechHandle, SpeechInterrupted
+from .speech import NotInterruptible, SpeechHandle
 from .tool_call import (
+    INTERNAL_ERROR_OUTPUT,
     AlreadyEnded,
     EndRecord,
     Handoff,
@@ -27,6 +28,9 @@ from .tool_call import (
     RunningCall,
     ToolCallNotFound,
     end_record,
+    outcome_of,
+    progress_pair,
+    stopped_outcome,
     without_handoff,
 )
 from .tools import (
@@ -34,13 +38,10 @@ from .tools import (
     FunctionTool,
     ProgressUpdate,
     RunContext,
-    StopResponse,
+    SessionControl,
     ToolCallInfo,
-    ToolCancelled,
-    ToolError,
     ToolStatus,
     format_validation_error,
-    render_output,
 )
 
 logger = logging.getLogger("switchboard.runtime.tools")
@@ -55,7 +56,6 @@ END_FULL_ATTEMPTS = 2
 STORE_ERROR_OUTPUT = "The tool call ended ({status}), but its output could not be stored."
 KEEP_ENDED_CALLS = 1000  # ended calls kept in memory per session (the store keeps every one)
 PROGRESS_KEPT = 50  # progress updates kept on a tool call's record
-INTERNAL_ERROR_OUTPUT = "An internal error occurred"
 
 
 class ToolExecutor:
@@ -76,8 +76,10 @@ class ToolExecutor:
         on_ended: Callable[[RunningCall], None],
         on_handoff: Callable[[RunningCall], None] | None = None,
         cancel_grace_s: float = TOOL_CANCEL_GRACE_S,
+        session: SessionControl | None = None,
     ) -> None:
         self.session_id = session_id
+        self.session = session  # what a tool reaches through ``ctx.session``
         self.userdata: dict[str, Any] = {}
         self._chat = chat
         self._events = events
@@ -132,8 +134,10 @@ class ToolExecutor:
         step: int,
         agent: str | None,
         arguments_error: str | None = None,
+        refusal: str | None = None,
     ) -> RunningCall:
-        """Start executing ``item`` now. Returns at once; the call commits its own pair when it ends."""
+        """Start executing ``item`` now. Returns at once; the call commits its own pair when it ends. With a
+        ``refusal`` it never runs: it ends ``rejected`` with that output, so the model sees why (I1, I5 hold)."""
         if item.call_id in self._calls:
             # a model that reuses a call id must not re-run (or overwrite) an earlier call
             item = item.model_copy(update={"call_id": f"{item.call_id}~{new_id('dup')}"})
@@ -151,7 +155,9 @@ class ToolExecutor:
             agent=agent,
             started_at=utcnow(),
         )
-        rc = RunningCall(self, item, info, tool, speech, step, arguments_error=arguments_error)
+        rc = RunningCall(self, item, info, tool, speech, step, arguments_error=arguments_error, refusal=refusal)
+        if tool is not None and arguments_error is None and refusal is None:
+            _validate(rc, tool)  # now, in call order: a later duplicate compares against it
         self._calls[item.call_id] = rc
         available = sorted({*tools, *(self._companions() if self.has_cancellable(tools) else {})})
         rc.task = asyncio.create_task(self._run(rc, available), name=f"tool:{item.name}:{item.call_id}")
@@ -173,6 +179,7 @@ class ToolExecutor:
         rc = self.start(item, tools=tools, speech=None, step=0, agent=agent)
         if info.background:  # safe: the runner has not started yet
             rc.info = rc.info.model_copy(update={"background": True, "progress": info.progress})
+            rc.updates = 1 + self._chat.count_calls(f"{info.call_id}/update/")
         return rc
 
     @staticmethod
@@ -198,7 +205,7 @@ class ToolExecutor:
             await self._stop_body(rc)
             if self._abandoning:
                 raise  # shutdown: the call stays `running` in the store and is recovered on the next start
-            await asyncio.shield(self._finish(rc, self._stopped(rc)))
+            await asyncio.shield(self._finish(rc, stopped_outcome(rc)))
             raise
         # the end is recorded even if a teardown cancels this task meanwhile (I5: every call ends exactly once)
         await asyncio.shield(self._finish(rc, outcome))
@@ -219,14 +226,6 @@ class ToolExecutor:
             )
         )
         return await self._execute(rc, available)
-
-    def _stopped(self, rc: RunningCall) -> Outcome:
-        """How a call ends when a teardown stops it."""
-        if rc.held is not None and rc.held.handoff is not None:
-            return without_handoff(rc.held, "the tool was stopped first", ToolStatus.INTERRUPTED, needs_reply=False)
-        if rc.cancel_reason is not None:
-            return Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", True)
-        return Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", True, False)
 
     async def _stop_body(self, rc: RunningCall) -> None:
         """Cancel the tool's body and wait for it, at most ``TOOL_ABANDON_GRACE_S``; a body that ignores
@@ -253,6 +252,8 @@ class ToolExecutor:
 
     async def _execute(self, rc: RunningCall, available: list[str]) -> Outcome:
         name = rc.info.name
+        if rc.refusal is not None:
+            return Outcome(ToolStatus.REJECTED, rc.refusal, is_error=True)
         if rc.tool is None:
             return Outcome(
                 ToolStatus.FAILED,
@@ -261,10 +262,9 @@ class ToolExecutor:
             )
         if rc.arguments_error is not None:
             return Outcome(ToolStatus.FAILED, f"Invalid arguments for {name}: {rc.arguments_error}", True)
-        try:
-            args = rc.tool.parse_arguments(rc.item.arguments)
-        except ValidationError as err:
-            return Outcome(ToolStatus.FAILED, format_validation_error(name, err), is_error=True)
+        if rc.invalid is not None:
+            return Outcome(ToolStatus.FAILED, rc.invalid, is_error=True)
+        args = rc.args
 
         refused = await self._apply_duplicate_policy(rc, args) if rc.cancel_reason is None else None
         if refused is not None:
@@ -275,64 +275,7 @@ class ToolExecutor:
         ctx = RunContext(rc)
         rc.tool_task = asyncio.create_task(rc.tool.invoke(ctx, args), name=f"tool-body:{name}")
         await asyncio.wait({rc.tool_task, rc.abandoned_fut}, return_when=asyncio.FIRST_COMPLETED)
-        return self._outcome_of(rc)
-
-    def _outcome_of(self, rc: RunningCall) -> Outcome:
-        assert rc.tool_task is not None
-        name = rc.info.name
-        cancelled_output = f"The tool call was cancelled ({rc.cancel_reason or 'cancelled'})."
-        if not rc.tool_task.done():  # abandoned: it ignored cancellation
-            return self._stopped(rc)
-        if rc.tool_task.cancelled():
-            if rc.cancel_reason is not None:
-                return Outcome(ToolStatus.CANCELLED, cancelled_output, is_error=True)
-            return Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", is_error=True, needs_reply=False)
-        exc = rc.tool_task.exception()
-        if exc is None:
-            result = rc.tool_task.result()
-            if rc.cancel_reason is not None:
-                partial = render_output(result)
-                return Outcome(ToolStatus.CANCELLED, partial or cancelled_output, is_error=not partial)
-            return self._completed(rc, result)
-        if isinstance(exc, ToolCancelled):
-            return Outcome(ToolStatus.CANCELLED, cancelled_output, is_error=True)
-        if isinstance(exc, StopResponse):
-            return Outcome(ToolStatus.COMPLETED, "", needs_reply=False)
-        if isinstance(exc, SpeechInterrupted):
-            return Outcome(
-                ToolStatus.INTERRUPTED,
-                "The tool was interrupted because the user interrupted the agent.",
-                is_error=True,
-                needs_reply=False,
-            )
-        if isinstance(exc, ToolError):
-            logger.warning(
-                "tool %s failed: %s",
-                name,
-                exc,
-                extra={"session_id": self.session_id, "call_id": rc.info.call_id},
-            )
-            return Outcome(ToolStatus.FAILED, str(exc) or "The tool failed.", is_error=True)
-        logger.error(
-            "tool %s raised an unexpected exception",
-            name,
-            exc_info=exc,
-            extra={"session_id": self.session_id, "call_id": rc.info.call_id},
-        )
-        return Outcome(ToolStatus.FAILED, INTERNAL_ERROR_OUTPUT, is_error=True)
-
-    def _completed(self, rc: RunningCall, result: Any) -> Outcome:
-        handoff: Agent | None = None
-        if isinstance(result, Agent):
-            handoff, result = result, None
-        elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Agent):
-            handoff, result = result
-        if handoff is None:
-            return Outcome(ToolStatus.COMPLETED, render_output(result))
-        held = Outcome(ToolStatus.COMPLETED, render_output(result), handoff=handoff)
-        if rc.speech is not None and rc.speech.interrupted:
-            return without_handoff(held, "the agent was interrupted", ToolStatus.INTERRUPTED, needs_reply=False)
-        return held
+        return outcome_of(rc, self.session_id)
 
     async def _apply_duplicate_policy(self, rc: RunningCall, args: dict[str, Any]) -> Outcome | None:
         tool = rc.tool
@@ -346,10 +289,7 @@ class ToolExecutor:
             for other in calls[: calls.index(rc)]
             if not other.ended
             and other.info.name == rc.info.name
-            and (
-                tool.policy.duplicate_scope == "name"
-                or _strip_confirm(other.item.arguments) == _strip_confirm(rc.item.arguments)
-            )
+            and (tool.policy.duplicate_scope == "name" or other.args_key == rc.args_key)
         ]
         if not same:
             return None
@@ -369,7 +309,16 @@ class ToolExecutor:
                 f"it run again; if they do, call it again with {CONFIRM_FIELD}=true.",
                 is_error=True,
             )
-        # replace: the running duplicates are cancelled (the tool's author opted into this), then this one runs
+        # replace: the running duplicates are cancelled (the tool's author opted into this), then this one runs;
+        # but a call that cannot be cancelled now is never replaced: the new call is refused instead
+        kept = [o for o in same if self.cancel_refusal(o) is not None]
+        if kept:
+            return Outcome(
+                ToolStatus.REJECTED,
+                f"Not started: {tool.name} is already running (call {', '.join(o.info.call_id for o in kept)}) "
+                f"and {self.cancel_refusal(kept[0])}, so it was not replaced. Wait for its result.",
+                is_error=True,
+            )
         await asyncio.gather(*(self._cancel(o, f"replaced by {rc.info.call_id}") for o in same))
         return None
 
@@ -377,8 +326,7 @@ class ToolExecutor:
         """End a held call with its handoff, committed together with its pair. False when the call had ended
         meanwhile (a forced teardown): then nothing of the handoff was committed."""
         assert rc.held is not None and rc.held.handoff is not None, "only a call held for its handoff"
-        done = replace(rc.held, output=rc.held.output or f"Transferred to {rc.held.handoff.name}.")
-        return await asyncio.shield(self._finish(rc, done, handoff))
+        return await asyncio.shield(self._finish(rc, rc.held, handoff))
 
     async def end_without_handoff(self, rc: RunningCall, reason: str) -> None:
         """End a held call without its handoff, for ``reason``: the tool's result (it did its work) is kept."""
@@ -460,6 +408,7 @@ class ToolExecutor:
                 status=info.status,
                 output=info.output or "",
                 is_error=info.is_error,
+                error=info.error,
             )
         )
 
@@ -493,29 +442,26 @@ class ToolExecutor:
         # the record keeps the latest updates (each write stays small); the event log keeps every one of them
         kept = [*rc.info.progress[-(PROGRESS_KEPT - 1) :], update]
         info = rc.info.model_copy(update={"progress": kept, "background": True})
-        if not rc.info.background:
-            # first update: the call moves to the background, with a pair the model can see right away
-            output = FunctionCallOutput(
-                id=new_id("item"),
-                call_id=rc.info.call_id,
-                name=rc.info.name,
-                output=f"Started and running in the background ({message}). The result will be shared when it is "
-                "ready; do not call this tool again for it.",
-                created_at=update.at,
-            )
-            await self._commit(Commit(items=[rc.item, output], tool_calls=[info]))
-            rc.info = info
-            self._chat.append(rc.item, output)
-            for it in (rc.item, output):
-                self._events.emit(ev.ChatItemAdded(item=it))
-        else:
-            await self._commit(Commit(tool_calls=[info]))
-            rc.info = info
+        # the first update moves the call to the background with its own pair; each later one is a pair of its own
+        # (``<call_id>/update/<n>``): every update reaches the model, which can narrate progress
+        items = progress_pair(rc, update)
+        await self._commit(Commit(items=items, tool_calls=[info]))
+        rc.info = info
+        rc.updates += 1
+        self._chat.append(*items)
+        for it in items:
+            self._events.emit(ev.ChatItemAdded(item=it))
 
     # -- cancelling and draining ----------------------------------------------------------------------------
 
-    async def cancel(self, call_id: str, *, reason: str = "cancelled by an operator") -> ToolCallInfo:
-        """Cancel a running cancellable call and return its record once it has ended."""
+    async def cancel(
+        self, call_id: str, *, reason: str = "cancelled by an operator", force: bool = False
+    ) -> ToolCallInfo:
+        """Cancel a running cancellable call and return its record once it has ended.
+
+        Refused (``NotInterruptible``) while the speech that made the call is still going on and does not allow
+        interruptions, unless ``force``: cancelling its work would interrupt what that speech protects.
+        """
         rc = self._calls.get(call_id)
         if rc is None:
             raise ToolCallNotFound(call_id)
@@ -523,10 +469,25 @@ class ToolExecutor:
             raise AlreadyEnded(rc.info)
         if not rc.info.cancellable:
             raise NotCancellable(f"tool call {call_id} ({rc.info.name}) does not allow cancellation")
+        if not force and _protected_by_speech(rc):
+            assert rc.speech is not None
+            raise NotInterruptible(
+                f"tool call {call_id} ({rc.info.name}) belongs to speech {rc.speech.id}, which does not allow "
+                "interruptions"
+            )
         await self._cancel(rc, reason)
         if rc.info.status is not ToolStatus.CANCELLED:
             raise AlreadyEnded(rc.info)
         return rc.info
+
+    @staticmethod
+    def cancel_refusal(rc: RunningCall) -> str | None:
+        """Why ``rc`` cannot be cancelled now (without force), or None when it can."""
+        if not rc.info.cancellable:
+            return "that call cannot be cancelled"
+        if _protected_by_speech(rc):
+            return "the speech it belongs to does not allow interruptions"
+        return None
 
     async def _cancel(self, rc: RunningCall, reason: str) -> None:
         if rc.ended:
@@ -618,6 +579,21 @@ class ToolExecutor:
 
 def _strip_confirm(arguments: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in arguments.items() if k != CONFIRM_FIELD}
+
+
+def _protected_by_speech(rc: RunningCall) -> bool:
+    return rc.speech is not None and not rc.speech.allow_interruptions and not rc.speech.done
+
+
+def _validate(rc: RunningCall, tool: FunctionTool) -> None:
+    """Validate the call's arguments as a real model writes them (a ``null`` for a parameter with a default is
+    that default) and key it on what they mean, for ``duplicate_scope="name_and_args"``."""
+    try:
+        rc.args = tool.parse_arguments(nulls_to_defaults(tool.args_model, rc.item.arguments))
+    except ValidationError as err:
+        rc.invalid = format_validation_error(rc.info.name, err)
+        return
+    rc.args_key = canonical(_strip_confirm(rc.args))
 
 
 __all__ = [

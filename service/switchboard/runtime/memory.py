@@ -30,8 +30,15 @@ class MemoryStore(ChatStore):
         self.commits: list[tuple[str, Commit]] = []
         self.fail_next = 0
         self.retries = 0  # attempts that failed during a simulated outage
+        self._turns: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def commit(self, session_id: str, commit: Commit) -> None:
+        # overlapping commits land in call order (the port's promise): taken in turn, first come first served
+        async with self._turns[session_id]:
+            await self.write(session_id, commit)
+
+    async def write(self, session_id: str, commit: Commit) -> None:
+        """Land one commit, in its session's turn (a store for a test delays or rejects writes here)."""
         await asyncio.sleep(0)  # a real store yields; so does this one
         while self.fail_next > 0:
             self.fail_next -= 1

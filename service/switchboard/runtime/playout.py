@@ -1,20 +1,67 @@
 """Playout: turns text into timed "audio" and reports what was heard.
 
-The default is a simulated clock (``words_per_second``); a real TTS/audio sink would implement the same protocol.
-The session never waits for a sink to acknowledge a stop: it reads ``played_text`` at the moment of the
-interruption and moves on (I3).
+The default is a simulated clock (``words_per_second``, after ``first_audio_s`` of time to first audio); a real
+TTS/audio sink (a media edge) implements the same protocol. The session never waits for a sink to acknowledge a
+stop: it reads ``played_text`` at the moment of the interruption and moves on (I3).
+
+A stream reports when its audio actually starts (``on_playback_started``): the agent is "speaking" from then on,
+not from the model's first token. ``PlaybackReport`` is that report for any sink: the simulated clock calls
+``started()`` at its first word; a media edge calls it when its ``playback.started`` frame arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
+from collections.abc import Callable
 from typing import Protocol
 
 from .aio import resolve
 
+logger = logging.getLogger("switchboard.runtime.playout")
+
 _WORD = re.compile(r"\S+")
 DEFAULT_WORDS_PER_SECOND = 3.0
+DEFAULT_FIRST_AUDIO_S = 0.0
+
+
+class PlaybackReport:
+    """Whether a stream's audio has started, and who is told when it does (once, in the order they asked).
+
+    ``started()`` is called by whatever knows audio began; after ``stop()`` it is ignored: audio that never played
+    before a stop never started.
+    """
+
+    def __init__(self) -> None:
+        self._started = False
+        self._stopped = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def is_started(self) -> bool:
+        return self._started
+
+    def on_started(self, callback: Callable[[], None]) -> None:
+        if self._started:
+            callback()
+        elif not self._stopped:
+            self._callbacks.append(callback)
+
+    def started(self) -> None:
+        if self._started or self._stopped:
+            return
+        self._started = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                logger.exception("a playback-started callback failed")
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._callbacks.clear()
 
 
 class PlayoutStream(Protocol):
@@ -35,16 +82,85 @@ class PlayoutStream(Protocol):
         """Stop at once. Implementations may acknowledge late or never; callers must not wait for it."""
         ...
 
+    def on_playback_started(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, when the first audio of this stream is heard (at once if it already was);
+        never for a stream stopped before any audio played."""
+        ...
+
 
 class Playout(Protocol):
     def start(self, speech_id: str) -> PlayoutStream: ...
 
 
-class SimulatedStream:
-    """Plays one word every ``1 / words_per_second`` seconds; a word counts as heard once its time has passed."""
+class ReportedStream:
+    """A stream played by an outside sink (a media edge) that reports its playback: ``playback_started()``,
+    ``playback_progress(chars)`` and ``playback_finished()`` are what its frames call. What the session pushes goes
+    to ``on_text`` (to be sent to the sink); ``on_stop`` is told to stop, and never waited on (I3)."""
 
-    def __init__(self, words_per_second: float) -> None:
+    def __init__(
+        self,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        on_stop: Callable[[], None] | None = None,
+    ) -> None:
+        self._text = ""
+        self._played_chars = 0
+        self.input_ended = False
+        self._on_text = on_text
+        self._on_stop = on_stop
+        self._report = PlaybackReport()
+        self._done_fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def played_text(self) -> str:
+        return self._text[: self._played_chars]
+
+    def push(self, text: str) -> None:
+        self._text += text
+        if self._on_text is not None:
+            self._on_text(text)
+
+    def end_input(self) -> None:
+        self.input_ended = True
+
+    async def wait_done(self) -> None:
+        await asyncio.shield(self._done_fut)
+
+    def stop(self) -> None:
+        if self._done_fut.done():
+            return
+        self._report.stop()
+        resolve(self._done_fut, None)
+        if self._on_stop is not None:
+            self._on_stop()
+
+    def on_playback_started(self, callback: Callable[[], None]) -> None:
+        self._report.on_started(callback)
+
+    # -- reports from the sink ------------------------------------------------------------------------------
+
+    def playback_started(self) -> None:
+        self._report.started()
+
+    def playback_progress(self, played_chars: int) -> None:
+        """The sink has played the first ``played_chars`` characters of the text (never moves back)."""
+        self._played_chars = max(self._played_chars, min(played_chars, len(self._text)))
+
+    def playback_finished(self) -> None:
+        """Everything pushed so far has played."""
+        self._played_chars = len(self._text)
+        resolve(self._done_fut, None)
+
+
+class SimulatedStream:
+    """Plays one word every ``1 / words_per_second`` seconds; a word counts as heard once its time has passed.
+
+    Audio starts ``first_audio_s`` after the first text arrives (a TTS's time to first audio)."""
+
+    def __init__(self, words_per_second: float, first_audio_s: float = DEFAULT_FIRST_AUDIO_S) -> None:
         self._word_s = 1.0 / words_per_second
+        self._first_audio_s = first_audio_s
+        self._report = PlaybackReport()
         self._text = ""
         self._played_chars = 0
         self._input_ended = False
@@ -70,8 +186,12 @@ class SimulatedStream:
         await asyncio.shield(self._done_fut)
 
     def stop(self) -> None:
+        self._report.stop()
         self._task.cancel()
         resolve(self._done_fut, None)
+
+    def on_playback_started(self, callback: Callable[[], None]) -> None:
+        self._report.on_started(callback)
 
     async def _run(self) -> None:
         try:
@@ -83,6 +203,10 @@ class SimulatedStream:
                     self._changed.clear()
                     await self._changed.wait()
                     continue
+                if not self._report.is_started:
+                    if self._first_audio_s > 0:
+                        await asyncio.sleep(self._first_audio_s)
+                    self._report.started()  # the first word begins now
                 await asyncio.sleep(self._word_s)
                 self._played_chars = match.end()
         finally:
@@ -90,10 +214,15 @@ class SimulatedStream:
 
 
 class SimulatedPlayout:
-    def __init__(self, words_per_second: float = DEFAULT_WORDS_PER_SECOND) -> None:
+    def __init__(
+        self, words_per_second: float = DEFAULT_WORDS_PER_SECOND, *, first_audio_s: float = DEFAULT_FIRST_AUDIO_S
+    ) -> None:
         if words_per_second <= 0:
             raise ValueError("words_per_second must be positive")
+        if first_audio_s < 0:
+            raise ValueError("first_audio_s must not be negative")
         self.words_per_second = words_per_second
+        self.first_audio_s = first_audio_s
 
     def start(self, speech_id: str) -> PlayoutStream:
-        return SimulatedStream(self.words_per_second)
+        return SimulatedStream(self.words_per_second, self.first_audio_s)

@@ -93,6 +93,10 @@ class ChatStore(Protocol):
 
         While the store is unavailable it retries on its own (with backoff, in order with the session's other
         writes); an error it raises is permanent for this commit and must not be retried by the caller.
+
+        A session does not wait for one commit to be durable before making the next (it pipelines them): commits of
+        one session become durable in the order of the calls, also when they overlap. The order of a call is when
+        it is made: everything before the coroutine's first suspension counts as the call.
         """
         ...
 

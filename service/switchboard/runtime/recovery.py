@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from . import event_types as ev
-from .chat import ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .chat import FINAL_SUFFIX, ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .events import EventLog
 from .ports import ChatStore, Commit, Reported
 from .session import AgentSession
@@ -168,7 +168,7 @@ def restart_end(info: ToolCallInfo, chat: ChatContext) -> tuple[list[ChatItem], 
     now = utcnow()
     if info.background:
         # its first pair (the "running in the background" output) is already committed; the end gets its own pair
-        call_id = f"{info.call_id}/final"
+        call_id = f"{info.call_id}{FINAL_SUFFIX}"
         created_at = now
     else:
         call_id, created_at = info.call_id, info.started_at

@@ -6,13 +6,13 @@ generation, commits only what was heard, and ends; tools already started run on 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from . import event_types as ev
+from .arguments import parse_arguments
 from .chat import ChatItem, ChatMessage, FunctionCall, new_id, utcnow
 from .events import EventLog
 from .executor import RunningCall
@@ -55,12 +55,23 @@ class ReplySession(Protocol):
 
     def set_agent_state(self, state: AgentState) -> None: ...
 
-    def build_request(self, *, speech: SpeechHandle, step: int, instructions: str | None = None) -> LLMRequest: ...
+    def build_request(
+        self,
+        *,
+        speech: SpeechHandle,
+        step: int,
+        instructions: str | None = None,
+        turn_messages: tuple[ChatMessage, ...] = (),
+    ) -> LLMRequest: ...
 
     def start_generation(self, request: LLMRequest) -> Generation: ...
 
     def model_tools(self) -> Mapping[str, FunctionTool]:
         """The tools offered to the model for the next generation step."""
+        ...
+
+    def call_id_for(self, model_call_id: str | None) -> str:
+        """The id a call the model made is known by (the session's own, not the model's)."""
         ...
 
     def start_tool_call(
@@ -71,8 +82,11 @@ class ReplySession(Protocol):
         speech: SpeechHandle,
         step: int,
         arguments_error: str | None,
+        refusal: str | None = None,
     ) -> RunningCall:
-        """Start executing a call the model made; it commits its own pair when it ends (I1)."""
+        """Start executing a call the model made; it commits its own pair when it ends (I1). With a ``refusal`` (a
+        cap was reached) it is not run and ends ``rejected`` with that output; so does any call past the session's
+        own cap."""
         ...
 
     async def finish_speech(self, speech: SpeechHandle) -> None:
@@ -81,6 +95,11 @@ class ReplySession(Protocol):
 
     async def usable_preemptive(self, job: ReplyJob) -> Generation | None:
         """The job's speculative generation if it still fits the context now (else None; it is dropped)."""
+        ...
+
+    @property
+    def model_error_line(self) -> str | None:
+        """What the agent says when its model fails (None: nothing)."""
         ...
 
 
@@ -93,6 +112,7 @@ class ReplyJob:
     add_to_chat: bool = True
     preemptive: Generation | None = None
     context_version: int | None = None  # the chat version the reply was queued on (with its input appended)
+    turn_messages: tuple[ChatMessage, ...] = ()  # shown to the model for this reply only (on_user_turn_completed)
     streams: list[PlayoutStream] = field(default_factory=list)
 
 
@@ -151,6 +171,8 @@ async def _commit_message(
 
 
 async def _on_interrupted(session: ReplySession, speech: SpeechHandle, step: _Step | None) -> None:
+    # the agent yields the floor: a barge-in before any audio goes thinking -> listening, never through speaking
+    session.set_agent_state("listening")
     played = ""
     if step is not None:
         played = step.stream.played_text  # read now: the sink is never waited on to acknowledge the stop
@@ -168,9 +190,17 @@ def _emit(session: ReplySession, payload: ev.EventPayload) -> None:
     session.events.emit(payload)
 
 
+def _open_step(session: ReplySession, job: ReplyJob, index: int) -> _Step:
+    """A step's playout stream; the speech is "speaking" once the stream reports that its audio started."""
+    step = _Step(index, session.playout.start(job.speech.id))
+    job.streams.append(step.stream)
+    step.stream.on_playback_started(lambda: _begin_playing(session, job.speech, step))
+    return step
+
+
 def _begin_playing(session: ReplySession, speech: SpeechHandle, step: _Step) -> None:
-    if step.started_playing:
-        return
+    if step.started_playing or speech.interrupted or speech.done:
+        return  # a report that lands after an interruption is stale: that audio was cut
     step.started_playing = True
     if speech.mark_playing():
         session.events.emit(ev.SpeechStarted(speech_id=speech.id))
@@ -179,11 +209,8 @@ def _begin_playing(session: ReplySession, speech: SpeechHandle, step: _Step) -> 
 
 async def _say(session: ReplySession, job: ReplyJob) -> None:
     speech = job.speech
-    index = speech.begin_step()
-    step = _Step(index, session.playout.start(speech.id))
-    job.streams.append(step.stream)
+    step = _open_step(session, job, speech.begin_step())
     speech.text = job.text
-    _begin_playing(session, speech, step)
     step.stream.push(job.text)
     step.stream.end_input()
     finished = await speech.run_unless_interrupted(step.stream.wait_done())
@@ -209,7 +236,6 @@ async def _consume(session: ReplySession, speech: SpeechHandle, gen: Generation,
         if isinstance(chunk, TextDelta):
             if not chunk.text:
                 continue
-            _begin_playing(session, speech, step)
             step.text += chunk.text
             speech.text += chunk.text
             step.stream.push(chunk.text)
@@ -217,31 +243,22 @@ async def _consume(session: ReplySession, speech: SpeechHandle, gen: Generation,
             if gen.request.tool_choice == "none":
                 logger.warning("model called %s although tools were off; ignored", chunk.name)
                 continue
-            arguments, error = _parse_arguments(chunk.arguments)
+            arguments, error = parse_arguments(chunk.arguments)  # repaired when a model broke it
+            refusal = None
             if len(step.calls) >= session.max_tool_calls_per_turn:  # committed as an error output, never run
-                error = f"too many tool calls in one turn (at most {session.max_tool_calls_per_turn}); not run"
+                refusal = f"too many tool calls in one turn (at most {session.max_tool_calls_per_turn}); not run"
             item = FunctionCall(
                 id=new_id("item"),
-                call_id=chunk.call_id or new_id("call"),
+                call_id=session.call_id_for(chunk.call_id),
                 name=chunk.name,
                 arguments=arguments,
             )
-            rc = session.start_tool_call(item, tools=tools, speech=speech, step=step.index, arguments_error=error)
+            rc = session.start_tool_call(
+                item, tools=tools, speech=speech, step=step.index, arguments_error=error, refusal=refusal
+            )
             step.calls.append(rc)
         elif isinstance(chunk, Usage):
             speech.add_usage(chunk.prompt_tokens, chunk.completion_tokens)
-
-
-def _parse_arguments(raw: str) -> tuple[dict[str, object], str | None]:
-    if not raw.strip():
-        return {}, None
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as err:
-        return {}, f"arguments are not valid JSON ({err.msg})"
-    if not isinstance(value, dict):
-        return {}, "arguments must be a JSON object"
-    return value, None
 
 
 async def _reply(session: ReplySession, job: ReplyJob) -> None:
@@ -253,36 +270,40 @@ async def _reply(session: ReplySession, job: ReplyJob) -> None:
         if preemptive is not None:
             gen = preemptive
         else:
-            request = session.build_request(speech=speech, step=index, instructions=job.instructions)
+            request = session.build_request(
+                speech=speech, step=index, instructions=job.instructions, turn_messages=job.turn_messages
+            )
             gen = session.start_generation(request)
         speech.mark_generating()
         session.set_agent_state("thinking")
         session.events.emit(ev.GenerationStarted(speech_id=speech.id, step=index, preemptive=preemptive is not None))
-        step = _Step(index, session.playout.start(speech.id))
-        job.streams.append(step.stream)
+        step = _open_step(session, job, index)
 
         consume = _consume(session, speech, gen, step)
         try:
             finished = await speech.run_unless_interrupted(consume)
         except LLMError as err:
-            await _on_generation_failed(session, speech, step, err)
+            logger.error(
+                "session %s: the model failed for speech %s: %s",
+                session.id,
+                speech.id,
+                err,
+                extra={"session_id": session.id, "speech_id": speech.id},
+            )
+            await _on_generation_failed(session, job, step, err)
             return
         except Exception as err:
             logger.exception("generation failed", extra={"session_id": session.id, "speech_id": speech.id})
-            await _on_generation_failed(session, speech, step, err)
+            await _on_generation_failed(session, job, step, err)
             return
         finally:
             if gen is not preemptive:
                 await gen.aclose()
-        if finished:
-            step.stream.end_input()
-            finished = await speech.run_unless_interrupted(step.stream.wait_done())
-        if not finished or speech.interrupted:
+        if not finished:
             await _on_interrupted(session, speech, step)
             return
-        speech.played_text = (speech.played_text + " " + step.stream.played_text).strip()
-        await _commit_message(session, speech, step, step.stream.played_text, interrupted=False)
-        speech.end_step()
+        if not await _play_out(session, speech, step):
+            return
 
         if not step.calls:
             return
@@ -297,11 +318,39 @@ async def _reply(session: ReplySession, job: ReplyJob) -> None:
             return
 
 
-async def _on_generation_failed(session: ReplySession, speech: SpeechHandle, step: _Step, err: BaseException) -> None:
+async def _on_generation_failed(session: ReplySession, job: ReplyJob, step: _Step, err: BaseException) -> None:
+    speech = job.speech
     played = step.stream.played_text
     step.stream.stop()
     await _commit_message(session, speech, step, played, interrupted=True)
     session.events.emit(ev.GenerationFailed(speech_id=speech.id, step=step.index, error=str(err) or type(err).__name__))
+    line = session.model_error_line
+    if line and not speech.interrupted:
+        await _speak_line(session, job, line)
+
+
+async def _speak_line(session: ReplySession, job: ReplyJob, text: str) -> None:
+    """Say ``text`` as a further step of the job's speech (committed like a reply: only what was heard)."""
+    speech = job.speech
+    step = _Step(speech.begin_step(), session.playout.start(speech.id))
+    job.streams.append(step.stream)
+    speech.text = (speech.text + " " + text).strip()
+    _begin_playing(session, speech, step)
+    step.stream.push(text)
+    await _play_out(session, speech, step)
+
+
+async def _play_out(session: ReplySession, speech: SpeechHandle, step: _Step) -> bool:
+    """Play the rest of the step's text and commit what was heard; False when it was interrupted."""
+    step.stream.end_input()
+    finished = await speech.run_unless_interrupted(step.stream.wait_done())
+    if not finished or speech.interrupted:
+        await _on_interrupted(session, speech, step)
+        return False
+    speech.played_text = (speech.played_text + " " + step.stream.played_text).strip()
+    await _commit_message(session, speech, step, step.stream.played_text, interrupted=False)
+    speech.end_step()
+    return True
 
 
 __all__ = ["ReplyJob", "ReplySession", "run_job"]

@@ -1,10 +1,10 @@
-"""SpeechScheduler: one speech plays at a time, in the order the speeches were queued; no trigger is dropped."""
+"""SpeechScheduler: one speech plays at a time, by priority and then in the order queued; no trigger is dropped."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -17,6 +17,9 @@ logger = logging.getLogger("switchboard.runtime.scheduler")
 
 class SpeechScheduler:
     """A session's speech queue and the loop that plays it.
+
+    A speech of higher ``priority`` plays before those of lower priority queued earlier; equal priorities play in
+    the order queued. An interrupt walks the same order (``interrupt_chain``).
 
     ``play`` runs one speech to its end; ``finish`` marks a speech done durably (also one that never started, or
     whose task was force-cancelled); ``after_speech`` runs each time a speech has ended.
@@ -34,7 +37,7 @@ class SpeechScheduler:
         self._play = play
         self._finish = finish
         self._after_speech = after_speech
-        self._queue: deque[ReplyJob] = deque()
+        self._queue: list[ReplyJob] = []  # in playout order
         self._queue_ev = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.current: SpeechHandle | None = None
@@ -57,11 +60,29 @@ class SpeechScheduler:
         return self.current is None and not self._queue
 
     def queued_from(self, source: SpeechSource) -> bool:
-        return any(job.speech.source == source for job in self._queue)
+        """Whether a speech from ``source`` is queued and will play (one an interrupt ended only waits to leave)."""
+        return any(job.speech.source == source and not job.speech.interrupted for job in self._queue)
 
     def push(self, job: ReplyJob) -> None:
-        self._queue.append(job)
+        # after every queued speech of the same or a higher priority
+        at = bisect.bisect_right([-j.speech.priority for j in self._queue], -job.speech.priority)
+        self._queue.insert(at, job)
         self._queue_ev.set()
+
+    def interrupt_chain(self, *, force: bool) -> list[SpeechHandle]:
+        """Interrupt the current speech and every queued one after it, in playout order, stopping at the first that
+        does not allow interruptions (it plays, and so does all that follows it: no hole in the conversation).
+        ``force`` interrupts the whole chain. Returns the speeches interrupted."""
+        chain = [job.speech for job in self._queue]
+        if self.current is not None and not self.current.done:
+            chain.insert(0, self.current)
+        interrupted: list[SpeechHandle] = []
+        for speech in chain:
+            if not (speech.allow_interruptions or force):
+                break
+            if speech.interrupt(force=force):
+                interrupted.append(speech)
+        return interrupted
 
     def start(self) -> None:
         if self._task is None:
@@ -87,16 +108,17 @@ class SpeechScheduler:
     async def end_queued(self) -> None:
         """End every queued speech without playing it (at close, once the loop is stopped)."""
         while self._queue:
-            await self.finish_unstarted(self._queue.popleft())
+            await self.finish_unstarted(self._queue.pop(0))
 
     async def _run(self) -> None:
         while True:
             while not self._queue:
                 self._queue_ev.clear()
                 await self._queue_ev.wait()
-            job = self._queue.popleft()
-            if job.speech.interrupted:
+            job = self._queue.pop(0)
+            if job.speech.interrupted:  # ended by an interrupt while it waited (an interrupt walks the queue)
                 await self.finish_unstarted(job)
+                self._after_speech()
                 continue
             self.current = job.speech
             task = asyncio.create_task(self._play(job), name=f"speech:{job.speech.id}")

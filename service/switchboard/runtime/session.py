@@ -12,30 +12,41 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from . import event_types as ev
-from .agent import Agent
-from .aio import cancel_and_wait, spawn
-from .chat import AgentHandoff, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id
+from .agent import Agent, complete_user_turn
+from .aio import cancel_and_wait, resolve, spawn
+from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id, order_items
 from .event_types import InputRole as Role
 from .events import EventLog, EventSink
-from .executor import Handoff, RunningCall, ToolExecutor
+from .executor import RunningCall, ToolExecutor
 from .generation import Generation
+from .handoff import HandoffStep
 from .llm.base import LLM, LLMRequest
 from .playout import Playout
 from .ports import ChatStore, Commit, SessionState
 from .reply import ReplyJob, run_job
 from .scheduler import SpeechScheduler
 from .speculative import Speculation
-from .speech import INTERRUPT_FORCE_TIMEOUT_S, NotInterruptible, SpeechHandle, SpeechSource
+from .speech import (
+    INTERRUPT_FORCE_TIMEOUT_S,
+    SPEECH_PRIORITY_NORMAL,
+    NotInterruptible,
+    SpeechHandle,
+    SpeechSource,
+)
 from .status import AgentState, SessionStatus
 from .tools import FunctionTool, ToolCallInfo, ToolStatus
 
 logger = logging.getLogger("switchboard.runtime.session")
 
 SUSPEND_SPEECH_TIMEOUT_S = 2.0
+SUSPEND_FLUSH_TIMEOUT_S = 5.0  # a shutdown waits this long at most for a session's writes and events to be durable
 KEEP_SPEECHES = 500
-# A speech's end is written again once when the store rejects it: the rejection may belong to a write that shared
-# its transaction, and a speech left ``scheduled`` in the store would disagree with the live session (I8).
-SPEECH_END_WRITE_ATTEMPTS = 2
+# A speech's end is written again when the store rejects it, after each of these pauses: the rejection may belong to
+# a write that shared its transaction, and a speech left unfinished in the store would disagree with the live session
+# (I8). The attempts after the first SPEECH_END_FULL_ATTEMPTS write it without its text, in case the text is what the
+# store refuses (the assistant message keeps what was heard).
+SPEECH_END_RETRY_BACKOFF_S = (0.1, 0.4, 1.6)
+SPEECH_END_FULL_ATTEMPTS = 2
 
 T = TypeVar("T")
 
@@ -53,6 +64,12 @@ class SessionOptions(BaseModel):
     max_tool_steps: int = Field(default=3, ge=0, le=20)
     # set by the server, never by a session: calls of one model turn past it end in an error without running
     max_tool_calls_per_turn: int = Field(default=16, ge=1)
+    # and the calls of the whole session past this one (restarts included) end `rejected` without running
+    max_tool_calls_per_session: int = Field(default=1000, ge=1)
+    # Keep the ids a model gives its calls. Off (the default), the session names every call itself: a model or a
+    # script never picks the id that backends, reports and the API use, and ids never collide across sessions. On
+    # only for tests whose scripts name their calls.
+    trust_model_call_ids: bool = False
     preemptive_generation: bool = False
     allow_interruptions: bool = True
     interrupt_force_timeout_s: float = Field(default=INTERRUPT_FORCE_TIMEOUT_S, gt=0)
@@ -60,6 +77,8 @@ class SessionOptions(BaseModel):
     close_timeout_s: float = Field(default=30.0, gt=0)
     # at shutdown, how long calls that cannot be cancelled get to end on their own before they are abandoned
     shutdown_tool_grace_s: float = Field(default=10.0, ge=0)
+    # an agent's on_user_turn_completed past this is abandoned and the turn handled unchanged (input is never dropped)
+    user_turn_hook_timeout_s: float = Field(default=5.0, gt=0)
 
 
 class SessionClosed(Exception):
@@ -99,19 +118,27 @@ class AgentSession:
         self.playout = playout
         self.options = options or SessionOptions()
         self.chat = ChatContext(items)
+        # the model's calls so far, restarts included (an async tool's `<call_id>/final` pair is not a call)
+        self.tool_calls_made = sum(
+            1 for item in self.chat.items if isinstance(item, FunctionCall) and not item.call_id.endswith(FINAL_SUFFIX)
+        )
         self.events = EventLog(session_id, events, last_seq=last_seq)
         self.state = SessionStatus.INITIALIZING
         self.agent_state: AgentState = "initializing"
         self._store = store
         self._writes: set[asyncio.Task[Any]] = set()
+        self.handoff = HandoffStep(self)
+        self._hooks: set[asyncio.Task[Any]] = set()  # the agents' on_enter / on_exit, each in a task of its own
+        self.write_failures = 0  # writes the store refused for good (an operator should know)
         self.executor = ToolExecutor(
             session_id,
             chat=self.chat,
             events=self.events,
             commit=self.commit,
             on_ended=self._on_call_ended,
-            on_handoff=self._on_handoff_requested,
+            on_handoff=self.handoff.request,
             cancel_grace_s=self.options.tool_cancel_grace_s,
+            session=self,
         )
         self._scheduler = SpeechScheduler(
             session_id, play=self._play, finish=self.finish_speech, after_speech=self._after_speech
@@ -131,10 +158,12 @@ class AgentSession:
         self._commands: set[asyncio.Task[Any]] = set()
         self._closing: asyncio.Task[None] | None = None
         self._suspending: asyncio.Task[None] | None = None
-        self._commit_lock = asyncio.Lock()
+        # resolved once the last write submitted has been applied (or has failed): writes are applied in order
+        self._last_write: asyncio.Future[None] | None = None
         self._deferred_scheduling: asyncio.Task[None] | None = None
-        self._handoff_call: RunningCall | None = None  # the call whose handoff is being performed
-        self._handoffs: set[asyncio.Task[None]] = set()
+        # speech id -> the chat version a step of it must see to answer the background results that landed during it
+        self._unanswered: dict[str, int] = {}
+        agent.attach(self)
 
     def __repr__(self) -> str:
         return f"<AgentSession {self.id} {self.state} agent={self.agent.name}>"
@@ -153,10 +182,14 @@ class AgentSession:
         )
         self.set_agent_state("listening")
         self._scheduler.start()
+        if not recovered:  # a recovered session's agent had entered already: it does not greet twice
+            self._run_hook(self.agent.on_enter(), f"on_enter:{self.agent.name}")
 
-    async def suspend(self) -> None:
+    async def suspend(self, *, tool_grace: bool = True) -> None:
         """Stop this session's work without closing it (service shutdown): it stays live in the store and is
         recovered on the next start, exactly as after a crash, but with every pending write flushed.
+        ``tool_grace=False``: calls that cannot be cancelled get no while to end (the session is another process's
+        now, and nothing it does here can be written any more).
 
         Like a close, it runs to its end even when its caller is cancelled; a close already under way is let
         finish instead (it is bounded), so a shutdown never leaves a session half closed."""
@@ -164,15 +197,16 @@ class AgentSession:
             await asyncio.shield(self._closing)
             return
         if self._suspending is None:
-            self._suspending = self._track(self._suspend(), f"suspend:{self.id}")
+            self._suspending = self._track(self._suspend(tool_grace=tool_grace), f"suspend:{self.id}")
         await asyncio.shield(self._suspending)
 
-    async def _suspend(self) -> None:
+    async def _suspend(self, *, tool_grace: bool) -> None:
         async with self._op_lock:
             if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED, SessionStatus.SUSPENDED):
                 return
             self.state = SessionStatus.SUSPENDED
         await self.speculation.abandon()
+        await cancel_and_wait(*self._hooks)
         current = self._scheduler.current
         if current is not None and not current.done:
             # what the user heard is committed, as with any interruption; bounded, the store may be going away
@@ -184,27 +218,49 @@ class AgentSession:
         for job in self._scheduler.queued:
             if job.preemptive is not None:
                 await job.preemptive.aclose()
-        await cancel_and_wait(*self._handoffs)  # a handoff not committed yet is not done; recovery ends its call
-        await self._grace_for_uncancellable()
+        await cancel_and_wait(*self.handoff.tasks)  # a handoff not committed yet is not done; recovery ends its call
+        if tool_grace:
+            await self._grace_for_uncancellable()
         await self.executor.abandon()
         await self.llm.aclose()
-        if self._writes:
-            await asyncio.gather(*self._writes, return_exceptions=True)
+        if not tool_grace:  # fenced: nothing of this session can be written here any more
+            if self._writes:
+                await asyncio.gather(*self._writes, return_exceptions=True)
+            return
+        # every write under way lands and every event reported so far is durable before the process goes; bounded
+        # (the store may be going away: recovery then emits the events a durable change lacks), and never cancelling
+        # a write that is still under way
+        settled = self._track(self._writes_settled(), f"settle:{self.id}")
+        done, _ = await asyncio.wait({settled}, timeout=SUSPEND_FLUSH_TIMEOUT_S)
+        if not done:
+            logger.warning("session %s: suspended before its last writes and events were durable", self.id)
 
-    async def aclose(self) -> None:
-        """Close: stop speaking, cancel cancellable tools, await the others, emit the final events.
+    async def aclose(self, *, reason: str | None = None) -> None:
+        """Close: stop speaking, cancel cancellable tools, await the others, emit the final events (with ``reason``
+        when the service closes it on its own, e.g. ``idle``).
 
         A close runs to its end even when its caller is cancelled: a session half closed answers nothing."""
         if self._closing is None:
-            self._closing = self._track(self._close(), f"close:{self.id}")
+            self._closing = self._track(self._close(reason), f"close:{self.id}")
         await asyncio.shield(self._closing)
 
-    async def _close(self) -> None:
+    @property
+    def dormant(self) -> bool:
+        """Active and doing nothing: no speech playing or queued, not thinking, no tool call running."""
+        return (
+            self.state == SessionStatus.ACTIVE
+            and self.agent_state == "listening"
+            and self.idle
+            and not self.executor.running()
+        )
+
+    async def _close(self, reason: str | None = None) -> None:
         async with self._op_lock:
             if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
                 return
             self.state = SessionStatus.CLOSING
         await self.speculation.discard()
+        await cancel_and_wait(*self._hooks)
         if self._deferred_scheduling is not None:  # a deferred reply being committed: queue it, then close it
             await asyncio.shield(self._deferred_scheduling)
         for job in self._scheduler.queued:
@@ -216,15 +272,24 @@ class AgentSession:
         await self._scheduler.stop()
         await self._scheduler.end_queued()
         await self.executor.aclose(timeout_s=self.options.close_timeout_s)
-        if self._handoffs:  # each has ended its call by now (or finds it ended by the teardown)
-            await asyncio.gather(*self._handoffs, return_exceptions=True)
+        if self.handoff.tasks:  # each has ended its call by now (or finds it ended by the teardown)
+            await asyncio.gather(*self.handoff.tasks, return_exceptions=True)
         await self.llm.aclose()
+        await self._writes_settled()
         self.state = SessionStatus.CLOSED
         self.set_agent_state("listening")
         await self.commit(Commit(session=self.snapshot()))
-        await self.events.emit(ev.SessionClosed())
+        await self.events.emit(ev.SessionClosed(reason=reason) if reason else ev.SessionClosed())
         if self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
+
+    async def _writes_settled(self) -> None:
+        """Wait until every write under way has landed (a speech's end written again after a store error, a state
+        write) and every event reported so far is durable. A closed session is never recovered: what is written or
+        reported after its close would stay unreported (I6)."""
+        while pending := [task for task in self._writes if not task.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+        await self.events.flushed()
 
     async def _grace_for_uncancellable(self) -> None:
         """A deploy is not a crash: a call that cannot be cancelled (a booking) gets a bounded while to end and
@@ -304,15 +369,24 @@ class AgentSession:
 
     async def _final_input(self, text: str, *, interrupt: bool, force: bool, reply: bool, role: Role) -> InputResult:
         spec = self.speculation.take()
-        if interrupt and self._scheduler.current is not None:
+        if interrupt:
             try:
                 await self._interrupt_current(force=force)
             except NotInterruptible:
                 pass
+        extra: list[ChatMessage] = []
+        if reply and role == "user":
+            turn = await complete_user_turn(
+                self.agent, self.chat.items, text, session_id=self.id, timeout_s=self.options.user_turn_hook_timeout_s
+            )
+            text, extra, reply = turn.text, turn.extra, turn.reply
+            if spec is not None and (extra or not reply):  # the speculative reply was made without the hook's say
+                await self.speculation.drop_stale(spec)
+                spec = None
         # only now: the interruption may have changed the context the speculative reply was made from
         spec = await self.speculation.use_or_drop(spec, text=text, role=role)
         item = ChatMessage(id=new_id("item"), role=role, text=text)
-        job = self._new_job("reply", preemptive=spec) if reply else None
+        job = self._new_job("reply", preemptive=spec, turn_messages=extra) if reply else None
 
         def apply() -> None:
             self.chat.append(item)
@@ -330,27 +404,39 @@ class AgentSession:
             raise
         return InputResult(item.id, job.speech.id if job else None)
 
-    async def say(self, text: str, *, allow_interruptions: bool = True, add_to_chat: bool = True) -> SpeechHandle:
-        """Speak ``text`` as is (no model), after whatever is queued."""
-        self._check_open()
-        return await self._command(
-            lambda: self._queue_durably(
-                self._new_job("say", text=text, add_to_chat=add_to_chat, allow_interruptions=allow_interruptions)
-            ),
-            "say",
-        )
+    async def say(
+        self,
+        text: str,
+        *,
+        allow_interruptions: bool = True,
+        add_to_chat: bool = True,
+        priority: int = SPEECH_PRIORITY_NORMAL,
+    ) -> SpeechHandle:
+        """Speak ``text`` as is (no model), after whatever is queued with the same or a higher ``priority``.
 
-    async def generate_reply(self, *, instructions: str | None = None) -> SpeechHandle:
+        ``allow_interruptions=False`` makes it a barrier: an interrupt stops before it, so it and everything
+        queued after it play (``force`` still interrupts it)."""
+        self._check_open()
+        job = self._new_job(
+            "say", text=text, add_to_chat=add_to_chat, allow_interruptions=allow_interruptions, priority=priority
+        )
+        return await self._command(lambda: self._queue_durably(job), "say")
+
+    async def generate_reply(
+        self, *, instructions: str | None = None, priority: int = SPEECH_PRIORITY_NORMAL
+    ) -> SpeechHandle:
         """Queue a reply from the model; ``instructions`` are added for this reply only."""
         self._check_open()
-        return await self._command(
-            lambda: self._queue_durably(self._new_job("reply", instructions=instructions)), "reply"
-        )
+        job = self._new_job("reply", instructions=instructions, priority=priority)
+        return await self._command(lambda: self._queue_durably(job), "reply")
 
     async def interrupt(self, *, force: bool = False) -> SpeechHandle | None:
-        """Interrupt the current speech; returns once its interrupted message is committed.
+        """Interrupt the current speech and every queued one after it, stopping at the first queued speech that
+        does not allow interruptions (``force``: all of them); returns once the current speech's interrupted
+        message is committed.
 
-        Returns the interrupted speech, or None when nothing was speaking. Raises ``NotInterruptible``.
+        Returns the interrupted current speech, or None when nothing was speaking. Raises ``NotInterruptible``
+        when the current speech does not allow interruptions (then nothing is interrupted).
         """
         self._check_open()
         return await self._command(lambda: self._interrupt_current(force=force), "interrupt")
@@ -382,14 +468,17 @@ class AgentSession:
         task.add_done_callback(_forget(self._commands))
         return task
 
-    async def cancel_tool(self, call_id: str) -> ToolCallInfo:
-        return await self.executor.cancel(call_id)
+    async def cancel_tool(self, call_id: str, *, force: bool = False) -> ToolCallInfo:
+        """Cancel a running cancellable call; returns its record once it has ended ``cancelled``. Raises
+        ``NotInterruptible`` while the speech that made it does not allow interruptions, unless ``force``."""
+        return await self.executor.cancel(call_id, force=force)
 
     async def _interrupt_current(self, *, force: bool) -> SpeechHandle | None:
         speech = self._scheduler.current
-        if speech is None or speech.done:
-            return None
-        if not speech.interrupt(force=force):
+        if speech is not None and not speech.done and not (speech.allow_interruptions or force):
+            raise NotInterruptible(f"speech {speech.id} does not allow interruptions")
+        self._scheduler.interrupt_chain(force=force)
+        if speech is None or speech.done or not speech.interrupted:
             return None
         await speech.wait_done()
         return speech
@@ -404,21 +493,40 @@ class AgentSession:
         it is logged and raised to the caller, never retried, so it cannot hold up the session's later writes.
         The write runs in its own task, so a caller that is cancelled (a forced speech cancel, say) does not abort
         it.
+
+        Writes are pipelined: each is handed to the store at once, without waiting for the ones before it to be
+        durable (the store keeps a session's commits in call order, so they share a group commit), and each is
+        applied only after the one before it, so the live session sees changes in the order they were made.
         """
-        task = asyncio.create_task(self._write(commit, then), name=f"commit:{self.id}")
+        previous, applied = self._last_write, asyncio.get_running_loop().create_future()
+        self._last_write = applied
+        task = asyncio.create_task(self._write(commit, then, previous, applied), name=f"commit:{self.id}")
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
         await asyncio.shield(task)
 
-    async def _write(self, commit: Commit, then: Callable[[], None] | None) -> None:
-        async with self._commit_lock:
+    async def _write(
+        self,
+        commit: Commit,
+        then: Callable[[], None] | None,
+        previous: asyncio.Future[None] | None,
+        applied: asyncio.Future[None],
+    ) -> None:
+        try:
             try:
-                await self._store.commit(self.id, commit)
+                await self._store.commit(self.id, commit)  # the first step of this task: call order is store order
             except Exception:
+                self.write_failures += 1
                 logger.exception("session %s: commit failed for good", self.id, extra={"session_id": self.id})
+                if previous is not None:
+                    await previous
                 raise
-        if then is not None:
-            then()
+            if previous is not None:
+                await previous
+            if then is not None:
+                then()
+        finally:
+            resolve(applied, None)
 
     # -- scheduling -----------------------------------------------------------------------------------------
 
@@ -437,6 +545,8 @@ class AgentSession:
         allow_interruptions: bool | None = None,
         preemptive: Generation | None = None,
         speech_id: str | None = None,
+        priority: int = SPEECH_PRIORITY_NORMAL,
+        turn_messages: list[ChatMessage] | None = None,
     ) -> ReplyJob:
         speech = SpeechHandle(
             speech_id=speech_id,
@@ -445,6 +555,7 @@ class AgentSession:
             if allow_interruptions is None
             else allow_interruptions,
             force_timeout_s=self.options.interrupt_force_timeout_s,
+            priority=priority,
         )
         self._speeches[speech.id] = speech
         if len(self._speeches) > KEEP_SPEECHES:
@@ -458,6 +569,7 @@ class AgentSession:
             instructions=instructions,
             add_to_chat=add_to_chat,
             preemptive=preemptive,
+            turn_messages=tuple(turn_messages or ()),
         )
 
     def _enqueue(self, job: ReplyJob) -> None:
@@ -487,6 +599,8 @@ class AgentSession:
         if speech.done:
             return
         speech.mark_done()
+        if self._unanswered.pop(speech.id, None) is not None and self.state == SessionStatus.ACTIVE:
+            self._schedule_deferred_reply()  # background results that landed during it and no step of it saw
         # in its own task: a caller cancelled meanwhile (the scheduler, at close) must not lose the commit and event
         task = asyncio.create_task(self._speech_done(speech), name=f"speech-done:{speech.id}")
         self._writes.add(task)
@@ -496,21 +610,32 @@ class AgentSession:
     async def _speech_done(self, speech: SpeechHandle) -> None:
         """Never raises: a speech that cannot be ended in the store still ends in memory (its scheduler goes on to
         the next one); ``speech.done`` is reported only once the end is durable (I6)."""
-        for attempt in range(1, SPEECH_END_WRITE_ATTEMPTS + 1):
+        full = speech.info()
+        attempts = len(SPEECH_END_RETRY_BACKOFF_S) + 1
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                await asyncio.sleep(SPEECH_END_RETRY_BACKOFF_S[attempt - 2])
+            info = (
+                full if attempt <= SPEECH_END_FULL_ATTEMPTS else full.model_copy(update={"text": "", "played_text": ""})
+            )
             try:
-                await self.commit(Commit(speeches=[speech.info()]))
+                await self.commit(Commit(speeches=[info]))
             except Exception:
                 logger.error(
                     "session %s: the end of speech %s could not be written (attempt %d of %d)",
                     self.id,
                     speech.id,
                     attempt,
-                    SPEECH_END_WRITE_ATTEMPTS,
+                    attempts,
                     extra={"session_id": self.id, "speech_id": speech.id},
                 )
                 continue
             self.events.emit(ev.SpeechDone(speech_id=speech.id, interrupted=speech.interrupted))
             return
+
+    @property
+    def model_error_line(self) -> str | None:
+        return self.agent.on_model_error
 
     def set_agent_state(self, state: AgentState) -> None:
         if state != self.agent_state:
@@ -533,6 +658,12 @@ class AgentSession:
     def model_tools(self) -> dict[str, FunctionTool]:
         return self.executor.tools_for_model(self.agent.tools)
 
+    def call_id_for(self, model_call_id: str | None) -> str:
+        """The id of a call the model just made: the session's own (see ``trust_model_call_ids``)."""
+        if self.options.trust_model_call_ids and model_call_id:
+            return model_call_id
+        return new_id("call")
+
     def start_tool_call(
         self,
         item: FunctionCall,
@@ -541,9 +672,20 @@ class AgentSession:
         speech: SpeechHandle,
         step: int,
         arguments_error: str | None,
+        refusal: str | None = None,
     ) -> RunningCall:
+        cap = self.options.max_tool_calls_per_session
+        if refusal is None and self.tool_calls_made >= cap:
+            refusal = f"this session made its {cap} tool calls, the most it may make; not run"
+        self.tool_calls_made += 1
         return self.executor.start(
-            item, tools=tools, speech=speech, step=step, agent=self.agent.name, arguments_error=arguments_error
+            item,
+            tools=tools,
+            speech=speech,
+            step=step,
+            agent=self.agent.name,
+            arguments_error=arguments_error,
+            refusal=refusal,
         )
 
     def build_request(
@@ -554,11 +696,17 @@ class AgentSession:
         instructions: str | None = None,
         pending_user_text: str | None = None,
         preemptive: bool = False,
+        turn_messages: tuple[ChatMessage, ...] = (),
     ) -> LLMRequest:
-        """The model's view (I2): placeholders for calls still running, never a call without its output."""
+        """The model's view (I2): placeholders for calls still running, never a call without its output.
+        ``turn_messages`` (added by ``on_user_turn_completed``) are shown in their place, never persisted."""
+        if speech is not None and self._unanswered.get(speech.id, self.chat.version + 1) <= self.chat.version:
+            del self._unanswered[speech.id]  # this step sees the background results that landed during the speech
         tools = self.model_tools()
         running: list[FunctionCall] = [rc.item for rc in self.executor.running() if rc.foreground]
         items = self.chat.for_llm(running)
+        if turn_messages:
+            items = order_items([*items, *turn_messages])
         if pending_user_text is not None:
             items.append(ChatMessage(id=new_id("item"), role="user", text=pending_user_text))
         full_instructions = self.agent.instructions
@@ -601,8 +749,17 @@ class AgentSession:
         # a result that arrives outside of any reply (background, or re-run after a restart) gets a deferred reply
         detached = rc.info.background or rc.speech is None
         if detached and rc.needs_reply and rc.cancel_reason not in ("agent handoff", "session closed"):
-            self._schedule_deferred_reply()
+            if rc.speech is not None and not rc.speech.done:
+                self._answer_after(rc.speech)
+            else:
+                self._schedule_deferred_reply()
         self._start_pending_speculative()
+
+    def _answer_after(self, speech: SpeechHandle) -> None:
+        """A background result that lands while the speech that made the call is still going on is answered by
+        that speech's next step, which sees it; a deferred reply is queued (when the speech ends) only if no later
+        step of it does."""
+        self._unanswered[speech.id] = self.chat.version
 
     def _schedule_deferred_reply(self) -> None:
         # one queued (or being queued) deferred reply covers every result that arrives before it starts
@@ -632,34 +789,20 @@ class AgentSession:
         job = self._new_job("reply", source=source, speech_id=speech_id)
         self._scheduler.push(job)
 
-    # -- handoff: a step the session takes when a call asks for one ------------------------------------------
+    # -- the agents' hooks ------------------------------------------------------------------------------------
 
-    def _on_handoff_requested(self, rc: RunningCall) -> None:
-        # performed in a task of its own: the executor only reports the request and never waits on the session
-        spawn(self._hand_off(rc), name=f"handoff:{self.id}:{rc.call_id}", tasks=self._handoffs)
+    def agent_changed(self, old: Agent, new: Agent) -> None:
+        """A handoff was committed: the old agent exits and the new one enters, each hook in a task of its own."""
+        new.attach(self)
+        self._run_hook(old.on_exit(), f"on_exit:{old.name}")
+        self._run_hook(new.on_enter(), f"on_enter:{new.name}")
 
-    async def _hand_off(self, rc: RunningCall) -> None:
-        """Drain the agent-scoped calls, switch the agent, and end ``rc`` with the handoff committed together with
-        its pair (I1, I5: one commit, once)."""
-        new_agent = rc.handoff_to
-        if new_agent is None:
+    def _run_hook(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        if self.state != SessionStatus.ACTIVE:  # a handoff committed while the session closes: nobody to greet
+            coro.close()
             return
-        if self._handoff_call is not None:
-            # one handoff at a time: the one in progress drains (awaits) this call, so this one must not wait for it
-            await self.executor.end_without_handoff(rc, "another handoff was in progress")
-            return
-        self._handoff_call = rc
-        old = self.agent
-        try:
-            await self.executor.drain(scope="agent", exclude={rc.call_id})
-            self.agent = new_agent
-            item = AgentHandoff(id=new_id("item"), from_agent=old.name, to_agent=new_agent.name)
-            if not await self.executor.end_with_handoff(rc, Handoff(item, self.snapshot())):
-                self.agent = old  # a teardown ended the call meanwhile: the handoff was not done
-                return
-        finally:
-            self._handoff_call = None
-        logger.info("session %s: handoff %s -> %s", self.id, old.name, new_agent.name, extra={"session_id": self.id})
+        # not awaited: a hook that waits for a speech's playout must not hold up the handoff or the start
+        spawn(coro, name=f"{name}:{self.id}", tasks=self._hooks)
 
 
 __all__ = ["AgentSession", "InputResult", "SessionClosed", "SessionOptions"]

@@ -22,6 +22,11 @@ logger = logging.getLogger("switchboard.runtime.speech")
 
 INTERRUPT_FORCE_TIMEOUT_S = 5.0
 
+# a speech of higher priority plays before queued speeches of lower priority; equal ones play in the order queued
+SPEECH_PRIORITY_LOW = 0
+SPEECH_PRIORITY_NORMAL = 5
+SPEECH_PRIORITY_HIGH = 10
+
 SpeechSource = Literal["reply", "say", "tool_reply", "deferred_reply"]
 
 
@@ -80,10 +85,12 @@ class SpeechHandle:
         allow_interruptions: bool = True,
         speech_id: str | None = None,
         force_timeout_s: float = INTERRUPT_FORCE_TIMEOUT_S,
+        priority: int = SPEECH_PRIORITY_NORMAL,
     ) -> None:
         self.id = speech_id or new_id("speech")
         self.source = source
         self.allow_interruptions = allow_interruptions
+        self.priority = priority
         self.created_at = utcnow()
         self.state = SpeechState.SCHEDULED
         self.text = ""  # generated text, all steps

@@ -1,16 +1,36 @@
-"""One tool call: its live state (``RunningCall``), how it ends (``Outcome``) and what its end writes."""
+"""One tool call: its live state (``RunningCall``), how it ends (``Outcome``, from what its body returned or raised)
+and what its end writes."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .agent import Agent
-from .chat import AgentHandoff, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .chat import FINAL_SUFFIX, AgentHandoff, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .ports import Commit, SessionState
-from .speech import SpeechHandle
-from .tools import FunctionTool, ToolCallInfo, ToolStatus, capped_output
+from .redaction import redact
+from .speech import SpeechHandle, SpeechInterrupted
+from .text import valid_text
+from .tools import (
+    FunctionTool,
+    ProgressUpdate,
+    SessionControl,
+    StopResponse,
+    ToolCallInfo,
+    ToolCancelled,
+    ToolError,
+    ToolStatus,
+    UnusableResult,
+    capped_output,
+    render_output,
+)
+
+logger = logging.getLogger("switchboard.runtime.tools")
+
+INTERNAL_ERROR_OUTPUT = "An internal error occurred"
 
 
 class CallOwner(Protocol):
@@ -18,6 +38,7 @@ class CallOwner(Protocol):
 
     session_id: str
     userdata: dict[str, Any]
+    session: SessionControl | None
 
     async def report_progress(self, rc: RunningCall, message: str, progress: float | None) -> None: ...
 
@@ -45,6 +66,8 @@ class Outcome:
     is_error: bool = False
     needs_reply: bool = True
     handoff: Agent | None = None  # the agent the tool asked to hand the session to
+    # why the tool failed, for observers only (the model gets ``output``): the exception's message, redacted
+    error: str | None = None
 
     def __post_init__(self) -> None:
         # every output goes to the chat, the events, the store and back to the model: none may be unbounded
@@ -85,7 +108,12 @@ class RunningCall:
     speech: SpeechHandle | None
     step: int
     arguments_error: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)  # the validated arguments the tool runs with
+    invalid: str | None = None  # why the arguments do not validate (the model gets it as the output)
+    args_key: str | None = None  # the validated arguments, canonical: what "the same arguments" means
+    refusal: str | None = None  # the call is not run: it ends `rejected` with this output (a cap was reached)
     needs_reply: bool = True
+    updates: int = 0  # progress updates committed (each one a pair the model sees)
     cancel_reason: str | None = None
     task: asyncio.Task[None] | None = None
     tool_task: asyncio.Task[Any] | None = None
@@ -127,6 +155,10 @@ class RunningCall:
     def userdata(self) -> dict[str, Any]:
         return self.executor.userdata
 
+    @property
+    def session(self) -> SessionControl | None:
+        return self.executor.session
+
     async def report_progress(self, message: str, progress: float | None) -> None:
         await self.executor.report_progress(self, message, progress)
 
@@ -140,7 +172,7 @@ def end_record(rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> En
     now = utcnow()
     name = rc.info.name
     if rc.info.background:
-        final_id = f"{rc.info.call_id}/final"
+        final_id = f"{rc.info.call_id}{FINAL_SUFFIX}"
         call_item = FunctionCall(
             id=new_id("item"), call_id=final_id, name=name, arguments=rc.item.arguments, created_at=now
         )
@@ -156,9 +188,55 @@ def end_record(rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> En
     )
     extra: list[ChatItem] = [handoff.item] if handoff is not None else []
     info = rc.info.model_copy(
-        update={"status": outcome.status, "output": outcome.output, "is_error": outcome.is_error, "ended_at": now}
+        update={
+            "status": outcome.status,
+            "output": outcome.output,
+            "is_error": outcome.is_error,
+            "error": outcome.error,
+            "ended_at": now,
+        }
     )
     return EndRecord([call_item, output, *extra], info, handoff.state if handoff is not None else None)
+
+
+def progress_pair(rc: RunningCall, update: ProgressUpdate) -> list[ChatItem]:
+    """The pair one progress update commits: for the first, the call itself with a "running in the background"
+    output; for the n-th after it, a ``<call_id>/update/<n>`` pair that reports it (see ``UPDATE_PAIRS_SHOWN``)."""
+    done = f", {round(update.progress * 100)}% done" if update.progress is not None else ""
+    if not rc.info.background:
+        output = FunctionCallOutput(
+            id=new_id("item"),
+            call_id=rc.info.call_id,
+            name=rc.info.name,
+            output=f"Started and running in the background ({update.message}{done}). The result will be shared when "
+            "it is ready; do not call this tool again for it.",
+            created_at=update.at,
+        )
+        return [rc.item, output]
+    call_id = f"{rc.info.call_id}/update/{rc.updates + 1}"
+    call = FunctionCall(
+        id=new_id("item"), call_id=call_id, name=rc.info.name, arguments=rc.item.arguments, created_at=update.at
+    )
+    output = FunctionCallOutput(
+        id=new_id("item"),
+        call_id=call_id,
+        name=rc.info.name,
+        output=f"Progress of the call running in the background: {update.message}{done}. Still running.",
+        created_at=update.at,
+    )
+    return [call, output]
+
+
+#: The most of an exception's message an observer is shown.
+MAX_ERROR_CHARS = 2_000
+
+
+def error_text(exc: BaseException) -> str:
+    """What observers are told of why a tool failed: the exception's type and message, with credentials removed as
+    in logs, bounded."""
+    message = str(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return capped_output(redact(valid_text(text)), MAX_ERROR_CHARS)
 
 
 def without_handoff(
@@ -171,3 +249,110 @@ def without_handoff(
     if held.output:
         return Outcome(ToolStatus.COMPLETED, f"{held.output}\n\n({note})", needs_reply=needs_reply)
     return Outcome(status, note, is_error=True, needs_reply=needs_reply)
+
+
+def stopped_outcome(rc: RunningCall) -> Outcome:
+    """How a call ends when a teardown stops it."""
+    if rc.held is not None and rc.held.handoff is not None:
+        return without_handoff(rc.held, "the tool was stopped first", ToolStatus.INTERRUPTED, needs_reply=False)
+    if rc.cancel_reason is not None:
+        return Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", True)
+    return Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", True, False)
+
+
+def outcome_of(rc: RunningCall, session_id: str) -> Outcome:
+    """How a call whose body has returned, raised, or was abandoned ends."""
+    assert rc.tool_task is not None
+    name = rc.info.name
+    cancelled_output = f"The tool call was cancelled ({rc.cancel_reason or 'cancelled'})."
+    if not rc.tool_task.done():  # abandoned: it ignored cancellation
+        return stopped_outcome(rc)
+    if rc.tool_task.cancelled():
+        if rc.cancel_reason is not None:
+            return Outcome(ToolStatus.CANCELLED, cancelled_output, is_error=True)
+        return Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", is_error=True, needs_reply=False)
+    exc = rc.tool_task.exception()
+    if exc is None:
+        result = rc.tool_task.result()
+        if rc.cancel_reason is not None:
+            try:
+                partial = render_output(result) if not _holds_agent(result) else ""
+            except UnusableResult:
+                partial = ""
+            return Outcome(ToolStatus.CANCELLED, partial or cancelled_output, is_error=not partial)
+        return _completed(rc, result, session_id)
+    if isinstance(exc, ToolCancelled):
+        return Outcome(ToolStatus.CANCELLED, cancelled_output, is_error=True)
+    if isinstance(exc, StopResponse):
+        return Outcome(ToolStatus.COMPLETED, "", needs_reply=False)
+    if isinstance(exc, SpeechInterrupted):
+        return Outcome(
+            ToolStatus.INTERRUPTED,
+            "The tool was interrupted because the user interrupted the agent.",
+            is_error=True,
+            needs_reply=False,
+        )
+    if isinstance(exc, ToolError):
+        logger.warning(
+            "tool %s failed: %s",
+            name,
+            exc,
+            extra={"session_id": session_id, "call_id": rc.info.call_id},
+        )
+        return Outcome(ToolStatus.FAILED, str(exc) or "The tool failed.", is_error=True, error=error_text(exc))
+    logger.error(
+        "tool %s raised an unexpected exception",
+        name,
+        exc_info=exc,
+        extra={"session_id": session_id, "call_id": rc.info.call_id},
+    )
+    # the model gets the generic text; observers (tool.ended, the call's record) see why, redacted as logs are
+    return Outcome(ToolStatus.FAILED, INTERNAL_ERROR_OUTPUT, is_error=True, error=error_text(exc))
+
+
+def _completed(rc: RunningCall, result: Any, session_id: str) -> Outcome:
+    handoff: Agent | None = None
+    if isinstance(result, Agent):
+        handoff, result = result, None
+    elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Agent):
+        handoff, result = result
+    try:
+        if _holds_agent(result):
+            raise UnusableResult("a tool hands off to one agent at most; it returned several")
+        output = render_output(result)
+    except UnusableResult as err:
+        return _unusable(rc, err, session_id)
+    if handoff is None:
+        # a tool that returns nothing asks the model for nothing: no tool reply is generated for it alone
+        return Outcome(ToolStatus.COMPLETED, output, needs_reply=result is not None)
+    # a bare handoff answers with an empty output and asks for no tool reply: the new agent speaks (on_enter)
+    held = Outcome(ToolStatus.COMPLETED, output, needs_reply=result is not None, handoff=handoff)
+    if rc.speech is not None and rc.speech.interrupted:
+        return without_handoff(held, "the agent was interrupted", ToolStatus.INTERRUPTED, needs_reply=False)
+    return held
+
+
+def _unusable(rc: RunningCall, err: UnusableResult, session_id: str) -> Outcome:
+    logger.error(
+        "tool %s returned a result that cannot be given to the model: %s",
+        rc.info.name,
+        err,
+        extra={"session_id": session_id, "call_id": rc.info.call_id},
+    )
+    return Outcome(
+        ToolStatus.FAILED,
+        f"The tool returned a result that cannot be used: {err}.",
+        is_error=True,
+        error=error_text(err),
+    )
+
+
+def _holds_agent(value: Any) -> bool:
+    """An agent inside a result (several agents, or one nested in a list or dict): no handoff can be made of it."""
+    if isinstance(value, Agent):
+        return True
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_agent(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_agent(v) for v in value.values())
+    return False

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import inspect
 import json
 import typing
 import weakref
 from collections.abc import Awaitable, Callable
-from datetime import datetime
-from enum import StrEnum
+from datetime import date, datetime, time
+from decimal import Decimal
+from enum import Enum, StrEnum
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
+from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -105,6 +108,7 @@ class ToolCallInfo(BaseModel):
     progress: list[ProgressUpdate] = Field(default_factory=list)
     output: str | None = None
     is_error: bool = False
+    error: str | None = None  # why it failed, for observers (redacted); the model gets ``output``
     speech_id: str | None = None
     agent: str | None = None
     started_at: datetime
@@ -284,8 +288,17 @@ def capped_output(text: str, limit: int = MAX_TOOL_OUTPUT_CHARS) -> str:
     return text[:limit] + TRUNCATION_MARKER.format(dropped=len(text) - limit)
 
 
+class UnusableResult(TypeError):
+    """A tool returned something that cannot be given to the model as text (an arbitrary object)."""
+
+
 def render_output(value: Any) -> str:
-    """A tool's result as the text of its output, valid Unicode (``runtime.text``: a lone surrogate becomes U+FFFD)."""
+    """A tool's result as the text of its output, valid Unicode (``runtime.text``: a lone surrogate becomes U+FFFD).
+
+    Text, ``None``, pydantic models, and JSON values (numbers, booleans, lists, dicts with text keys) made of
+    those, dates, times, UUIDs, decimals, enums and dataclasses. Anything else raises ``UnusableResult``: its
+    ``repr`` would tell the model nothing it can use.
+    """
     return valid_text(_render(value))
 
 
@@ -297,9 +310,47 @@ def _render(value: Any) -> str:
     if isinstance(value, BaseModel):
         return value.model_dump_json()
     try:
-        return json.dumps(value, default=str)
-    except (TypeError, ValueError):
+        return json.dumps(value, default=_json_value)
+    except ValueError as err:  # a circular reference, or a float JSON cannot write
+        raise UnusableResult(f"the result cannot be written as JSON ({err})") from None
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, (UUID, Decimal)):
         return str(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise UnusableResult(f"a value of type {type(value).__name__} cannot be given to the model")
+
+
+class SessionControl(Protocol):
+    """What a tool reaches of its session through ``ctx.session`` (``AgentSession`` implements it)."""
+
+    @property
+    def id(self) -> str: ...
+
+    async def say(
+        self, text: str, *, allow_interruptions: bool = ..., add_to_chat: bool = ..., priority: int = ...
+    ) -> SpeechHandle:
+        """Speak ``text`` as is, after whatever is queued (this call's own reply included) with the same or a
+        higher priority."""
+        ...
+
+    async def generate_reply(self, *, instructions: str | None = ..., priority: int = ...) -> SpeechHandle:
+        """Queue a reply from the model, after whatever is queued with the same or a higher priority."""
+        ...
+
+    async def interrupt(self, *, force: bool = False) -> SpeechHandle | None:
+        """Interrupt the current speech; returns once its interrupted message is committed."""
+        ...
 
 
 class CallControl(Protocol):
@@ -319,6 +370,9 @@ class CallControl(Protocol):
 
     @property
     def userdata(self) -> dict[str, Any]: ...
+
+    @property
+    def session(self) -> SessionControl | None: ...
 
     @property
     def cancel_fut(self) -> asyncio.Future[None]:
@@ -352,6 +406,24 @@ class RunContext:
     def speech(self) -> SpeechHandle | None:
         """The speech whose generation produced this call (None for recovered calls re-run after a restart)."""
         return self._call.speech
+
+    @property
+    def speech_handle(self) -> SpeechHandle | None:
+        """The same as ``speech`` (the name LiveKit Agents uses)."""
+        return self._call.speech
+
+    @property
+    def session(self) -> SessionControl:
+        """The session the call runs in: ``say()``, ``generate_reply()`` and ``interrupt()`` from inside a tool.
+
+        What it queues plays after the reply that made this call, and that reply waits for this call while it
+        runs in the foreground: a tool that waits for the playout of a speech it queued must first move to the
+        background (``ctx.update()``), or it waits until the user interrupts.
+        """
+        session = self._call.session
+        if session is None:
+            raise RuntimeError("this tool call runs outside of a session")
+        return session
 
     @property
     def userdata(self) -> dict[str, Any]:

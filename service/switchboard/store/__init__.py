@@ -5,11 +5,13 @@ Never imports the web layer. Alembic owns the schema (``migrations/``); ``Store.
 
 from .engine import make_engine
 from .migrate import downgrade, upgrade
+from .ownership import Fence, NodeMode, NodeRecord, Nodes, NodeState
 from .records import (
     IdempotencyRecord,
     ReadError,
     SessionData,
     SessionExists,
+    SessionFenced,
     SessionRecord,
     StoreClosed,
     StoreError,
@@ -19,11 +21,17 @@ from .writer import DATABASE_ERRORS, is_transient
 
 __all__ = [
     "DATABASE_ERRORS",
+    "Fence",
     "IdempotencyRecord",
     "InvalidCursor",
+    "NodeMode",
+    "NodeRecord",
+    "NodeState",
+    "Nodes",
     "ReadError",
     "SessionData",
     "SessionExists",
+    "SessionFenced",
     "SessionRecord",
     "Store",
     "StoreClosed",

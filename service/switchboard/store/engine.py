@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -18,6 +18,8 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 # Execution option that makes a SQLite transaction take the write lock at BEGIN (the group-commit writer uses it,
 # so a read-then-write batch never fails halfway with SQLITE_BUSY_SNAPSHOT).
 IMMEDIATE = "switchboard_sqlite_immediate"
+# Where a SQLite engine keeps its busy timeout, for the writer's own engine on the same file (``sqlite_writer_engine``).
+_BUSY_TIMEOUT = "switchboard_sqlite_busy_timeout_ms"
 
 
 class CorruptJSON:
@@ -72,7 +74,8 @@ def make_engine(
             raise ValueError("in-memory SQLite is not supported; use a file, e.g. sqlite+aiosqlite:///./var/test.db")
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(u, json_serializer=_dumps, json_deserializer=_loads)
-        _configure_sqlite(engine, busy_timeout_ms=busy_timeout_ms)
+        _configure_sqlite(engine.sync_engine, busy_timeout_ms=busy_timeout_ms)
+        engine.sync_engine.update_execution_options(**{_BUSY_TIMEOUT: busy_timeout_ms})
         return engine
     if backend == "postgresql":
         server_settings: dict[str, str] = {}
@@ -91,8 +94,21 @@ def make_engine(
     raise ValueError(f"unsupported database URL {u.render_as_string(hide_password=True)!r}: use SQLite or PostgreSQL")
 
 
-def _configure_sqlite(engine: AsyncEngine, *, busy_timeout_ms: int) -> None:
-    @event.listens_for(engine.sync_engine, "connect")
+def sqlite_writer_engine(engine: AsyncEngine) -> Engine:
+    """A synchronous engine (the standard ``sqlite3`` driver) on the database of ``engine``, configured the same way.
+
+    The group-commit writer runs each batch on it in a thread of its own, in one call: through the async driver every
+    statement is several hops between the event loop and the driver's thread (cursor, execute, fetch, close), and on
+    a busy machine each hop waits to be scheduled, so a batch of ten statements took tens of milliseconds.
+    """
+    busy_timeout_ms = engine.sync_engine.get_execution_options().get(_BUSY_TIMEOUT, SQLITE_BUSY_TIMEOUT_MS)
+    sync = create_engine(engine.url.set(drivername="sqlite+pysqlite"), json_serializer=_dumps, json_deserializer=_loads)
+    _configure_sqlite(sync, busy_timeout_ms=busy_timeout_ms)
+    return sync
+
+
+def _configure_sqlite(engine: Engine, *, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
         # Let SQLAlchemy, not the driver, decide when transactions begin (see _on_begin).
         dbapi_conn.isolation_level = None
@@ -105,7 +121,7 @@ def _configure_sqlite(engine: AsyncEngine, *, busy_timeout_ms: int) -> None:
         finally:
             cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         immediate = conn.get_execution_options().get(IMMEDIATE, False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

@@ -69,8 +69,30 @@ sessions = sa.Table(
     sa.Column("current_speech_id", String(), nullable=True),
     sa.Column("created_at", TZDateTime(), nullable=False),
     sa.Column("updated_at", TZDateTime(), nullable=False),
+    # Ownership (fencing): the node running the session, and the epoch its writes must find here. A node that takes
+    # a session over increments the epoch, so the writes of the node it took it from are refused from then on.
+    sa.Column("owner_node", String(), nullable=True),
+    sa.Column("owner_epoch", sa.BigInteger(), nullable=False, server_default="0"),
     sa.Index(None, "state"),
     sa.Index(None, "created_at", "id"),
+    sa.Index(None, "owner_node"),
+)
+
+# The running instances (nodes) and their leases. A node renews ``lease_until`` while it is alive; one whose lease has
+# passed is dead to the others, and its sessions may be taken over (their epoch incremented).
+nodes = sa.Table(
+    "nodes",
+    metadata,
+    sa.Column("id", String(), primary_key=True),
+    sa.Column("url", String(), nullable=False),
+    sa.Column("state", String(), nullable=False),
+    sa.Column("mode", String(), nullable=False),  # "single" or "cluster"
+    sa.Column("hostname", String(), nullable=False),
+    sa.Column("pid", sa.Integer(), nullable=False),
+    sa.Column("started_at", TZDateTime(), nullable=False),
+    sa.Column("heartbeat_at", TZDateTime(), nullable=False),
+    sa.Column("lease_until", TZDateTime(), nullable=False),
+    sa.Index(None, "state"),
 )
 
 # Append-only. ``pos`` is the per-session insertion sequence (0, 1, 2, ...): the order is a view built from it.
@@ -101,6 +123,7 @@ tool_calls = sa.Table(
     sa.Column("progress", json_type(), nullable=False),
     sa.Column("output", Text(), nullable=True),
     sa.Column("is_error", sa.Boolean(), nullable=False),
+    sa.Column("error", Text(), nullable=True),
     sa.Column("cancellable", sa.Boolean(), nullable=False),
     sa.Column("scope", String(), nullable=False),
     sa.Column("background", sa.Boolean(), nullable=False),

@@ -32,6 +32,8 @@ class SessionRecord(BaseModel):
     current_speech_id: str | None = None
     created_at: datetime = Field(default_factory=now_utc)
     updated_at: datetime = Field(default_factory=now_utc)
+    owner_node: str | None = None  # the node running it (``ownership``), None when no node has claimed it
+    owner_epoch: int = 0
 
 
 class IdempotencyRecord(BaseModel):
@@ -76,3 +78,13 @@ class SessionExists(StoreError):
 
 class StoreClosed(StoreError):
     """The store was closed (or closed before this write could be made durable)."""
+
+
+class SessionFenced(StoreError):
+    """A write of a session this node no longer owns: another node took it over (its epoch moved on), or this node
+    let go of it. Nothing of the write landed, and no later write of this node for the session will."""
+
+    def __init__(self, session_id: str, detail: str) -> None:
+        super().__init__(f"session {session_id}: {detail}")
+        self.session_id = session_id
+        self.detail = detail

@@ -28,11 +28,12 @@ from ..runtime.chat import ChatItem, order_items
 from ..runtime.events import Event
 from ..runtime.ports import ChatStore, Commit, EventSink
 from ..runtime.speech import SpeechInfo
-from ..runtime.status import LIVE_STATUSES, SessionStatus
+from ..runtime.status import ENDED_STATUSES, LIVE_STATUSES, SessionStatus
 from ..runtime.tools import ToolCallInfo, ToolStatus
 from . import models as m
 from .engine import make_engine
 from .migrate import upgrade_engine
+from .ownership import Fence, Nodes
 from .records import IdempotencyRecord, ReadError, SessionData, SessionExists, SessionRecord, StoreError
 from .rows import (
     BadRow,
@@ -111,12 +112,14 @@ class Store:
     """Persistence for Switchboard on SQLite or PostgreSQL (SQLAlchemy 2 async).
 
     Writes from the runtime ports go through one group-commit writer task; reads use pooled connections.
-    One process owns a database: the in-memory chat position counters and the global event cursor assume it.
+    A session is written by one process at a time: the node that owns it (``ownership``). With a fence
+    (``use_fence``) every write batch checks that ownership in its own transaction.
     """
 
     def __init__(self, engine: AsyncEngine, *, batch_max: int = 256) -> None:
         self.engine = engine
         self.writer = GroupCommitWriter(engine, batch_max=batch_max)
+        self.nodes = Nodes(engine)
         self._started = False
         self.read_errors = 0
         self.read_error_log: deque[ReadError] = deque(maxlen=READ_ERROR_LOG_MAX)
@@ -156,6 +159,14 @@ class Store:
             return False
         return not self.writer.unavailable and (self.writer.running or not self._started)
 
+    def use_fence(self, fence: Fence) -> None:
+        """From now on every write checks that ``fence``'s node owns the session it writes for (``ownership``)."""
+        self.writer.fence = fence
+
+    @property
+    def fence(self) -> Fence | None:
+        return self.writer.fence
+
     # -- runtime ports ----------------------------------------------------------------------------------------
 
     def chat_store(self) -> ChatStore:
@@ -183,7 +194,7 @@ class Store:
         return self._first(rows, session_from_row, "sessions")
 
     async def list_sessions(
-        self, *, state: str | None = None, cursor: str | None = None, limit: int = 50
+        self, *, state: str | None = None, agent: str | None = None, cursor: str | None = None, limit: int = 50
     ) -> tuple[list[SessionRecord], str | None]:
         """Sessions newest first, ``limit`` at a time; pass the returned cursor to get the next page (None: done).
 
@@ -193,6 +204,8 @@ class Store:
         stmt = sa.select(t).order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit + 1)
         if state is not None:
             stmt = stmt.where(t.c.state == state)
+        if agent is not None:
+            stmt = stmt.where(t.c.agent == agent)
         if cursor:
             after_at, after_id = _decode_cursor(cursor)
             stmt = stmt.where(sa.or_(t.c.created_at < after_at, sa.and_(t.c.created_at == after_at, t.c.id < after_id)))
@@ -201,12 +214,18 @@ class Store:
         next_cursor = _encode_cursor(page[-1]["created_at"], page[-1]["id"]) if len(rows) > limit else None
         return self._convert(page, session_from_row, "sessions"), next_cursor
 
-    async def live_sessions(self) -> list[SessionRecord]:
-        """Sessions that were live (active, initializing, closing): what recovery resumes."""
+    async def live_sessions(self, ids: Sequence[str] | None = None) -> list[SessionRecord]:
+        """Sessions that were live (active, initializing, closing): what recovery resumes (only ``ids``, if given)."""
         t = m.sessions
-        live = sa.select(t).where(t.c.state.in_(sorted(LIVE_STATUSES)))
-        rows = await self._fetch(live.order_by(t.c.created_at, t.c.id))
-        return self._convert(rows, session_from_row, "sessions")
+        live = sa.select(t).where(t.c.state.in_(sorted(LIVE_STATUSES))).order_by(t.c.created_at, t.c.id)
+        if ids is None:
+            return self._convert(await self._fetch(live), session_from_row, "sessions")
+        wanted = sorted(set(ids))
+        out: list[SessionRecord] = []
+        for start in range(0, len(wanted), BULK_CHUNK):
+            rows = await self._fetch(live.where(t.c.id.in_(wanted[start : start + BULK_CHUNK])))
+            out += self._convert(rows, session_from_row, "sessions")
+        return sorted(out, key=lambda rec: (rec.created_at, rec.id))
 
     async def mark_session(self, sid: str, state: SessionStatus) -> None:
         """Set a session's state (e.g. ``failed``), in order with the writes queued before it."""
@@ -343,6 +362,22 @@ class Store:
         async with self.engine.begin() as conn:
             result = await conn.execute(sa.delete(t).where(t.c.created_at < older_than))
         return int(result.rowcount)
+
+    async def purge_ended_sessions(self, ended_before: datetime, *, limit: int = 500) -> list[str]:
+        """Delete sessions that ended (closed, failed) before ``ended_before``, with their chat, tool calls, speeches
+        and events: at most ``limit`` sessions, in one transaction. Returns their ids. An ended session is written
+        no more, so nothing races the delete."""
+        t = m.sessions
+        ended = sorted(ENDED_STATUSES)
+        pick = sa.select(t.c.id).where(t.c.state.in_(ended), t.c.updated_at < ended_before).limit(limit)
+        async with self.engine.begin() as conn:
+            ids = [row.id for row in (await conn.execute(pick)).all()]
+            if ids:
+                for table in (m.events, m.chat_items, m.tool_calls, m.speeches):
+                    await conn.execute(sa.delete(table).where(table.c.session_id.in_(ids)))
+                # the state is checked again: only ended sessions are ever deleted
+                await conn.execute(sa.delete(t).where(t.c.id.in_(ids), t.c.state.in_(ended)))
+        return ids
 
     # -- helpers ----------------------------------------------------------------------------------------------
 

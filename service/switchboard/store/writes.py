@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -11,6 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..runtime.chat import ChatItem
@@ -20,6 +22,7 @@ from ..runtime.status import SessionStatus
 from . import models as m
 from .records import now_utc
 from .rows import event_row, item_row, speech_row, tool_call_row
+from .text import encode_text
 
 DurableCallback = Callable[[list[Event]], None]
 
@@ -39,7 +42,7 @@ class Op:
     on_durable: DurableCallback | None = None
 
 
-def dialect_insert(conn: AsyncConnection, table: sa.Table) -> Any:
+def dialect_insert(conn: AsyncConnection | Connection, table: sa.Table) -> Any:
     """The dialect's INSERT (both have ``on_conflict_do_update`` / ``on_conflict_do_nothing``)."""
     return postgresql.insert(table) if conn.dialect.name == "postgresql" else sqlite.insert(table)
 
@@ -57,9 +60,28 @@ _EVENT_IDS = sa.select(m.events.c.id, m.events.c.session_id, m.events.c.seq).whe
 _EXISTING_ITEMS = sa.select(m.chat_items.c.session_id, m.chat_items.c.item_id).where(
     sa.tuple_(m.chat_items.c.session_id, m.chat_items.c.item_id).in_(sa.bindparam("keys", expanding=True))
 )
+# On SQLite the same two look-ups take their keys as one JSON array: SQLite plans a row-value IN over a list of
+# values as a scan of the whole index (a cost that grows with every session's items and events, paid by every batch);
+# joined with ``json_each`` it probes the unique index once per key. Keys are bound as the columns store them.
+_SQLITE_EVENT_IDS = sa.text(
+    "SELECT events.id, events.session_id, events.seq FROM json_each(:keys) AS k JOIN events"
+    " ON events.session_id = json_extract(k.value, '$[0]') AND events.seq = json_extract(k.value, '$[1]')"
+).columns(m.events.c.id, m.events.c.session_id, m.events.c.seq)
+_SQLITE_EXISTING_ITEMS = sa.text(
+    "SELECT chat_items.session_id, chat_items.item_id FROM json_each(:keys) AS k JOIN chat_items"
+    " ON chat_items.session_id = json_extract(k.value, '$[0]') AND chat_items.item_id = json_extract(k.value, '$[1]')"
+).columns(m.chat_items.c.session_id, m.chat_items.c.item_id)
 
 
-def _upsert(conn: AsyncConnection, table: sa.Table, keys: Sequence[str], update: Sequence[str]) -> Any:
+def _lookup(conn: Connection, stmt: Any, sqlite_stmt: Any, keys: Sequence[tuple[str, Any]]) -> list[Any]:
+    """Rows of ``stmt`` for ``keys`` ((session id, key) pairs), through ``sqlite_stmt`` on SQLite."""
+    if conn.dialect.name == "sqlite":
+        encoded = [[encode_text(sid), encode_text(k) if isinstance(k, str) else k] for sid, k in keys]
+        return list(conn.execute(sqlite_stmt, {"keys": json.dumps(encoded)}))
+    return list(conn.execute(stmt, {"keys": list(keys)}))
+
+
+def _upsert(conn: Connection, table: sa.Table, keys: Sequence[str], update: Sequence[str]) -> Any:
     return _upsert_stmt(conn.dialect.name, table, tuple(keys), tuple(update))
 
 
@@ -132,8 +154,11 @@ class _Batch:
             self.marks[sid] = state
 
 
-async def apply_batch(conn: AsyncConnection, ops: Sequence[Op], next_pos: dict[str, int]) -> dict[str, int]:
+def apply_batch(conn: Connection, ops: Sequence[Op], next_pos: dict[str, int]) -> dict[str, int]:
     """Write ``ops`` on ``conn`` (inside the caller's transaction), in order.
+
+    Synchronous, so that a whole batch is one call: on SQLite the writer's thread runs it in one hop, on PostgreSQL
+    ``AsyncConnection.run_sync`` runs it on the event loop. Nothing here may touch the event loop (no futures).
 
     ``next_pos`` is the per-session next chat position known so far (read-only here); sessions missing from it are
     initialised from the database once. Returns the counters after this batch; the caller keeps them only if the
@@ -144,21 +169,21 @@ async def apply_batch(conn: AsyncConnection, ops: Sequence[Op], next_pos: dict[s
     """
     batch = _Batch.of(ops)
     # Sessions first: a SessionState may create the row the other tables' foreign keys point at.
-    await _write_sessions(conn, batch, now_utc())
-    counters = await _append_items(conn, batch.items, next_pos)
-    await _upsert_rows(conn, m.tool_calls, ("session_id", "call_id"), _TOOL_CALL_UPDATE, batch.tool_calls)
-    await _upsert_rows(conn, m.speeches, ("session_id", "id"), _SPEECH_UPDATE, batch.speeches)
-    await _insert_events(conn, batch)
+    _write_sessions(conn, batch, now_utc())
+    counters = _append_items(conn, batch.items, next_pos)
+    _upsert_rows(conn, m.tool_calls, ("session_id", "call_id"), _TOOL_CALL_UPDATE, batch.tool_calls)
+    _upsert_rows(conn, m.speeches, ("session_id", "id"), _SPEECH_UPDATE, batch.speeches)
+    _insert_events(conn, batch)
     return counters
 
 
-async def _write_sessions(conn: AsyncConnection, batch: _Batch, now: datetime) -> None:
+def _write_sessions(conn: Connection, batch: _Batch, now: datetime) -> None:
     if batch.sessions:
         rows = [
             {**row, "config": {}, "metadata": {}, "created_at": now, "updated_at": now}
             for row in batch.sessions.values()
         ]
-        await conn.execute(_upsert(conn, m.sessions, ["id"], _SESSION_STATE_COLUMNS), rows)
+        conn.execute(_upsert(conn, m.sessions, ["id"], _SESSION_STATE_COLUMNS), rows)
     if batch.marks:
         t = m.sessions
         stmt = (
@@ -166,36 +191,34 @@ async def _write_sessions(conn: AsyncConnection, batch: _Batch, now: datetime) -
             .where(t.c.id == sa.bindparam("b_id"))
             .values(state=sa.bindparam("b_state"), updated_at=sa.bindparam("b_now"))
         )
-        await conn.execute(stmt, [{"b_id": sid, "b_state": st, "b_now": now} for sid, st in batch.marks.items()])
+        conn.execute(stmt, [{"b_id": sid, "b_state": st, "b_now": now} for sid, st in batch.marks.items()])
 
 
-async def _upsert_rows(
-    conn: AsyncConnection,
+def _upsert_rows(
+    conn: Connection,
     table: sa.Table,
     keys: Sequence[str],
     update: Sequence[str],
     rows: dict[Any, dict[str, Any]],
 ) -> None:
     if rows:
-        await conn.execute(_upsert(conn, table, keys, update), list(rows.values()))
+        conn.execute(_upsert(conn, table, keys, update), list(rows.values()))
 
 
-async def _insert_events(conn: AsyncConnection, batch: _Batch) -> None:
+def _insert_events(conn: Connection, batch: _Batch) -> None:
     if not batch.events:
         return
-    await conn.execute(_insert_events_stmt(conn.dialect.name), list(batch.events.values()))
+    conn.execute(_insert_events_stmt(conn.dialect.name), list(batch.events.values()))
     # Each event learns its global cursor (the multi-session stream resumes by it).
     keys = list(batch.events)
     for start in range(0, len(keys), 400):
-        found = await conn.execute(_EVENT_IDS, {"keys": keys[start : start + 400]})
+        found = _lookup(conn, _EVENT_IDS, _SQLITE_EVENT_IDS, keys[start : start + 400])
         for row_id, sid, seq in found:
             for ev in batch.event_objs.get((sid, seq), ()):
                 ev.cursor = int(row_id)
 
 
-async def _append_items(
-    conn: AsyncConnection, items: list[tuple[str, ChatItem]], next_pos: dict[str, int]
-) -> dict[str, int]:
+def _append_items(conn: Connection, items: list[tuple[str, ChatItem]], next_pos: dict[str, int]) -> dict[str, int]:
     """Insert chat items at the next positions of their sessions: O(1) per item whatever the context size."""
     if not items:
         return {}
@@ -206,9 +229,9 @@ async def _append_items(
     if missing:
         # Once per session (per process, or after a failed batch): an index lookup, not a scan.
         stmt = sa.select(t.c.session_id, sa.func.max(t.c.pos)).where(t.c.session_id.in_(missing))
-        found = {sid: top for sid, top in (await conn.execute(stmt.group_by(t.c.session_id))).all()}
+        found = {sid: top for sid, top in conn.execute(stmt.group_by(t.c.session_id)).all()}
         counters.update({sid: (found[sid] + 1 if found.get(sid) is not None else 0) for sid in missing})
-    existing = await _existing_items(conn, [(sid, it.id) for sid, it in items])
+    existing = _existing_items(conn, [(sid, it.id) for sid, it in items])
     rows = []
     for sid, it in items:
         if (sid, it.id) in existing:
@@ -216,13 +239,13 @@ async def _append_items(
         rows.append(item_row(sid, counters[sid], it))
         counters[sid] += 1
     if rows:
-        await conn.execute(sa.insert(t), rows)
+        conn.execute(sa.insert(t), rows)
     return counters
 
 
-async def _existing_items(conn: AsyncConnection, keys: list[tuple[str, str]]) -> set[tuple[str, str]]:
+def _existing_items(conn: Connection, keys: list[tuple[str, str]]) -> set[tuple[str, str]]:
     found: set[tuple[str, str]] = set()
     for start in range(0, len(keys), _LOOKUP_CHUNK):
-        result = await conn.execute(_EXISTING_ITEMS, {"keys": keys[start : start + _LOOKUP_CHUNK]})
-        found.update((sid, item_id) for sid, item_id in result.all())
+        rows = _lookup(conn, _EXISTING_ITEMS, _SQLITE_EXISTING_ITEMS, keys[start : start + _LOOKUP_CHUNK])
+        found.update((sid, item_id) for sid, item_id in rows)
     return found

@@ -1,6 +1,6 @@
 """Language models: the protocol the session speaks and the providers that implement it."""
 
-from .base import LLM, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage
+from .base import LLM, LLMError, LLMRequest, MissingCredential, TextDelta, ToolCallChunk, Usage
 from .factory import build_llm
 from .scripted import ScriptedLLM, Turn
 
@@ -8,6 +8,7 @@ __all__ = [
     "LLM",
     "LLMError",
     "LLMRequest",
+    "MissingCredential",
     "ScriptedLLM",
     "TextDelta",
     "ToolCallChunk",

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..chat import ChatItem
 
@@ -17,6 +17,30 @@ class LLMError(Exception):
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class MissingCredential(ValueError):
+    """The model needs a credential the service's environment does not hold (it names the variable, never a value)."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(message)
+        self.variable = variable
+
+
+def config_error(what: str, err: ValidationError, model: type[BaseModel], *, extra_keys: str = "") -> ValueError:
+    """A readable ``ValueError`` for an invalid provider configuration: each bad key and what is wrong with it (no
+    pydantic dump, no links). ``extra_keys`` names keys allowed besides the model's fields."""
+    problems: list[str] = []
+    for e in err.errors():
+        key = ".".join(str(part) for part in e["loc"]) or "llm"
+        if e["type"] == "extra_forbidden" and len(e["loc"]) == 1:
+            allowed = ", ".join(filter(None, [extra_keys, *model.model_fields]))
+            problems.append(f"unknown key {key!r} (allowed: {allowed})")
+        elif e["type"] == "extra_forbidden":
+            problems.append(f"unknown key {key!r}")
+        else:
+            problems.append(f"{key}: {e['msg']}")
+    return ValueError(f"invalid {what} llm config: " + "; ".join(problems))
 
 
 class LLMRequest(BaseModel):

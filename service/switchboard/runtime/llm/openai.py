@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..chat import AgentHandoff, ChatItem, ChatMessage, FunctionCall, FunctionCallOutput
 from ..text import StreamText, valid_text
-from .base import LLMChunk, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage
+from .base import LLMChunk, LLMError, LLMRequest, MissingCredential, TextDelta, ToolCallChunk, Usage, config_error
 
 logger = logging.getLogger("switchboard.runtime.llm.openai")
 
@@ -73,15 +73,7 @@ def parse_config(config: dict[str, Any]) -> OpenAIConfig:
     try:
         return OpenAIConfig.model_validate(config)
     except ValidationError as err:
-        problems: list[str] = []
-        for e in err.errors():
-            key = ".".join(str(part) for part in e["loc"]) or "llm"
-            if e["type"] == "extra_forbidden":
-                allowed = ", ".join(OpenAIConfig.model_fields)
-                problems.append(f"unknown key {key!r} (allowed: provider, {allowed})")
-            else:
-                problems.append(f"{key}: {e['msg']}")
-        raise ValueError("invalid openai llm config: " + "; ".join(problems)) from None
+        raise config_error("openai", err, OpenAIConfig, extra_keys="provider") from None
 
 
 # -- request building -----------------------------------------------------------------------------------------
@@ -272,6 +264,12 @@ class _Progress:
     yielded: bool = False  # has anything reached the consumer? then nothing may be retried
 
 
+def needs_key(config: OpenAIConfig) -> bool:
+    """OpenAI itself needs a key, and so does a server whose configuration names the variable; a local server (a
+    ``base_url``, no ``api_key_env``) does not."""
+    return config.base_url in (None, DEFAULT_BASE_URL) or "api_key_env" in config.model_fields_set
+
+
 class OpenAILLM:
     """Streams Chat Completions from an OpenAI-compatible server. Stateless across restarts.
 
@@ -280,10 +278,15 @@ class OpenAILLM:
 
     def __init__(self, config: OpenAIConfig) -> None:
         self.config = config
-        self._api_key = os.environ.get(config.api_key_env) or PLACEHOLDER_API_KEY
+        key = os.environ.get(config.api_key_env)
+        if not key and needs_key(config):
+            raise MissingCredential(
+                config.api_key_env,
+                f"the model {config.model!r} needs an API key in the service's environment variable "
+                f"{config.api_key_env}, which is not set",
+            )
+        self._api_key = key or PLACEHOLDER_API_KEY
         self._client: AsyncOpenAI | None = None
-        if self._api_key == PLACEHOLDER_API_KEY and (config.base_url or DEFAULT_BASE_URL) == DEFAULT_BASE_URL:
-            logger.warning("%s is not set: requests to %s will be rejected", config.api_key_env, DEFAULT_BASE_URL)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> OpenAILLM:

@@ -10,10 +10,10 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..chat import FunctionCallOutput
-from .base import LLMChunk, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage
+from ..chat import AgentHandoff, ChatMessage, FunctionCallOutput
+from .base import LLMChunk, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage, config_error
 
 KEEP_REQUESTS = 200
 _TOOL_OUTPUT = re.compile(r"\{\{tool_output:([A-Za-z0-9_.\-]+)\}\}")
@@ -21,28 +21,92 @@ _WORDS = re.compile(r"\S+\s*")
 
 
 class ScriptedToolCall(BaseModel):
+    """A tool call the scripted model makes, after its text."""
+
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    arguments: dict[str, Any] | str = Field(default_factory=dict)  # a string is sent raw (to test bad JSON)
-    id: str | None = None
+    name: str = Field(description="The tool to call.")
+    arguments: dict[str, Any] | str = Field(
+        default_factory=dict, description="Its arguments; a string is sent as is (to test arguments that are not JSON)."
+    )
+    id: str | None = Field(
+        default=None,
+        description="Ignored by the service, which names every call itself (kept only by test harnesses that trust "
+        "their scripts' ids).",
+    )
 
 
 class Turn(BaseModel):
+    """One answer of the scripted model: wait ``ttft_ms``, stream ``text`` a word every ``word_ms``, then make the
+    ``tool_calls``."""
+
     model_config = ConfigDict(extra="forbid")
 
-    text: str = ""
+    text: str = Field(
+        default="",
+        description="What the model says. `{{tool_output:NAME}}` becomes the latest output of tool NAME in the context "
+        "the request received (`<none>` if there is none).",
+    )
     tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
-    ttft_ms: float = Field(default=0, ge=0, le=600_000)
-    word_ms: float = Field(default=0, ge=0, le=60_000)
-    error: str | None = None  # raise a provider error after ttft (for fault tests)
+    ttft_ms: float = Field(default=0, ge=0, le=600_000, description="Time to the first word, in milliseconds.")
+    word_ms: float = Field(default=0, ge=0, le=60_000, description="Time between words, in milliseconds.")
+    error: str | None = Field(default=None, description="Fail with this provider error after `ttft_ms` instead.")
+
+
+class UserRule(BaseModel):
+    """Answer with ``turn`` when the latest user message matches ``match``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    match: str = Field(min_length=1, max_length=200, description="A regular expression, matched case-insensitively.")
+    turn: Turn
+
+    @field_validator("match")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as err:
+            raise ValueError(f"not a regular expression ({err})") from None
+        return value
 
 
 class ScriptConfig(BaseModel):
+    """``{"provider": "scripted", "turns": [...], "fallback"?, "on_user"?, "on_started"?, "on_output"?}``.
+
+    A request answering a tool (its context ends with the tool's output) takes ``on_output[tool]`` (or, for the
+    "running in the background" output of a tool's first progress report, ``on_started[tool]``); a request answering
+    the user takes the first ``on_user`` rule matching their latest message; any other request takes the next turn,
+    then the fallback once the turns are used up. Rules let a script follow a conversation whatever order it takes.
+    """
+
     model_config = ConfigDict(extra="forbid")
 
     turns: list[Turn] = Field(default_factory=list)
-    fallback: Turn = Field(default_factory=lambda: Turn(text="OK."))
+    fallback: Turn = Field(default_factory=lambda: Turn(text="OK."), description='Default: {"text": "OK."}.')
+    on_user: list[UserRule] = Field(default_factory=list, max_length=100)
+    on_started: dict[str, Turn] = Field(default_factory=dict)
+    on_output: dict[str, Turn] = Field(default_factory=dict)
+
+
+#: How the executor words the output of a call that moved to the background (``on_started`` keys on it).
+BACKGROUND_OUTPUT_PREFIX = "Started and running in the background"
+
+
+def rule_turn(config: ScriptConfig, request: LLMRequest) -> Turn | None:
+    """The turn a rule of ``config`` gives for ``request``, if any."""
+    # what the request answers: its last item (a handoff is committed with the output of the tool that made it)
+    last = next((item for item in reversed(request.items) if not isinstance(item, AgentHandoff)), None)
+    if isinstance(last, FunctionCallOutput):
+        rules = config.on_started if last.output.startswith(BACKGROUND_OUTPUT_PREFIX) else config.on_output
+        return rules.get(last.name)
+    # the user's latest words, unless a tool has answered since (an assistant message cut off after them, say)
+    for item in reversed(request.items):
+        if isinstance(item, FunctionCallOutput):
+            return None
+        if isinstance(item, ChatMessage) and item.role == "user":
+            return next((r.turn for r in config.on_user if re.search(r.match, item.text, re.IGNORECASE)), None)
+    return None
 
 
 def render_text(text: str, request: LLMRequest) -> str:
@@ -57,17 +121,24 @@ def render_text(text: str, request: LLMRequest) -> str:
 
 
 class ScriptedLLM:
-    def __init__(self, turns: list[Turn] | None = None, fallback: Turn | None = None) -> None:
+    def __init__(
+        self, turns: list[Turn] | None = None, fallback: Turn | None = None, rules: ScriptConfig | None = None
+    ) -> None:
         self.turns = list(turns or [])
         self.fallback = fallback or Turn(text="OK.")
+        self.rules = rules
         self.position = 0
         # the latest requests received, for tests and debugging (bounded: a session can live for a long time)
         self.requests: deque[LLMRequest] = deque(maxlen=KEEP_REQUESTS)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ScriptedLLM:
-        parsed = ScriptConfig.model_validate(config)
-        return cls(parsed.turns, parsed.fallback)
+        try:
+            parsed = ScriptConfig.model_validate(config)
+        except ValidationError as err:
+            raise config_error("scripted", err, ScriptConfig, extra_keys="provider") from None
+        has_rules = parsed.on_user or parsed.on_started or parsed.on_output
+        return cls(parsed.turns, parsed.fallback, parsed if has_rules else None)
 
     def save_state(self) -> dict[str, Any] | None:
         return {"position": self.position}
@@ -89,7 +160,8 @@ class ScriptedLLM:
     def stream(self, request: LLMRequest) -> AsyncIterator[LLMChunk]:
         # The turn is taken now, not at first iteration, so the position is saved with the request.
         self.requests.append(request)
-        return self._play(self._next_turn(), request)
+        turn = rule_turn(self.rules, request) if self.rules is not None else None
+        return self._play(turn or self._next_turn(), request)
 
     async def _play(self, turn: Turn, request: LLMRequest) -> AsyncIterator[LLMChunk]:
         if turn.ttft_ms:

@@ -1,0 +1,199 @@
+"""WebSocket fan-out against a plain ``websockets`` broadcast served by the same process, interleaved in time.
+
+``ws_fanout.py`` runs Switchboard and its baseline one after the other, so a machine whose load changes between the
+two phases (other work on a shared machine) moves the ratio as much as the code does. Here one process serves both,
+on one event loop: the Switchboard app under uvicorn (SQLite in a temp dir) and a ``websockets`` server that
+broadcasts frames of the same shape. The session's ``ticker`` tool reports progress ``--rate`` times per second; the
+baseline broadcasts at the same rate, half a period later, so the two alternate and see the same load. Subscribers
+(``--subscribers`` to each server) are ``ws_fanout.py`` client processes; latency = receipt time - the time stamped
+in the frame just before ``ctx.update()`` (Switchboard: through the durable writes, the hub and the sends) or just
+before ``broadcast()`` (baseline).
+
+Run: ``.venv/bin/python bench/ws_fanout_same_process.py [--subscribers 1000] [--events 200] [--rate 10]
+[--stream ws|ag-ui-ws|ag-ui-sse] [--runs 3]``; it stops by itself and stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.ws_fanout import (  # noqa: E402
+    SESSION_ID,
+    Proc,
+    baseline_frame,
+    pct,
+    raise_nofile,
+    run_loop,
+    stream_url,
+)
+from tests.e2e.server import free_port  # noqa: E402
+
+BUDGET_RATIO = 1.2
+
+
+async def clients(url: str, n: int, procs: int, events: int, timeout_s: float) -> list[Proc]:
+    per = [n // procs + (1 if k < n % procs else 0) for k in range(procs)]
+    started = []
+    for k, conns in enumerate(per):
+        started.append(
+            await Proc.start(
+                f"client{k}", "--role", "client", "--url", url, "--conns", str(conns), "--events", str(events),
+                "--timeout-s", str(timeout_s),
+            )
+        )  # fmt: skip
+    return started
+
+
+async def results(procs: list[Proc], timeout_s: float) -> dict[str, Any]:
+    merged: dict[str, Any] = {"latencies": [], "missing": 0, "closes": {}}
+    for p in procs:
+        r = json.loads(await p.expect("RESULT", timeout_s))
+        merged["latencies"] += r["latencies"]
+        merged["missing"] += r["missing"]
+        for k, v in r["closes"].items():
+            merged["closes"][k] = merged["closes"].get(k, 0) + v
+    return merged
+
+
+async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
+    import httpx
+    import uvicorn
+    from websockets.asyncio.server import ServerConnection, broadcast, serve
+
+    from switchboard.api.app import create_app
+    from switchboard.cli.main import GC_YOUNG_THRESHOLD
+    from switchboard.control.settings import Settings
+
+    os.environ["SWITCHBOARD_AGENTS"] = "bench.ws_fanout:AGENTS"
+    settings = Settings(
+        database_url=f"sqlite+aiosqlite:///{tmp}/same-process.db",
+        scripted_model="allow",
+        ws_max_streams=args.subscribers + 100,
+        ws_max_streams_per_credential=args.subscribers + 100,
+        log_level="WARNING",
+    )
+    port, base_port = free_port(), free_port()
+    app = create_app(settings)
+    # what `switchboard serve` does before serving (cli/main.py): the app out of every full collection, a larger
+    # young generation
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    peers: set[ServerConnection] = set()
+
+    async def handler(ws: ServerConnection) -> None:
+        peers.add(ws)
+        try:
+            await ws.wait_closed()
+        finally:
+            peers.discard(ws)
+
+    shape = "ag-ui" if args.stream.startswith("ag-ui") else "ws"
+    timeout_s = args.events / args.rate + 60
+    procs: list[Proc] = []
+    try:
+        async with serve(handler, "127.0.0.1", base_port, ping_interval=None):
+            while not server.started:
+                await asyncio.sleep(0.05)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+                call = {"name": "ticker", "arguments": {"events": args.events, "rate": args.rate}}
+                body = {
+                    "id": SESSION_ID,
+                    "agent": "ticker",
+                    "llm": {"provider": "scripted", "turns": [{"text": "", "tool_calls": [call]}]},
+                }
+                (await http.post("/v1/sessions", json=body)).raise_for_status()
+                url = stream_url(args.stream, f"http://127.0.0.1:{port}")
+                sb_procs = await clients(url, args.subscribers, args.procs, args.events, timeout_s)
+                base_procs = await clients(
+                    f"ws://127.0.0.1:{base_port}/", args.subscribers, args.procs, args.events, timeout_s
+                )
+                procs = sb_procs + base_procs
+                for p in procs:
+                    await p.expect("READY", 180)
+                await asyncio.sleep(1.0)
+                start = time.time()
+                (await http.post(f"/v1/sessions/{SESSION_ID}/input", json={"text": "go"})).raise_for_status()
+                for i in range(args.events):  # half a period after each of the ticker's updates
+                    delay = start + (i + 0.5) / args.rate - time.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    broadcast(peers, baseline_frame(shape, i, args.events))
+                sb = await results(sb_procs, timeout_s + 30)
+                base = await results(base_procs, timeout_s + 30)
+    finally:
+        for p in procs:
+            await p.stop()
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(serving, 30)
+    return {"switchboard": sb, "baseline": base}
+
+
+def line(name: str, r: dict[str, Any]) -> dict[str, float]:
+    lat = r["latencies"]
+    out = {"p50": pct(lat, 50) if lat else math.nan, "p99": pct(lat, 99) if lat else math.nan}
+    print(
+        f"| {name:<11} | {len(lat):>9,} | {r['missing']:>7} | {out['p50']:8.2f} | {out['p99']:8.2f} "
+        f"| {max(lat) if lat else math.nan:8.2f} | {r['closes'] or '-'}"
+    )
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    raise_nofile(args.subscribers * 4 + 1024)
+    print(f"{os.cpu_count()} cpus; load average at start: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    print(
+        f"{args.subscribers} {args.stream} subscribers to each server, {args.procs} client process(es) each; "
+        f"{args.events} updates at {args.rate:g}/s, interleaved; latencies in ms\n"
+    )
+    ratios = []
+    for run in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="sb-fanout-same-") as tmp:
+            async with asyncio.timeout(args.timeout_s):
+                r = await one_run(args, Path(tmp))
+        print(f"run {run + 1}")
+        print("| server      |    frames | missing |      p50 |      p99 |      max | closed")
+        print("|-------------|----------:|--------:|---------:|---------:|---------:|-------")
+        sb, base = line("switchboard", r["switchboard"]), line("baseline", r["baseline"])
+        ratio = sb["p99"] / base["p99"]
+        ratios.append(ratio)
+        print(f"p99 ratio switchboard/baseline: {ratio:.2f}x; load average: {os.getloadavg()[0]:.2f}\n")
+    worst = max(ratios)
+    verdict = "PASS" if worst <= BUDGET_RATIO else "FAIL"
+    print(f"p99 ratios: {', '.join(f'{x:.2f}x' for x in ratios)}; median {statistics.median(ratios):.2f}x; ", end="")
+    print(f"worst {worst:.2f}x <= {BUDGET_RATIO:g}x -> {verdict}")
+    return 0 if worst <= BUDGET_RATIO else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--subscribers", type=int, default=1000, help="to each server")
+    parser.add_argument("--procs", type=int, default=2, help="client processes per server")
+    parser.add_argument("--events", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=10.0)
+    parser.add_argument("--stream", choices=("ws", "ag-ui-ws", "ag-ui-sse"), default="ws")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="per run")
+    return int(run_loop(main_async(parser.parse_args())))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

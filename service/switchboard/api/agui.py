@@ -1,0 +1,255 @@
+"""Switchboard events as AG-UI events (the ``ag-ui-protocol`` package's models), for AG-UI front-ends.
+
+One ``AguiTranslator`` per stream turns each session event into one or more AG-UI events, in order. Its only state
+is the run it has open and the tool calls started in that run: a run opens with the first event after a quiet
+point and finishes at the next one (the agent back to `listening` with none of the run's tool calls running), so a
+turn with its tools, their background progress and results is one run. ``docs/ag-ui.md`` has the whole mapping.
+
+Every session event yields at least one AG-UI event, and the last one it yields completes it: a stream marks that
+one with the event's ``seq`` (the SSE ``id``), so resuming from an id never splits a session event.
+
+>>> translator = AguiTranslator("s1")
+>>> [e.type.value for e in translator.translate(event)]
+['RUN_STARTED', 'STATE_SNAPSHOT']
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ag_ui.core import (
+    ActivitySnapshotEvent,
+    BaseEvent,
+    CustomEvent,
+    RunErrorEvent,
+    RunFinishedEvent,
+    RunStartedEvent,
+    StateDeltaEvent,
+    StateSnapshotEvent,
+    TextMessageContentEvent,
+    TextMessageEndEvent,
+    TextMessageStartEvent,
+    ToolCallArgsEvent,
+    ToolCallEndEvent,
+    ToolCallResultEvent,
+    ToolCallStartEvent,
+)
+
+from ..runtime.events import Event
+
+PROTOCOL_VERSION = "1.0"
+CUSTOM_PREFIX = "switchboard."  # CUSTOM event names: `switchboard.<event type>`
+PROGRESS_ACTIVITY = "switchboard.tool_progress"
+BUSY_AGENT_STATES = frozenset({"thinking", "speaking"})
+
+Handler = Callable[["AguiTranslator", Event, int], list[BaseEvent]]
+StateKey = tuple[str | None, frozenset[str], frozenset[str], str | None]
+SHARED_TRANSLATIONS = 4096  # recent (event, stream state) translations kept for the other streams of a session
+
+
+def _custom(event: Event, ts: int) -> list[BaseEvent]:
+    return [CustomEvent(name=CUSTOM_PREFIX + event.type, value=event.data, timestamp=ts)]
+
+
+def _state(ts: int, **changes: Any) -> StateDeltaEvent:
+    # `add` sets a member of the root object whether or not it exists, so each delta applies to any state a client
+    # holds: also after a resume that did not replay the snapshot it started from
+    ops = [{"op": "add", "path": f"/{key}", "value": value} for key, value in changes.items()]
+    return StateDeltaEvent(delta=ops, timestamp=ts)
+
+
+class AguiTranslator:
+    """Turns one session's events, in ``seq`` order, into AG-UI events (see the module docstring)."""
+
+    __slots__ = ("agent_state", "calls", "run_id", "running", "thread_id")
+
+    def __init__(self, session_id: str) -> None:
+        self.thread_id = session_id
+        self.run_id: str | None = None
+        self.calls: set[str] = set()  # tool calls started in the open run
+        self.running: set[str] = set()  # ... and not ended yet
+        self.agent_state: str | None = None
+
+    def state_key(self) -> StateKey:
+        """Everything ``translate`` depends on besides the event (streams in the same state share a translation)."""
+        return self.run_id, frozenset(self.calls), frozenset(self.running), self.agent_state
+
+    def restore(self, state: StateKey) -> None:
+        self.run_id, calls, running, self.agent_state = state
+        self.calls, self.running = set(calls), set(running)
+
+    def translate(self, event: Event) -> list[BaseEvent]:
+        """The AG-UI events for ``event`` (at least one), framed in a run."""
+        ts = int(event.at.timestamp() * 1000)
+        out: list[BaseEvent] = []
+        if self.run_id is None:
+            self.run_id = f"{self.thread_id}.{event.seq}"
+            out.append(
+                RunStartedEvent(
+                    thread_id=self.thread_id, run_id=self.run_id, protocol_version=PROTOCOL_VERSION, timestamp=ts
+                )
+            )
+        out.extend(_HANDLERS.get(event.type, _generic)(self, event, ts))
+        if self.run_id is not None and event.type in ("agent.state", "tool.ended") and self._quiet():
+            out.append(self._finish(ts))
+        return out
+
+    def _quiet(self) -> bool:
+        return self.agent_state not in BUSY_AGENT_STATES and not self.running
+
+    def _finish(self, ts: int) -> RunFinishedEvent:
+        finished = RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id or "", timestamp=ts)
+        self.run_id = None
+        self.calls.clear()
+        self.running.clear()
+        return finished
+
+    # -- one handler per event type -----------------------------------------------------------------------------
+
+    def _session_started(self, event: Event, ts: int) -> list[BaseEvent]:
+        snapshot = {"agent": event.data.get("agent"), "agent_state": None, "status": "active"}
+        return [StateSnapshotEvent(snapshot=snapshot, timestamp=ts)]
+
+    def _session_recovered(self, event: Event, ts: int) -> list[BaseEvent]:
+        return [_state(ts, agent=event.data.get("agent"), status="active"), *_custom(event, ts)]
+
+    def _session_closed(self, event: Event, ts: int) -> list[BaseEvent]:
+        return [_state(ts, status="closed"), self._finish(ts)]
+
+    def _session_failed(self, event: Event, ts: int) -> list[BaseEvent]:
+        error = RunErrorEvent(message=str(event.data.get("reason", "")), code="session_failed", timestamp=ts)
+        self.run_id = None
+        return [_state(ts, status="failed"), *_custom(event, ts), error]
+
+    def _agent_state(self, event: Event, ts: int) -> list[BaseEvent]:
+        self.agent_state = str(event.data.get("state"))
+        return [_state(ts, agent_state=self.agent_state)]
+
+    def _agent_handoff(self, event: Event, ts: int) -> list[BaseEvent]:
+        return [_state(ts, agent=event.data.get("to_agent")), *_custom(event, ts)]
+
+    def _chat_item(self, event: Event, ts: int) -> list[BaseEvent]:
+        item = event.data.get("item") or {}
+        if item.get("type") != "message":
+            return _custom(event, ts)  # tool items: the tool.* events carry them
+        message_id, text = str(item["id"]), str(item.get("text", ""))
+        out: list[BaseEvent] = [TextMessageStartEvent(message_id=message_id, role=item.get("role"), timestamp=ts)]
+        if text:
+            out.append(TextMessageContentEvent(message_id=message_id, delta=text, timestamp=ts))
+        # an interrupted message holds what was heard; the mark says so (speech.interrupted follows as CUSTOM)
+        metadata = {"interrupted": True} if item.get("interrupted") else None
+        out.append(TextMessageEndEvent(message_id=message_id, metadata=metadata, timestamp=ts))
+        return out
+
+    def _tool_started(self, event: Event, ts: int) -> list[BaseEvent]:
+        call_id = str(event.data["call_id"])
+        if call_id in self.calls:  # run again after a restart within the same run: AG-UI allows one start per id
+            self.running.add(call_id)
+            return _custom(event, ts)
+        self.calls.add(call_id)
+        self.running.add(call_id)
+        arguments = json.dumps(event.data.get("arguments") or {}, ensure_ascii=False)
+        return [
+            ToolCallStartEvent(tool_call_id=call_id, tool_call_name=str(event.data["name"]), timestamp=ts),
+            ToolCallArgsEvent(tool_call_id=call_id, delta=arguments, timestamp=ts),
+            ToolCallEndEvent(tool_call_id=call_id, timestamp=ts),
+        ]
+
+    def _tool_progress(self, event: Event, ts: int) -> list[BaseEvent]:
+        call_id = str(event.data["call_id"])
+        content = {"call_id": call_id, "message": event.data.get("message"), "progress": event.data.get("progress")}
+        return [
+            ActivitySnapshotEvent(
+                message_id=f"{call_id}.progress", activity_type=PROGRESS_ACTIVITY, content=content, timestamp=ts
+            )
+        ]
+
+    def _tool_ended(self, event: Event, ts: int) -> list[BaseEvent]:
+        call_id = str(event.data["call_id"])
+        self.running.discard(call_id)
+        if call_id not in self.calls:
+            # started before this stream's first event (it resumed): AG-UI ties a result to a call of the same run
+            return _custom(event, ts)
+        metadata = {"status": event.data.get("status"), "is_error": bool(event.data.get("is_error"))}
+        return [
+            ToolCallResultEvent(
+                message_id=f"{call_id}.result",
+                tool_call_id=call_id,
+                content=str(event.data.get("output", "")),
+                metadata=metadata,
+                timestamp=ts,
+            )
+        ]
+
+
+def _generic(translator: AguiTranslator, event: Event, ts: int) -> list[BaseEvent]:
+    return _custom(event, ts)
+
+
+_HANDLERS: dict[str, Handler] = {
+    "session.started": AguiTranslator._session_started,
+    "session.recovered": AguiTranslator._session_recovered,
+    "session.closed": AguiTranslator._session_closed,
+    "session.failed": AguiTranslator._session_failed,
+    "agent.state": AguiTranslator._agent_state,
+    "agent.handoff": AguiTranslator._agent_handoff,
+    "chat.item": AguiTranslator._chat_item,
+    "tool.started": AguiTranslator._tool_started,
+    "tool.progress": AguiTranslator._tool_progress,
+    "tool.ended": AguiTranslator._tool_ended,
+}
+
+
+class SharedEncodings:
+    """Encoded translations shared by the streams of a session: a thousand subscribers in the same state pay for one
+    translation and one serialisation of each event, not a thousand."""
+
+    def __init__(self, maxsize: int = SHARED_TRANSLATIONS) -> None:
+        self.maxsize = maxsize
+        self._done: OrderedDict[tuple[Any, ...], tuple[Any, StateKey]] = OrderedDict()
+
+    def sse(self, translator: AguiTranslator, event: Event) -> str:
+        """``encode_sse`` of ``translator.translate(event)``."""
+        text: str = self._get("sse", translator, event, lambda events: encode_sse(events, event.seq))
+        return text
+
+    def ws(self, translator: AguiTranslator, event: Event) -> list[str]:
+        """``encode_ws`` of ``translator.translate(event)``."""
+        frames: list[str] = self._get("ws", translator, event, lambda events: encode_ws(events, event.seq))
+        return frames
+
+    def _get(self, fmt: str, translator: AguiTranslator, event: Event, encode: Callable[[list[BaseEvent]], Any]) -> Any:
+        # `at` and `type` too: session ids can repeat across the apps of one process (tests), events cannot
+        key = (fmt, event.session_id, event.seq, event.at, event.type, translator.state_key())
+        found = self._done.get(key)
+        if found is not None:
+            translator.restore(found[1])
+            return found[0]
+        encoded = encode(translator.translate(event))
+        self._done[key] = (encoded, translator.state_key())
+        if len(self._done) > self.maxsize:
+            self._done.popitem(last=False)
+        return encoded
+
+
+#: One per process: an event's translation depends only on the event and the stream's state.
+SHARED = SharedEncodings()
+
+
+def encode_sse(events: list[BaseEvent], seq: int) -> str:
+    """SSE frames for one session event's AG-UI events; the last carries ``id: <seq>``."""
+    frames = [f"data: {e.model_dump_json(by_alias=True)}\n\n" for e in events]
+    frames[-1] = f"id: {seq}\n{frames[-1]}"
+    return "".join(frames)
+
+
+def encode_ws(events: list[BaseEvent], seq: int) -> list[str]:
+    """WebSocket frames for one session event's AG-UI events; the last carries ``rawEvent: {"seq": <seq>}``, the
+    position to resume from (``since``)."""
+    frames = [e.model_dump_json(by_alias=True) for e in events[:-1]]
+    last = events[-1].model_copy(update={"raw_event": {"seq": seq}})
+    frames.append(last.model_dump_json(by_alias=True))
+    return frames

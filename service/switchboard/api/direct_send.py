@@ -1,0 +1,112 @@
+"""Sending a live event to a WebSocket from within the hub's publish, as a broadcast does.
+
+A stream's pump is a task: waking a thousand of them for each event, each to send one frame, costs more than the
+sends themselves and spreads one event's delivery over the whole round. While a stream's pump waits idle for its
+next event, ``DirectSend`` sends that event at once instead, in the publishing call: the ASGI send of a WebSocket
+whose socket accepts more data completes without suspending. A send that does suspend (the client's socket is full)
+is finished by a task, and the pump waits for that task before its own next send, so frames stay in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
+
+from starlette.websockets import WebSocket
+
+from ..control.hub import Subscription
+from ..runtime.events import Event
+
+
+class SendClock(Protocol):
+    since: float | None
+
+
+async def _drive(coro: Coroutine[Any, Any, None], yielded: Any) -> None:
+    """Run to its end a coroutine started by hand (``coro.send(None)``) that suspended on ``yielded``."""
+    try:
+        while True:
+            if isinstance(yielded, asyncio.Future):
+                yielded._asyncio_future_blocking = False  # what a Task does with an awaited future
+                await asyncio.wait({yielded})
+            try:
+                yielded = coro.send(None)
+            except StopIteration:
+                return
+    except BaseException:
+        coro.close()
+        raise
+
+
+class DirectSend:
+    """``Subscription.direct`` for a WebSocket stream (see the module docstring)."""
+
+    def __init__(
+        self,
+        ws: WebSocket,
+        sub: Subscription,
+        frames: Callable[[Event, str], Sequence[str]],
+        resume: list[int],
+        sends: SendClock,
+        terminal: Sequence[str],
+        *,
+        accept: Callable[[Event], bool] | None = None,
+    ) -> None:
+        self.ws = ws
+        self.sub = sub
+        self.frames = frames
+        self.resume = resume
+        self.sends = sends
+        self.terminal = frozenset(terminal)
+        self.pending: asyncio.Task[None] | None = None
+        self.accept = accept  # False: the pump sends this event (and what comes before it)
+
+    def __call__(self, item: tuple[int, Event, str]) -> bool:
+        _, event, text = item
+        if self.pending is not None or self.sub.error is not None or event.type in self.terminal:
+            return False  # the pump sends it (and ends the stream after a terminal event)
+        if self.accept is not None and not self.accept(event):
+            return False  # the pump sends it (and ends the stream after a terminal event)
+        try:
+            frames = self.frames(event, text)
+            for i, frame in enumerate(frames):
+                coro = self.ws.send_text(frame)
+                try:
+                    yielded = coro.send(None)
+                except StopIteration:
+                    continue
+                self.sends.since = time.monotonic()
+                self.pending = asyncio.ensure_future(self._finish(coro, yielded, frames[i + 1 :], event.seq))
+                return True
+        except Exception as err:  # a failed send ends the stream, through its pump
+            self.sub.fail(err)
+            return True
+        self.resume[0] = event.seq
+        return True
+
+    async def _finish(self, coro: Coroutine[Any, Any, None], yielded: Any, rest: Sequence[str], seq: int) -> None:
+        try:
+            await _drive(coro, yielded)
+            for frame in rest:
+                await self.ws.send_text(frame)
+            self.resume[0] = seq
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            self.sub.fail(err)
+        finally:
+            self.sends.since = None
+            self.pending = None
+
+    async def settled(self) -> None:
+        """Wait for a send that did not finish at once (before the pump's own next send)."""
+        if self.pending is not None:
+            await asyncio.wait({self.pending})
+
+    async def aclose(self) -> None:
+        self.sub.direct = None
+        if self.pending is not None:
+            self.pending.cancel()
+            await asyncio.wait({self.pending})

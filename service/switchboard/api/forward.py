@@ -1,0 +1,62 @@
+"""Forwarding: in cluster mode a command for a session that another node runs is sent on to that node, and its answer
+(status, body, the headers that matter) returned as it is, so any node serves every route.
+
+The owner answers it exactly as if the client had called it: it authenticates the caller's credential itself and
+applies the ``Idempotency-Key`` against the shared database, so the same key sent to two nodes is applied once. A
+forwarded request carries ``X-Switchboard-Forwarded`` (the cluster secret): a node that receives one for a session it
+does not own answers 503 (retry) instead of forwarding it again, so a request never loops between nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+from fastapi import Request, Response
+
+from .problems import problem_response
+
+logger = logging.getLogger("switchboard.api.forward")
+
+FORWARDED_HEADER = "x-switchboard-forwarded"
+# what is passed on to the owner, and back from it
+_REQUEST_HEADERS = ("authorization", "content-type", "accept", "idempotency-key")
+_RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", "location")
+LOOPBACK_SECRET = "loopback"  # the header's value when no secret is set (cluster mode on loopback only)
+
+
+class SessionElsewhere(Exception):
+    """The session is run by another node (``url``), or a new one is placed there: the request is forwarded there."""
+
+    def __init__(self, session_id: str, node_id: str, url: str | None) -> None:
+        super().__init__(f"session {session_id} is run by node {node_id}")
+        self.session_id = session_id
+        self.node_id = node_id
+        self.url = url
+
+
+def _moved(err: SessionElsewhere, why: str) -> Response:
+    return problem_response(
+        503,
+        "session_moved",
+        f"Session {err.session_id!r} is run by node {err.node_id}; {why}; retry.",
+        headers={"Retry-After": "1"},
+    )
+
+
+async def forward(request: Request, err: SessionElsewhere, client: httpx.AsyncClient, secret: str | None) -> Response:
+    """Send ``request`` to the node that runs the session and answer with its answer."""
+    if err.url is None:
+        return _moved(err, "that node is not live")
+    if FORWARDED_HEADER in request.headers:
+        return _moved(err, "this node received it forwarded and does not forward again")
+    headers = {name: value for name, value in request.headers.items() if name.lower() in _REQUEST_HEADERS}
+    headers[FORWARDED_HEADER] = secret or LOOPBACK_SECRET
+    url = err.url.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    try:
+        answer = await client.request(request.method, url, content=await request.body(), headers=headers)
+    except httpx.HTTPError as exc:
+        logger.warning("forwarding %s %s to node %s failed: %r", request.method, request.url.path, err.node_id, exc)
+        return _moved(err, "that node did not answer")
+    kept = {name: value for name, value in answer.headers.items() if name.lower() in _RESPONSE_HEADERS}
+    return Response(answer.content, status_code=answer.status_code, headers=kept)

@@ -1,0 +1,39 @@
+"""The security headers every HTTP answer carries: nosniff, no referrer, no framing and a content security policy
+fitted to what the path serves. ``guards.SecurityHeaders`` adds them to every answer that passes through the app;
+the unexpected-error handler (``problems``), which answers from outside every middleware, adds them itself."""
+
+from __future__ import annotations
+
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+
+# The console is static ES modules and a stylesheet from its own origin; its streams are same-origin WebSockets.
+CONSOLE_CSP = (
+    "default-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+# The interactive docs load their script and styles from a CDN (FastAPI's pages): only framing is refused there.
+DOCS_CSP = "frame-ancestors 'none'"
+API_CSP = "default-src 'none'; frame-ancestors 'none'"  # JSON answers: nothing to load, nothing to frame
+COMMON_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+)
+
+
+def csp_for(path: str) -> str:
+    if path == "/console" or path.startswith("/console/"):
+        return CONSOLE_CSP
+    if path in DOCS_PATHS and path != "/openapi.json":
+        return DOCS_CSP
+    return API_CSP
+
+
+def security_headers(path: str) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers for an answer on ``path`` (raw ASGI pairs)."""
+    return (*COMMON_HEADERS, (b"content-security-policy", csp_for(path).encode()))
+
+
+def problem_headers() -> dict[str, str]:
+    """The headers for a problem document (JSON, whatever the path)."""
+    return {k.decode(): v.decode() for k, v in (*COMMON_HEADERS, (b"content-security-policy", API_CSP.encode()))}

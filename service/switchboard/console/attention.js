@@ -1,0 +1,99 @@
+// The attention queue: sessions that need an operator now (GET /v1/sessions?attention=true), each with its reasons
+// and how long ago each began. It refreshes every POLL_MS over REST (with or without auth) and clears an entry when
+// the service no longer reports it.
+
+import { formatAge, h } from "./dom.js";
+
+const POLL_MS = 2000;
+
+export const REASON_LABELS = {
+  generation_failed: "Model failed",
+  tool_failed: "Tool failed",
+  tool_long_running: "Long-running tool",
+  store_failing: "Store failing",
+  speech_stalled: "Speech stalled",
+  silence_after_input: "Caller hears silence",
+  session_failed: "Session failed",
+};
+
+export class AttentionQueue {
+  constructor({ api, list, empty, count, onError }) {
+    this.api = api;
+    this.list = list;
+    this.empty = empty;
+    this.count = count;
+    this.onError = onError;
+    this.items = [];
+    this._timer = null;
+    this._tick = null;
+  }
+
+  start() {
+    this.refresh();
+    this._timer = setInterval(() => this.refresh(), POLL_MS);
+    this._tick = setInterval(() => this._ages(), 1000);
+    return this;
+  }
+
+  stop() {
+    clearInterval(this._timer);
+    clearInterval(this._tick);
+  }
+
+  /** The session ids in the queue, in order (for the keyboard shortcut that jumps to the next one). */
+  ids() {
+    return this.items.map((s) => s.id);
+  }
+
+  async refresh() {
+    let page;
+    try {
+      page = await this.api.get("/v1/sessions?attention=true&limit=200");
+    } catch (err) {
+      if (err.status !== 401) this.onError(err, "Loading the attention queue failed");
+      return;
+    }
+    this.items = page.items;
+    this._render();
+  }
+
+  _render() {
+    const rows = this.items.map((s) => {
+      const reasons = h("ul", { class: "reasons" });
+      for (const r of s.attention) {
+        reasons.append(
+          h(
+            "li",
+            { dataset: { code: r.code, since: r.since } },
+            h("strong", { text: REASON_LABELS[r.code] || r.code }),
+            " ",
+            h("span", { class: "reason-message", text: r.message }),
+            " ",
+            h("span", { class: "muted since", text: `${formatAge(Date.now() - Date.parse(r.since))} ago` }),
+          ),
+        );
+      }
+      return h(
+        "li",
+        { dataset: { sessionId: s.id, state: s.state } },
+        h(
+          "div",
+          { class: "attention-head" },
+          h("a", { href: `#session=${encodeURIComponent(s.id)}`, text: s.id }),
+          h("span", { class: "muted", text: ` ${s.agent} · ${s.state}` }),
+        ),
+        reasons,
+      );
+    });
+    this.list.replaceChildren(...rows);
+    this.empty.hidden = rows.length > 0;
+    this.count.textContent = rows.length ? String(rows.length) : "";
+  }
+
+  _ages() {
+    for (const el of this.list.querySelectorAll(".since")) {
+      const since = el.parentElement.dataset.since;
+      el.textContent = `${formatAge(Date.now() - Date.parse(since))} ago`;
+    }
+  }
+}

@@ -1,0 +1,231 @@
+"""NodeLease: this process as a node of its database: its registration, its lease, its claims on sessions.
+
+Single-node mode (the default): a second instance on the same database does not start while the first one holds its
+lease; it waits ``takeover_wait_s`` for it to stop, then refuses with a message naming it. A previous instance on
+this host whose process is gone (a crash, a container restart) holds nothing. Cluster mode: nodes share the
+database, and each one takes over the sessions of nodes whose lease passed.
+
+Either way every write checks the session's ownership epoch in its own transaction (``store.ownership``), so a
+process that lost a session (paused past its lease, partitioned, replaced) never writes for it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+
+from ..runtime.aio import cancel_and_wait
+from ..store import DATABASE_ERRORS, Fence, NodeMode, NodeRecord, NodeState, Store, is_transient
+from ..store.records import now_utc
+from .settings import Settings
+
+logger = logging.getLogger("switchboard.control.ownership")
+
+# A node stops acting on its sessions once this fraction of its lease has passed without a renewal: the others take
+# them over only after the whole lease, so the two never act on a session at once (clocks running at the same rate).
+STOP_FRACTION = 0.75
+RENEWALS_PER_LEASE = 4
+REGISTER_POLL_S = 0.25
+CLOSE_TIMEOUT_S = 2.0
+
+
+class AnotherInstanceRunning(RuntimeError):
+    """A single-node instance would share its database with a live one: it does not start."""
+
+
+class NodeDeposed(RuntimeError):
+    """This node no longer serves sessions: another instance took them over."""
+
+
+def _process_gone(node: NodeRecord, hostname: str) -> bool:
+    """A node registered by a process of this host that no longer runs (or that this process replaced: a container
+    restarted with the same pid)."""
+    if node.hostname != hostname:
+        return False
+    if node.pid == os.getpid():
+        return True
+    try:
+        os.kill(node.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class NodeLease:
+    def __init__(self, store: Store, settings: Settings, *, on_lost: Callable[[str, str], None] | None = None) -> None:
+        self.store = store
+        self.settings = settings
+        self.mode = NodeMode.CLUSTER if settings.cluster_mode else NodeMode.SINGLE
+        self.node_id = settings.node_id or f"node-{uuid.uuid4().hex[:12]}"
+        self.url = settings.advertise_url or f"http://{settings.host}:{settings.port}"
+        self.lease_s = settings.effective_lease_s
+        self.hostname = socket.gethostname()
+        self.fence = Fence(self.node_id, on_fenced=on_lost)
+        self.deposed: str | None = None  # why this node stopped serving its sessions, while it does not
+        self.renew_latency_s: float | None = None
+        self.renewals_failed = 0
+        self._renewed_at = 0.0  # monotonic time the last successful renewal was sent
+        self._task: asyncio.Task[None] | None = None
+
+    # -- registration -----------------------------------------------------------------------------------------
+
+    def _record(self) -> NodeRecord:
+        now = now_utc()
+        return NodeRecord(
+            id=self.node_id,
+            url=self.url,
+            state=NodeState.LIVE,
+            mode=self.mode,
+            hostname=self.hostname,
+            pid=os.getpid(),
+            started_at=now,
+            heartbeat_at=now,
+            lease_until=now + timedelta(seconds=self.lease_s),
+        )
+
+    def _conflicts(self, node: NodeRecord) -> bool:
+        return self.mode == NodeMode.SINGLE or node.mode == NodeMode.SINGLE
+
+    async def _register_once(self) -> list[NodeRecord]:
+        live = await self.store.nodes.list_nodes(states=[NodeState.LIVE])
+        gone = [node.id for node in live if node.id != self.node_id and _process_gone(node, self.hostname)]
+        sent = time.monotonic()
+        blocking = await self.store.nodes.register(self._record(), gone=gone, conflicts=self._conflicts)
+        if not blocking:
+            self._renewed_at = sent
+        return blocking
+
+    async def start(self) -> None:
+        """Register this node (waiting up to ``takeover_wait_s`` for a conflicting live instance to stop), fence the
+        store's writes with its claims and start renewing the lease. Raises ``AnotherInstanceRunning``."""
+        deadline = time.monotonic() + self.settings.takeover_wait_s
+        waited = False
+        while blocking := await self._try_register(deadline):
+            if time.monotonic() >= deadline:
+                raise AnotherInstanceRunning(self._refusal(blocking))
+            if not waited:
+                logger.warning("%s; waiting up to %.0fs for it to stop", self._refusal(blocking), self._wait_s)
+                waited = True
+            await asyncio.sleep(REGISTER_POLL_S)
+        self.store.use_fence(self.fence)
+        logger.info(
+            "node %s registered (%s mode, lease %.1fs, %s)", self.node_id, self.mode.value, self.lease_s, self.url
+        )
+        self._task = asyncio.create_task(self._renew_forever(), name=f"lease:{self.node_id}")
+
+    async def _try_register(self, deadline: float) -> list[NodeRecord]:
+        """``_register_once``, retried while the database is unavailable or locked (a SQLite database stays locked
+        while a frozen instance holds its write lock) until ``deadline``."""
+        while True:
+            try:
+                return await self._register_once()
+            except DATABASE_ERRORS as err:
+                if not is_transient(err) or time.monotonic() >= deadline:
+                    raise
+                logger.warning("node %s: cannot register yet (%r); retrying", self.node_id, err)
+            await asyncio.sleep(REGISTER_POLL_S)
+
+    @property
+    def _wait_s(self) -> float:
+        return self.settings.takeover_wait_s
+
+    def _refusal(self, blocking: list[NodeRecord]) -> str:
+        other = blocking[0]
+        left = max(0.0, (other.lease_until - now_utc()).total_seconds())
+        hint = (
+            "stop it first, or run every instance in cluster mode (SWITCHBOARD_REDIS_URL with PostgreSQL)"
+            if self.mode == NodeMode.SINGLE
+            else "a single-node instance does not share its database: stop it first"
+        )
+        return (
+            f"another switchboard instance is running on this database: {other.describe()}, lease valid for "
+            f"{left:.1f}s more; {hint}"
+        )
+
+    async def aclose(self) -> None:
+        """Stop renewing and mark this node stopped (its sessions are then free for the next instance at once)."""
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+            self._task = None
+            if self.deposed is None:
+                try:
+                    async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                        await self.store.nodes.set_state(self.node_id, NodeState.STOPPED)
+                except Exception as err:  # the lease runs out on its own
+                    logger.warning("node %s: could not record the stop (%r)", self.node_id, err)
+
+    # -- claims ---------------------------------------------------------------------------------------------
+
+    def check_serving(self) -> None:
+        if self.deposed is not None:
+            raise NodeDeposed(f"this node ({self.node_id}) no longer serves sessions: {self.deposed}")
+
+    def claim_new(self, sid: str) -> int:
+        """The epoch a session this node creates starts at (its row is inserted naming this node)."""
+        self.fence.claim(sid, 1)
+        return 1
+
+    async def claim_orphans(self) -> dict[str, int]:
+        """Take over the live sessions no live node owns (at start: every live session; in a cluster: those of
+        nodes that died). In a cluster each node takes its share, so the survivors split a dead node's sessions."""
+        if self.deposed is not None:
+            return {}
+        share = self.mode == NodeMode.CLUSTER
+        claimed = await self.store.nodes.claim_orphans(self.node_id, share=share)
+        for sid, epoch in claimed.items():
+            self.fence.claim(sid, epoch)
+        return claimed
+
+    # -- the lease ------------------------------------------------------------------------------------------
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / RENEWALS_PER_LEASE)
+            await self.renew()
+
+    async def renew(self) -> None:
+        """One renewal. Past ``STOP_FRACTION`` of the lease without one, a cluster node lets go of its sessions
+        (the others may take them over once the lease passes); a node another one buried lets go at once."""
+        sent = time.monotonic()
+        stop_at = self._renewed_at + self.lease_s * STOP_FRACTION
+        ok: bool | None = None
+        try:
+            async with asyncio.timeout(max(stop_at - sent, self.lease_s / RENEWALS_PER_LEASE)):
+                ok = await self.store.nodes.renew(self.node_id, self.lease_s)
+        except Exception as err:
+            self.renewals_failed += 1
+            logger.warning("node %s: lease renewal failed (%r)", self.node_id, err)
+        if ok:
+            self._renewed_at = sent
+            self.renew_latency_s = time.monotonic() - sent
+            return
+        if ok is False:
+            await self._buried()
+        elif self.mode == NodeMode.CLUSTER and time.monotonic() >= stop_at and self.fence.epochs:
+            held = self.lose_all(
+                f"node {self.node_id} could not renew its lease for {self.lease_s * STOP_FRACTION:.1f}s"
+            )
+            logger.error("node %s: lease not renewed in time; let go of %d session(s)", self.node_id, len(held))
+
+    async def _buried(self) -> None:
+        why = f"another node took over the sessions of node {self.node_id} (its lease had passed)"
+        self.lose_all(why)
+        if self.mode == NodeMode.SINGLE:
+            if self.deposed is None:
+                logger.error("node %s: %s; this instance no longer serves sessions", self.node_id, why)
+            self.deposed = why
+            return
+        # a cluster node carries on as a fresh member: it owns nothing now, and takes its share again
+        if not await self._register_once():
+            logger.warning("node %s re-registered after losing its lease", self.node_id)
+
+    def lose_all(self, why: str) -> list[str]:
+        return self.fence.lose_all(why)

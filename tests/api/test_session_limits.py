@@ -1,0 +1,131 @@
+"""Sessions are bounded per caller and in time: one API key cannot fill the server, idle sessions are closed with a
+stated reason, and ended sessions are deleted after their retention."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from switchboard.api.app import create_app
+from switchboard.control.settings import ApiKey, Settings
+from switchboard.runtime.agent import AgentRegistry
+
+from .conftest import make_settings
+from .test_sessions_api import until
+
+WRITER = "writer-key-0123456789abcdef"
+NEIGHBOUR = "neighbour-key-0123456789abcdef"
+SCOPES = ["sessions:read", "sessions:write", "sessions:control"]
+KEYS = [ApiKey(key=WRITER, scopes=SCOPES), ApiKey(key=NEIGHBOUR, scopes=SCOPES)]
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+async def served(tmp_path: Path, registry: AgentRegistry, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    settings: Settings = make_settings(tmp_path, **getattr(request, "param", {}))
+    app = create_app(settings, registry=registry)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            yield app, client
+
+
+async def _create(client: httpx.AsyncClient, key: str | None = None, **body: Any) -> httpx.Response:
+    return await client.post("/v1/sessions", json={"agent": "tester", **body}, headers=bearer(key) if key else None)
+
+
+@pytest.mark.parametrize("served", [{"api_keys": KEYS, "max_sessions": 5, "max_sessions_per_key": 2}], indirect=True)
+async def test_one_key_cannot_fill_the_server(served: Any):
+    """One sessions:write key could take every one of MAX_SESSIONS, for everyone."""
+    _, client = served
+    mine = [await _create(client, WRITER) for _ in range(2)]
+    assert [r.status_code for r in mine] == [201, 201]
+    over = await _create(client, WRITER)
+    assert over.status_code == 429 and over.json()["code"] == "session_quota_exceeded"
+    assert over.headers["Retry-After"] and over.headers["content-type"].startswith("application/problem+json")
+    # the neighbour is not affected, and closing one frees a place for its owner
+    assert (await _create(client, NEIGHBOUR)).status_code == 201
+    sid = mine[0].json()["id"]
+    assert (await client.delete(f"/v1/sessions/{sid}", headers=bearer(WRITER))).status_code == 204
+    assert (await _create(client, WRITER)).status_code == 201
+
+
+@pytest.mark.parametrize("served", [{"max_sessions": 3}], indirect=True)
+async def test_with_auth_off_the_only_limit_is_the_servers(served: Any):
+    _, client = served
+    assert [(await _create(client)).status_code for _ in range(4)] == [201, 201, 201, 429]
+
+
+def test_the_default_quota_is_half_the_server():
+    assert Settings(max_sessions=1000).session_quota == 500
+    assert Settings(max_sessions=1).session_quota == 1
+    assert Settings(max_sessions=1000, max_sessions_per_key=10).session_quota == 10
+
+
+async def _closed_event(app: Any, sid: str) -> dict[str, Any] | None:
+    found = await app.state.services.store.events(sid, types=["session.closed"])
+    return found[0].data if found else None
+
+
+@pytest.mark.parametrize("served", [{"idle_timeout_s": 600, "housekeeping_interval_s": 0.05}], indirect=True)
+async def test_idle_sessions_are_closed_with_the_reason(served: Any):
+    """Idle sessions never expired: each held its memory and a place under MAX_SESSIONS forever."""
+    app, client = served
+    host = app.state.services.host
+    now = [1000.0]
+    host.clock = lambda: now[0]  # virtual time for the idle clock; housekeeping itself runs every 50 ms
+    idle = (await _create(client)).json()["id"]
+    busy = (
+        await _create(
+            client,
+            llm={
+                "provider": "scripted",
+                "turns": [{"tool_calls": [{"name": "search", "arguments": {"query": "x", "seconds": 30}}]}],
+            },
+        )
+    ).json()["id"]
+    await client.post(f"/v1/sessions/{busy}/input", json={"text": "search"})
+
+    async def searching() -> bool:
+        calls = (await client.get(f"/v1/sessions/{busy}/tool-calls")).json()["items"]
+        return bool(calls) and calls[0]["status"] == "running"
+
+    await until(searching)
+    await asyncio.sleep(0.2)
+    assert host.live(idle) is not None  # not idle for long enough yet
+    now[0] += 601
+
+    async def closed() -> bool:
+        return host.live(idle) is None
+
+    await until(closed)
+    assert (await client.get(f"/v1/sessions/{idle}")).json()["state"] == "closed"
+    assert await _closed_event(app, idle) == {"reason": "idle"}
+    assert host.live(busy) is not None  # a tool call is running: not idle, however long
+    await client.delete(f"/v1/sessions/{busy}")
+    assert await _closed_event(app, busy) == {}  # closed by a caller: no reason given
+
+
+@pytest.mark.parametrize(
+    "served", [{"closed_retention_s": 0.05, "housekeeping_interval_s": 0.05, "idle_timeout_s": 0}], indirect=True
+)
+async def test_ended_sessions_are_deleted_after_their_retention(served: Any):
+    """Closed sessions were never purged: the store grew forever with every chat and event."""
+    _, client = served
+    gone = (await _create(client)).json()["id"]
+    kept = (await _create(client)).json()["id"]
+    await client.post(f"/v1/sessions/{gone}/say", json={"text": "Bye."})
+    assert (await client.delete(f"/v1/sessions/{gone}")).status_code == 204
+
+    async def deleted() -> bool:
+        return (await client.get(f"/v1/sessions/{gone}")).status_code == 404
+
+    await until(deleted)
+    assert (await client.get(f"/v1/sessions/{kept}")).json()["state"] == "active"

@@ -1,0 +1,52 @@
+"""The AG-UI translation: streams in the same state share one encoding of each event, and get exactly what a
+translation of their own would give them, whatever point they started from."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ag_ui_validate.pytest_plugin import assert_valid_agui
+
+from switchboard.api.agui import AguiTranslator, SharedEncodings, encode_sse, encode_ws
+from switchboard.runtime.events import Event
+
+LOG: list[tuple[str, dict[str, Any]]] = [
+    ("session.started", {"agent": "a"}),
+    ("agent.state", {"state": "listening"}),
+    ("user.input", {"item_id": "i1", "text": "hi", "final": True, "role": "user"}),
+    ("agent.state", {"state": "thinking"}),
+    ("tool.started", {"call_id": "c1", "name": "t", "arguments": {"x": 1}, "cancellable": False, "speech_id": "s"}),
+    ("tool.progress", {"call_id": "c1", "message": "half", "progress": 0.5}),
+    ("agent.state", {"state": "listening"}),  # the call still runs: the run stays open
+    ("tool.ended", {"call_id": "c1", "name": "t", "status": "completed", "output": "ok", "is_error": False}),
+    ("session.closed", {}),
+]
+
+
+def events(sid: str) -> list[Event]:
+    return [Event(seq=i + 1, session_id=sid, type=t, data=d) for i, (t, d) in enumerate(LOG)]
+
+
+def test_shared_encodings_equal_a_streams_own_translation_from_any_start():
+    log = events("shared-1")
+    shared = SharedEncodings()
+    for start in range(len(log)):
+        own, first, second = AguiTranslator("shared-1"), AguiTranslator("shared-1"), AguiTranslator("shared-1")
+        for event in log[start:]:
+            expected = encode_sse(own.translate(event), event.seq)
+            assert shared.sse(first, event) == expected
+            assert shared.sse(second, event) == expected  # the second stream is served from the first's work
+            assert first.state_key() == second.state_key() == own.state_key()
+
+
+def test_a_run_lasts_until_the_agent_listens_with_none_of_its_calls_running():
+    translator = AguiTranslator("run-1")
+    out = [[e.type.value for e in translator.translate(ev)] for ev in events("run-1")]
+    assert out[6] == ["STATE_DELTA"]  # listening, but c1 still runs
+    assert out[7] == ["TOOL_CALL_RESULT", "RUN_FINISHED"]
+    assert out[8] == ["RUN_STARTED", "STATE_DELTA", "RUN_FINISHED"]
+    ws = AguiTranslator("run-2")
+    frames = [json.loads(f) for ev in events("run-2") for f in encode_ws(ws.translate(ev), ev.seq)]
+    assert_valid_agui(frames, max_warnings=0)
+    assert [f["rawEvent"]["seq"] for f in frames if "rawEvent" in f] == list(range(1, len(LOG) + 1))

@@ -1,0 +1,89 @@
+"""DirectSend: a live event is sent from the hub's publish while the stream's reader waits idle; a send that
+suspends is finished by a task, later events wait for it, and the order of frames holds."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from switchboard.api.direct_send import DirectSend
+from switchboard.control.hub import EventHub
+from switchboard.runtime.events import Event
+
+
+class Socket:
+    """A WebSocket whose sends complete at once unless ``open_ev`` is clear (its buffer is full)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.open_ev = asyncio.Event()
+        self.open_ev.set()
+
+    async def send_text(self, text: str) -> None:
+        await self.open_ev.wait()
+        self.sent.append(text)
+
+
+class Clock:
+    since: float | None = None
+
+
+def event(seq: int, type: str = "tool.progress") -> Event:
+    return Event(seq=seq, session_id="s", type=type, data={})
+
+
+async def test_sends_in_the_publish_while_idle_and_in_order_when_a_send_suspends():
+    hub, socket = EventHub(), Socket()
+    sub = hub.subscribe(session_ids=["s"], maxsize=100)
+    resume = [0]
+    direct = DirectSend(socket, sub, lambda e, text: [f"{e.seq}a", f"{e.seq}b"], resume, Clock(), ["session.closed"])  # type: ignore[arg-type]
+    sub.direct = direct
+    got: list[Any] = []
+
+    async def reader() -> None:  # the pump: waits in get(), sends what is buffered after a pending direct send
+        while True:
+            _, ev, _ = await sub.get()
+            await direct.settled()
+            for frame in (f"{ev.seq}a", f"{ev.seq}b"):
+                await socket.send_text(frame)
+            got.append(ev.seq)
+
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0)
+    hub.publish([(1, event(1))])
+    assert socket.sent == ["1a", "1b"] and resume == [1] and got == []  # sent in the publish, no wake-up
+    socket.open_ev.clear()
+    hub.publish([(2, event(2))])  # suspends on its first frame: a task finishes it
+    hub.publish([(3, event(3))])  # buffered: the reader sends it once event 2 is out
+    await asyncio.sleep(0.01)
+    assert socket.sent == ["1a", "1b"] and direct.pending is not None
+    socket.open_ev.set()
+    await asyncio.sleep(0.01)
+    assert socket.sent == ["1a", "1b", "2a", "2b", "3a", "3b"] and got == [3] and resume == [2]
+    hub.publish([(4, event(4, "session.closed"))])  # a terminal event is the reader's, which ends the stream
+    await asyncio.sleep(0.01)
+    assert got == [3, 4]
+    task.cancel()
+    await direct.aclose()
+    sub.close()
+
+
+async def test_a_failed_direct_send_ends_the_readers_wait():
+    hub = EventHub()
+    sub = hub.subscribe(session_ids=["s"], maxsize=100)
+
+    class Broken(Socket):
+        async def send_text(self, text: str) -> None:
+            raise ConnectionResetError("gone")
+
+    sub.direct = DirectSend(Broken(), sub, lambda e, text: ["x"], [0], Clock(), [])  # type: ignore[arg-type]
+    waiting = asyncio.create_task(sub.get())
+    await asyncio.sleep(0)
+    hub.publish([(1, event(1))])
+    try:
+        await asyncio.wait_for(waiting, 1)
+    except ConnectionResetError:
+        pass
+    else:
+        raise AssertionError("the reader did not hear of the failed send")
+    sub.close()
