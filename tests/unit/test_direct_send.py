@@ -15,6 +15,7 @@ class Socket:
     """A WebSocket whose sends complete at once unless ``open_ev`` is clear (its buffer is full)."""
 
     def __init__(self) -> None:
+        self.scope: dict[str, Any] = {}  # no shared frames offered: every frame goes through send_text
         self.sent: list[str] = []
         self.open_ev = asyncio.Event()
         self.open_ev.set()

@@ -4,7 +4,8 @@ A stream's pump is a task: waking a thousand of them for each event, each to sen
 sends themselves and spreads one event's delivery over the whole round. While a stream's pump waits idle for its
 next event, ``DirectSend`` sends that event at once instead, in the publishing call: the ASGI send of a WebSocket
 whose socket accepts more data completes without suspending. A send that does suspend (the client's socket is full)
-is finished by a task, and the pump waits for that task before its own next send, so frames stay in order.
+is finished by a task, and the pump waits for that task before its own next send, so frames stay in order. A
+connection that offers ``send_shared`` (``ws_protocol``) writes the frame's bytes, encoded once for every subscriber.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starlette.websockets import WebSocket
 
 from ..control.hub import Subscription
 from ..runtime.events import Event
+from .ws_protocol import shared_sender
 
 
 class SendClock(Protocol):
@@ -62,6 +64,7 @@ class DirectSend:
         self.terminal = frozenset(terminal)
         self.pending: asyncio.Task[None] | None = None
         self.accept = accept  # False: the pump sends this event (and what comes before it)
+        self.shared = shared_sender(ws)
 
     def __call__(self, item: tuple[int, Event, str]) -> bool:
         _, event, text = item
@@ -72,6 +75,8 @@ class DirectSend:
         try:
             frames = self.frames(event, text)
             for i, frame in enumerate(frames):
+                if self.shared is not None and self.shared(frame):
+                    continue
                 coro = self.ws.send_text(frame)
                 try:
                     yielded = coro.send(None)
