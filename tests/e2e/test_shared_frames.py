@@ -63,7 +63,8 @@ def test_a_message_is_encoded_once_per_encoding_and_reads_back():
 async def serving(app: Any) -> AsyncIterator[int]:
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws=EventStreamProtocol)
+        # log_config=None: the logging of the tests that follow is left as it is
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, ws=EventStreamProtocol)
     )
     task = asyncio.create_task(server.serve())
     try:

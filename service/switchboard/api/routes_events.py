@@ -27,6 +27,7 @@ from .agui import SHARED, AguiTranslator
 from .auth import AuthError, Principal, authenticate, bearer, check, url_token
 from .direct_send import DirectSend
 from .stream_slots import TooManyStreams
+from .ws_protocol import shared_sender
 
 logger = logging.getLogger("switchboard.api.ws")
 router = APIRouter(tags=["events"])
@@ -153,7 +154,7 @@ async def _close(ws: WebSocket, code: int, reason: str) -> None:
                 await ws.close(code=code, reason=reason[:120])
 
 
-class _Sends:
+class Sends:
     """When the stream's send in progress began (None between sends). A send stuck for ``SEND_TIMEOUT_S`` is found
     by the stream's watch: a timer per frame (~5 us) would be paid for every subscriber of every event."""
 
@@ -166,7 +167,7 @@ class _Sends:
         return self.since is not None and time.monotonic() - self.since > SEND_TIMEOUT_S
 
 
-async def _send(ws: WebSocket, text: str, sends: _Sends | None = None) -> None:
+async def _send(ws: WebSocket, text: str, sends: Sends | None = None) -> None:
     if sends is None:
         async with asyncio.timeout(SEND_TIMEOUT_S):
             await ws.send_text(text)
@@ -193,12 +194,17 @@ async def _receive(ws: WebSocket) -> None:
             await _send(ws, json.dumps({"type": "pong"}))
 
 
-async def _watch_overflow(sub: Subscription, resume: list[int], key: str, sends: _Sends) -> None:
-    """End a stream that fell behind: its buffer overflowed, or a send has been stuck for ``SEND_TIMEOUT_S``."""
+async def fell_behind(sub: Subscription, sends: Sends) -> None:
+    """Return once a stream fell behind: its buffer overflowed, or a send has been stuck for ``SEND_TIMEOUT_S``."""
     while not sub.overflow_ev.is_set() and not sends.stalled():
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SEND_TIMEOUT_S / 4):
                 await sub.overflow_ev.wait()
+
+
+async def _watch_overflow(sub: Subscription, resume: list[int], key: str, sends: Sends) -> None:
+    """End a stream that fell behind (``fell_behind``)."""
+    await fell_behind(sub, sends)
     raise _Closed(CLOSE_SLOW_CONSUMER, f"too slow; resume with {key}={resume[0]}")
 
 
@@ -207,7 +213,7 @@ async def _run(
     sub: Subscription,
     pump: Coroutine[Any, Any, None],
     resume: list[int],
-    sends: _Sends,
+    sends: Sends,
     key: str = "since",
 ) -> None:
     """Run the pumps; ``resume[0]`` is the position to resume from, named ``key`` in a 4008 close reason."""
@@ -327,7 +333,7 @@ async def _missed(store: Store, sid: str, last: int, seq: int, types: list[str] 
     return [e for e in await store.events(sid, since=last, limit=seq - last - 1, types=types) if e.seq < seq]
 
 
-async def _delivered(direct: DirectSend, resume: list[int]) -> int:
+async def delivered_by(direct: DirectSend, resume: list[int]) -> int:
     """The last seq a stream sent, its direct send still under way included."""
     await direct.settled()
     return resume[0]
@@ -371,12 +377,21 @@ def _remote(services: deps.Services, sid: str) -> Callable[[], bool] | None:
     return lambda: services.host.live(sid) is None
 
 
+def direct_accepts(services: deps.Services, sid: str, resume: list[int]) -> Callable[[Event], bool] | None:
+    """Which live events a session stream's direct send may take (None: all of them). In cluster mode, an event
+    after a gap from another node waits for the pump, which fills the gap from the store first."""
+    remote = _remote(services, sid)
+    if remote is None:
+        return None
+    return lambda event: event.seq == resume[0] + 1 or not remote()
+
+
 async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] | None, fmt: str) -> None:
     resume = [since]
     sub, log = await open_session_log(
-        deps.services(ws), sid, since, types, delivered=lambda: _delivered(direct, resume)
+        deps.services(ws), sid, since, types, delivered=lambda: delivered_by(direct, resume)
     )
-    sends = _Sends()
+    sends = Sends()
     translator = AguiTranslator(sid) if fmt == FORMAT_AGUI else None
 
     def frames(event: Event, text: str | None) -> list[str]:
@@ -385,10 +400,10 @@ async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] 
         return [text or event.model_dump_json()]
 
     # live events go out from the hub's publish while the pump waits idle (no task wakes per event)
-    remote = _remote(deps.services(ws), sid)
-    # an event after a gap from another node waits for the pump, which fills the gap from the store first
-    accept = None if remote is None else (lambda event: event.seq == resume[0] + 1 or not remote())
-    direct = DirectSend(ws, sub, frames, resume, sends, TERMINAL_EVENTS, accept=accept)
+    accept = direct_accepts(deps.services(ws), sid, resume)
+    direct = DirectSend(
+        ws.send_text, sub, frames, resume, sends, TERMINAL_EVENTS, accept=accept, shared=shared_sender(ws)
+    )
     sub.direct = direct
 
     async def pump() -> None:
@@ -440,7 +455,7 @@ async def _multi_stream(
     store, settings = services.store, services.settings
     sub = services.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer)
     resume = [cursor]
-    sends = _Sends()
+    sends = Sends()
 
     def frame(c: int, event: Event) -> str:
         return json.dumps({"cursor": c, **event.model_dump(mode="json")})
