@@ -155,6 +155,8 @@ class MediaEdge:
                 f"played_chars {frame.played_chars} is before {stream.played_chars}, already reported",
                 frame.type,
             )
+        if frame.played_chars > 0:
+            stream.playback_started()  # heard text means audio: an edge that skipped playback.started is speaking
         stream.playback_progress(frame.played_chars)
 
     def _finished(self, frame: PlaybackFinishedFrame) -> None:
