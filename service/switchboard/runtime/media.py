@@ -71,10 +71,9 @@ class EdgeStream(ReportedStream):
             super().end_input()
             self._send(SpeechEndFrame(speech_id=self.speech_id))
 
-    def cut(self) -> None:
-        """End at the last reported position without telling the edge (it is gone, or it cut the audio itself)."""
+    def mute(self) -> None:
+        """Send no ``speech.stop`` when stopped (the edge is gone, or it cut the audio itself)."""
         self._on_stop = None
-        self.stop()
 
 
 class MediaEdge:
@@ -187,10 +186,11 @@ class MediaEdge:
 
     def _cut(self, stream: EdgeStream) -> None:
         """The audio of ``stream`` ended early: its speech ends interrupted at the last reported position."""
+        stream.mute()
         speech = self.session.speech(stream.speech_id)
         if speech is not None and not speech.done:
             speech.interrupt(force=True)  # first: the reply must see an interruption, not a finished playout
-        stream.cut()
+        stream.stop()
 
     def close(self) -> None:
         """The edge is gone (disconnected or replaced): a speech it was playing ends interrupted where it was last
