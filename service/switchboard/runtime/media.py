@@ -49,6 +49,9 @@ class EdgeSession(Protocol):
 
     def speech(self, speech_id: str) -> SpeechHandle | None: ...
 
+    @property
+    def current_speech(self) -> SpeechHandle | None: ...
+
     async def interrupt(self, *, force: bool = False) -> SpeechHandle | None: ...
 
     async def input(self, text: str, *, final: bool = True) -> InputResult: ...
@@ -172,6 +175,11 @@ class MediaEdge:
         stream.playback_finished()
 
     async def _barge_in(self) -> None:
+        current = self.session.current_speech
+        if current is not None and current.allow_interruptions and not current.done:
+            # at once, before the command's turn comes: its audio stops and its waits are released now (I3); the
+            # command then interrupts the queued speeches after it and returns once the heard text is committed
+            current.interrupt()
         try:
             await self.session.interrupt()
         except NotInterruptible:
