@@ -155,13 +155,15 @@ class SpeechHandle:
             return True
         if not self.allow_interruptions and not force:
             raise NotInterruptible(f"speech {self.id} does not allow interruptions")
-        resolve(self._interrupt_fut, None)
         callbacks, self._on_interrupted = self._on_interrupted, []
-        for callback in callbacks:  # in this very call: what plays the speech stops before anything else runs
+        for callback in callbacks:
+            # in this very call, and first: what plays the speech stops (a media edge is sent its stop) before the
+            # waiters below wake, so the stop goes out ahead of the work the interruption sets off
             try:
                 callback()
             except Exception:
                 logger.exception("an interrupt callback of speech %s failed", self.id)
+        resolve(self._interrupt_fut, None)
         if self._task is not None and self._watchdog is None:
             loop = asyncio.get_running_loop()
             self._watchdog = loop.call_later(self.force_timeout_s, self._force_cancel)
@@ -169,7 +171,8 @@ class SpeechHandle:
 
     def on_interrupted(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when the speech is interrupted, within ``interrupt()`` (at once if it already was):
-        what plays the speech stops at that instant, so nothing it reports later counts as heard."""
+        what plays the speech stops at that instant, so nothing it reports later counts as heard. ``interrupted``
+        is not yet true while it runs."""
         if self.interrupted:
             callback()
         else:
