@@ -188,8 +188,12 @@ def list_running_tool_calls(limit: int | None) -> Call[list[ToolCall]]:
     return Call("GET", "/v1/tool-calls", _tool_calls, params=params)
 
 
-def create_token(sid: str, *, ttl_s: int | None, idempotency_key: str | None) -> Call[SessionToken]:
-    body = {"ttl_s": ttl_s} if ttl_s is not None else {}
+def create_token(
+    sid: str, *, ttl_s: int | None, idempotency_key: str | None, scopes: list[str] | None = None
+) -> Call[SessionToken]:
+    body: dict[str, object] = {"ttl_s": ttl_s} if ttl_s is not None else {}
+    if scopes:
+        body["scopes"] = list(scopes)
     return Call(
         "POST", _session(sid, "tokens"), _model(SessionToken), json=body, command=True, idempotency_key=idempotency_key
     )

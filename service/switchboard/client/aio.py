@@ -261,10 +261,17 @@ class AsyncClient:
     # -- tokens and health -----------------------------------------------------------------------------------------
 
     async def create_token(
-        self, sid: str, *, ttl_s: int | None = None, idempotency_key: str | None = None
+        self,
+        sid: str,
+        *,
+        ttl_s: int | None = None,
+        idempotency_key: str | None = None,
+        scopes: list[str] | None = None,
     ) -> SessionToken:
-        """A short-lived token that can read this session and stream its events (for a dashboard)."""
-        return await self._send(_ops.create_token(sid, ttl_s=ttl_s, idempotency_key=idempotency_key))
+        """A short-lived token that can read this session and stream its events (for a dashboard), or with
+        ``scopes=["media:connect"]`` connect as its media edge (the key must hold that scope)."""
+        call = _ops.create_token(sid, ttl_s=ttl_s, idempotency_key=idempotency_key, scopes=scopes)
+        return await self._send(call)
 
     async def health(self) -> Health:
         return await self._send(_ops.health())

@@ -261,9 +261,17 @@ class Client:
 
     # -- tokens and health -----------------------------------------------------------------------------------------
 
-    def create_token(self, sid: str, *, ttl_s: int | None = None, idempotency_key: str | None = None) -> SessionToken:
-        """A short-lived token that can read this session and stream its events (for a dashboard)."""
-        return self._send(_ops.create_token(sid, ttl_s=ttl_s, idempotency_key=idempotency_key))
+    def create_token(
+        self,
+        sid: str,
+        *,
+        ttl_s: int | None = None,
+        idempotency_key: str | None = None,
+        scopes: list[str] | None = None,
+    ) -> SessionToken:
+        """A short-lived token that can read this session and stream its events (for a dashboard), or with
+        ``scopes=["media:connect"]`` connect as its media edge (the key must hold that scope)."""
+        return self._send(_ops.create_token(sid, ttl_s=ttl_s, idempotency_key=idempotency_key, scopes=scopes))
 
     def health(self) -> Health:
         return self._send(_ops.health())
