@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from .edge_client import Edge
-from .server import EventStream, Server
+from .server import ROOT, EventStream, Server
 
 pytestmark = pytest.mark.e2e
 
@@ -283,3 +283,54 @@ async def test_the_edge_is_closed_when_it_sends_too_many_frames(tmp_path: Any) -
             await asyncio.sleep(0)
     finally:
         srv.stop()
+
+
+async def test_every_frame_both_ways_matches_the_asyncapi_document(server: Server) -> None:
+    from jsonschema import Draft202012Validator
+
+    spec = json.loads((ROOT / "openapi" / "asyncapi.json").read_text())
+    channel = spec["channels"]["sessionMedia"]
+    by_type: dict[str, dict[str, Any]] = {}
+    for ref in channel["messages"].values():
+        message = spec["components"]["messages"][ref["$ref"].rsplit("/", 1)[1]]
+        by_type[message["name"]] = spec["components"]["schemas"][message["payload"]["$ref"].rsplit("/", 1)[1]]
+    sent: list[dict[str, Any]] = []
+
+    async def send(edge: Edge, frame: dict[str, Any]) -> None:
+        sent.append(frame)
+        await edge.send(frame)
+
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        sid = await create(client, [{"text": WORDS}, {"text": "Done."}])
+        edge = await Edge.connect(server.ws_url, sid)
+        await send(edge, {"type": "user.transcript", "text": "hel", "final": False})
+        await send(edge, {"type": "user.transcript", "text": "hello", "final": True})
+        start = await edge.wait_for("speech.start")
+        speech_id = start["speech_id"]
+        await edge.wait_text(speech_id, 10)
+        await send(edge, {"type": "playback.started", "speech_id": speech_id})
+        await send(edge, {"type": "playback.progress", "speech_id": speech_id, "played_chars": 5})
+        await send(edge, {"type": "playback.progress", "speech_id": speech_id, "played_chars": 1})  # an error frame
+        await send(edge, {"type": "user.speech_started"})
+        await edge.wait_for("speech.stop")
+        await send(edge, {"type": "playback.finished", "speech_id": speech_id, "interrupted": True})
+        await send(edge, {"type": "user.transcript", "text": "again"})
+        second = await edge.wait_for("speech.start", lambda f: f["speech_id"] != speech_id)
+        await edge.wait_for("speech.end", lambda f: f["speech_id"] == second["speech_id"])
+        await send(edge, {"type": "playback.finished", "speech_id": second["speech_id"]})
+        await send(edge, {"type": "ping"})
+        await edge.wait_for("pong")
+        await edge.close()
+    received = edge.frames
+    assert {f["type"] for f in received} >= {
+        "speech.start",
+        "speech.text",
+        "speech.end",
+        "speech.stop",
+        "error",
+        "pong",
+    }
+    for frame in [*received, *sent]:
+        schema = by_type[frame["type"]]
+        errors = list(Draft202012Validator(schema).iter_errors(frame))
+        assert not errors, (frame, [e.message for e in errors])
