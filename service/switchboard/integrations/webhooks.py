@@ -480,7 +480,7 @@ class WebhookTool(FunctionTool):
         try:
             result = await ctx.wait_if_not_cancelled(self._result(pending, arguments))
         except ToolCancelled:
-            self._webhooks.notify_cancel(self.endpoint, pending, "cancelled")
+            self._webhooks.notify_cancel(self.endpoint, pending, ctx.cancel_reason or "cancelled")
             raise
         finally:
             await self._webhooks.broker.close(pending)
