@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -305,7 +306,10 @@ async def test_a_call_without_a_result_in_time_fails_and_the_backend_is_told(hoo
     assert outputs == [call["output"]]
 
 
-async def test_5xx_is_retried_4xx_is_not_and_an_unreachable_backend_times_out(hooks: Hooks):
+async def test_5xx_is_retried_4xx_is_not_and_an_unreachable_backend_times_out(
+    hooks: Hooks, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.INFO, logger="switchboard.integrations.webhooks")
     hooks.backend.answers["flaky"] = [(503, None), (502, None), (200, {"output": "third time lucky"})]
     hooks.backend.answers["refused"] = [(400, {"detail": "order_id must look like A-1234"})]
     sid = await hooks.session(
@@ -324,6 +328,13 @@ async def test_5xx_is_retried_4xx_is_not_and_an_unreachable_backend_times_out(ho
     unreachable = await hooks.call(sid, "unreachable", "failed")
     assert unreachable["output"].startswith("unreachable failed: its backend could not be reached within 0.4 s (")
     assert unreachable["is_error"]
+    # every failed delivery is an operator's business: WARNING, with the ids
+    failed = [r for r in caplog.records if r.getMessage().startswith("webhook delivery of")]
+    assert {r.getMessage().split(" (")[0] for r in failed} >= {
+        "webhook delivery of flaky failed",
+        "webhook delivery of unreachable failed",
+    }
+    assert all(r.levelno == logging.WARNING and getattr(r, "session_id", None) == sid for r in failed)
 
 
 async def test_bad_arguments_never_reach_the_backend(hooks: Hooks):

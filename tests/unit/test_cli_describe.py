@@ -118,9 +118,19 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
         "c1 [██████████░░░░░░░░░░]  50% half way",
         c("c1", "33") + " [" + c("█" * 10, "32") + "░" * 10 + "]  50% half way",
     ),
-    (ev("tool.progress", call_id="c1", message="working"), "c1 working", c("c1", "33") + " working"),
+    (
+        ev("tool.progress", call_id="c1", message="working"),
+        "c1 [" + "▒" * 20 + "] working",  # no fraction: indeterminate, no percentage
+        c("c1", "33") + " [" + c("▒" * 20, "32") + "] working",
+    ),
     (ev("tool.progress", call_id="c1", progress=1), "c1 [████████████████████] 100%", None),
-    (ev("tool.progress", call_id="c1"), "c1", c("c1", "33")),
+    (ev("tool.progress", call_id="c1"), "c1 [" + "▒" * 20 + "]", None),
+    (
+        ev("operator.action", action="cancel_tool", actor="night-desk", call_id="c1", idempotency_key="k1"),
+        "operator night-desk: cancel_tool (c1, key k1)",
+        None,
+    ),
+    (ev("operator.action", action="close", actor="anonymous"), "operator anonymous: close", None),
     (
         ev("tool.ended", name="book", call_id="c1", status="completed", output="booked"),
         "tool book completed: booked",
@@ -219,6 +229,7 @@ def _defaults(model: type[EventPayload]) -> dict[str, Any]:
         "progress": 0.5,
         "status": "completed",
         "is_error": False,
+        "action": "cancel_tool",
     }
     return {name: samples[name] for name in model.model_fields if name in samples}
 
