@@ -245,3 +245,39 @@ def test_every_text_field_of_every_event_type_reaches_the_line(model: type[Event
         if name in skipped or not isinstance(value, str):
             continue
         assert value in line, f"{model.type}: {name} is not in {line!r}"
+
+
+def _call(status: str, *progress: float | None) -> Any:
+    from switchboard.client import ToolCall
+
+    reports = [{"message": f"report {i}", "progress": p, "at": NOW} for i, p in enumerate(progress)]
+    return ToolCall.model_validate(
+        {
+            "session_id": "s1",
+            "call_id": "c1",
+            "name": "track",
+            "status": status,
+            "cancellable": False,
+            "scope": "agent",
+            "background": True,
+            "progress": reports,
+            "started_at": NOW,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "bar"),
+    [
+        (_call("running", 0.67), "[#######---]  67% report 0"),
+        # the last report said 67%, but the call completed: its bar is full
+        (_call("completed", 0.67), "[##########] 100% report 0"),
+        # no fraction: an indeterminate bar, never a percentage
+        (_call("running", None), "[~~~~~~~~~~] report 0"),
+        (_call("running"), ""),
+    ],
+)
+def test_the_tools_table_never_shows_a_finished_call_unfinished(call: Any, bar: str) -> None:
+    from switchboard.cli.operator import _call_row
+
+    assert _call_row(call, ASCII)[5] == bar
