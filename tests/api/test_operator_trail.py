@@ -79,6 +79,9 @@ async def test_each_applied_command_is_in_the_trail_with_who_and_the_key(keyed: 
     ]
     assert trail[1]["data"]["force"] is True and trail[1]["data"]["speech_id"]
     assert trail[4]["data"]["call_id"] == call
+    chat = (await c.get("/v1/sessions/t1/chat")).json()["items"]
+    hi = next(i for i in chat if i.get("text") == "hi")
+    assert trail[0]["data"]["item_id"] == hi["id"]
     everything = json.dumps(await events(api, "t1"))
     assert KEY not in everything and READER_KEY not in everything
     log = await events(api, "t1")

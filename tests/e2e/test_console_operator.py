@@ -113,6 +113,7 @@ def test_the_timeline_shows_who_did_what_and_the_export_downloads_it(
         ("cancel_tool", "Operator night-desk"),
     ]
     assert "Idempotency-Key crm-42" in page.inner_text(".row.operator[data-action='input']:has-text('crm-42')")
+    assert "sent “hello”" in page.inner_text(".row.operator[data-action='input']")
     assert "cancelled the tool call search" in page.inner_text(".row.operator[data-action='cancel_tool']")
     # the tool's output in the chat says who cancelled it
     assert "cancelled by the operator night-desk" in page.inner_text(".row.tool[data-status='cancelled']")

@@ -27,6 +27,7 @@ def record(
     session: AgentSession,
     action: ev.OperatorActionKind,
     *,
+    item_id: str | None = None,
     speech_id: str | None = None,
     call_id: str | None = None,
     force: bool | None = None,
@@ -35,7 +36,7 @@ def record(
     must stay the last event (the check and the emit run without a suspension point between them)."""
     if session.state != SessionStatus.ACTIVE:
         return
-    details = {"speech_id": speech_id, "call_id": call_id, "force": force}
+    details = {"item_id": item_id, "speech_id": speech_id, "call_id": call_id, "force": force}
     key = request.headers.get(IDEMPOTENCY_HEADER)
     session.events.emit(
         ev.OperatorAction(

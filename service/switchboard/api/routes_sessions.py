@@ -187,7 +187,9 @@ async def inject_input(
             body.text, final=body.final, interrupt=body.interrupt, force=body.force, reply=body.reply, role=body.role
         )
     if body.final:  # an interim transcript changes nothing: not an action worth a line in the trail
-        audit.record(request, session, "input", speech_id=result.speech_id, force=body.force or None)
+        audit.record(
+            request, session, "input", item_id=result.item_id, speech_id=result.speech_id, force=body.force or None
+        )
     return InputAccepted(item_id=result.item_id, speech_id=result.speech_id)
 
 

@@ -69,6 +69,7 @@ export class Timeline {
     this.lastSeq = 0;
     this.speeches = new Map();
     this.tools = new Map();
+    this.inputs = new Map(); // committed input's chat item id -> its text (for the audit trail's rows)
     this.activeSpeech = null;
     this.info = { agent: null, agentState: null, state: "active", running: 0, lastSeq: 0 };
     this._queue = [];
@@ -160,6 +161,7 @@ export class Timeline {
         row = this._row(ev, "handoff", "Handoff", h("p", { text: `${d.from_agent ?? "—"} → ${d.to_agent}` }));
         break;
       case "user.input":
+        if (d.final && d.item_id) this.inputs.set(d.item_id, d.text || "");
         if (d.final) {
           const role = d.role && d.role !== "user" ? d.role : "User";
           row = this._row(ev, "user", role[0].toUpperCase() + role.slice(1), h("p", { class: "text", text: d.text }));
@@ -216,7 +218,7 @@ export class Timeline {
     const d = ev.data || {};
     const tool = d.call_id ? this.tools.get(d.call_id) : null;
     const what = {
-      input: "sent user input",
+      input: d.item_id && this.inputs.has(d.item_id) ? `sent “${truncate(this.inputs.get(d.item_id), 80)}”` : "sent input",
       say: "had the agent say something",
       interrupt: "interrupted the agent",
       cancel_tool: `cancelled the tool call ${tool ? tool.name : d.call_id}`,

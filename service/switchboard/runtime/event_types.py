@@ -231,6 +231,7 @@ class OperatorAction(EventPayload):
         "session token, `anonymous` when the service runs without keys."
     )
     idempotency_key: str | None = Field(default=None, description="The command's `Idempotency-Key`, when it had one.")
+    item_id: str | None = Field(default=None, description="The user message it committed (`input`).")
     speech_id: str | None = Field(default=None, description="The speech it queued or interrupted.")
     call_id: str | None = Field(default=None, description="The tool call it cancelled.")
     force: bool | None = Field(default=None, description="Whether it was forced past `allow_interruptions`.")
