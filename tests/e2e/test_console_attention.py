@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .console_support import create_session, launch_chromium, require_chromium, wait_until
+from .console_support import create_session, wait_until
 from .server import Server, free_port
 
 # two server starts (one to leave a session behind for the second to fail) and a browser: slow on a loaded machine
@@ -34,13 +34,6 @@ AGENTS_FILE = """
 @pytest.fixture(autouse=True)
 def no_leaked_tasks() -> None:
     """These tests run no event loop of their own (see test_console.py)."""
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    require_chromium()
-    with launch_chromium() as b:
-        yield b
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .console_support import create_session, launch_chromium, require_chromium, wait_until
+from .console_support import create_session, wait_until
 from .server import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.timeout(240)]
@@ -35,21 +35,10 @@ def no_leaked_tasks() -> None:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    require_chromium()
-    with launch_chromium() as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(
-        tmp_path_factory.mktemp("operator"), SWITCHBOARD_API_KEYS=KEYS, SWITCHBOARD_WORDS_PER_SECOND="10"
-    ).start(timeout=60)
-    try:
+    tmp = tmp_path_factory.mktemp("operator")
+    with Server(tmp, SWITCHBOARD_API_KEYS=KEYS, SWITCHBOARD_WORDS_PER_SECOND="10").start(timeout=60) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
