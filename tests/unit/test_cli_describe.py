@@ -186,6 +186,7 @@ NOT_SHOWN: dict[str, set[str]] = {
     "session.recovered": {"interrupted_calls", "retried_calls", "interrupted_speeches"},
     "session.failed": {"interrupted_calls"},
     "user.input": {"item_id", "final", "role"},
+    "operator.action": {"item_id"},  # the input has its own line (user.input)
     "generation.started": {"preemptive"},
     "generation.speculative": {"state", "user_text"},
     "generation.failed": {"speech_id", "step"},
