@@ -110,7 +110,7 @@ async def test_disconnect_mid_speech_ends_it_interrupted_and_the_session_goes_on
     server: Server,
 ) -> None:
     async with httpx.AsyncClient(base_url=server.url) as client:
-        sid = await create(client, [{"text": WORDS}, {"text": "Back to text only."}])
+        sid = await create(client, [{"text": WORDS}, {"text": "Back to text only."}, {"text": "Audio again."}])
         events = await EventStream.open(server, sid, types="speech.*")
         edge = await Edge.connect(server.ws_url, sid)
         speech_id = await speaking(client, edge, sid)
@@ -128,6 +128,15 @@ async def test_disconnect_mid_speech_ends_it_interrupted_and_the_session_goes_on
         assert done["data"]["interrupted"] is False
         messages = await assistant_messages(client, sid)
         assert [m["text"] for m in messages] == [text[:11], "Back to text only."]
+        # until an edge connects again
+        again = await Edge.connect(server.ws_url, sid)
+        third = await speaking(client, again, sid, "and now?")
+        await again.wait_for("speech.end", lambda f: f["speech_id"] == third)
+        assert again.texts[third] == "Audio again."
+        await again.send({"type": "playback.finished", "speech_id": third})
+        done = await events.wait_for("speech.done", lambda d: d["speech_id"] == third, timeout=WAIT_S)
+        assert done["data"]["interrupted"] is False
+        await again.close()
         await events.close()
 
 
