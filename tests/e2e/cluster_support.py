@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -159,12 +160,16 @@ class Load:
         self._task = asyncio.create_task(self._run())
 
     async def send(self, client: httpx.AsyncClient, sid: str, text: str) -> None:
+        key = uuid.uuid4().hex
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             node = random.choice(up(self.nodes) or list(self.nodes))
             try:
                 r = await client.post(
-                    f"{node.url}/v1/sessions/{sid}/input", json={"text": text, "interrupt": False}, timeout=30
+                    f"{node.url}/v1/sessions/{sid}/input",
+                    json={"text": text, "interrupt": False},
+                    headers={"Idempotency-Key": key},  # a retry after a cut connection is applied once
+                    timeout=30,
                 )
             except httpx.TransportError:
                 self.retries += 1
@@ -188,7 +193,7 @@ class Load:
                 n += 1
                 await asyncio.gather(*(self.send(client, sid, f"n{n} {sid}") for sid in self.sids))
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.3):
+                    async with asyncio.timeout(0.5):
                         await self._stop.wait()
 
     async def aclose(self) -> None:
