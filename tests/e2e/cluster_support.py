@@ -67,6 +67,12 @@ def cluster_node(tmp_path: Path, database_url: str, node_id: str, redis_url: str
     )
 
 
+async def start_all(nodes: Sequence[Server]) -> None:
+    """The first node migrates the database; the others then start together."""
+    await asyncio.to_thread(nodes[0].start, 90)
+    await asyncio.gather(*(asyncio.to_thread(node.start, 90) for node in nodes[1:]))
+
+
 def drain_stop(node: Server, timeout_s: float = 60.0) -> None:
     """SIGTERM, and wait for the node to hand its sessions over and exit."""
     assert node.proc is not None

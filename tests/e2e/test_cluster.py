@@ -31,6 +31,7 @@ from .cluster_support import (
     assert_gap_free,
     cluster_node,
     drain_stop,
+    start_all,
     until,
     up,
 )
@@ -103,8 +104,7 @@ async def test_three_nodes_a_killed_and_a_frozen_owner_lose_nothing(
     a, b, c = nodes
     streams: list[ResumingStream] = []
     try:
-        for node in nodes:
-            node.start(timeout=90)
+        await start_all(nodes)
         async with httpx.AsyncClient(timeout=30) as http:
             for wrong in ("", "not-the-secret-" * 3):
                 r = await http.post(f"{a.url}/v1/sessions", json={"agent": "tester"}, headers={FORWARDED: wrong})
@@ -205,8 +205,7 @@ async def test_redis_outage_and_rolling_restart_under_load(tmp_path: Path, datab
     streams: list[ResumingStream] = []
     load: Load | None = None
     try:
-        for node in nodes:
-            node.start(timeout=90)
+        await start_all(nodes)
         async with httpx.AsyncClient(timeout=30) as http:
             multi = ResumingStream.multi(nodes, first=c)
             streams.append(multi)

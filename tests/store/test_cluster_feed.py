@@ -7,14 +7,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 
 from switchboard.control.cluster_feed import ClusterFeed
 from switchboard.control.hub import EventHub, Subscription
 from switchboard.runtime.events import Event
 from switchboard.store import Store
+from switchboard.store.writes import EVENT_ORDER_LOCK_KEY
 
-from .conftest import Db
+from .conftest import Db, pg_dsn
 
 TIMEOUT_S = 15.0
 
@@ -102,3 +104,32 @@ async def test_while_redis_is_down_other_nodes_events_are_read_from_the_database
     assert await _received(ordered, 4) == expected
     assert await _received(session, 4) == expected
     assert cluster.polls >= 1
+
+
+@pytest.mark.postgres
+async def test_in_cluster_mode_event_ids_follow_commit_order(db: Db, store: Store):
+    """Another node's transaction took an event id and has not committed: this node's events wait for it, so they
+    get higher ids and commit after it. Without the lock the later id would commit first, and a stream resuming from
+    it would skip the earlier one for good."""
+    if db.kind != "postgresql":
+        pytest.skip("one writer alone commits in id order")
+    store.writer.ordered_events = True
+    other = await asyncpg.connect(pg_dsn(), server_settings={"search_path": db.schema or "public"})
+    try:
+        tx = other.transaction()
+        await tx.start()
+        await other.execute("SELECT pg_advisory_xact_lock($1)", EVENT_ORDER_LOCK_KEY)
+        first = await other.fetchval(
+            "INSERT INTO events (session_id, seq, type, at, data) VALUES ('s1', 1, 'agent.state', now(), '{}')"
+            " RETURNING id"
+        )
+        later = Event(session_id="s1", seq=2, type="agent.state", data={})
+        publish = asyncio.ensure_future(store.event_sink().publish(later))
+        await asyncio.sleep(0.5)
+        assert not publish.done()  # waits for the other transaction
+        await tx.commit()
+        async with asyncio.timeout(TIMEOUT_S):
+            await publish
+    finally:
+        await other.close()
+    assert later.cursor is not None and later.cursor > first
