@@ -229,6 +229,7 @@ async def test_redis_outage_and_rolling_restart_under_load(tmp_path: Path, datab
             await asyncio.sleep(2)
             await load.aclose()
             assert load.errors == [], load.errors[:5]
+            print(f"rolling restart: {load.retries} retries, an input waited {load.longest_s:.2f}s at most")
             for sid in sids:
                 await until(lambda sid=sid: _all_answered(http, nodes, sid, load.accepted[sid]), timeout_s=60)
             assert len(multi.connections) >= 2 and len(remote.connections) >= 2
