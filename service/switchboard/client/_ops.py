@@ -19,6 +19,7 @@ from .models import (
     InterruptResult,
     SayAccepted,
     Session,
+    SessionExport,
     SessionList,
     SessionToken,
     Speech,
@@ -162,6 +163,10 @@ def interrupt(sid: str, *, force: bool, idempotency_key: str | None) -> Call[Int
         command=True,
         idempotency_key=idempotency_key,
     )
+
+
+def export_session(sid: str) -> Call[SessionExport]:
+    return Call("GET", _session(sid, "export"), _model(SessionExport))
 
 
 def get_speech(sid: str, speech_id: str) -> Call[Speech]:

@@ -19,6 +19,7 @@ from .models import (
     InterruptResult,
     SayAccepted,
     Session,
+    SessionExport,
     SessionList,
     SessionToken,
     Speech,
@@ -201,6 +202,11 @@ class Client:
         """Interrupt the current speech; returns once what was heard is committed. ``Conflict``
         (``not_interruptible``) when the speech does not allow it, unless ``force``."""
         return self._send(_ops.interrupt(sid, force=force, idempotency_key=idempotency_key))
+
+    def export_session(self, sid: str) -> SessionExport:
+        """The whole session as one document: the session, its chat, its tool calls and its event log (the
+        operators' actions included); for closed sessions too."""
+        return self._send(_ops.export_session(sid))
 
     def get_speech(self, sid: str, speech_id: str) -> Speech:
         return self._send(_ops.get_speech(sid, speech_id))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -70,6 +70,8 @@ class SpeechInfo(BaseModel):
     played_text: str
     created_at: datetime
     usage: SpeechUsage = Field(default_factory=SpeechUsage)
+    #: What has been heard so far, the step playing now included: only in a live read (``SessionView.speech``)
+    heard_text: str | None = None
 
 
 class SpeechHandle:
@@ -95,6 +97,8 @@ class SpeechHandle:
         self.state = SpeechState.SCHEDULED
         self.text = ""  # generated text, all steps
         self.played_text = ""  # heard text, all steps
+        # the step playing now: what was heard before it, and how to read what it has played so far
+        self._hearing: tuple[str, Callable[[], str]] | None = None
         self.usage = SpeechUsage()  # model tokens, all steps
         self.force_timeout_s = force_timeout_s
         self.forced = False
@@ -121,6 +125,19 @@ class SpeechHandle:
     def step(self) -> int:
         """Index of the current generation step (0 is the first reply, 1.. are tool replies)."""
         return max(len(self._steps) - 1, 0)
+
+    def follow_playout(self, played_text: Callable[[], str]) -> None:
+        """A step begins to play: ``played_text()`` reads what it has played so far (``heard_text``)."""
+        self._hearing = (self.played_text, played_text)
+
+    @property
+    def heard_text(self) -> str:
+        """What has been heard so far: ``played_text`` of the steps before, and the current step up to now. Read on
+        demand (a media edge's or the simulated clock's position): no event per word."""
+        if self._hearing is None or self.done:
+            return self.played_text
+        before, now = self._hearing
+        return f"{before} {now()}".strip()
 
     def info(self) -> SpeechInfo:
         return SpeechInfo(
