@@ -123,7 +123,8 @@ def _frame(model: type[EventPayload], *, cursor: bool) -> dict[str, Any]:
         properties["cursor"] = {
             "type": "integer",
             "minimum": 1,
-            "description": "Position in the global log: resume this stream with `cursor=<it>`.",
+            "description": "Position in the global log (commit order, across every node of a cluster): resume this "
+            "stream with `cursor=<it>` on any node.",
         }
     properties |= {
         "seq": {"type": "integer", "minimum": 1, "description": "Position in the session's log, gap-free."},

@@ -323,7 +323,9 @@ class NodeRead(BaseModel):
 
     id: str
     url: str = Field(description="How the other nodes reach this one.")
-    state: Literal["live", "stopped", "dead"]
+    state: Literal["live", "draining", "stopped", "dead"] = Field(
+        description="`draining`: stopping, handing its sessions to the other nodes (SIGTERM in cluster mode)."
+    )
     mode: Literal["single", "cluster"]
     sessions: int = Field(description="Live sessions it owns.")
     heartbeat_at: datetime
