@@ -263,7 +263,9 @@ async def test_a_media_edge_is_sent_to_the_node_that_runs_its_session(
 ):
     from .edge_client import Edge
 
-    nodes = [cluster_node(tmp_path, database_url, f"node-{n}", redis.url) for n in "ab"]
+    nodes = [
+        cluster_node(tmp_path, database_url, f"node-{n}", redis.url, SWITCHBOARD_CLUSTER_SECRET=SECRET) for n in "ab"
+    ]
     await start_all(nodes)
     a, b = nodes
     try:
