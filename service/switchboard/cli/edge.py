@@ -34,12 +34,14 @@ SESSION_CLOSED = 1000
 class Playback:
     """One speech: its text as it arrives, its clauses being synthesised in order, what has been played."""
 
-    def __init__(self, speech_id: str, allow_interruptions: bool, engine: Espeak) -> None:
+    def __init__(self, speech_id: str, allow_interruptions: bool, engine: Espeak, *, name: str) -> None:
         self.speech_id = speech_id
         self.allow_interruptions = allow_interruptions
+        self.name = name  #: of its files: the speech id, and ``-2``, ``-3`` for the segments after a tool step
         self.record = SpeechRecord(speech_id)
         self.sinks: list[Sink] = []
         self.stopped = False
+        self.finalised = False
         self._engine = engine
         self._chunker = Chunker()
         self._synthesis: list[asyncio.Task[ClauseAudio]] = []
@@ -90,7 +92,8 @@ class Edge:
         self.player = player
         self.barge_in = barge_in
         self.say = say
-        self.speeches: dict[str, Playback] = {}
+        self.speeches: dict[str, Playback] = {}  # the latest segment of each speech not yet finalised
+        self._segments: dict[str, int] = {}
         self._queue: asyncio.Queue[Playback] = asyncio.Queue()
         self.current: Playback | None = None
         self._play_task: asyncio.Task[None] | None = None
@@ -125,7 +128,10 @@ class Edge:
     async def _on_frame(self, frame: MediaFrame) -> None:
         sid = frame.speech_id or ""
         if frame.type == "speech.start":
-            playback = Playback(sid, frame.allow_interruptions is not False, self.engine)
+            # a speech with tool steps comes in segments, each opened by its own speech.start with the same id
+            segment = self._segments[sid] = self._segments.get(sid, 0) + 1
+            name = file_stem(sid) + (f"-{segment}" if segment > 1 else "")
+            playback = Playback(sid, frame.allow_interruptions is not False, self.engine, name=name)
             self.speeches[sid] = playback
             self._queue.put_nowait(playback)
         elif frame.type == "speech.text" and sid in self.speeches:
@@ -168,7 +174,7 @@ class Edge:
     async def _open(self, playback: Playback, rate: int) -> None:
         playback.record.rate = rate
         if self.out is not None:
-            playback.sinks.append(WavSink(self.out / f"{file_stem(playback.speech_id)}.wav", rate))
+            playback.sinks.append(WavSink(self.out / f"{playback.name}.wav", rate))
         if self.player is not None:
             playback.sinks.append(DeviceSink(self.player, rate))
         if not playback.sinks:
@@ -216,20 +222,23 @@ class Edge:
         await playback.cancel_synthesis()
 
     async def _stop(self, speech_id: str) -> None:
-        playback = self.speeches.get(speech_id)
-        if playback is None:
-            return
-        await self._halt(playback)
-        await self._finalise(playback, cut=True, report=True)
+        # the segment playing first (its audio stops now), then a later segment of the same speech still queued
+        for playback in (self.current, self.speeches.get(speech_id)):
+            if playback is not None and playback.speech_id == speech_id and not playback.finalised:
+                await self._halt(playback)
+                await self._finalise(playback, cut=True, report=True)
 
     async def _finalise(self, playback: Playback, *, cut: bool, report: bool) -> None:
-        if self.speeches.pop(playback.speech_id, None) is None:
-            return  # already finalised
+        if playback.finalised:
+            return
+        playback.finalised = True
+        if self.speeches.get(playback.speech_id) is playback:
+            del self.speeches[playback.speech_id]
         record = playback.record
         record.interrupted = cut
         playback.close_sinks(cut=cut)
         if self.out is not None:
-            record.write(self.out)
+            record.write(self.out / f"{playback.name}.json")
         heard = printable(record.text[: record.reported_chars])
         if cut:
             seconds = record.played_samples / record.rate if record.rate else 0.0

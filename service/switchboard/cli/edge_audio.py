@@ -136,6 +136,5 @@ class SpeechRecord:
             "interrupted": self.interrupted,
         }
 
-    def write(self, directory: Path) -> None:
-        path = directory / f"{file_stem(self.speech_id)}.json"
+    def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.as_json(), ensure_ascii=False, indent=2) + "\n")
