@@ -1,0 +1,216 @@
+"""`switchboard edge` with the real espeak-ng engine against a real server: what the session commits as heard is
+where the audio was cut, word for word."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .console_support import create_session, wait_until
+from .server import Server
+
+pytestmark = pytest.mark.e2e
+
+KEY = "edge-key-0123456789abcdef"
+NO_MEDIA_KEY = "edge-key-without-media-0123"
+SCOPES = ["sessions:read", "sessions:write", "sessions:control", "events:read"]
+KEYS = json.dumps([{"key": KEY, "scopes": [*SCOPES, "media:connect"]}, {"key": NO_MEDIA_KEY, "scopes": SCOPES}])
+LONG = (
+    "Thank you for calling the station. Your train to Geneva leaves from platform seven at a quarter past nine, "
+    "and it stops in Lausanne, Morges and Nyon before it arrives. Tickets can be bought on board or at the desk."
+)
+TIMEOUT_S = 30.0
+
+
+@pytest.fixture(autouse=True)
+def require_espeak() -> None:
+    """Skip without espeak-ng on a developer machine; fail under CI, where .ci/run installs it."""
+    if shutil.which("espeak-ng") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("espeak-ng is missing: .ci/run installs it")
+        pytest.skip("needs espeak-ng (apt-get install espeak-ng)")
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("edge"), SWITCHBOARD_API_KEYS=KEYS).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(srv: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=10) as c:
+        yield c
+
+
+class EdgeProcess:
+    """`switchboard edge` in the background: stdin to write the user's lines, stdout read line by line."""
+
+    def __init__(self, server: Server, sid: str, *extra: str, key: str = KEY) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+        env.update(SWITCHBOARD_URL=server.url, SWITCHBOARD_KEY=key, PYTHONUNBUFFERED="1")
+        cmd = [sys.executable, "-m", "switchboard.cli", "edge", sid, "--no-play", *extra]
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def expect(self, start: str, timeout: float = TIMEOUT_S) -> str:
+        """The next stdout line that starts with `start` (earlier lines are kept in `seen`)."""
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout)
+            except queue.Empty:
+                raise AssertionError(f"no line {start!r} from the edge; it printed {self.seen}") from None
+            if line is None:
+                err = self.proc.stderr.read() if self.proc.stderr else ""
+                raise AssertionError(f"the edge ended before {start!r}: {self.seen}; stderr: {err}")
+            self.seen.append(line)
+            if line.startswith(start):
+                return line
+
+    def say(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+
+    def finish(self) -> tuple[int, str]:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            code = self.proc.wait(TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        return code, self.proc.stderr.read() if self.proc.stderr else ""
+
+
+def speech(client: httpx.Client, sid: str, speech_id: str) -> dict[str, Any]:
+    r = client.get(f"/v1/sessions/{sid}/speeches/{speech_id}")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def audio_of(out: Path, speech_id: str) -> tuple[dict[str, Any], int]:
+    """The edge's record of a speech and the number of samples in its WAV file."""
+    record = json.loads((out / f"{speech_id}.json").read_text())
+    with wave.open(str(out / f"{speech_id}.wav")) as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, record["sample_rate"])
+        return record, wav.getnframes()
+
+
+def heard_in(record: dict[str, Any], samples: int) -> str:
+    """The text spoken to the end of a word within the first `samples` samples of the speech's audio."""
+    chars = 0
+    for word in record["words"]:
+        if word["end_sample"] > samples:
+            break
+        chars = word["chars"]
+    return str(record["text"][:chars])
+
+
+def full_length(text: str) -> int:
+    """How many samples espeak-ng makes of the whole text (the same engine, run here on its own)."""
+    done = subprocess.run(["espeak-ng", "--stdout", "--stdin"], input=text.encode(), capture_output=True, check=True)
+    return (len(done.stdout) - 44) // 2
+
+
+def test_barge_in_mid_speech_commits_what_the_cut_audio_holds(
+    srv: Server, client: httpx.Client, tmp_path: Path
+) -> None:
+    sid = create_session(client, [{"text": "Of course, go ahead."}])
+    edge = EdgeProcess(srv, sid, "--out", str(tmp_path), "--barge-in")
+    try:
+        edge.expect("connected to session")
+        speech_id = client.post(f"/v1/sessions/{sid}/say", json={"text": LONG}).json()["speech_id"]
+        edge.expect(f"speech {speech_id} playing")
+        # the agent has been heard for a few words (espeak-ng speaks about three a second) when the user cuts in
+        wait_until(lambda: speech(client, sid, speech_id)["played_text"], timeout=TIMEOUT_S, what="progress")
+        edge.say("Sorry, which platform?")
+        edge.expect(f"speech {speech_id} stopped after")
+        done = wait_until(
+            lambda: (s := speech(client, sid, speech_id))["state"] == "done" and s, timeout=TIMEOUT_S, what="done"
+        )
+        record, samples = audio_of(tmp_path, speech_id)
+
+        # the file ends where the audio was cut, well before the end of the speech
+        assert samples == record["played_samples"]
+        assert 0 < samples < full_length(LONG) * 0.8
+        # what the session committed as heard is exactly the words the cut audio holds, and what the edge reported
+        heard = heard_in(record, samples)
+        assert heard and len(heard) < len(LONG) and LONG.startswith(heard)
+        assert done["interrupted"] is True
+        assert done["played_text"] == heard == LONG[: record["reported_chars"]]
+        assert record["interrupted"] is True
+        chat = client.get(f"/v1/sessions/{sid}/chat").json()["items"]
+        said = [i for i in chat if i["type"] == "message" and i["role"] == "assistant"]
+        assert said[0]["text"] == heard and said[0]["interrupted"] is True
+        # the line became the user's turn, and the agent's answer was played to its end
+        assert [i["text"] for i in chat if i["type"] == "message" and i["role"] == "user"] == ["Sorry, which platform?"]
+        reply = edge.expect("speech ")
+        reply_id = reply.split()[1]
+        edge.expect(f"speech {reply_id} finished")
+        reply_record, reply_samples = audio_of(tmp_path, reply_id)
+        assert reply_samples >= reply_record["words"][-1]["end_sample"] and not reply_record["interrupted"]
+        assert speech(client, sid, reply_id)["played_text"] == "Of course, go ahead."
+    finally:
+        client.delete(f"/v1/sessions/{sid}")
+        code, err = edge.finish()
+    assert code == 0, err
+    assert edge.expect("session ").endswith("closed")
+
+
+def test_an_interrupt_from_the_service_silences_the_edge_at_the_last_reported_word(
+    srv: Server, client: httpx.Client, tmp_path: Path
+) -> None:
+    sid = create_session(client, [])
+    edge = EdgeProcess(srv, sid, "--out", str(tmp_path))
+    try:
+        edge.expect("connected to session")
+        speech_id = client.post(f"/v1/sessions/{sid}/say", json={"text": LONG}).json()["speech_id"]
+        edge.expect(f"speech {speech_id} playing")
+        wait_until(lambda: speech(client, sid, speech_id)["played_text"], timeout=TIMEOUT_S, what="progress")
+        res = client.post(f"/v1/sessions/{sid}/interrupt", json={})
+        assert res.status_code == 200 and res.json()["interrupted"] is True, res.text
+        committed = speech(client, sid, speech_id)["played_text"]
+        edge.expect(f"speech {speech_id} stopped after")
+        record, samples = audio_of(tmp_path, speech_id)
+        # the service committed the last progress the edge reported before the stop, never more than it played
+        assert committed and LONG.startswith(committed)
+        assert len(committed) <= record["reported_chars"] and record["words"]
+        assert len(heard_in(record, samples)) == record["reported_chars"]
+        assert samples < full_length(LONG) * 0.8
+    finally:
+        client.delete(f"/v1/sessions/{sid}")
+        edge.finish()
+
+
+def test_an_edge_without_the_media_scope_is_refused_in_one_line(srv: Server, client: httpx.Client) -> None:
+    sid = create_session(client, [])
+    edge = EdgeProcess(srv, sid, key=NO_MEDIA_KEY)
+    code, err = edge.finish()
+    assert code == 1
+    assert err.startswith("switchboard: ") and err.count("\n") == 1, err
