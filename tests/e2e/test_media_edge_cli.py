@@ -215,3 +215,18 @@ def test_an_edge_without_the_media_scope_is_refused_in_one_line(srv: Server, cli
     code, err = edge.finish()
     assert code == 1
     assert err.startswith("switchboard: ") and err.count("\n") == 1, err
+
+
+def test_a_second_edge_replaces_the_first_which_says_so_and_exits(srv: Server, client: httpx.Client) -> None:
+    sid = create_session(client, [])
+    first = EdgeProcess(srv, sid)
+    first.expect("connected to session")
+    second = EdgeProcess(srv, sid)
+    try:
+        second.expect("connected to session")
+        code, err = first.finish()
+        assert code == 1
+        assert "replaced this one" in err and err.count("\n") == 1, err
+    finally:
+        client.delete(f"/v1/sessions/{sid}")
+        assert second.finish()[0] == 0

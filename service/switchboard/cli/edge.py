@@ -17,11 +17,13 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..client import AsyncClient, MediaConnection, MediaFrame, SwitchboardError
+from ..client import AsyncClient, MediaConnection, MediaFrame, SwitchboardError, Unavailable
 from .edge_audio import DeviceSink, Sink, SpeechRecord, WavSink, file_stem, find_player
 from .espeak import Chunker, ClauseAudio, Espeak, SynthesisError
 from .output import printable, short
@@ -29,6 +31,16 @@ from .output import printable, short
 DEFAULT_URL = "http://127.0.0.1:8080"
 FRAME_S = 0.02  # audio is played, written and measured in frames of this length
 SESSION_CLOSED = 1000
+RECONNECT_FIRST_S = 0.25
+RECONNECT_MAX_S = 2.0
+# a dropped connection, a restart, a stall (1011: missed keepalive; 4008: too slow), a session being recovered
+RETRY_CODES = frozenset({1006, 1011, 1012, 4008, 4410})
+CLOSE_NOTES = {
+    4409: "Another edge connected to this session and replaced this one.",
+    4410: "The session is not active.",
+    4421: "Another node runs this session: connect to it (the reason names it).",
+    4429: "The edge sent too many frames per second.",
+}
 
 
 class Playback:
@@ -73,24 +85,23 @@ class Playback:
         self.sinks = []
 
 
+@dataclass(frozen=True)
+class EdgeOptions:
+    engine: Espeak
+    out: Path | None  #: the directory of the WAV files, if any
+    player: str | None  #: the sound device's player (aplay, pw-play), if any
+    barge_in: bool  #: each user line first says the user started talking
+
+
 class Edge:
     """The edge of one media connection: a receiving pump, a player, and the user's lines."""
 
-    def __init__(
-        self,
-        conn: MediaConnection,
-        engine: Espeak,
-        *,
-        out: Path | None,
-        player: str | None,
-        barge_in: bool,
-        say: Callable[[str], None],
-    ) -> None:
+    def __init__(self, conn: MediaConnection, options: EdgeOptions, *, say: Callable[[str], None]) -> None:
         self.conn = conn
-        self.engine = engine
-        self.out = out
-        self.player = player
-        self.barge_in = barge_in
+        self.engine = options.engine
+        self.out = options.out
+        self.player = options.player
+        self.barge_in = options.barge_in
         self.say = say
         self.speeches: dict[str, Playback] = {}  # the latest segment of each speech not yet finalised
         self._segments: dict[str, int] = {}
@@ -316,21 +327,59 @@ async def run_edge(args: argparse.Namespace) -> int:
     assert task is not None
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, task.cancel)
-    async with AsyncClient(url, api_key=key) as sb, sb.media(args.sid, token=args.token) as conn:
+    lines = stdin_lines(loop)
+    retry = _Retry(args.retry_for)
+    async with AsyncClient(url, api_key=key) as sb:
+        while True:
+            try:
+                code, reason = await _connection(sb, args, lines, EdgeOptions(engine, out, player, args.barge_in))
+            except asyncio.CancelledError:
+                return 0  # a signal: what was played is written and reported
+            except Unavailable as err:  # could not connect at all
+                code, reason = 1006, err.detail or str(err)
+            if code == SESSION_CLOSED:
+                _say(f"session {args.sid} closed")
+                return 0
+            delay = retry.after(code)
+            if delay is None:
+                note = CLOSE_NOTES.get(code, "")
+                print(f"switchboard: the media connection closed ({code} {reason}). {note}".rstrip(), file=sys.stderr)
+                return 1
+            print(f"switchboard: the media connection closed ({code} {reason}); reconnecting", file=sys.stderr)
+            await asyncio.sleep(delay)
+
+
+async def _connection(
+    sb: AsyncClient, args: argparse.Namespace, lines: asyncio.Queue[str | None], options: EdgeOptions
+) -> tuple[int, str]:
+    """One media connection, until the service closes it: its close code and reason."""
+    async with sb.media(args.sid, token=args.token) as conn:
         _say(f"connected to session {args.sid} as its media edge")
-        edge = Edge(conn, engine, out=out, player=player, barge_in=args.barge_in, say=_say)
-        try:
-            await edge.run(stdin_lines(loop))
-        except asyncio.CancelledError:
-            return 0  # a signal: what was played is written and reported
+        await Edge(conn, options, say=_say).run(lines)
         refusal = conn.refusal()
         if refusal is not None:
             raise refusal
-        if conn.close_code != SESSION_CLOSED:
-            print(f"switchboard: the media connection closed ({conn.close_code} {conn.close_reason})", file=sys.stderr)
-            return 1
-        _say(f"session {args.sid} closed")
-        return 0
+        return conn.close_code or 1006, conn.close_reason
+
+
+class _Retry:
+    """Reconnect after a drop, a restart or a stall, for up to ``for_s`` seconds in a row; never after a refusal
+    or after another edge took the session over."""
+
+    def __init__(self, for_s: float) -> None:
+        self.for_s = for_s
+        self.failing_since: float | None = None
+        self.delay_s = RECONNECT_FIRST_S
+
+    def after(self, code: int) -> float | None:
+        if code not in RETRY_CODES:
+            return None
+        now = time.monotonic()
+        self.failing_since = self.failing_since or now
+        if now - self.failing_since > self.for_s:
+            return None
+        delay, self.delay_s = self.delay_s, min(self.delay_s * 2, RECONNECT_MAX_S)
+        return delay
 
 
 def cmd_edge(args: argparse.Namespace) -> int:
@@ -355,4 +404,5 @@ def add_edge_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--barge-in", action="store_true", help="each stdin line first interrupts the agent")
     p.add_argument("--voice", help="espeak-ng voice, e.g. en-us")
     p.add_argument("--wpm", type=int, help="speaking rate in words per minute (espeak-ng's default: 175)")
+    p.add_argument("--retry-for", type=float, default=30.0, help="seconds to keep reconnecting after a drop")
     p.set_defaults(func=cmd_edge)
