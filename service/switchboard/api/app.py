@@ -40,6 +40,7 @@ from . import (
     routes_cluster,
     routes_events,
     routes_health,
+    routes_media,
     routes_reports,
     routes_sessions,
     routes_tools,
@@ -230,6 +231,7 @@ def create_app(
     for router in (module.router for module in routers):
         app.include_router(router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_events.router)
+    app.include_router(routes_media.router)
     app.include_router(routes_agui.router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_health.router)
     app.include_router(asyncapi.router)  # GET /asyncapi.json, like /openapi.json: public, outside the schema

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from ..control.settings import Settings
 from ..store import InvalidCursor
 from . import deps
-from .auth import TOKEN_SCOPES, Require, issue_token, principal_of, seal_token, unseal_token
+from .auth import Require, issue_token, principal_of, seal_token, token_scopes, unseal_token
 from .deps import HostDep, KnownSession, ServicesDep, SettingsDep
 from .idempotency import idempotent, idempotent_sealed
 from .problems import POST_ERRORS, ProblemError, not_found, problem_responses
@@ -255,14 +255,18 @@ async def get_speech(sid: str, speech_id: str, host: HostDep) -> SpeechRead:
     dependencies=[Depends(Require("sessions:read", keys_only=True))],
 )
 @idempotent_sealed(seal_token, unseal_token)  # the record keeps no usable token
-async def create_token(session: KnownSession, settings: SettingsDep, body: TokenCreate | None = None) -> TokenRead:
-    """A short-lived token that can read this session and stream its events (for embedded dashboards). Needs an
-    API key: a session token cannot create tokens."""
+async def create_token(
+    request: Request, session: KnownSession, settings: SettingsDep, body: TokenCreate | None = None
+) -> TokenRead:
+    """A short-lived token that can read this session and stream its events (for embedded dashboards), or, with
+    `scopes: ["media:connect"]`, connect as its media edge (for a browser or a gateway). Needs an API key: a session
+    token cannot create tokens."""
     body = body or TokenCreate()
-    token, expires = issue_token(settings, session.id, body.ttl_s)
+    scopes = token_scopes(principal_of(request), list(body.scopes) if body.scopes else None)
+    token, expires = issue_token(settings, session.id, body.ttl_s, scopes)
     return TokenRead(
         token=token,
         session_id=session.id,
-        scopes=list(TOKEN_SCOPES),
+        scopes=list(scopes),
         expires_at=datetime.fromtimestamp(expires, tz=UTC),
     )

@@ -298,6 +298,12 @@ class ToolReportRead(BaseModel):
 
 class TokenCreate(_In):
     ttl_s: int | None = Field(default=None, ge=10, le=7 * 24 * 3600)
+    scopes: list[Literal["sessions:read", "events:read", "media:connect"]] | None = Field(
+        default=None,
+        min_length=1,
+        description="What the token may do (default: `sessions:read`, `events:read`). `media:connect` (connect as "
+        "the session's media edge) needs an API key that holds it.",
+    )
 
 
 class TokenRead(BaseModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -159,6 +159,10 @@ class SpeechHandle:
             loop = asyncio.get_running_loop()
             self._watchdog = loop.call_later(self.force_timeout_s, self._force_cancel)
         return True
+
+    def on_interrupted(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the speech is interrupted (soon, if it already is): what plays it stops then."""
+        self._interrupt_fut.add_done_callback(lambda _: callback())
 
     def _force_cancel(self) -> None:
         if self.done or self._task is None or self._task.done():
