@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import time
+from pathlib import Path
 
 import pytest
 
-from switchboard.cli.edge_audio import SpeechRecord, file_stem
+from switchboard.cli.edge_audio import DeviceSink, SpeechRecord, file_stem, find_player
 from switchboard.cli.espeak import MAX_CHUNK_CHARS, Chunker, Clause, Espeak, SynthesisError, wav_pcm
 
 
@@ -96,3 +98,33 @@ async def test_text_reaches_espeak_on_stdin_never_as_an_option_or_a_shell_word()
     engine = Espeak()
     pcm, _ = await engine.pcm("--version; $(touch /nonexistent) `x`")
     assert len(pcm) > 0  # spoken, not run or parsed as an option
+
+
+def test_the_sound_device_gets_the_samples_ahead_and_a_cut_stops_it_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a stand-in for aplay on PATH: it records its arguments and what it is fed, then waits to be killed or drained
+    received = tmp_path / "received.raw"
+    player = tmp_path / "aplay"
+    player.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/argv\ncat > {received}\n')
+    player.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert find_player() == "aplay"
+
+    sink = DeviceSink("aplay", 22050)
+    sink.ahead(b"\x01\x00" * 100)
+    sink.played(b"\x02\x00" * 100)  # a device is fed ahead only: nothing more reaches it
+    sink.close(cut=False)
+    sink.close(cut=True)  # once closed, closing again does nothing
+    deadline = time.monotonic() + 10
+    while received.read_bytes() != b"\x01\x00" * 100 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert received.read_bytes() == b"\x01\x00" * 100
+    assert (tmp_path / "argv").read_text().split() == ["-q", "-t", "raw", "-f", "S16_LE", "-c", "1", "-r", "22050", "-"]
+
+    cut = DeviceSink("aplay", 22050)
+    proc = cut._proc
+    assert proc is not None
+    cut.ahead(b"\x03\x00" * 100)
+    cut.close(cut=True)
+    assert proc.returncode == -9  # killed, not drained: the audio stops now

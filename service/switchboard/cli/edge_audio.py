@@ -96,6 +96,7 @@ class DeviceSink:
             return
         if cut:
             proc.kill()
+            proc.wait()
         elif proc.stdin is not None:
             try:
                 proc.stdin.close()  # it plays what it holds and exits
