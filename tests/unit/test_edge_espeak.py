@@ -84,8 +84,9 @@ async def test_espeak_gives_each_word_an_end_in_order_inside_its_clause() -> Non
     engine = Espeak()
     audio = await engine.clause(Clause(7, "Hello there, how are you today? "))
     assert audio.rate > 0 and audio.samples > audio.rate // 2  # over half a second of speech
-    ends = [w.sample for w in audio.words]
-    assert [w.chars for w in audio.words] == [12, 19, 23, 27, 31, 38]  # offsets in the speech, not the clause
+    words = await audio.words
+    ends = [w.sample for w in words]
+    assert [w.chars for w in words] == [12, 19, 23, 27, 31, 38]  # offsets in the speech, not the clause
     assert ends == sorted(ends) and len(set(ends)) == len(ends)
     assert ends[0] > 0 and ends[-1] <= audio.samples
     # a word's end is where the prefix through it stops sounding: the first word alone is about as long

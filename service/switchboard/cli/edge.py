@@ -75,9 +75,14 @@ class Playback:
         self.clauses.put_nowait(task)
 
     async def cancel_synthesis(self) -> None:
+        tasks: list[asyncio.Future[Any]] = []
         for task in self._synthesis:
-            task.cancel()
-        await asyncio.gather(*self._synthesis, return_exceptions=True)
+            if task.done() and not task.cancelled() and task.exception() is None:
+                tasks.append(task.result().words)  # synthesised, its words still being measured
+            tasks.append(task)
+        for future in tasks:
+            future.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def close_sinks(self, *, cut: bool) -> None:
         for sink in self.sinks:
@@ -198,7 +203,7 @@ class Edge:
         loop = asyncio.get_running_loop()
         record, rate = playback.record, audio.rate
         base = record.played_samples
-        record.words.extend((base + w.sample, w.chars) for w in audio.words)
+        timed = False  # the clause's word ends are measured while it plays; reports wait for them
         if clock is None or clock + base / rate < loop.time():
             clock = loop.time() - base / rate  # the first clause, or synthesis fell behind: play on from now
         frame, pos = max(1, int(rate * FRAME_S)), 0
@@ -213,6 +218,12 @@ class Edge:
             for sink in playback.sinks:
                 sink.played(pcm)
             pos, record.played_samples = end, base + end
+            if not timed and audio.words.done():
+                record.words.extend((base + w.sample, w.chars) for w in audio.words.result())
+                timed = True
+            await self._report(playback, record.heard_chars())
+        if not timed:  # in order: the next clause's words come after this one's
+            record.words.extend((base + w.sample, w.chars) for w in await audio.words)
             await self._report(playback, record.heard_chars())
         return clock
 

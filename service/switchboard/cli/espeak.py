@@ -52,7 +52,8 @@ class ClauseAudio:
     clause: Clause
     pcm: bytes
     rate: int
-    words: tuple[WordEnd, ...]
+    #: where each word ends: measured while the clause starts playing (cancel it if the clause is dropped)
+    words: asyncio.Task[tuple[WordEnd, ...]]
 
     @property
     def samples(self) -> int:
@@ -150,21 +151,33 @@ class Espeak:
         return wav_pcm(out)
 
     async def clause(self, clause: Clause) -> ClauseAudio:
-        """The clause's audio and where each of its words ends in it."""
+        """The clause's audio, as soon as it is synthesised, and where each of its words ends in it (a task: the
+        clause can start playing before it is done)."""
+        full = asyncio.create_task(self.pcm(clause.text))
+        words = asyncio.create_task(self._word_ends(clause, full))  # its runs queue behind the clause's own
+        try:
+            pcm, rate = await asyncio.shield(full)
+        except BaseException:
+            words.cancel()
+            full.cancel()
+            await asyncio.gather(full, words, return_exceptions=True)
+            raise
+        return ClauseAudio(clause, pcm, rate, words)
+
+    async def _word_ends(self, clause: Clause, full: asyncio.Task[tuple[bytes, int]]) -> tuple[WordEnd, ...]:
         matches = list(_WORD.finditer(clause.text))
-        full = asyncio.ensure_future(self.pcm(clause.text))
         prefixes = [asyncio.ensure_future(self.pcm(clause.text[: m.end()], final_pause=False)) for m in matches]
         try:
-            pcm, rate = await full
             ends = [len(p) // SAMPLE_BYTES for p, _ in await asyncio.gather(*prefixes)]
+            pcm, _ = await full
         except BaseException:
-            for task in (full, *prefixes):
+            for task in prefixes:
                 task.cancel()
-            await asyncio.gather(full, *prefixes, return_exceptions=True)
+            await asyncio.gather(*prefixes, return_exceptions=True)
             raise
         total, last = len(pcm) // SAMPLE_BYTES, 0
         words = []
         for m, end in zip(matches, ends, strict=True):
             last = min(max(last, end), total)  # in order, and inside the clause's audio
             words.append(WordEnd(last, clause.start + m.end()))
-        return ClauseAudio(clause, pcm, rate, tuple(words))
+        return tuple(words)
