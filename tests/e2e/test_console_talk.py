@@ -9,15 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
-from .console_support import create_session, launch_chromium, require_chromium, wait_until
+from .console_support import checked_page, create_session, launch_chromium, require_chromium, wait_until
+from .media_support import KEY
 from .server import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-KEY = "talk-key-0123456789abcdef"
-KEYS = json.dumps(
-    [{"key": KEY, "scopes": ["sessions:read", "sessions:write", "sessions:control", "events:read", "media:connect"]}]
-)
 ANSWER = (
     "Your train to Geneva leaves from platform seven at a quarter past nine, and it stops in Lausanne, Morges and "
     "Nyon before it arrives in Geneva at ten to eleven."
@@ -29,37 +26,13 @@ def no_leaked_tasks() -> None:
     """Replaces the suite's asyncio task check: Playwright's sync API runs its own loop in this thread."""
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("talk"), SWITCHBOARD_API_KEYS=KEYS).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def client(srv: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=10) as c:
-        yield c
-
-
-@pytest.fixture
-def page(srv: Server) -> Iterator[Any]:
+def page() -> Iterator[Any]:
     require_chromium()
     with launch_chromium() as browser:
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        context.add_init_script(f"sessionStorage.setItem('switchboard.apiKey', {json.dumps(KEY)})")
-        pg = context.new_page()
-        errors: list[str] = []
-        pg.on("pageerror", lambda err: errors.append(str(err)))
-        pg.on("console", lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None)
-        pg.set_default_timeout(15000)
-        try:
+        init = f"sessionStorage.setItem('switchboard.apiKey', {json.dumps(KEY)})"
+        with checked_page(browser, timeout_ms=15000, init_script=init, viewport={"width": 1400, "height": 1000}) as pg:
             yield pg
-        finally:
-            context.close()
-        assert not errors, f"uncaught errors in the page: {errors}"
 
 
 def media_frames(page: Any) -> list[dict[str, Any]]:
@@ -75,13 +48,13 @@ def media_frames(page: Any) -> list[dict[str, Any]]:
 
 
 def test_talk_speaks_the_agent_and_a_barge_in_commits_what_was_heard(
-    srv: Server, client: httpx.Client, page: Any
+    media_srv: Server, media_client: httpx.Client, page: Any
 ) -> None:
-    sid = create_session(client, [{"text": ANSWER}, {"text": "Sure, go on."}])
+    sid = create_session(media_client, [{"text": ANSWER}, {"text": "Sure, go on."}])
     sent = media_frames(page)
     urls: list[str] = []
     page.on("websocket", lambda ws: urls.append(ws.url))
-    page.goto(f"{srv.url}/console/#session={sid}")
+    page.goto(f"{media_srv.url}/console/#session={sid}")
     page.wait_for_selector('[data-type="session.started"]')
 
     page.click("#talk-connect")
@@ -109,7 +82,7 @@ def test_talk_speaks_the_agent_and_a_barge_in_commits_what_was_heard(
     assert page.get_attribute("#talk-speech", "data-state") == "interrupted"
 
     speech = wait_until(
-        lambda: (s := client.get(f"/v1/sessions/{sid}/speeches/{speech_id}").json())["state"] == "done" and s,
+        lambda: (s := media_client.get(f"/v1/sessions/{sid}/speeches/{speech_id}").json())["state"] == "done" and s,
         timeout=15,
         what="the speech to end",
     )

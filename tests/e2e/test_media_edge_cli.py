@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 import wave
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,11 @@ import httpx
 import pytest
 
 from .console_support import create_session, wait_until
+from .media_support import KEY, NO_MEDIA_KEY
 from .server import Server
 
 pytestmark = pytest.mark.e2e
 
-KEY = "edge-key-0123456789abcdef"
-NO_MEDIA_KEY = "edge-key-without-media-0123"
-SCOPES = ["sessions:read", "sessions:write", "sessions:control", "events:read"]
-KEYS = json.dumps([{"key": KEY, "scopes": [*SCOPES, "media:connect"]}, {"key": NO_MEDIA_KEY, "scopes": SCOPES}])
 LONG = (
     "Thank you for calling the station. Your train to Geneva leaves from platform seven at a quarter past nine, "
     "and it stops in Lausanne, Morges and Nyon before it arrives. Tickets can be bought on board or at the desk."
@@ -43,21 +39,6 @@ def require_espeak() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail("espeak-ng is missing: .ci/run installs it")
         pytest.skip("needs espeak-ng (apt-get install espeak-ng)")
-
-
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("edge"), SWITCHBOARD_API_KEYS=KEYS).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def client(srv: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=10) as c:
-        yield c
 
 
 class EdgeProcess:
@@ -141,19 +122,19 @@ def full_length(text: str) -> int:
 
 
 def test_barge_in_mid_speech_commits_what_the_cut_audio_holds(
-    srv: Server, client: httpx.Client, tmp_path: Path
+    media_srv: Server, media_client: httpx.Client, tmp_path: Path
 ) -> None:
-    sid = create_session(client, [{"text": "Of course, go ahead."}])
-    edge = EdgeProcess(srv, sid, "--out", str(tmp_path), "--barge-in")
+    sid = create_session(media_client, [{"text": "Of course, go ahead."}])
+    edge = EdgeProcess(media_srv, sid, "--out", str(tmp_path), "--barge-in")
     try:
         edge.expect("connected to session")
-        speech_id = client.post(f"/v1/sessions/{sid}/say", json={"text": LONG}).json()["speech_id"]
+        speech_id = media_client.post(f"/v1/sessions/{sid}/say", json={"text": LONG}).json()["speech_id"]
         edge.expect(f"speech {speech_id} playing")
         time.sleep(HEAR_FOR_S)  # the agent has been heard for a few words when the user cuts in
         edge.say("Sorry, which platform?")
         edge.expect(f"speech {speech_id} stopped after")
         done = wait_until(
-            lambda: (s := speech(client, sid, speech_id))["state"] == "done" and s, timeout=TIMEOUT_S, what="done"
+            lambda: (s := speech(media_client, sid, speech_id))["state"] == "done" and s, timeout=TIMEOUT_S, what="done"
         )
         record, samples = audio_of(tmp_path, speech_id)
 
@@ -166,7 +147,7 @@ def test_barge_in_mid_speech_commits_what_the_cut_audio_holds(
         assert done["interrupted"] is True
         assert done["played_text"] == heard == LONG[: record["reported_chars"]]
         assert record["interrupted"] is True
-        chat = client.get(f"/v1/sessions/{sid}/chat").json()["items"]
+        chat = media_client.get(f"/v1/sessions/{sid}/chat").json()["items"]
         said = [i for i in chat if i["type"] == "message" and i["role"] == "assistant"]
         assert said[0]["text"] == heard and said[0]["interrupted"] is True
         # the line became the user's turn, and the agent's answer was played to its end
@@ -176,27 +157,30 @@ def test_barge_in_mid_speech_commits_what_the_cut_audio_holds(
         edge.expect(f"speech {reply_id} finished")
         reply_record, reply_samples = audio_of(tmp_path, reply_id)
         assert reply_samples >= reply_record["words"][-1]["end_sample"] and not reply_record["interrupted"]
-        assert speech(client, sid, reply_id)["played_text"] == "Of course, go ahead."
+        answered = wait_until(
+            lambda: (s := speech(media_client, sid, reply_id))["state"] == "done" and s, timeout=TIMEOUT_S, what="done"
+        )
+        assert answered["played_text"] == "Of course, go ahead." and answered["interrupted"] is False
     finally:
-        client.delete(f"/v1/sessions/{sid}")
+        media_client.delete(f"/v1/sessions/{sid}")
         code, err = edge.finish()
     assert code == 0, err
     assert edge.expect("session ").endswith("closed")
 
 
 def test_an_interrupt_from_the_service_silences_the_edge_at_the_last_reported_word(
-    srv: Server, client: httpx.Client, tmp_path: Path
+    media_srv: Server, media_client: httpx.Client, tmp_path: Path
 ) -> None:
-    sid = create_session(client, [])
-    edge = EdgeProcess(srv, sid, "--out", str(tmp_path))
+    sid = create_session(media_client, [])
+    edge = EdgeProcess(media_srv, sid, "--out", str(tmp_path))
     try:
         edge.expect("connected to session")
-        speech_id = client.post(f"/v1/sessions/{sid}/say", json={"text": LONG}).json()["speech_id"]
+        speech_id = media_client.post(f"/v1/sessions/{sid}/say", json={"text": LONG}).json()["speech_id"]
         edge.expect(f"speech {speech_id} playing")
         time.sleep(HEAR_FOR_S)
-        res = client.post(f"/v1/sessions/{sid}/interrupt", json={})
+        res = media_client.post(f"/v1/sessions/{sid}/interrupt", json={})
         assert res.status_code == 200 and res.json()["interrupted"] is True, res.text
-        committed = speech(client, sid, speech_id)["played_text"]
+        committed = speech(media_client, sid, speech_id)["played_text"]
         edge.expect(f"speech {speech_id} stopped after")
         record, samples = audio_of(tmp_path, speech_id)
         # the service committed the last progress the edge reported before the stop, never more than it played
@@ -205,28 +189,30 @@ def test_an_interrupt_from_the_service_silences_the_edge_at_the_last_reported_wo
         assert len(heard_in(record, samples)) == record["reported_chars"]
         assert samples < full_length(LONG) * 0.8
     finally:
-        client.delete(f"/v1/sessions/{sid}")
+        media_client.delete(f"/v1/sessions/{sid}")
         edge.finish()
 
 
-def test_an_edge_without_the_media_scope_is_refused_in_one_line(srv: Server, client: httpx.Client) -> None:
-    sid = create_session(client, [])
-    edge = EdgeProcess(srv, sid, key=NO_MEDIA_KEY)
+def test_an_edge_without_the_media_scope_is_refused_in_one_line(media_srv: Server, media_client: httpx.Client) -> None:
+    sid = create_session(media_client, [])
+    edge = EdgeProcess(media_srv, sid, key=NO_MEDIA_KEY)
     code, err = edge.finish()
     assert code == 1
     assert err.startswith("switchboard: ") and err.count("\n") == 1, err
 
 
-def test_a_second_edge_replaces_the_first_which_says_so_and_exits(srv: Server, client: httpx.Client) -> None:
-    sid = create_session(client, [])
-    first = EdgeProcess(srv, sid)
+def test_a_second_edge_replaces_the_first_which_says_so_and_exits(
+    media_srv: Server, media_client: httpx.Client
+) -> None:
+    sid = create_session(media_client, [])
+    first = EdgeProcess(media_srv, sid)
     first.expect("connected to session")
-    second = EdgeProcess(srv, sid)
+    second = EdgeProcess(media_srv, sid)
     try:
         second.expect("connected to session")
         code, err = first.finish()
         assert code == 1
         assert "replaced this one" in err and err.count("\n") == 1, err
     finally:
-        client.delete(f"/v1/sessions/{sid}")
+        media_client.delete(f"/v1/sessions/{sid}")
         assert second.finish()[0] == 0
