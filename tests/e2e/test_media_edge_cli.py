@@ -216,3 +216,32 @@ def test_a_second_edge_replaces_the_first_which_says_so_and_exits(
     finally:
         media_client.delete(f"/v1/sessions/{sid}")
         assert second.finish()[0] == 0
+
+
+def test_a_speech_with_a_tool_step_plays_as_segments_each_in_its_own_file(
+    media_srv: Server, media_client: httpx.Client, tmp_path: Path
+) -> None:
+    turns = [
+        {"text": "Let me book that for you.", "tool_calls": [{"name": "book", "arguments": {"what": "a table"}}]},
+        {"text": "Done: {{tool_output:book}}."},
+    ]
+    sid = create_session(media_client, turns)
+    edge = EdgeProcess(media_srv, sid, "--out", str(tmp_path))
+    try:
+        edge.expect("connected to session")
+        speech_id = media_client.post(f"/v1/sessions/{sid}/input", json={"text": "A table, please."}).json()[
+            "speech_id"
+        ]
+        edge.expect(f"speech {speech_id} finished: 'Let me book that for you.'")
+        edge.expect(f"speech {speech_id} finished: 'Done: booked a table.'")
+        first, first_samples = audio_of(tmp_path, speech_id)
+        second, second_samples = audio_of(tmp_path, f"{speech_id}-2")
+        assert (first["text"], second["text"]) == ("Let me book that for you.", "Done: booked a table.")
+        assert first_samples >= first["words"][-1]["end_sample"] and second_samples >= second["words"][-1]["end_sample"]
+        done = wait_until(
+            lambda: (s := speech(media_client, sid, speech_id))["state"] == "done" and s, timeout=TIMEOUT_S, what="done"
+        )
+        assert done["interrupted"] is False
+    finally:
+        media_client.delete(f"/v1/sessions/{sid}")
+        edge.finish()
