@@ -169,10 +169,28 @@ class EdgeConn:
         await self.ws.close()
 
 
-async def _speaking(client: httpx.AsyncClient, edge: EdgeConn) -> None:
+async def _request(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> httpx.Response:
+    """One request, sent again if the server had just closed the idle keep-alive connection it went on, or answered
+    503 (POSTs carry an Idempotency-Key, so a second send is applied once)."""
+    for attempt in range(1, 6):
+        try:
+            r = await client.request(method, url, **kw)
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            if attempt == 5:
+                raise
+            continue
+        if r.status_code != 503 or attempt == 5:  # 503: the server's deadline passed (a loaded machine): again
+            r.raise_for_status()
+            return r
+        await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+async def _speaking(client: httpx.AsyncClient, edge: EdgeConn, gate: asyncio.Semaphore) -> None:
     """Give the session input and wait until its edge has the whole preamble (and the tool is waiting)."""
-    r = await client.post(f"/v1/sessions/{edge.sid}/input", json={"text": "go"})
-    r.raise_for_status()
+    key = {"Idempotency-Key": f"go-{edge.sid}-{time.time_ns()}"}
+    async with gate:
+        r = await _request(client, "POST", f"/v1/sessions/{edge.sid}/input", json={"text": "go"}, headers=key)
     speech_id = r.json()["speech_id"]
     async with asyncio.timeout(WAIT_S):
         while not (edge.speech_id == speech_id and edge.ended and edge.played_chars > 0):
@@ -183,8 +201,8 @@ async def _settle(client: httpx.AsyncClient, it: Interrupt) -> None:
     """Read the committed heard text and the tool's release time."""
     async with asyncio.timeout(WAIT_S):
         while True:
-            speech = (await client.get(f"/v1/sessions/{it.sid}/speeches/{it.speech_id}")).json()
-            calls = (await client.get(f"/v1/sessions/{it.sid}/tool-calls")).json()["items"]
+            speech = (await _request(client, "GET", f"/v1/sessions/{it.sid}/speeches/{it.speech_id}")).json()
+            calls = (await _request(client, "GET", f"/v1/sessions/{it.sid}/tool-calls")).json()["items"]
             mine = [c for c in calls if c["speech_id"] == it.speech_id and c["status"] != "running"]
             if speech["state"] == "done" and mine:
                 it.committed = speech["played_text"]
@@ -245,8 +263,9 @@ async def _bench(server: Server, args: argparse.Namespace) -> int:
             edge.start()
         print(f"{args.sessions} sessions, each with an edge connected; progress every {args.progress_ms} ms")
         all_its: list[Interrupt] = []
+        gate = asyncio.Semaphore(20)  # inputs between rounds, not measured: no need to flood the server
         for n in range(args.rounds):
-            await asyncio.gather(*(_speaking(client, edge) for edge in edges))
+            await asyncio.gather(*(_speaking(client, edge, gate) for edge in edges))
             await asyncio.sleep(args.progress_ms / 1000 * 2)  # a few progress reports in
             load = os.getloadavg()
             its = await _round(client, edges, args.period_ms / 1000)

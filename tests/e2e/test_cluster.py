@@ -213,3 +213,29 @@ async def _accepted(client: httpx.AsyncClient, sid: str, text: str) -> httpx.Res
 async def _redis_reported_down(client: httpx.AsyncClient) -> httpx.Response | None:
     r = await client.get("/readyz")
     return r if "redis" in str(r.json().get("detail")) else None
+
+
+async def test_a_media_edge_is_sent_to_the_node_that_runs_its_session(
+    tmp_path: Path, database_url: str, redis: RedisServer
+):
+    from .edge_client import Edge
+
+    a = cluster_node(tmp_path, database_url, "node-a", redis.url).start(timeout=60)
+    b = cluster_node(tmp_path, database_url, "node-b", redis.url).start(timeout=60)
+    try:
+        async with httpx.AsyncClient(base_url=a.url, timeout=20) as on_a:
+            session = await create(on_a)
+            sid = session["id"]
+            assert session["owner_node"] == "node-a"
+            elsewhere = await Edge.connect(b.ws_url, sid)
+            code, reason = await elsewhere.wait_closed()
+            assert code == 4421 and "node-a" in reason and a.url in reason, (code, reason)
+            edge = await Edge.connect(a.ws_url, sid)
+            await edge.send({"type": "user.transcript", "text": "hello from the edge"})
+            start = await edge.wait_for("speech.start", timeout=15)
+            await edge.wait_for("speech.end", timeout=15)
+            assert edge.texts[start["speech_id"]] == "Noted."
+            await edge.close()
+    finally:
+        b.stop()
+        a.stop()

@@ -64,7 +64,8 @@ CLOSE_CODES: dict[int, str] = {
     CLOSE_NOT_FOUND: "No such session.",
     CLOSE_REPLACED: "Another edge connected to this session and replaced this one. The speech this one was playing "
     "ended interrupted at its last reported position.",
-    CLOSE_NOT_ACTIVE: "The session is not active (it ended, or is being recovered: retry in a moment).",
+    CLOSE_NOT_ACTIVE: "The session is not active here: it ended (at connection time), is being recovered, was "
+    "suspended by a shutdown or moved to another node. Connect again in a moment (4421 then names its node).",
     CLOSE_ELSEWHERE: "Cluster mode: another node runs this session; the reason names it (`session runs on node N at "
     "URL`). Connect there.",
     CLOSE_TOO_MANY_FRAMES: "Too many frames per second (`SWITCHBOARD_MEDIA_MAX_FRAMES_PER_S`, default 100, over a "
@@ -239,10 +240,12 @@ class _EdgeConnection:
                 raise _Closed(CLOSE_SLOW_CONSUMER, "too slow: frames waited too long")
             if self.edge.gone:
                 raise _Closed(CLOSE_REPLACED, "replaced by another edge")
-            if self.session.state != SessionStatus.ACTIVE or deps.services(self.ws).host.live(self.session.id) is not (
-                self.session
-            ):
-                raise _Closed(CLOSE_NORMAL, f"session {self.session.state}")
+            state = self.session.state
+            if state.ended or state == SessionStatus.CLOSING:
+                raise _Closed(CLOSE_NORMAL, f"session {state}")
+            if state != SessionStatus.ACTIVE or deps.services(self.ws).host.live(self.session.id) is not self.session:
+                # suspended by a shutdown, or moved to another node: where it runs next, the edge connects again
+                raise _Closed(CLOSE_NOT_ACTIVE, f"session {state} here; connect again")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(WATCH_INTERVAL_S):
                     await self.wake_ev.wait()

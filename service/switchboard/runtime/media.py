@@ -49,6 +49,9 @@ class EdgeSession(Protocol):
 
     def speech(self, speech_id: str) -> SpeechHandle | None: ...
 
+    @property
+    def current_speech(self) -> SpeechHandle | None: ...
+
     async def interrupt(self, *, force: bool = False) -> SpeechHandle | None: ...
 
     async def input(self, text: str, *, final: bool = True) -> InputResult: ...
@@ -71,10 +74,9 @@ class EdgeStream(ReportedStream):
             super().end_input()
             self._send(SpeechEndFrame(speech_id=self.speech_id))
 
-    def cut(self) -> None:
-        """End at the last reported position without telling the edge (it is gone, or it cut the audio itself)."""
+    def mute(self) -> None:
+        """Send no ``speech.stop`` when stopped (the edge is gone, or it cut the audio itself)."""
         self._on_stop = None
-        self.stop()
 
 
 class MediaEdge:
@@ -173,6 +175,11 @@ class MediaEdge:
         stream.playback_finished()
 
     async def _barge_in(self) -> None:
+        current = self.session.current_speech
+        if current is not None and current.allow_interruptions and not current.done:
+            # at once, before the command's turn comes: its audio stops and its waits are released now (I3); the
+            # command then interrupts the queued speeches after it and returns once the heard text is committed
+            current.interrupt()
         try:
             await self.session.interrupt()
         except NotInterruptible:
@@ -187,10 +194,11 @@ class MediaEdge:
 
     def _cut(self, stream: EdgeStream) -> None:
         """The audio of ``stream`` ended early: its speech ends interrupted at the last reported position."""
+        stream.mute()
         speech = self.session.speech(stream.speech_id)
         if speech is not None and not speech.done:
             speech.interrupt(force=True)  # first: the reply must see an interruption, not a finished playout
-        stream.cut()
+        stream.stop()
 
     def close(self) -> None:
         """The edge is gone (disconnected or replaced): a speech it was playing ends interrupted where it was last

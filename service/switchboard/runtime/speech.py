@@ -105,6 +105,7 @@ class SpeechHandle:
         self._steps: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[Any] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
+        self._on_interrupted: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         return f"<SpeechHandle {self.id} {self.source} {self.state}{' interrupted' if self.interrupted else ''}>"
@@ -155,14 +156,24 @@ class SpeechHandle:
         if not self.allow_interruptions and not force:
             raise NotInterruptible(f"speech {self.id} does not allow interruptions")
         resolve(self._interrupt_fut, None)
+        callbacks, self._on_interrupted = self._on_interrupted, []
+        for callback in callbacks:  # in this very call: what plays the speech stops before anything else runs
+            try:
+                callback()
+            except Exception:
+                logger.exception("an interrupt callback of speech %s failed", self.id)
         if self._task is not None and self._watchdog is None:
             loop = asyncio.get_running_loop()
             self._watchdog = loop.call_later(self.force_timeout_s, self._force_cancel)
         return True
 
     def on_interrupted(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the speech is interrupted (soon, if it already is): what plays it stops then."""
-        self._interrupt_fut.add_done_callback(lambda _: callback())
+        """Call ``callback`` when the speech is interrupted, within ``interrupt()`` (at once if it already was):
+        what plays the speech stops at that instant, so nothing it reports later counts as heard."""
+        if self.interrupted:
+            callback()
+        else:
+            self._on_interrupted.append(callback)
 
     def _force_cancel(self) -> None:
         if self.done or self._task is None or self._task.done():
