@@ -11,6 +11,10 @@ const CLOSE_NOTES = {
   4401: "The service did not accept the credential.",
   4403: "This credential may not connect as the session's media edge (it needs the media:connect scope).",
   4404: "No such session.",
+  4409: "Another edge connected to this session and replaced this browser.",
+  4410: "The session is not active here (ended, being recovered or moved): connect again in a moment.",
+  4421: "Another node runs this session: open the console on that node.",
+  4429: "This browser sent too many frames per second.",
 };
 
 /** One speech (or one segment of it, after a tool step): its text as it arrives, its clauses, what was heard. */
