@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.sync.client import connect
 
 from .console_support import checked_page, create_session, launch_chromium, require_chromium, wait_until
 from .media_support import KEY
@@ -102,3 +103,19 @@ def test_talk_speaks_the_agent_and_a_barge_in_commits_what_was_heard(
     # the key never travels in a URL: the media socket carries a session token
     assert all(KEY not in u for u in urls)
     assert any("/media?token=sbt_" in u for u in urls)
+
+
+def test_another_edge_replaces_the_browser_which_says_so(
+    media_srv: Server, media_client: httpx.Client, page: Any
+) -> None:
+    sid = create_session(media_client, [])
+    page.goto(f"{media_srv.url}/console/#session={sid}")
+    page.click("#talk-connect")
+    page.wait_for_selector('#talk-state[data-state="connected"]')
+    assert page.is_enabled("#talk-barge") and page.is_enabled("#talk-text")
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with connect(f"{media_srv.ws_url}/v1/sessions/{sid}/media", additional_headers=headers):
+        page.wait_for_selector('#talk-state[data-state="failed"]')
+        assert "replaced this browser" in page.inner_text("#talk-state")
+        assert page.is_disabled("#talk-barge") and page.is_disabled("#talk-text")
+        assert page.inner_text("#talk-connect") == "Connect audio"
