@@ -85,6 +85,7 @@ async def test_espeak_gives_each_word_an_end_in_order_inside_its_clause() -> Non
     audio = await engine.clause(Clause(7, "Hello there, how are you today? "))
     assert audio.rate > 0 and audio.samples > audio.rate // 2  # over half a second of speech
     words = await audio.words
+    assert audio.known == list(words)  # filled in word order as each is measured
     ends = [w.sample for w in words]
     assert [w.chars for w in words] == [12, 19, 23, 27, 31, 38]  # offsets in the speech, not the clause
     assert ends == sorted(ends) and len(set(ends)) == len(ends)

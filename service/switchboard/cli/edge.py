@@ -25,7 +25,7 @@ from typing import Any
 
 from ..client import AsyncClient, MediaConnection, MediaFrame, SwitchboardError, Unavailable
 from .edge_audio import DeviceSink, Sink, SpeechRecord, WavSink, file_stem, find_player
-from .espeak import Chunker, ClauseAudio, Espeak, SynthesisError
+from .espeak import Chunker, ClauseAudio, Espeak, SynthesisError, WordEnd
 from .output import printable, short
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -203,7 +203,7 @@ class Edge:
         loop = asyncio.get_running_loop()
         record, rate = playback.record, audio.rate
         base = record.played_samples
-        timed = False  # the clause's word ends are measured while it plays; reports wait for them
+        taken = 0  # of the clause's words, measured while it plays: a word is reported once its end is known
         if clock is None or clock + base / rate < loop.time():
             clock = loop.time() - base / rate  # the first clause, or synthesis fell behind: play on from now
         frame, pos = max(1, int(rate * FRAME_S)), 0
@@ -218,14 +218,17 @@ class Edge:
             for sink in playback.sinks:
                 sink.played(pcm)
             pos, record.played_samples = end, base + end
-            if not timed and audio.words.done():
-                record.words.extend((base + w.sample, w.chars) for w in audio.words.result())
-                timed = True
+            taken = self._take_words(record, audio.known, taken, base)
             await self._report(playback, record.heard_chars())
-        if not timed:  # in order: the next clause's words come after this one's
-            record.words.extend((base + w.sample, w.chars) for w in await audio.words)
+        await audio.words  # every word of this clause before any of the next
+        if self._take_words(record, audio.known, taken, base) > taken:
             await self._report(playback, record.heard_chars())
         return clock
+
+    @staticmethod
+    def _take_words(record: SpeechRecord, known: list[WordEnd], taken: int, base: int) -> int:
+        record.words.extend((base + w.sample, w.chars) for w in known[taken:])
+        return len(known)
 
     async def _report(self, playback: Playback, chars: int) -> None:
         if chars > playback.record.reported_chars:

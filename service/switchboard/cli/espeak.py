@@ -52,8 +52,10 @@ class ClauseAudio:
     clause: Clause
     pcm: bytes
     rate: int
-    #: where each word ends: measured while the clause starts playing (cancel it if the clause is dropped)
+    #: where each word ends, measured while the clause plays: ``known`` fills in word order, ``words`` is done once
+    #: every word is measured (cancel it if the clause is dropped)
     words: asyncio.Task[tuple[WordEnd, ...]]
+    known: list[WordEnd]
 
     @property
     def samples(self) -> int:
@@ -151,10 +153,11 @@ class Espeak:
         return wav_pcm(out)
 
     async def clause(self, clause: Clause) -> ClauseAudio:
-        """The clause's audio, as soon as it is synthesised, and where each of its words ends in it (a task: the
-        clause can start playing before it is done)."""
+        """The clause's audio, as soon as it is synthesised, and where each of its words ends in it (measured while
+        the clause plays: it can start before its words are known)."""
         full = asyncio.create_task(self.pcm(clause.text))
-        words = asyncio.create_task(self._word_ends(clause, full))  # its runs queue behind the clause's own
+        known: list[WordEnd] = []
+        words = asyncio.create_task(self._word_ends(clause, full, known))  # its runs queue behind the clause's own
         try:
             pcm, rate = await asyncio.shield(full)
         except BaseException:
@@ -162,22 +165,23 @@ class Espeak:
             full.cancel()
             await asyncio.gather(full, words, return_exceptions=True)
             raise
-        return ClauseAudio(clause, pcm, rate, words)
+        return ClauseAudio(clause, pcm, rate, words, known)
 
-    async def _word_ends(self, clause: Clause, full: asyncio.Task[tuple[bytes, int]]) -> tuple[WordEnd, ...]:
+    async def _word_ends(
+        self, clause: Clause, full: asyncio.Task[tuple[bytes, int]], known: list[WordEnd]
+    ) -> tuple[WordEnd, ...]:
         matches = list(_WORD.finditer(clause.text))
         prefixes = [asyncio.ensure_future(self.pcm(clause.text[: m.end()], final_pause=False)) for m in matches]
         try:
-            ends = [len(p) // SAMPLE_BYTES for p, _ in await asyncio.gather(*prefixes)]
             pcm, _ = await full
+            total, last = len(pcm) // SAMPLE_BYTES, 0
+            for m, prefix in zip(matches, prefixes, strict=True):
+                end = len((await prefix)[0]) // SAMPLE_BYTES  # the first words are known first
+                last = min(max(last, end), total)  # in order, and inside the clause's audio
+                known.append(WordEnd(last, clause.start + m.end()))
         except BaseException:
             for task in prefixes:
                 task.cancel()
             await asyncio.gather(*prefixes, return_exceptions=True)
             raise
-        total, last = len(pcm) // SAMPLE_BYTES, 0
-        words = []
-        for m, end in zip(matches, ends, strict=True):
-            last = min(max(last, end), total)  # in order, and inside the clause's audio
-            words.append(WordEnd(last, clause.start + m.end()))
-        return tuple(words)
+        return tuple(known)
