@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -245,3 +246,28 @@ def test_a_speech_with_a_tool_step_plays_as_segments_each_in_its_own_file(
     finally:
         media_client.delete(f"/v1/sessions/{sid}")
         edge.finish()
+
+
+def test_an_edge_stopped_mid_speech_writes_its_file_and_the_speech_ends_where_it_was_heard(
+    media_srv: Server, media_client: httpx.Client, tmp_path: Path
+) -> None:
+    sid = create_session(media_client, [])
+    edge = EdgeProcess(media_srv, sid, "--out", str(tmp_path))
+    try:
+        edge.expect("connected to session")
+        speech_id = media_client.post(f"/v1/sessions/{sid}/say", json={"text": LONG}).json()["speech_id"]
+        edge.expect(f"speech {speech_id} playing")
+        time.sleep(HEAR_FOR_S)
+        edge.proc.send_signal(signal.SIGTERM)
+        code, err = edge.finish()
+        assert code == 0, err
+        record, samples = audio_of(tmp_path, speech_id)  # a complete WAV file, cut where the audio stopped
+        assert record["interrupted"] is True and 0 < samples < full_length(LONG) * 0.8
+        done = wait_until(
+            lambda: (s := speech(media_client, sid, speech_id))["state"] == "done" and s, timeout=TIMEOUT_S, what="done"
+        )
+        # the service ended the speech at the last word the edge reported: the one the file ends after
+        assert done["interrupted"] is True
+        assert done["played_text"] == heard_in(record, samples) == LONG[: record["reported_chars"]]
+    finally:
+        media_client.delete(f"/v1/sessions/{sid}")
