@@ -213,6 +213,21 @@ async def _settle(client: httpx.AsyncClient, it: Interrupt) -> None:
             await asyncio.sleep(0.05)
 
 
+def _server_histogram(metrics: str) -> str:
+    """The server's own ``switchboard_media_barge_in_seconds`` as "<= bound: share" (cumulative)."""
+    name = "switchboard_media_barge_in_seconds"
+    buckets: list[tuple[str, float]] = []
+    for line in metrics.splitlines():
+        if line.startswith(name + "_bucket{"):
+            bound = line.split('le="')[1].split('"')[0]
+            buckets.append((bound, float(line.rsplit(" ", 1)[1])))
+    total = buckets[-1][1] if buckets else 0.0
+    if not total:
+        return "no samples"
+    shown = [f"<= {float(b) * 1000:g} ms: {n / total:.1%}" for b, n in buckets if b != "+Inf"]
+    return f"n={total:.0f}, " + ", ".join(shown)
+
+
 def _line(name: str, values: list[float]) -> str:
     return (
         f"  {name:<15} n={len(values):4d}  p50={pct(values, 50):6.2f} ms  p90={pct(values, 90):6.2f}  "
@@ -273,8 +288,10 @@ async def _bench(server: Server, args: argparse.Namespace) -> int:
             print(f"round {n + 1}  (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")
             print(_line("speech.stop", [it.stop_ms or 0.0 for it in its]))
             print(_line("wait released", [it.released_ms or 0.0 for it in its]))
+        server_side = _server_histogram((await _request(client, "GET", "/metrics")).text)
         for edge in edges:
             await edge.close()
+    print(f"in the server, barge-in read -> speech.stop written: {server_side}")
     wrong = [it for it in all_its if it.committed != it.text[: it.played_chars].strip()]
     errors = [e for edge in edges for e in edge.errors]
     stops = [it.stop_ms or 0.0 for it in all_its]

@@ -14,7 +14,7 @@ from switchboard.api.app import create_app
 from switchboard.runtime.agent import AgentRegistry
 
 from .conftest import Api, make_settings
-from .test_observability import AsgiWebSocket, until
+from .test_observability import AsgiWebSocket, sample, scrape, until
 
 
 async def frames(ws: AsgiWebSocket, n: int) -> bool:
@@ -45,10 +45,12 @@ async def test_an_edge_that_stops_reading_is_closed_and_its_speech_ends_interrup
     ws = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media")
     send(ws, {"type": "ping"})
     await until(lambda: frames(ws, 1))
+    assert sample(await scrape(api), "switchboard_media_edges") == 1
     ws.stall()  # reads nothing more: 300 words of speech.text pile up
     r = await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "talk"})
     speech_id = r.json()["speech_id"]
     assert (await ws.closed())[0] == 4008
+    assert sample(await scrape(api), "switchboard_media_edges") == 0
     done = await until(lambda: _done(api, sid, speech_id))
     assert done["interrupted"] is True and done["played_text"] == ""
     # the session goes on without an edge
@@ -80,3 +82,22 @@ async def test_a_frame_over_the_size_limit_closes_the_edge(tmp_path: Any, regist
             assert code == 1009 and "at most 1124 characters" in reason
             r = await client.post(f"/v1/sessions/{sid}/input", json={"text": "hello"})
             assert r.status_code == 202
+
+
+async def test_barge_in_latency_is_measured_from_the_frame_read_to_the_stop_written(api: Api) -> None:
+    sid = await create(api, [{"text": WORDS}])
+    ws = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media")
+    send(ws, {"type": "user.speech_started"})  # nothing to interrupt yet: not measured
+    send(ws, {"type": "ping"})
+    await until(lambda: frames(ws, 1))
+    await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "talk"})
+    await until(lambda: _sent(ws, "speech.end"))
+    send(ws, {"type": "user.speech_started"})
+    await until(lambda: _sent(ws, "speech.stop"))
+    m = await scrape(api)
+    assert sample(m, "switchboard_media_barge_in_seconds_count") == 1
+    await ws.disconnect()
+
+
+async def _sent(ws: AsgiWebSocket, kind: str) -> bool:
+    return any(f["type"] == kind for f in ws.frames)

@@ -20,7 +20,14 @@ from starlette.websockets import WebSocketDisconnect
 from ..control.settings import Settings
 from ..runtime.aio import cancel_and_wait
 from ..runtime.media import EdgePlayout, MediaEdge
-from ..runtime.media_frames import ErrorFrame, FrameRefused, _Frame, parse_edge_frame
+from ..runtime.media_frames import (
+    ErrorFrame,
+    FrameRefused,
+    SpeechStopFrame,
+    UserSpeechStartedFrame,
+    _Frame,
+    parse_edge_frame,
+)
 from ..runtime.session import AgentSession, SessionClosed
 from ..runtime.status import SessionStatus
 from . import deps
@@ -35,6 +42,7 @@ OUTBOX_FRAMES = 4096  # frames queued for a slow edge before it is closed (4008)
 SEND_TIMEOUT_S = 10.0
 WATCH_INTERVAL_S = 0.25  # how often a connection checks that its session still runs here
 FRAME_OVERHEAD_CHARS = 1024  # a transcript frame's JSON around its text
+STOP_PREFIX = SpeechStopFrame(speech_id="").to_json().partition(",")[0]  # how a speech.stop frame begins
 
 CLOSE_NORMAL = 1000
 CLOSE_UNSUPPORTED_DATA = 1003
@@ -159,6 +167,8 @@ class _EdgeConnection:
         self.edge = MediaEdge(session, self._enqueue, max_text_chars=settings.max_text_chars, on_close=self.wake_ev.set)
         self.sending_since: float | None = None
         self.overflowed = False
+        self.barge_in_at: float | None = None
+        self.metrics = deps.services(ws).metrics
 
     def _enqueue(self, frame: _Frame) -> None:
         try:
@@ -173,6 +183,7 @@ class _EdgeConnection:
             previous.close()  # its connection sees it and closes with 4409
         log = {"session_id": self.session.id}
         logger.info("session %s: a media edge connected", self.session.id, extra=log)
+        self.metrics.media_edges.inc()
         tasks = [
             asyncio.create_task(self._receive(), name=f"media-receive:{self.session.id}"),
             asyncio.create_task(self._send(), name=f"media-send:{self.session.id}"),
@@ -184,6 +195,7 @@ class _EdgeConnection:
             await cancel_and_wait(*tasks)
             self.playout.detach(self.edge)
             self.edge.close()  # a speech it was playing ends interrupted where it was last reported
+            self.metrics.media_edges.dec()
         logger.info("session %s: the media edge left", self.session.id, extra=log)
         await self._close(done)
 
@@ -218,7 +230,10 @@ class _EdgeConnection:
                 data = json.loads(text)
             except ValueError:
                 raise FrameRefused("bad_json", "a frame is a JSON text message") from None
-            await self.edge.handle(parse_edge_frame(data))
+            frame = parse_edge_frame(data)
+            if isinstance(frame, UserSpeechStartedFrame) and self.edge.session.current_speech is not None:
+                self.barge_in_at = time.perf_counter()  # until its speech.stop is written (a metric)
+            await self.edge.handle(frame)
         except FrameRefused as refused:
             self._enqueue(refused.error_frame())
         except SessionClosed:
@@ -233,6 +248,9 @@ class _EdgeConnection:
             self.sending_since = time.monotonic()
             await self.ws.send_text(text)
             self.sending_since = None
+            if self.barge_in_at is not None and text.startswith(STOP_PREFIX):
+                self.metrics.media_barge_in.observe(time.perf_counter() - self.barge_in_at)
+                self.barge_in_at = None
 
     async def _watch(self) -> None:
         while True:
