@@ -87,7 +87,17 @@ def test_console_is_served_and_redirects(srv: Server, client: httpx.Client) -> N
     assert r.status_code in (307, 308) and r.headers["location"].endswith("/console/")
     page = client.get("/console/")
     assert page.status_code == 200 and '<script type="module" src="./main.js">' in page.text
-    for asset in ("main.js", "api.js", "stream.js", "timeline.js", "session_view.js", "overview.js", "console.css"):
+    for asset in (
+        "main.js",
+        "api.js",
+        "stream.js",
+        "timeline.js",
+        "session_view.js",
+        "overview.js",
+        "talk.js",
+        "speaker.js",
+        "console.css",
+    ):
         assert client.get(f"/console/{asset}").status_code == 200, asset
 
 
