@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from .console_support import create_session, wait_until
-from .media_support import KEY, NO_MEDIA_KEY
+from .media_support import KEY, KEYS, NO_MEDIA_KEY
 from .server import Server
 
 pytestmark = pytest.mark.e2e
@@ -271,3 +271,30 @@ def test_an_edge_stopped_mid_speech_writes_its_file_and_the_speech_ends_where_it
         assert done["played_text"] == heard_in(record, samples) == LONG[: record["reported_chars"]]
     finally:
         media_client.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_voice_espeak_ng_does_not_have_is_one_line_before_connecting(media_srv: Server) -> None:
+    edge = EdgeProcess(media_srv, "any-session", "--voice", "nosuchvoice")
+    code, err = edge.finish()
+    assert code == 2
+    assert err.startswith("switchboard: espeak-ng exited with 1") and "voice does not exist" in err, err
+    assert err.count("\n") == 1 and not edge.seen
+
+
+def test_the_edge_reconnects_after_a_restart_and_plays_on(tmp_path: Path) -> None:
+    server = Server(tmp_path, SWITCHBOARD_API_KEYS=KEYS).start()
+    try:
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=10) as api:
+            sid = create_session(api, [])
+            edge = EdgeProcess(server, sid, "--out", str(tmp_path))
+            edge.expect("connected to session")
+            server.stop()  # a graceful restart: the session is suspended, the edge told to come back
+            server.start()
+            edge.expect("connected to session")
+            speech_id = api.post(f"/v1/sessions/{sid}/say", json={"text": "Back again."}).json()["speech_id"]
+            edge.expect(f"speech {speech_id} finished: 'Back again.'")
+            api.delete(f"/v1/sessions/{sid}")
+        code, err = edge.finish()
+        assert code == 0 and err.count("reconnecting") == 1, err
+    finally:
+        server.stop()

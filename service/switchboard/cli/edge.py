@@ -31,6 +31,7 @@ from .output import printable, short
 DEFAULT_URL = "http://127.0.0.1:8080"
 FRAME_S = 0.02  # audio is played, written and measured in frames of this length
 SESSION_CLOSED = 1000
+SEGMENT_MEMORY = 256  # speeches whose segments are counted (for their file names)
 RECONNECT_FIRST_S = 0.25
 RECONNECT_MAX_S = 2.0
 # a dropped connection, a restart, a stall (1011: missed keepalive; 4008: too slow), a session being recovered
@@ -145,7 +146,9 @@ class Edge:
         sid = frame.speech_id or ""
         if frame.type == "speech.start":
             # a speech with tool steps comes in segments, each opened by its own speech.start with the same id
-            segment = self._segments[sid] = self._segments.get(sid, 0) + 1
+            segment = self._segments[sid] = self._segments.pop(sid, 0) + 1
+            if len(self._segments) > SEGMENT_MEMORY:
+                del self._segments[next(iter(self._segments))]  # the speech least recently started
             name = file_stem(sid) + (f"-{segment}" if segment > 1 else "")
             playback = Playback(sid, frame.allow_interruptions is not False, self.engine, name=name)
             self.speeches[sid] = playback
@@ -172,7 +175,12 @@ class Edge:
             await asyncio.wait([self._play_task])
             task, self._play_task, self.current = self._play_task, None, None
             failure = None if task.cancelled() else task.exception()
-            if failure is not None:
+            if isinstance(failure, SynthesisError):
+                # the engine failed on this speech: it ends where it was heard, and the next one is tried
+                self.say(f"speech {playback.speech_id} could not be synthesised: {failure}")
+                await playback.cancel_synthesis()
+                await self._finalise(playback, cut=True, report=True)
+            elif failure is not None:
                 raise failure
 
     async def _play(self, playback: Playback) -> None:
@@ -332,6 +340,7 @@ async def run_edge(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get("SWITCHBOARD_URL") or DEFAULT_URL
     key = None if args.token else (args.key or os.environ.get("SWITCHBOARD_KEY") or None)
     engine = Espeak(voice=args.voice, wpm=args.wpm)
+    await engine.pcm("ready")  # a missing voice or a broken engine is one line now, not a silent session later
     out = Path(args.out) if args.out else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -343,31 +352,37 @@ async def run_edge(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, task.cancel)
     lines = stdin_lines(loop)
     retry = _Retry(args.retry_for)
+    options = EdgeOptions(engine, out, player, args.barge_in)
     async with AsyncClient(url, api_key=key) as sb:
         while True:
             try:
-                code, reason = await _connection(sb, args, lines, EdgeOptions(engine, out, player, args.barge_in))
+                code, reason = await _connection(sb, args, lines, options, retry)
             except asyncio.CancelledError:
                 return 0  # a signal: what was played is written and reported
-            except Unavailable as err:  # could not connect at all
+            except Unavailable as err:
+                if not retry.connected_once:
+                    raise  # a wrong URL or a service that is not there: say so now
                 code, reason = 1006, err.detail or str(err)
             if code == SESSION_CLOSED:
                 _say(f"session {args.sid} closed")
                 return 0
+            first = retry.failing_since is None
             delay = retry.after(code)
             if delay is None:
                 note = CLOSE_NOTES.get(code, "")
                 print(f"switchboard: the media connection closed ({code} {reason}). {note}".rstrip(), file=sys.stderr)
                 return 1
-            print(f"switchboard: the media connection closed ({code} {reason}); reconnecting", file=sys.stderr)
+            if first:  # once per outage, not once per attempt
+                print(f"switchboard: the media connection closed ({code} {reason}); reconnecting", file=sys.stderr)
             await asyncio.sleep(delay)
 
 
 async def _connection(
-    sb: AsyncClient, args: argparse.Namespace, lines: asyncio.Queue[str | None], options: EdgeOptions
+    sb: AsyncClient, args: argparse.Namespace, lines: asyncio.Queue[str | None], options: EdgeOptions, retry: _Retry
 ) -> tuple[int, str]:
     """One media connection, until the service closes it: its close code and reason."""
     async with sb.media(args.sid, token=args.token) as conn:
+        retry.connected()
         _say(f"connected to session {args.sid} as its media edge")
         await Edge(conn, options, say=_say).run(lines)
         refusal = conn.refusal()
@@ -382,8 +397,13 @@ class _Retry:
 
     def __init__(self, for_s: float) -> None:
         self.for_s = for_s
+        self.connected_once = False
         self.failing_since: float | None = None
         self.delay_s = RECONNECT_FIRST_S
+
+    def connected(self) -> None:
+        self.connected_once = True
+        self.failing_since, self.delay_s = None, RECONNECT_FIRST_S
 
     def after(self, code: int) -> float | None:
         if code not in RETRY_CODES:

@@ -149,7 +149,8 @@ class Espeak:
                     proc.kill()
                     await proc.wait()
         if proc.returncode != 0:
-            raise SynthesisError(f"espeak-ng exited with {proc.returncode}: {err.decode(errors='replace')[:200]}")
+            why = " ".join(err.decode(errors="replace").split())[:200]
+            raise SynthesisError(f"espeak-ng exited with {proc.returncode}: {why}")
         return wav_pcm(out)
 
     async def clause(self, clause: Clause) -> ClauseAudio:
