@@ -119,9 +119,12 @@ def test_the_sound_device_gets_the_samples_ahead_and_a_cut_stops_it_at_once(
     sink.close(cut=False)
     sink.close(cut=True)  # once closed, closing again does nothing
     deadline = time.monotonic() + 10
-    while received.read_bytes() != b"\x01\x00" * 100 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    while not (received.exists() and received.read_bytes() == b"\x01\x00" * 100) and time.monotonic() < deadline:
+        time.sleep(0.02)  # the player drains what it was given after its stdin closed
     assert received.read_bytes() == b"\x01\x00" * 100
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "argv").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert (tmp_path / "argv").read_text().split() == ["-q", "-t", "raw", "-f", "S16_LE", "-c", "1", "-r", "22050", "-"]
 
     cut = DeviceSink("aplay", 22050)
