@@ -49,6 +49,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("GET", "/v1/cluster/nodes"): "sessions:read",
     ("DELETE", "/v1/sessions/{sid}"): "sessions:write",
     ("GET", "/v1/sessions/{sid}/chat"): "sessions:read",
+    ("GET", "/v1/sessions/{sid}/export"): "sessions:read",
     ("POST", "/v1/sessions/{sid}/input"): "sessions:control",
     ("POST", "/v1/sessions/{sid}/say"): "sessions:control",
     ("POST", "/v1/sessions/{sid}/interrupt"): "sessions:control",

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from .console_support import checked_page, create_session, launch_chromium, require_chromium, wait_until
+from .console_support import checked_page, create_session, wait_until
 from .media_support import KEY
 from .server import Server
 
@@ -28,12 +28,10 @@ def no_leaked_tasks() -> None:
 
 
 @pytest.fixture
-def page() -> Iterator[Any]:
-    require_chromium()
-    with launch_chromium() as browser:
-        init = f"sessionStorage.setItem('switchboard.apiKey', {json.dumps(KEY)})"
-        with checked_page(browser, timeout_ms=15000, init_script=init, viewport={"width": 1400, "height": 1000}) as pg:
-            yield pg
+def page(browser: Any) -> Iterator[Any]:
+    init = f"sessionStorage.setItem('switchboard.apiKey', {json.dumps(KEY)})"
+    with checked_page(browser, timeout_ms=15000, init_script=init, viewport={"width": 1400, "height": 1000}) as pg:
+        yield pg
 
 
 def media_frames(page: Any) -> list[dict[str, Any]]:

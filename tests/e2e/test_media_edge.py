@@ -13,13 +13,14 @@ import httpx
 import pytest
 
 from .edge_client import Edge
-from .server import EventStream, Server
+from .server import ROOT, EventStream, Server
 
 pytestmark = pytest.mark.e2e
 
 WORDS = " ".join(f"word{i}" for i in range(40))
 KEY = "media-test-key-0123456789"
 READ_KEY = "media-read-key-0123456789"
+WAIT_S = 30.0  # generous: the machine running e2e tests may be loaded
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +61,16 @@ async def test_barge_in_commits_the_last_reported_progress_and_releases_the_tool
         events = await EventStream.open(server, sid, types="speech.*,tool.*,agent.state")
         edge = await Edge.connect(server.ws_url, sid)
         speech_id = await speaking(client, edge, sid)
-        await events.wait_for("speech.started", lambda d: d["speech_id"] == speech_id)
-        await events.wait_for("agent.state", lambda d: d["state"] == "speaking")
+        await events.wait_for("speech.started", lambda d: d["speech_id"] == speech_id, timeout=WAIT_S)
+        await events.wait_for("agent.state", lambda d: d["state"] == "speaking", timeout=WAIT_S)
         text = await edge.wait_text(speech_id, len(WORDS))
         heard = text.index("word7") + len("word7")
         await edge.send({"type": "playback.progress", "speech_id": speech_id, "played_chars": 12})
         await edge.send({"type": "playback.progress", "speech_id": speech_id, "played_chars": heard})
         await edge.send({"type": "user.speech_started"})
         await edge.wait_for("speech.stop", lambda f: f["speech_id"] == speech_id)
-        interrupted = await events.wait_for("speech.interrupted", lambda d: d["speech_id"] == speech_id)
-        ended = await events.wait_for("tool.ended")
+        interrupted = await events.wait_for("speech.interrupted", lambda d: d["speech_id"] == speech_id, timeout=WAIT_S)
+        ended = await events.wait_for("tool.ended", timeout=WAIT_S)
         assert ended["data"]["status"] == "interrupted"  # its wait_for_playout was released, not left hanging
         assert interrupted["data"]["played_text"] == text[:heard]
         # late reports change nothing committed
@@ -97,7 +98,7 @@ async def test_a_speech_played_to_its_end_through_the_edge(server: Server) -> No
         assert text == "Hello there."
         await edge.send({"type": "playback.progress", "speech_id": speech_id, "played_chars": 6})
         await edge.send({"type": "playback.finished", "speech_id": speech_id, "interrupted": False})
-        done = await events.wait_for("speech.done", lambda d: d["speech_id"] == speech_id)
+        done = await events.wait_for("speech.done", lambda d: d["speech_id"] == speech_id, timeout=WAIT_S)
         assert done["data"]["interrupted"] is False
         [message] = await assistant_messages(client, sid)
         assert message["text"] == "Hello there." and message["interrupted"] is False
@@ -109,7 +110,7 @@ async def test_disconnect_mid_speech_ends_it_interrupted_and_the_session_goes_on
     server: Server,
 ) -> None:
     async with httpx.AsyncClient(base_url=server.url) as client:
-        sid = await create(client, [{"text": WORDS}, {"text": "Back to text only."}])
+        sid = await create(client, [{"text": WORDS}, {"text": "Back to text only."}, {"text": "Audio again."}])
         events = await EventStream.open(server, sid, types="speech.*")
         edge = await Edge.connect(server.ws_url, sid)
         speech_id = await speaking(client, edge, sid)
@@ -118,15 +119,24 @@ async def test_disconnect_mid_speech_ends_it_interrupted_and_the_session_goes_on
         await edge.send({"type": "ping"})
         await edge.wait_for("pong")  # the progress was applied before the edge leaves
         await edge.close()
-        interrupted = await events.wait_for("speech.interrupted", lambda d: d["speech_id"] == speech_id)
+        interrupted = await events.wait_for("speech.interrupted", lambda d: d["speech_id"] == speech_id, timeout=WAIT_S)
         assert interrupted["data"]["played_text"] == text[:11]
         # text only now: the next reply plays on the simulated clock, to its end
         r = await client.post(f"/v1/sessions/{sid}/input", json={"text": "still there?"})
         second = r.json()["speech_id"]
-        done = await events.wait_for("speech.done", lambda d: d["speech_id"] == second, timeout=20)
+        done = await events.wait_for("speech.done", lambda d: d["speech_id"] == second, timeout=WAIT_S)
         assert done["data"]["interrupted"] is False
         messages = await assistant_messages(client, sid)
         assert [m["text"] for m in messages] == [text[:11], "Back to text only."]
+        # until an edge connects again
+        again = await Edge.connect(server.ws_url, sid)
+        third = await speaking(client, again, sid, "and now?")
+        await again.wait_for("speech.end", lambda f: f["speech_id"] == third)
+        assert again.texts[third] == "Audio again."
+        await again.send({"type": "playback.finished", "speech_id": third})
+        done = await events.wait_for("speech.done", lambda d: d["speech_id"] == third, timeout=WAIT_S)
+        assert done["data"]["interrupted"] is False
+        await again.close()
         await events.close()
 
 
@@ -142,12 +152,12 @@ async def test_a_second_edge_replaces_the_first(server: Server) -> None:
         await first.wait_for("pong")
         second = await Edge.connect(server.ws_url, sid)
         assert (await first.wait_closed())[0] == 4409
-        interrupted = await events.wait_for("speech.interrupted", lambda d: d["speech_id"] == speech_id)
+        interrupted = await events.wait_for("speech.interrupted", lambda d: d["speech_id"] == speech_id, timeout=WAIT_S)
         assert interrupted["data"]["played_text"] == text[:5]
         next_id = await speaking(client, second, sid, "again")
         await second.wait_for("speech.end", lambda f: f["speech_id"] == next_id)
         await second.send({"type": "playback.finished", "speech_id": next_id, "interrupted": False})
-        done = await events.wait_for("speech.done", lambda d: d["speech_id"] == next_id)
+        done = await events.wait_for("speech.done", lambda d: d["speech_id"] == next_id, timeout=WAIT_S)
         assert done["data"]["interrupted"] is False
         assert not any(f["speech_id"] == next_id for f in first.frames if "speech_id" in f)
         await second.close()
@@ -202,8 +212,8 @@ async def test_transcripts_drive_the_session_like_input(server: Server) -> None:
         edge = await Edge.connect(server.ws_url, sid)
         await edge.send({"type": "user.transcript", "text": "book a", "final": False})
         await edge.send({"type": "user.transcript", "text": "book a table", "final": True})
-        interim = await events.wait_for("user.input", lambda d: d["final"] is False)
-        final = await events.wait_for("user.input", lambda d: d["final"] is True)
+        interim = await events.wait_for("user.input", lambda d: d["final"] is False, timeout=WAIT_S)
+        final = await events.wait_for("user.input", lambda d: d["final"] is True, timeout=WAIT_S)
         assert (interim["data"]["text"], final["data"]["text"]) == ("book a", "book a table")
         start = await edge.wait_for("speech.start")
         await edge.wait_for("speech.end")
@@ -283,3 +293,54 @@ async def test_the_edge_is_closed_when_it_sends_too_many_frames(tmp_path: Any) -
             await asyncio.sleep(0)
     finally:
         srv.stop()
+
+
+async def test_every_frame_both_ways_matches_the_asyncapi_document(server: Server) -> None:
+    from jsonschema import Draft202012Validator
+
+    spec = json.loads((ROOT / "openapi" / "asyncapi.json").read_text())
+    channel = spec["channels"]["sessionMedia"]
+    by_type: dict[str, dict[str, Any]] = {}
+    for ref in channel["messages"].values():
+        message = spec["components"]["messages"][ref["$ref"].rsplit("/", 1)[1]]
+        by_type[message["name"]] = spec["components"]["schemas"][message["payload"]["$ref"].rsplit("/", 1)[1]]
+    sent: list[dict[str, Any]] = []
+
+    async def send(edge: Edge, frame: dict[str, Any]) -> None:
+        sent.append(frame)
+        await edge.send(frame)
+
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        sid = await create(client, [{"text": WORDS}, {"text": "Done."}])
+        edge = await Edge.connect(server.ws_url, sid)
+        await send(edge, {"type": "user.transcript", "text": "hel", "final": False})
+        await send(edge, {"type": "user.transcript", "text": "hello", "final": True})
+        start = await edge.wait_for("speech.start")
+        speech_id = start["speech_id"]
+        await edge.wait_text(speech_id, 10)
+        await send(edge, {"type": "playback.started", "speech_id": speech_id})
+        await send(edge, {"type": "playback.progress", "speech_id": speech_id, "played_chars": 5})
+        await send(edge, {"type": "playback.progress", "speech_id": speech_id, "played_chars": 1})  # an error frame
+        await send(edge, {"type": "user.speech_started"})
+        await edge.wait_for("speech.stop")
+        await send(edge, {"type": "playback.finished", "speech_id": speech_id, "interrupted": True})
+        await send(edge, {"type": "user.transcript", "text": "again"})
+        second = await edge.wait_for("speech.start", lambda f: f["speech_id"] != speech_id)
+        await edge.wait_for("speech.end", lambda f: f["speech_id"] == second["speech_id"])
+        await send(edge, {"type": "playback.finished", "speech_id": second["speech_id"]})
+        await send(edge, {"type": "ping"})
+        await edge.wait_for("pong")
+        await edge.close()
+    received = edge.frames
+    assert {f["type"] for f in received} >= {
+        "speech.start",
+        "speech.text",
+        "speech.end",
+        "speech.stop",
+        "error",
+        "pong",
+    }
+    for frame in [*received, *sent]:
+        schema = by_type[frame["type"]]
+        errors = list(Draft202012Validator(schema).iter_errors(frame))
+        assert not errors, (frame, [e.message for e in errors])

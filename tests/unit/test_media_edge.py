@@ -132,6 +132,7 @@ async def test_barge_in_interrupts_only_speeches_that_allow_it() -> None:
         firm = await h.session.say("Please listen to this.", allow_interruptions=False)
         await s.until_sent("speech.end")
         assert s.sent[0]["allow_interruptions"] is False
+        assert not s.edge.stops_current()
         await s.frame(type="playback.progress", speech_id=firm.id, played_chars=6)
         await s.frame(type="user.speech_started")
         assert not firm.interrupted and "speech.stop" not in s.types()
@@ -140,7 +141,9 @@ async def test_barge_in_interrupts_only_speeches_that_allow_it() -> None:
         soft = await h.session.say("You may cut me off.")
         await asyncio.sleep(0.01)
         await s.frame(type="playback.progress", speech_id=soft.id, played_chars=3)
+        assert s.edge.stops_current()
         await s.frame(type="user.speech_started")
+        assert not s.edge.stops_current()
         assert soft.interrupted
         await h.idle()
         assert soft.played_text == "You"

@@ -39,6 +39,7 @@ from . import (
     routes_agui,
     routes_cluster,
     routes_events,
+    routes_export,
     routes_health,
     routes_media,
     routes_reports,
@@ -227,7 +228,7 @@ def create_app(
         found = services(request)
         return await forward(request, exc, found.forwarder, found.settings.cluster_secret)
 
-    routers = (routes_sessions, routes_tools, routes_reports, routes_agents, routes_cluster)
+    routers = (routes_sessions, routes_export, routes_tools, routes_reports, routes_agents, routes_cluster)
     for router in (module.router for module in routers):
         app.include_router(router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_events.router)

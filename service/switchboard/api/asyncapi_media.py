@@ -41,14 +41,15 @@ def _frame_type(model: type[_Frame]) -> str:
 
 
 def media_schemas() -> dict[str, Any]:
-    """The JSON schema of every frame, keyed by model name (every field a frame is sent with is listed as required:
-    the server always sends all of them)."""
+    """The JSON schema of every frame, keyed by model name. The server's frames list every field as required (it
+    always sends all of them) and no other."""
     models = [*SERVER_FRAMES, *EDGE_FRAMES]
     _, top = models_json_schema([(model, "validation") for model in models], ref_template=SCHEMAS + "{model}")
     schemas: dict[str, Any] = top["$defs"]
     for model in SERVER_FRAMES:
         schema = schemas[model.__name__]
         schema["required"] = list(schema["properties"])
+        schema["additionalProperties"] = False  # what the server sends is exactly this (an edge may send more)
     for model in EDGE_FRAMES:
         schema = schemas[model.__name__]
         schema["required"] = sorted({*schema.get("required", []), "type"}, key=list(schema["properties"]).index)

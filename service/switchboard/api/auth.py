@@ -147,9 +147,9 @@ def authenticate(settings: Settings, credential: str | None) -> Principal:
         return _verify_token(settings, credential)
     for api_key in settings.api_keys:
         if hmac.compare_digest(api_key.key.encode(), credential.encode()):
-            return Principal(
-                api_key.name or f"key:{api_key.key[:4]}…", frozenset(api_key.scopes), subject=key_subject(api_key.key)
-            )
+            # an unnamed key goes by its digest: no part of a key is ever shown (audit trail, logs)
+            subject = key_subject(api_key.key)
+            return Principal(api_key.name or subject, frozenset(api_key.scopes), subject=subject)
     raise AuthError(401, "invalid_key", "The API key is not valid.")
 
 

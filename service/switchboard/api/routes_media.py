@@ -231,7 +231,7 @@ class _EdgeConnection:
             except ValueError:
                 raise FrameRefused("bad_json", "a frame is a JSON text message") from None
             frame = parse_edge_frame(data)
-            if isinstance(frame, UserSpeechStartedFrame) and self.edge.session.current_speech is not None:
+            if isinstance(frame, UserSpeechStartedFrame) and self.edge.stops_current():
                 self.barge_in_at = time.perf_counter()  # until its speech.stop is written (a metric)
             await self.edge.handle(frame)
         except FrameRefused as refused:

@@ -157,7 +157,7 @@ class SessionView:
     async def speech(self, speech_id: str) -> SpeechInfo | None:
         handle = self.live.speech(speech_id) if self.live is not None else None
         if handle is not None:
-            return handle.info()
+            return handle.info().model_copy(update={"heard_text": handle.heard_text})
         return await self.store.speech(self.id, speech_id)
 
     async def tool_calls(self, status: ToolStatus | None = None) -> list[ToolCallInfo]:

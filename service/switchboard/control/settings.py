@@ -6,7 +6,7 @@ import ipaddress
 import json
 import secrets
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
@@ -22,16 +22,7 @@ Scope = Literal[
     "metrics:read",
     "media:connect",
 ]
-ALL_SCOPES: tuple[Scope, ...] = (
-    "sessions:read",
-    "sessions:write",
-    "sessions:control",
-    "tools:cancel",
-    "tools:report",
-    "events:read",
-    "metrics:read",
-    "media:connect",
-)
+ALL_SCOPES: tuple[Scope, ...] = get_args(Scope)
 SINGLE_LEASE_S = 10.0
 CLUSTER_LEASE_S = 2.0
 # a comma-separated list in the environment ("a,b"), or a JSON list

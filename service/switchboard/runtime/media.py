@@ -174,6 +174,14 @@ class MediaEdge:
             )
         stream.playback_finished()
 
+    def stops_current(self) -> bool:
+        """Whether a barge-in now stops a speech this edge is playing (it is sent ``speech.stop``)."""
+        current = self.session.current_speech
+        if current is None or current.done or current.interrupted or not current.allow_interruptions:
+            return False
+        stream = self._streams.get(current.id)
+        return stream is not None and not stream.ended
+
     async def _barge_in(self) -> None:
         current = self.session.current_speech
         if current is not None and current.allow_interruptions and not current.done:
