@@ -98,6 +98,32 @@ def speech(client: httpx.Client, sid: str, speech_id: str) -> dict[str, Any]:
     return dict(r.json())
 
 
+def speech_done(client: httpx.Client, sid: str, speech_id: str) -> dict[str, Any]:
+    """The speech once it has ended (committed)."""
+    return dict(
+        wait_until(
+            lambda: (s := speech(client, sid, speech_id))["state"] == "done" and s, timeout=TIMEOUT_S, what="done"
+        )
+    )
+
+
+def speaking(
+    server: Server, client: httpx.Client, out: Path, *extra: str, turns: list[dict[str, Any]] | None = None
+) -> tuple[str, EdgeProcess, str]:
+    """A session whose edge (writing to `out`) has been playing LONG for HEAR_FOR_S: (session, edge, speech)."""
+    sid = create_session(client, turns or [])
+    edge = EdgeProcess(server, sid, "--out", str(out), *extra)
+    try:
+        edge.expect("connected to session")
+        speech_id = client.post(f"/v1/sessions/{sid}/say", json={"text": LONG}).json()["speech_id"]
+        edge.expect(f"speech {speech_id} playing")
+    except BaseException:
+        edge.proc.kill()
+        raise
+    time.sleep(HEAR_FOR_S)  # the agent has been heard for a few words, and is far from the end
+    return sid, edge, speech_id
+
+
 def audio_of(out: Path, speech_id: str) -> tuple[dict[str, Any], int]:
     """The edge's record of a speech and the number of samples in its WAV file."""
     record = json.loads((out / f"{speech_id}.json").read_text())
@@ -125,18 +151,12 @@ def full_length(text: str) -> int:
 def test_barge_in_mid_speech_commits_what_the_cut_audio_holds(
     media_srv: Server, media_client: httpx.Client, tmp_path: Path
 ) -> None:
-    sid = create_session(media_client, [{"text": "Of course, go ahead."}])
-    edge = EdgeProcess(media_srv, sid, "--out", str(tmp_path), "--barge-in")
+    turns = [{"text": "Of course, go ahead."}]
+    sid, edge, speech_id = speaking(media_srv, media_client, tmp_path, "--barge-in", turns=turns)
     try:
-        edge.expect("connected to session")
-        speech_id = media_client.post(f"/v1/sessions/{sid}/say", json={"text": LONG}).json()["speech_id"]
-        edge.expect(f"speech {speech_id} playing")
-        time.sleep(HEAR_FOR_S)  # the agent has been heard for a few words when the user cuts in
         edge.say("Sorry, which platform?")
         edge.expect(f"speech {speech_id} stopped after")
-        done = wait_until(
-            lambda: (s := speech(media_client, sid, speech_id))["state"] == "done" and s, timeout=TIMEOUT_S, what="done"
-        )
+        done = speech_done(media_client, sid, speech_id)
         record, samples = audio_of(tmp_path, speech_id)
 
         # the file ends where the audio was cut, well before the end of the speech
@@ -158,9 +178,7 @@ def test_barge_in_mid_speech_commits_what_the_cut_audio_holds(
         edge.expect(f"speech {reply_id} finished")
         reply_record, reply_samples = audio_of(tmp_path, reply_id)
         assert reply_samples >= reply_record["words"][-1]["end_sample"] and not reply_record["interrupted"]
-        answered = wait_until(
-            lambda: (s := speech(media_client, sid, reply_id))["state"] == "done" and s, timeout=TIMEOUT_S, what="done"
-        )
+        answered = speech_done(media_client, sid, reply_id)
         assert answered["played_text"] == "Of course, go ahead." and answered["interrupted"] is False
     finally:
         media_client.delete(f"/v1/sessions/{sid}")
@@ -172,13 +190,8 @@ def test_barge_in_mid_speech_commits_what_the_cut_audio_holds(
 def test_an_interrupt_from_the_service_silences_the_edge_at_the_last_reported_word(
     media_srv: Server, media_client: httpx.Client, tmp_path: Path
 ) -> None:
-    sid = create_session(media_client, [])
-    edge = EdgeProcess(media_srv, sid, "--out", str(tmp_path))
+    sid, edge, speech_id = speaking(media_srv, media_client, tmp_path)
     try:
-        edge.expect("connected to session")
-        speech_id = media_client.post(f"/v1/sessions/{sid}/say", json={"text": LONG}).json()["speech_id"]
-        edge.expect(f"speech {speech_id} playing")
-        time.sleep(HEAR_FOR_S)
         res = media_client.post(f"/v1/sessions/{sid}/interrupt", json={})
         assert res.status_code == 200 and res.json()["interrupted"] is True, res.text
         committed = speech(media_client, sid, speech_id)["played_text"]
@@ -239,9 +252,7 @@ def test_a_speech_with_a_tool_step_plays_as_segments_each_in_its_own_file(
         second, second_samples = audio_of(tmp_path, f"{speech_id}-2")
         assert (first["text"], second["text"]) == ("Let me book that for you.", "Done: booked a table.")
         assert first_samples >= first["words"][-1]["end_sample"] and second_samples >= second["words"][-1]["end_sample"]
-        done = wait_until(
-            lambda: (s := speech(media_client, sid, speech_id))["state"] == "done" and s, timeout=TIMEOUT_S, what="done"
-        )
+        done = speech_done(media_client, sid, speech_id)
         assert done["interrupted"] is False
     finally:
         media_client.delete(f"/v1/sessions/{sid}")
@@ -251,21 +262,14 @@ def test_a_speech_with_a_tool_step_plays_as_segments_each_in_its_own_file(
 def test_an_edge_stopped_mid_speech_writes_its_file_and_the_speech_ends_where_it_was_heard(
     media_srv: Server, media_client: httpx.Client, tmp_path: Path
 ) -> None:
-    sid = create_session(media_client, [])
-    edge = EdgeProcess(media_srv, sid, "--out", str(tmp_path))
+    sid, edge, speech_id = speaking(media_srv, media_client, tmp_path)
     try:
-        edge.expect("connected to session")
-        speech_id = media_client.post(f"/v1/sessions/{sid}/say", json={"text": LONG}).json()["speech_id"]
-        edge.expect(f"speech {speech_id} playing")
-        time.sleep(HEAR_FOR_S)
         edge.proc.send_signal(signal.SIGTERM)
         code, err = edge.finish()
         assert code == 0, err
         record, samples = audio_of(tmp_path, speech_id)  # a complete WAV file, cut where the audio stopped
         assert record["interrupted"] is True and 0 < samples < full_length(LONG) * 0.8
-        done = wait_until(
-            lambda: (s := speech(media_client, sid, speech_id))["state"] == "done" and s, timeout=TIMEOUT_S, what="done"
-        )
+        done = speech_done(media_client, sid, speech_id)
         # the service ended the speech at the last word the edge reported: the one the file ends after
         assert done["interrupted"] is True
         assert done["played_text"] == heard_in(record, samples) == LONG[: record["reported_chars"]]
