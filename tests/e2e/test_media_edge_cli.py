@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import wave
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ LONG = (
     "and it stops in Lausanne, Morges and Nyon before it arrives. Tickets can be bought on board or at the desk."
 )
 TIMEOUT_S = 30.0
-HEAR_FOR_S = 2.5  # espeak-ng speaks about three words a second: the speech is well under way, and far from its end
+HEARD_WORDS = 4  # of LONG's 40 when the speech is cut
 
 
 @pytest.fixture(autouse=True)
@@ -110,7 +109,7 @@ def speech_done(client: httpx.Client, sid: str, speech_id: str) -> dict[str, Any
 def speaking(
     server: Server, client: httpx.Client, out: Path, *extra: str, turns: list[dict[str, Any]] | None = None
 ) -> tuple[str, EdgeProcess, str]:
-    """A session whose edge (writing to `out`) has been playing LONG for HEAR_FOR_S: (session, edge, speech)."""
+    """A session whose edge (writing to `out`) is playing LONG, a few words in: (session, edge, speech)."""
     sid = create_session(client, turns or [])
     edge = EdgeProcess(server, sid, "--out", str(out), *extra)
     try:
@@ -120,7 +119,8 @@ def speaking(
     except BaseException:
         edge.proc.kill()
         raise
-    time.sleep(HEAR_FOR_S)  # the agent has been heard for a few words, and is far from the end
+    # the agent has been heard for a few words (as the edge reported them), and is far from the end
+    wait_until(lambda: len(speech(client, sid, speech_id)["heard_text"].split()) >= HEARD_WORDS, timeout=TIMEOUT_S)
     return sid, edge, speech_id
 
 
