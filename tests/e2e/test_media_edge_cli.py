@@ -44,9 +44,9 @@ def require_espeak() -> None:
 class EdgeProcess:
     """`switchboard edge` in the background: stdin to write the user's lines, stdout read line by line."""
 
-    def __init__(self, server: Server, sid: str, *extra: str, key: str = KEY) -> None:
+    def __init__(self, server: Server, sid: str, *extra: str, key: str | None = KEY) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
-        env.update(SWITCHBOARD_URL=server.url, SWITCHBOARD_KEY=key, PYTHONUNBUFFERED="1")
+        env.update(SWITCHBOARD_URL=server.url, PYTHONUNBUFFERED="1", **({"SWITCHBOARD_KEY": key} if key else {}))
         cmd = [sys.executable, "-m", "switchboard.cli", "edge", sid, "--no-play", *extra]
         self.proc = subprocess.Popen(
             cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -212,7 +212,28 @@ def test_an_edge_without_the_media_scope_is_refused_in_one_line(media_srv: Serve
     edge = EdgeProcess(media_srv, sid, key=NO_MEDIA_KEY)
     code, err = edge.finish()
     assert code == 1
-    assert err.startswith("switchboard: ") and err.count("\n") == 1, err
+    assert err.startswith("switchboard: The media connection was refused (4403") and err.count("\n") == 1, err
+
+
+def test_a_session_token_with_the_media_scope_is_enough_and_one_without_it_is_refused(
+    media_srv: Server, media_client: httpx.Client
+) -> None:
+    sid = create_session(media_client, [])
+    tokens = f"/v1/sessions/{sid}/tokens"
+    reader = media_client.post(tokens, json={}).json()["token"]
+    edge = EdgeProcess(media_srv, sid, "--token", reader, key=None)
+    code, err = edge.finish()
+    assert code == 1 and err.count("\n") == 1, err
+    assert "refused (4403" in err and "lacks the media:connect scope" in err, err
+    token = media_client.post(tokens, json={"scopes": ["media:connect"]}).json()["token"]
+    edge = EdgeProcess(media_srv, sid, "--token", token, key=None)
+    try:
+        edge.expect("connected to session")
+        speech_id = media_client.post(f"/v1/sessions/{sid}/say", json={"text": "With a token."}).json()["speech_id"]
+        edge.expect(f"speech {speech_id} finished: 'With a token.'")
+    finally:
+        media_client.delete(f"/v1/sessions/{sid}")
+        assert edge.finish()[0] == 0
 
 
 def test_a_second_edge_replaces_the_first_which_says_so_and_exits(

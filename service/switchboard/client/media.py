@@ -29,6 +29,11 @@ from .errors import BadRequest, Forbidden, NotFound, SwitchboardError, Unauthori
 OPEN_TIMEOUT_S = 10.0
 MAX_FRAME_BYTES = 2**20
 _REFUSALS: dict[int, type[SwitchboardError]] = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound}
+_REFUSAL_REASONS = {
+    4401: "no valid credential (an API key, or a session token)",
+    4403: "the credential lacks the media:connect scope, or is a session token of another session",
+    4404: "no such session",
+}
 
 
 class MediaFrame(BaseModel):
@@ -88,7 +93,12 @@ class MediaConnection:
     def refusal(self) -> SwitchboardError | None:
         """The typed error when the service closed the connection for a reason no retry fixes (auth, no session)."""
         code = self.close_code
-        return fatal_close(code, self.close_reason) if code is not None else None
+        found = fatal_close(code, self.close_reason) if code is not None else None
+        if found is None:
+            return None
+        why = _REFUSAL_REASONS.get(code or 0, "")
+        detail = f"The media connection was refused ({code} {self.close_reason}){': ' + why if why else ''}."
+        return type(found)(found.status, found.code, detail)
 
     async def __aiter__(self) -> AsyncIterator[MediaFrame]:
         assert self._ws is not None, "use `async with`"
