@@ -14,6 +14,7 @@ from typing import Any
 
 from ..control import logs
 from ..control.settings import Settings
+from .edge import add_edge_command
 from .operator import add_client_commands
 from .session_commands import add_session_commands
 
@@ -180,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_client_commands(sub)  # sessions, tail, input, interrupt, tools, cancel
     add_session_commands(sub)  # create, say, close, agents, attention
+    add_edge_command(sub)  # a media edge that speaks with espeak-ng
     return parser
 
 

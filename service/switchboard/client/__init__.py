@@ -22,6 +22,7 @@ from .errors import (
     ValidationFailed,
 )
 from .events import AsyncEventStream, EventStream, Resume, ResumeHook
+from .media import MediaConnection, MediaFrame
 from .models import (
     AgentHandoff,
     AgentInfo,
@@ -68,6 +69,8 @@ __all__ = [
     "Health",
     "InputAccepted",
     "InterruptResult",
+    "MediaConnection",
+    "MediaFrame",
     "NotFound",
     "OtherChatItem",
     "PayloadTooLarge",

@@ -11,6 +11,7 @@ import httpx
 from . import _ops
 from ._http import Call, RetryPolicy, T, asend, auth_headers
 from .events import AsyncEventStream, ResumeHook, stream_position
+from .media import MediaConnection, media_url
 from .models import (
     AgentInfo,
     ChatItem,
@@ -311,6 +312,12 @@ class AsyncClient:
             on_resume=on_resume,
         )
         return AsyncEventStream(pos, self._headers)
+
+    def media(self, sid: str, *, token: str | None = None) -> MediaConnection:
+        """The session's media connection, as its edge (``async with``): see :mod:`switchboard.client.media`.
+        Authenticated with the client's API key (scope ``media:connect``), or with a session ``token`` in the URL."""
+        headers = {} if token else self._headers
+        return MediaConnection(media_url(self.base_url, sid, token=token), headers)
 
     def all_events(
         self,

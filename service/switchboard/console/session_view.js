@@ -4,6 +4,7 @@ import { Intent } from "./api.js";
 import { REASON_LABELS } from "./attention.js";
 import { h } from "./dom.js";
 import { SessionStream } from "./stream.js";
+import { TalkPanel } from "./talk.js";
 import { Timeline } from "./timeline.js";
 
 const STREAM_STATES = {
@@ -58,6 +59,7 @@ export class SessionView {
 
   stop() {
     if (this.stream) this.stream.stop();
+    if (this.talk) this.talk.stop();
     this.timeline.stop();
     clearTimeout(this._busyTimer);
     clearTimeout(this._refreshTimer);
@@ -180,7 +182,10 @@ export class SessionView {
     );
 
     const parts = [header, this.error, toolbar, this.scroller];
-    if (!ro) parts.push(this._controls());
+    if (!ro) {
+      this.talk = new TalkPanel({ api: this.api, sid: this.sid });
+      parts.push(this._controls(), this.talk.element);
+    }
     this.root.replaceChildren(...parts);
   }
 
