@@ -73,6 +73,8 @@ class NodeLease:
         self.renew_latency_s: float | None = None
         self.renewals_failed = 0
         self._renewed_at = 0.0  # monotonic time the last successful renewal was sent
+        # let go of its sessions after a late renewal: the database still names it their owner until it rejoins
+        self._rejoin = False
         self._task: asyncio.Task[None] | None = None
 
     # -- registration -----------------------------------------------------------------------------------------
@@ -199,7 +201,7 @@ class NodeLease:
         ok: bool | None = None
         try:
             async with asyncio.timeout(max(stop_at - sent, self.lease_s / RENEWALS_PER_LEASE)):
-                ok = await self.store.nodes.renew(self.node_id, self.lease_s)
+                ok = await (self._rejoin_once() if self._rejoin else self.store.nodes.renew(self.node_id, self.lease_s))
         except Exception as err:
             self.renewals_failed += 1
             logger.warning("node %s: lease renewal failed (%r)", self.node_id, err)
@@ -213,7 +215,18 @@ class NodeLease:
             held = self.lose_all(
                 f"node {self.node_id} could not renew its lease for {self.lease_s * STOP_FRACTION:.1f}s"
             )
+            self._rejoin = True
             logger.error("node %s: lease not renewed in time; let go of %d session(s)", self.node_id, len(held))
+
+    async def _rejoin_once(self) -> bool:
+        """After letting go of its sessions, the node registers again as a fresh member instead of renewing: the
+        database stops naming it the owner of the sessions it dropped, so the live nodes (this one too) take them
+        over. A plain renewal would keep them owned by a live node that no longer runs them."""
+        if await self._register_once():
+            return False  # cannot happen in a cluster (nodes do not conflict); treated as being buried
+        self._rejoin = False
+        logger.warning("node %s rejoined after letting go of its sessions", self.node_id)
+        return True
 
     async def _buried(self) -> None:
         why = f"another node took over the sessions of node {self.node_id} (its lease had passed)"

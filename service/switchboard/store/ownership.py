@@ -83,6 +83,7 @@ _OWNERS = (
     .with_for_update()
 )
 _LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
+NODES_LOCK_KEY = 0x5357_4E4F_4445  # the advisory lock that serializes registrations and takeovers
 
 
 class Fence:
@@ -178,9 +179,14 @@ class Nodes:
         self.engine = engine
 
     async def _lock(self, conn: AsyncConnection) -> None:
-        """Serialize registrations and takeovers (PostgreSQL; on SQLite the transaction began IMMEDIATE)."""
+        """Serialize registrations and takeovers (PostgreSQL; on SQLite the transaction began IMMEDIATE).
+
+        An advisory lock, not a table lock: a lease renewal (an UPDATE of its own node row) must never wait for a
+        takeover, which can take a while (it waits for the session rows a write batch holds). With renewals queued
+        behind it, every node could miss its renewals at once and let go of all its sessions. A renewal racing a
+        burial is settled by the row itself: the burial re-checks ``lease_until`` on the row the renewal wrote."""
         if conn.dialect.name == "postgresql":
-            await conn.execute(sa.text("LOCK TABLE nodes IN SHARE ROW EXCLUSIVE MODE"))
+            await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": NODES_LOCK_KEY})
 
     async def _begin(self) -> AsyncConnection:
         conn = await self.engine.connect()
