@@ -10,6 +10,8 @@ does not own answers 503 (retry) instead of forwarding it again, so a request ne
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 import httpx
 from fastapi import Request, Response
@@ -44,19 +46,37 @@ def _moved(err: SessionElsewhere, why: str) -> Response:
     )
 
 
-async def forward(request: Request, err: SessionElsewhere, client: httpx.AsyncClient, secret: str | None) -> Response:
-    """Send ``request`` to the node that runs the session and answer with its answer."""
+def _uncounted(outcome: str, seconds: float | None = None) -> None:
+    return None
+
+
+async def forward(
+    request: Request,
+    err: SessionElsewhere,
+    client: httpx.AsyncClient,
+    secret: str | None,
+    *,
+    count: Callable[[str, float | None], None] = _uncounted,
+) -> Response:
+    """Send ``request`` to the node that runs the session and answer with its answer. ``count(outcome, seconds)``
+    records what happened (``Metrics.on_forward``)."""
     if err.url is None:
+        count("not_live", None)
         return _moved(err, "that node is not live")
     if FORWARDED_HEADER in request.headers:
+        count("loop", None)
         return _moved(err, "this node received it forwarded and does not forward again")
     headers = {name: value for name, value in request.headers.items() if name.lower() in _REQUEST_HEADERS}
     headers[FORWARDED_HEADER] = secret or LOOPBACK_SECRET
     url = err.url.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    body = await request.body()
+    sent = time.perf_counter()
     try:
-        answer = await client.request(request.method, url, content=await request.body(), headers=headers)
+        answer = await client.request(request.method, url, content=body, headers=headers)
     except httpx.HTTPError as exc:
         logger.warning("forwarding %s %s to node %s failed: %r", request.method, request.url.path, err.node_id, exc)
+        count("unreachable", None)
         return _moved(err, "that node did not answer")
+    count("answered", time.perf_counter() - sent)
     kept = {name: value for name, value in answer.headers.items() if name.lower() in _RESPONSE_HEADERS}
     return Response(answer.content, status_code=answer.status_code, headers=kept)

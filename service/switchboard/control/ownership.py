@@ -71,6 +71,7 @@ class NodeLease:
         self.fence = Fence(self.node_id, on_fenced=on_lost)
         self.deposed: str | None = None  # why this node stopped serving its sessions, while it does not
         self.renew_latency_s: float | None = None
+        self.on_renewed: Callable[[float], None] | None = None  # each renewal's latency (the metrics)
         self.renewals_failed = 0
         self._renewed_at = 0.0  # monotonic time the last successful renewal was sent
         # let go of its sessions after a late renewal: the database still names it their owner until it rejoins
@@ -102,7 +103,7 @@ class NodeLease:
         sent = time.monotonic()
         blocking = await self.store.nodes.register(self._record(), gone=gone, conflicts=self._conflicts)
         if not blocking:
-            self._renewed_at = sent
+            self._renewed(sent)
         return blocking
 
     async def start(self) -> None:
@@ -206,8 +207,7 @@ class NodeLease:
             self.renewals_failed += 1
             logger.warning("node %s: lease renewal failed (%r)", self.node_id, err)
         if ok:
-            self._renewed_at = sent
-            self.renew_latency_s = time.monotonic() - sent
+            self._renewed(sent)
             return
         if ok is False:
             await self._buried()
@@ -217,6 +217,12 @@ class NodeLease:
             )
             self._rejoin = True
             logger.error("node %s: lease not renewed in time; let go of %d session(s)", self.node_id, len(held))
+
+    def _renewed(self, sent: float) -> None:
+        self._renewed_at = sent
+        self.renew_latency_s = time.monotonic() - sent
+        if self.on_renewed is not None:
+            self.on_renewed(self.renew_latency_s)
 
     async def _rejoin_once(self) -> bool:
         """After letting go of its sessions, the node registers again as a fresh member instead of renewing: the
