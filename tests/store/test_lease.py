@@ -104,3 +104,21 @@ async def test_a_takeover_in_progress_does_not_hold_up_renewals(db: Db) -> None:
         assert a.renewals_failed == 0 and a.fence.epochs == {}
     finally:
         await a.aclose()
+
+
+async def test_adoption_looks_again_as_soon_as_another_nodes_lease_passes(db: Db) -> None:
+    """A node that died is taken over once its lease has passed, not up to a polling interval later."""
+    if db.kind != "postgresql":
+        pytest.skip("cluster mode runs on PostgreSQL")
+    a = await started(db, "a")
+    try:
+        assert await a.next_adoption_in(5.0) == 5.0  # alone
+        other = db.store()
+        assert await other.nodes.register(node("b", lease_s=60.0), conflicts=lambda _: False) == []
+        assert await a.next_adoption_in(5.0) == 5.0  # b's lease passes long after the interval
+        assert await other.nodes.register(node("b", lease_s=1.0), conflicts=lambda _: False) == []
+        assert 0.5 < await a.next_adoption_in(5.0) <= 1.1  # when b's lease passes (b stopped renewing)
+        await db.sql("UPDATE nodes SET lease_until = lease_until - interval '2 seconds' WHERE id = 'b'")
+        assert await a.next_adoption_in(5.0) == pytest.approx(0.05)  # passed already: look now (briefly after)
+    finally:
+        await a.aclose()

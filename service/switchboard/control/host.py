@@ -504,9 +504,10 @@ class SessionHost:
         self.failed.append(rec.id)
 
     async def adopt_forever(self, interval_s: float) -> None:
-        """Cluster mode: take over, every ``interval_s``, this node's share of the sessions of dead nodes."""
+        """Cluster mode: take over this node's share of the sessions of dead nodes, every ``interval_s`` and as soon
+        as the lease of another node passes."""
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(await self.lease.next_adoption_in(interval_s) if self.lease else interval_s)
             try:
                 await self.recover_all()
             except Exception:

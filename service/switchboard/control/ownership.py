@@ -32,6 +32,9 @@ logger = logging.getLogger("switchboard.control.ownership")
 STOP_FRACTION = 0.75
 RENEWALS_PER_LEASE = 4
 REGISTER_POLL_S = 0.25
+# Adoption wakes this long after the first lease of another node passes (the burial compares with this node's clock)
+EXPIRY_MARGIN_S = 0.02
+ADOPT_MIN_WAIT_S = 0.05
 CLOSE_TIMEOUT_S = 2.0
 
 
@@ -186,6 +189,19 @@ class NodeLease:
         for sid, epoch in claimed.items():
             self.fence.claim(sid, epoch)
         return claimed
+
+    async def next_adoption_in(self, interval_s: float) -> float:
+        """How long to wait before the next look for orphaned sessions: ``interval_s``, or less when the lease of
+        another live node passes sooner (a node that died is then taken over as soon as its lease has passed)."""
+        try:
+            expiry = await self.store.nodes.next_expiry(self.node_id)
+        except DATABASE_ERRORS as err:
+            logger.warning("node %s: cannot read the other nodes' leases (%r)", self.node_id, err)
+            return interval_s
+        if expiry is None:
+            return interval_s
+        until = (expiry - now_utc()).total_seconds() + EXPIRY_MARGIN_S
+        return min(interval_s, max(ADOPT_MIN_WAIT_S, until))
 
     # -- the lease ------------------------------------------------------------------------------------------
 

@@ -269,6 +269,15 @@ class Nodes:
         async with self.engine.connect() as conn:
             return (await conn.execute(stmt)).scalar()
 
+    async def next_expiry(self, node_id: str) -> datetime | None:
+        """When the first lease of the other live nodes passes (None: no other live node): a node that died is
+        found dead then, not a polling interval later."""
+        n = m.nodes
+        stmt = sa.select(sa.func.min(n.c.lease_until)).where(n.c.state == NodeState.LIVE, n.c.id != node_id)
+        async with self.engine.connect() as conn:
+            expiry: datetime | None = (await conn.execute(stmt)).scalar()
+        return expiry
+
     async def renew(self, node_id: str, lease_s: float) -> bool:
         """Extend this node's lease; False when it is no longer live (another node buried it)."""
         now = now_utc()
