@@ -27,6 +27,12 @@ class Tester(Agent):
         await asyncio.sleep(seconds)
         return f"slept {seconds}"
 
+    @function_tool(on_restart="retry")
+    async def rerun(self, ctx: RunContext, seconds: float) -> str:
+        """Work for a while; run again from the start when its process died meanwhile."""
+        await asyncio.sleep(seconds)
+        return f"reran {seconds}"
+
     @function_tool(allow_cancellation=True)
     async def search(self, ctx: RunContext, query: str, seconds: float = 5.0) -> str:
         """A long search that can be cancelled."""

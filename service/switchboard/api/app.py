@@ -18,6 +18,8 @@ from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
 from .. import __version__
 from ..control import tracing
+from ..control.cluster_feed import ClusterFeed
+from ..control.drain import drain
 from ..control.fanout import RedisFanout
 from ..control.host import SessionHost
 from ..control.hub import EventHub
@@ -45,7 +47,7 @@ from . import (
     routes_tools,
 )
 from .deps import Services, services
-from .forward import SessionElsewhere, forward
+from .forward import ForwardedGuard, SessionElsewhere, forward
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
 from .rate_limit import WriteRateLimiter
@@ -142,6 +144,7 @@ def create_app(
             await store.aclose()
             raise
         store.writer.on_commit = metrics.on_store_commit
+        store.writer.ordered_events = settings.cluster_mode  # the multi-session stream's cursor, across nodes
         await store.start()
         hub = EventHub(default_buffer=settings.ws_buffer)
         fanout = (
@@ -181,8 +184,15 @@ def create_app(
             fanout=fanout,
         )
         tasks = [asyncio.create_task(_purge_idempotency_keys(store, settings), name="idempotency-purge")]
-        if fanout is not None:
+        feed = ClusterFeed(store, hub, redis_up=lambda: fanout.available) if fanout is not None else None
+        if fanout is not None and feed is not None:
+            fanout.on_wake = host.wake_adopt
             fanout.start()
+            await feed.start()
+            metrics.bind_cluster(fanout, feed)
+        if settings.cluster_mode:  # run by `switchboard serve` on SIGTERM while it still serves HTTP
+            wake = fanout.wake_adopters if fanout is not None else None
+            app.state.drain = lambda: drain(host, wake=wake, timeout_s=settings.drain_timeout_s)
         try:
             await host.recover_all()
             tasks.append(asyncio.create_task(_expire_sessions(host, store, settings), name="session-expiry"))
@@ -197,6 +207,8 @@ def create_app(
             await host.aclose()
             await webhooks.aclose()
             await forwarder.aclose()
+            if feed is not None:
+                await feed.aclose()
             if fanout is not None:
                 await fanout.aclose()
             await store.writer.aclose()  # every write durable before the node says it stopped (its sessions free)
@@ -247,6 +259,7 @@ def create_app(
         body_timeout_s=settings.body_timeout_s,
     )
     app.add_middleware(PrivatePaths, settings=settings)
+    app.add_middleware(ForwardedGuard, cluster_mode=settings.cluster_mode, secret=settings.cluster_secret)
     # outermost: a request browsers must not make is refused before anything else; every answer gets the headers
     app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(SecurityHeaders)

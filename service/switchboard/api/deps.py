@@ -30,6 +30,8 @@ from .rate_limit import WriteRateLimiter
 from .schemas import LatencyRead, SessionRead, ToolCallRead
 from .stream_slots import StreamSlots
 
+_RETRY = {"Retry-After": "1"}
+
 
 @dataclass(frozen=True, slots=True)
 class Services:
@@ -94,15 +96,19 @@ async def owned_here(host: SessionHost, view: SessionView) -> None:
     """A command for a live session another node runs: forwarded there in cluster mode (``SessionElsewhere``), else
     503 (this instance was replaced: the session is the new one's)."""
     owner = view.record.owner_node
-    if view.live is not None or not SessionStatus(view.state).live or owner is None:
+    if view.live is not None or not SessionStatus(view.state).live:
+        return
+    if owner is None:
+        if host.settings.cluster_mode:  # handed over by a draining node, not adopted yet: in a moment
+            raise ProblemError(
+                503, "session_moving", f"Session {view.id!r} is moving to another node; retry.", headers=_RETRY
+            )
         return
     if owner == host.node_id:
         if host.lease is None or not host.lease.fence.owns(view.id):
             return
         # claimed, and being recovered here: it answers in a moment
-        raise ProblemError(
-            503, "session_recovering", f"Session {view.id!r} is being recovered; retry.", headers={"Retry-After": "1"}
-        )
+        raise ProblemError(503, "session_recovering", f"Session {view.id!r} is being recovered; retry.", headers=_RETRY)
     if host.settings.cluster_mode:
         raise SessionElsewhere(view.id, owner, await host.store.nodes.live_url(owner))
     raise ProblemError(
@@ -128,8 +134,11 @@ async def place_new_session(host: SessionHost, forwarded: bool) -> None:
     now = utcnow()
     live = [n for n in await host.store.nodes.list_nodes(states=[NodeState.LIVE]) if n.lease_until > now]
     mine = next((n.sessions for n in live if n.id == host.node_id), 0)
+    draining = host.lease is not None and host.lease.draining
+    if draining:  # this node takes no new session: any other live node does
+        live = [n for n in live if n.id != host.node_id]
     target = min(live, key=lambda n: (n.sessions, n.id != host.node_id), default=None)
-    if target is not None and target.id != host.node_id and target.sessions < mine:
+    if target is not None and target.id != host.node_id and (draining or target.sessions < mine):
         raise SessionElsewhere("(new)", target.id, target.url)
 
 

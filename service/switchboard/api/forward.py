@@ -5,16 +5,23 @@ The owner answers it exactly as if the client had called it: it authenticates th
 applies the ``Idempotency-Key`` against the shared database, so the same key sent to two nodes is applied once. A
 forwarded request carries ``X-Switchboard-Forwarded`` (the cluster secret): a node that receives one for a session it
 does not own answers 503 (retry) instead of forwarding it again, so a request never loops between nodes.
+
+The header is a privilege (a new session is placed where it arrives, a command is not forwarded again), so every node
+checks it (``ForwardedGuard``): a request that carries it with anything but this cluster's secret (or, on a cluster
+without one, which runs on loopback only, the loopback marker) is refused with 403 ``forward_unauthenticated``, as
+is any forwarded request to a node that is not in cluster mode.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Callable
 
 import httpx
 from fastapi import Request, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .problems import problem_response
 
@@ -67,7 +74,7 @@ async def forward(
         count("loop", None)
         return _moved(err, "this node received it forwarded and does not forward again")
     headers = {name: value for name, value in request.headers.items() if name.lower() in _REQUEST_HEADERS}
-    headers[FORWARDED_HEADER] = secret or LOOPBACK_SECRET
+    headers[FORWARDED_HEADER] = forwarded_secret(secret)
     url = err.url.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
     body = await request.body()
     sent = time.perf_counter()
@@ -80,3 +87,32 @@ async def forward(
     count("answered", time.perf_counter() - sent)
     kept = {name: value for name, value in answer.headers.items() if name.lower() in _RESPONSE_HEADERS}
     return Response(answer.content, status_code=answer.status_code, headers=kept)
+
+
+def forwarded_secret(secret: str | None) -> str:
+    """The header's value this node sends, and expects from the others."""
+    return secret or LOOPBACK_SECRET
+
+
+class ForwardedGuard:
+    """Refuse a request that claims to be forwarded by another node without this cluster's secret (pure ASGI)."""
+
+    def __init__(self, app: ASGIApp, *, cluster_mode: bool, secret: str | None) -> None:
+        self.app = app
+        self.expected = forwarded_secret(secret).encode() if cluster_mode else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = next((v for k, v in scope.get("headers") or () if k == FORWARDED_HEADER.encode()), None)
+            if given is not None and (self.expected is None or not hmac.compare_digest(bytes(given), self.expected)):
+                logger.warning(
+                    "refused a forwarded %s %s from %s: wrong or missing cluster secret",
+                    scope.get("method"),
+                    scope.get("path"),
+                    (scope.get("client") or ("?",))[0],
+                )
+                why = "this node is not in cluster mode" if self.expected is None else "wrong cluster secret"
+                answer = problem_response(403, "forward_unauthenticated", f"Forwarded request refused: {why}.")
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

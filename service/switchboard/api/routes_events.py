@@ -438,7 +438,9 @@ async def _multi_stream(
     cursor = start or 0
     services = deps.services(ws)
     store, settings = services.store, services.settings
-    sub = services.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer)
+    # every matching event in cursor order (in cluster mode too: ``control.cluster_feed``), so that resuming by the
+    # last cursor received misses nothing
+    sub = services.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer, ordered=True)
     resume = [cursor]
     sends = _Sends()
 

@@ -33,7 +33,10 @@ async def readyz(services: ServicesDep) -> Response:
         return JSONResponse(body, status_code=503)
     if await services.store.ping():
         fanout = services.fanout
-        degraded = "redis unavailable: event streams of other nodes' sessions wait for it, nothing is lost"
+        degraded = (
+            "degraded: redis unavailable; event streams read other nodes' events from the database (a little late), "
+            "commands are unaffected, nothing is lost"
+        )
         detail = degraded if fanout is not None and not fanout.available else None
         return JSONResponse(Health(status="ok", detail=detail).model_dump(exclude_none=True))
     body = Health(status="unavailable", detail="database unreachable").model_dump(exclude_none=True)

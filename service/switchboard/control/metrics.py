@@ -13,6 +13,8 @@ from prometheus_client.registry import Collector
 from ..runtime.events import Event
 
 if TYPE_CHECKING:
+    from .cluster_feed import ClusterFeed
+    from .fanout import RedisFanout
     from .host import SessionHost
 
 
@@ -57,6 +59,39 @@ class _Node(Collector):
         )
         yield GaugeMetricFamily(
             "switchboard_node_deposed", "1 when this node lost its sessions", value=int(bool(lease.deposed))
+        )
+
+
+class _Cluster(Collector):
+    """Cluster mode: whether Redis carries the events between nodes, or streams read them from the database."""
+
+    def __init__(self, fanout: RedisFanout, feed: ClusterFeed) -> None:
+        self._fanout = fanout
+        self._feed = feed
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        up = self._fanout.available
+        yield GaugeMetricFamily(
+            "switchboard_cluster_redis_up", "1 while Redis carries events between nodes, 0 while it is down", value=up
+        )
+        mode = GaugeMetricFamily(
+            "switchboard_cluster_fanout_mode", "How other nodes' events reach this node's streams", labels=["mode"]
+        )
+        mode.add_metric(["redis"], int(up))
+        mode.add_metric(["database_polling"], int(not up))
+        yield mode
+        yield CounterMetricFamily(
+            "switchboard_cluster_events_repaired",
+            "Events read from the database that Redis had not delivered to this node",
+            value=self._feed.repaired,
+        )
+        yield CounterMetricFamily(
+            "switchboard_cluster_event_polls", "Reads of the database for other nodes' events", value=self._feed.polls
+        )
+        yield CounterMetricFamily(
+            "switchboard_cluster_events_dropped",
+            "Events this node could not publish to Redis (the others read them from the database)",
+            value=self._fanout.dropped,
         )
 
 
@@ -145,6 +180,9 @@ class Metrics:
             host.lease.on_renewed = self.lease_renew.observe
             if host.lease.renew_latency_s is not None:  # its registration, before the metrics were bound
                 self.lease_renew.observe(host.lease.renew_latency_s)
+
+    def bind_cluster(self, fanout: RedisFanout, feed: ClusterFeed) -> None:
+        self.registry.register(_Cluster(fanout, feed))
 
     # -- ModelObserver (control.model_meter) --
 

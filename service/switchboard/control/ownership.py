@@ -46,6 +46,10 @@ class NodeDeposed(RuntimeError):
     """This node no longer serves sessions: another instance took them over."""
 
 
+class NodeDraining(RuntimeError):
+    """This node is stopping: it takes no new session (another node does)."""
+
+
 def _process_gone(node: NodeRecord, hostname: str) -> bool:
     """A node registered by a process of this host that no longer runs (or that this process replaced: a container
     restarted with the same pid)."""
@@ -73,6 +77,7 @@ class NodeLease:
         self.hostname = socket.gethostname()
         self.fence = Fence(self.node_id, on_fenced=on_lost)
         self.deposed: str | None = None  # why this node stopped serving its sessions, while it does not
+        self.draining = False  # stopping: takes no new session and hands its own over (``SessionHost.drain``)
         self.renew_latency_s: float | None = None
         self.on_renewed: Callable[[float], None] | None = None  # each renewal's latency (the metrics)
         self.renewals_failed = 0
@@ -88,7 +93,7 @@ class NodeLease:
         return NodeRecord(
             id=self.node_id,
             url=self.url,
-            state=NodeState.LIVE,
+            state=NodeState.DRAINING if self.draining else NodeState.LIVE,  # rejoining while it drains
             mode=self.mode,
             hostname=self.hostname,
             pid=os.getpid(),
@@ -101,7 +106,7 @@ class NodeLease:
         return self.mode == NodeMode.SINGLE or node.mode == NodeMode.SINGLE
 
     async def _register_once(self) -> list[NodeRecord]:
-        live = await self.store.nodes.list_nodes(states=[NodeState.LIVE])
+        live = await self.store.nodes.list_nodes(states=[NodeState.LIVE, NodeState.DRAINING])
         gone = [node.id for node in live if node.id != self.node_id and _process_gone(node, self.hostname)]
         sent = time.monotonic()
         blocking = await self.store.nodes.register(self._record(), gone=gone, conflicts=self._conflicts)
@@ -168,11 +173,19 @@ class NodeLease:
                 except Exception as err:  # the lease runs out on its own
                     logger.warning("node %s: could not record the stop (%r)", self.node_id, err)
 
+    async def start_draining(self) -> None:
+        """Take no new session from now on: the others stop placing sessions here and adopt none from here until
+        this node hands them over (it keeps its lease meanwhile)."""
+        self.draining = True
+        await self.store.nodes.set_state(self.node_id, NodeState.DRAINING)
+
     # -- claims ---------------------------------------------------------------------------------------------
 
     def check_serving(self) -> None:
         if self.deposed is not None:
             raise NodeDeposed(f"this node ({self.node_id}) no longer serves sessions: {self.deposed}")
+        if self.draining:
+            raise NodeDraining(f"this node ({self.node_id}) is stopping and takes no new session; retry")
 
     def claim_new(self, sid: str) -> int:
         """The epoch a session this node creates starts at (its row is inserted naming this node)."""
@@ -182,7 +195,7 @@ class NodeLease:
     async def claim_orphans(self) -> dict[str, int]:
         """Take over the live sessions no live node owns (at start: every live session; in a cluster: those of
         nodes that died). In a cluster each node takes its share, so the survivors split a dead node's sessions."""
-        if self.deposed is not None:
+        if self.deposed is not None or self.draining:
             return {}
         share = self.mode == NodeMode.CLUSTER
         claimed = await self.store.nodes.claim_orphans(self.node_id, share=share)

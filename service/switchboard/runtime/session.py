@@ -85,6 +85,11 @@ class SessionClosed(Exception):
     pass
 
 
+class SessionSuspended(SessionClosed):
+    """The session is suspended here (its process is stopping, or another one took it over): it carries on
+    elsewhere, so a command for it is to be retried."""
+
+
 @dataclass(frozen=True)
 class InputResult:
     item_id: str | None
@@ -531,6 +536,8 @@ class AgentSession:
     # -- scheduling -----------------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
+        if self.state == SessionStatus.SUSPENDED:
+            raise SessionSuspended(f"session {self.id} is being handed over to another node")
         if self.state != SessionStatus.ACTIVE:
             raise SessionClosed(f"session {self.id} is {self.state}")
 
@@ -805,4 +812,4 @@ class AgentSession:
         spawn(coro, name=f"{name}:{self.id}", tasks=self._hooks)
 
 
-__all__ = ["AgentSession", "InputResult", "SessionClosed", "SessionOptions"]
+__all__ = ["AgentSession", "InputResult", "SessionClosed", "SessionOptions", "SessionSuspended"]

@@ -307,6 +307,11 @@ class Store:
         rows = await self._fetch(stmt)
         return [(row["id"], ev) for row, ev in self._convert_pairs(rows, event_from_row, "events")]
 
+    async def last_event_cursor(self) -> int:
+        """The highest event cursor stored (0 if none)."""
+        async with self.engine.connect() as conn:
+            return int(await conn.scalar(sa.select(sa.func.max(m.events.c.id))) or 0)
+
     async def last_seq(self, sid: str) -> int:
         """The highest durable event ``seq`` of ``sid`` (0 if none): where a recovered event log continues."""
         t = m.events
