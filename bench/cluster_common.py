@@ -12,12 +12,11 @@ import contextlib
 import math
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,14 +26,14 @@ import httpx
 from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parents[1]
-CREATE_ATTEMPTS = 5
+sys.path.insert(0, str(ROOT))
+from tests.e2e.server import Server  # noqa: E402  (the e2e tests' server process and redis-server)
+from tests.e2e.test_cluster import RedisServer  # noqa: E402
+
+ATTEMPTS = 10
+RETRIED: Counter[str] = Counter()  # 503 answers retried (documented retries), by problem code
+LEASE_LOSSES = ("lease not renewed in time", "re-registered after losing its lease")
 PG_URL = os.environ.get("SWITCHBOARD_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pct(values: list[float], q: float) -> float:
@@ -72,70 +71,22 @@ async def pg_database() -> AsyncIterator[str]:
             await admin.close()
 
 
-class RedisServer:
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen([*args, "--dir", str(self.workdir)], stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-
-class Node:
-    """One ``switchboard serve`` process of the cluster, on a fixed loopback port (kept across restarts)."""
+class Node(Server):
+    """One ``switchboard serve`` process of the cluster (``tests/e2e/server.py``'s ``Server``), on a fixed loopback
+    port kept across restarts, started and awaited without blocking the benchmark's loop."""
 
     def __init__(self, node_id: str, workdir: Path, database_url: str, redis_url: str, **env: str) -> None:
-        self.node_id = node_id
-        self.port = free_port()
-        self.workdir = workdir
-        self.env = {
-            **os.environ,
+        super().__init__(
+            workdir,
+            database_url=database_url,
             # this checkout's package first (a copy of the repository benchmarks its own code, not the installed one)
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "service"), str(ROOT)]),
-            "SWITCHBOARD_DATABASE_URL": database_url,
-            "SWITCHBOARD_REDIS_URL": redis_url,
-            "SWITCHBOARD_NODE_ID": node_id,
-            "SWITCHBOARD_LOG_LEVEL": "WARNING",
-            "SWITCHBOARD_SCRIPTED_MODEL": "allow",
+            PYTHONPATH=os.pathsep.join([str(ROOT / "service"), str(ROOT)]),
+            SWITCHBOARD_REDIS_URL=redis_url,
+            SWITCHBOARD_NODE_ID=node_id,
             **env,
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
+        )
+        self.node_id = node_id
         self.log_path = workdir / f"{node_id}.log"
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def launch(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "switchboard.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
-                env=self.env,
-                cwd=self.workdir,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
 
     async def ready(self, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -149,22 +100,15 @@ class Node:
                 await asyncio.sleep(0.05)
         raise RuntimeError(f"{self.node_id} did not become ready: {self.logs()[-2000:]}")
 
-    async def start(self) -> Node:
+    async def relaunch(self) -> Node:
+        """Start the process (again) and wait until it is ready."""
         self.launch()
         await self.ready()
         return self
 
-    def logs(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(10)
 
     async def stopped(self, timeout_s: float = 60.0) -> int | None:
         """Wait for the process to end (after a signal); SIGKILL it past ``timeout_s``."""
@@ -188,13 +132,18 @@ async def cluster(count: int, **env: str) -> AsyncIterator[list[Node]]:
         try:
             async with pg_database() as database_url:
                 nodes = [Node(f"node-{k + 1}", workdir, database_url, redis.url, **env) for k in range(count)]
-                await nodes[0].start()
+                await nodes[0].relaunch()
                 for node in nodes[1:]:
                     node.launch()
                 await asyncio.gather(*(node.ready() for node in nodes[1:]))
                 try:
                     yield nodes
                 finally:
+                    print(f"documented retries (503) by code: {dict(RETRIED) or 'none'}")
+                    losses = lease_losses(nodes)
+                    print(f"lease losses in the nodes' logs (late renewals under load): {len(losses)}")
+                    for line in losses[:10]:
+                        print(f"  {line}")
                     for node in nodes:
                         node.signal(signal.SIGTERM)
                     await asyncio.gather(*(node.stopped(30) for node in nodes))
@@ -202,6 +151,29 @@ async def cluster(count: int, **env: str) -> AsyncIterator[list[Node]]:
             for node in nodes:
                 node.kill()
             redis.stop()
+
+
+async def retrying(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> httpx.Response:
+    """A request, sent again after a 503 (a documented retry: the session is moving, being recovered, or the node it
+    was placed on went away), after its ``Retry-After``; each retry counted in ``RETRIED``."""
+    for _ in range(ATTEMPTS):
+        r = await client.request(method, url, **kw)
+        if r.status_code != 503:
+            return r
+        RETRIED[str(r.json().get("code"))] += 1
+        await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+    return r
+
+
+def lease_losses(nodes: list[Node]) -> list[str]:
+    """The times the nodes let go of their sessions for a late renewal or found themselves buried (their logs)."""
+    return [
+        f"{node.node_id}: {line[:23]} {what}"
+        for node in nodes
+        for line in node.logs().splitlines()
+        for what in LEASE_LOSSES
+        if what in line
+    ]
 
 
 async def create_sessions(nodes: list[Node], count: int, *, concurrency: int = 8) -> list[str]:
@@ -213,12 +185,7 @@ async def create_sessions(nodes: list[Node], count: int, *, concurrency: int = 8
 
         async def one(k: int) -> None:
             async with sem:
-                for _ in range(CREATE_ATTEMPTS):
-                    r = await client.post(f"{nodes[k % len(nodes)].url}/v1/sessions", json={"agent": "demo"})
-                    if r.status_code != 503:  # a documented retry (Retry-After): the node placed on went away
-                        break
-                    print(f"creating a session: 503, retrying: {r.text}", file=sys.stderr)
-                    await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+                r = await retrying(client, "POST", f"{nodes[k % len(nodes)].url}/v1/sessions", json={"agent": "demo"})
                 if r.status_code != 201:
                     raise RuntimeError(f"creating a session: {r.status_code} {r.text}")
                 created.append(r.json()["id"])

@@ -27,7 +27,7 @@ import time
 
 import httpx
 
-from cluster_common import Node, cluster, create_sessions, loadavg, node_loads, pct, summary
+from cluster_common import Node, cluster, create_sessions, loadavg, node_loads, pct, retrying, summary
 
 GOAL_P99_S = 3.0
 POLL_S = 0.02
@@ -67,7 +67,7 @@ async def rebalance(client: httpx.AsyncClient, nodes: list[Node], sids: list[str
 
     async def close(k: int, sid: str) -> None:
         async with sem:
-            r = await client.delete(f"{nodes[k % len(nodes)].url}/v1/sessions/{sid}")
+            r = await retrying(client, "DELETE", f"{nodes[k % len(nodes)].url}/v1/sessions/{sid}")
             if r.status_code not in (204, 404):
                 raise RuntimeError(f"closing {sid}: {r.status_code} {r.text}")
 
@@ -93,7 +93,7 @@ async def main(args: argparse.Namespace) -> int:
                 f"serving in {serving * 1000:.0f} ms (load {loadavg()})",
                 flush=True,
             )
-            await victim.start()
+            await victim.relaunch()
             sids = await rebalance(client, nodes, sids, moved)
             await asyncio.sleep(args.settle_s)
     print(f"claimed: {summary(claimed_s)}")

@@ -5,7 +5,8 @@ sent to the node that runs it.
 
 Two ``switchboard serve`` nodes (real processes on loopback) on a fresh PostgreSQL database and a redis-server of
 the benchmark's own. ``--sessions`` idle demo sessions run on node-1. Each run sends ``--requests`` commands one at a
-time, alternating between node-1 (the owner) and node-2 (which forwards them to node-1), to sessions taken in turn:
+time, alternating between the node that runs the session and the other one (which forwards it), to sessions taken in
+turn (they are placed evenly on both nodes):
 
 - ``interim``: ``POST /input`` with ``final=false`` (an interim transcript: nothing is committed, so what is measured
   is the request path itself);
@@ -25,7 +26,7 @@ import time
 
 import httpx
 
-from cluster_common import cluster, loadavg, pct
+from cluster_common import cluster, create_sessions, loadavg, pct, retrying
 
 KINDS = {
     "interim": {"text": "hello there", "final": False},
@@ -34,16 +35,21 @@ KINDS = {
 
 
 async def one_run(
-    client: httpx.AsyncClient, urls: dict[str, str], sids: list[str], requests: int
+    client: httpx.AsyncClient, sessions: list[tuple[str, str, str]], requests: int
 ) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {f"{kind}/{target}": [] for kind in KINDS for target in urls}
+    """``sessions``: (session id, its owner's URL, the other node's URL)."""
+    times: dict[str, list[float]] = {f"{kind}/{target}": [] for kind in KINDS for target in ("owner", "forwarded")}
     for k in range(requests):
-        sid = sids[k % len(sids)]
+        sid, owner, other = sessions[k % len(sessions)]
         for kind, body in KINDS.items():
-            for target, url in urls.items():
+            for target, url in (("owner", owner), ("forwarded", other)):
                 started = time.perf_counter()
                 r = await client.post(f"{url}/v1/sessions/{sid}/input", json=body)
                 elapsed = time.perf_counter() - started
+                if r.status_code == 503:  # moving (a node let go after a late renewal): retried, not timed
+                    r = await retrying(client, "POST", f"{url}/v1/sessions/{sid}/input", json=body)
+                    if r.status_code == 202:
+                        continue
                 if r.status_code != 202:
                     raise RuntimeError(f"{kind} via {target}: {r.status_code} {r.text}")
                 times[f"{kind}/{target}"].append(elapsed)
@@ -54,19 +60,23 @@ async def main(args: argparse.Namespace) -> int:
     print(f"load average at start: {loadavg()}")
     runs: list[dict[str, list[float]]] = []
     async with cluster(2) as nodes, httpx.AsyncClient(timeout=30) as client:
-        sids = []
-        for k in range(args.sessions):
-            r = await client.post(f"{nodes[0].url}/v1/sessions", json={"id": f"fwd-{k}", "agent": "demo"})
-            if r.status_code != 201 or r.json()["owner_node"] != nodes[0].node_id:
-                raise RuntimeError(f"session fwd-{k} not on {nodes[0].node_id}: {r.status_code} {r.text}")
-            sids.append(r.json()["id"])
-        urls = {"owner": nodes[0].url, "forwarded": nodes[1].url}
-        await one_run(client, urls, sids, 20)  # warm-up: connections, caches
+        urls = {node.node_id: node.url for node in nodes}
+        sessions = []
+        for sid in await create_sessions(nodes, args.sessions):  # placed evenly by the service
+            owner = (await client.get(f"{nodes[0].url}/v1/sessions/{sid}")).json()["owner_node"]
+            if owner not in urls:
+                raise RuntimeError(f"{sid} has no owner yet")
+            other = next(url for node_id, url in urls.items() if node_id != owner)
+            sessions.append((sid, urls[owner], other))
+        await one_run(client, sessions, 20)  # warm-up: connections, caches
         for run in range(args.runs):
-            runs.append(await one_run(client, urls, sids, args.requests))
+            runs.append(await one_run(client, sessions, args.requests))
             print(f"run {run + 1}: load {loadavg()}", flush=True)
-        forwards = (await client.get(f"{nodes[1].url}/metrics")).text
-        print(next(ln for ln in forwards.splitlines() if ln.startswith("switchboard_node_forwards_total")))
+        for node in nodes:
+            text = (await client.get(f"{node.url}/metrics")).text
+            print(
+                node.node_id, next(ln for ln in text.splitlines() if ln.startswith("switchboard_node_forwards_total"))
+            )
     print(f"\n{args.runs} runs x {args.requests} requests per kind and target, one at a time; latencies in ms")
     print("| command | target    |   p50 |   p99 | median of run p50 | median of run p99 |")
     print("|---------|-----------|------:|------:|------------------:|------------------:|")

@@ -92,7 +92,7 @@ async def roll(lb: Balancer, settle_s: float) -> list[float]:
         node.signal(signal.SIGTERM)
         await node.stopped(60)
         stops.append(time.monotonic() - sent)
-        await node.start()
+        await node.relaunch()
         lb.out.discard(node.node_id)
         await asyncio.sleep(settle_s)
     return stops
