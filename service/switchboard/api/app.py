@@ -66,6 +66,7 @@ IDEMPOTENCY_PURGE_EVERY_S = 3600.0
 # The backstop deadline on every HTTP request; routes that wait on the runtime bound that wait by request_timeout_s
 # themselves (deps.deadline), so this one fires only for what they do not cover (store reads, idempotency records).
 REQUEST_DEADLINE_GRACE_S = 1.0
+IDLE_IN_TRANSACTION_MIN_MS = 1000
 
 
 async def _purge_idempotency_keys(store: Store, settings: Settings) -> None:
@@ -132,7 +133,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = Store.from_url(settings.database_url)
+        # a transaction left idle half a lease is a frozen process's: its locks must not outlive its lease
+        idle_ms = max(IDLE_IN_TRANSACTION_MIN_MS, int(settings.effective_lease_s * 500))
+        store = Store.from_url(settings.database_url, idle_in_transaction_ms=idle_ms)
         if settings.migrate_on_start:
             await store.migrate()
         lease = NodeLease(store, settings)

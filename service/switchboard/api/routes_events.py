@@ -273,7 +273,7 @@ async def session_log(
     ended: bool,
     *,
     heartbeat_s: float | None = None,
-    remote: Callable[[], bool] | None = None,
+    repair: bool = False,
     delivered: Callable[[], Awaitable[int]] | None = None,
 ) -> AsyncGenerator[tuple[Event, str | None] | None, None]:
     """One session's events after ``since``: replayed from the store, then live from ``sub`` (subscribed before the
@@ -305,9 +305,10 @@ async def session_log(
                 continue
         if event.seq <= last:
             continue
-        if remote is not None and event.seq > last + 1 and remote():
-            # another node runs it: its events come through Redis, which may have lost some; the database has them
-            # (what went out without this generator, ``delivered`` by a direct send, is not missed)
+        if repair and event.seq > last + 1:
+            # cluster mode: events reach this node from the session's owner through Redis (which may lose some)
+            # and, when the session moved, from its previous owner; the database has them all (what went out without
+            # this generator, ``delivered`` by a direct send, is not missed)
             if delivered is not None:
                 last = max(last, await delivered())
             for missed in await _missed(store, sid, last, event.seq, types):
@@ -315,7 +316,7 @@ async def session_log(
                 last = missed.seq
         if matches(event.type):
             yield event, text
-            last = event.seq
+        last = event.seq  # seen: sent, or left out by the filter
         if event.type in TERMINAL_EVENTS:
             return
 
@@ -343,8 +344,10 @@ async def open_session_log(
     delivered: Callable[[], Awaitable[int]] | None = None,
 ) -> tuple[Subscription, AsyncGenerator[tuple[Event, str | None] | None, None]]:
     """Subscribe to ``sid``'s live events, then make its gap-free log after ``since`` (``session_log``)."""
-    # the end of the session is seen even when the filter leaves its event out
-    hub_types = None if types is None else [*types, *TERMINAL_EVENTS]
+    # the end of the session is seen even when the filter leaves its event out; in cluster mode every event is (the
+    # log filters them), so that a missing seq is a gap to repair, not an event filtered out
+    repair = services.settings.cluster_mode
+    hub_types = None if types is None or repair else [*types, *TERMINAL_EVENTS]
     sub = services.host.hub.subscribe(session_ids=[sid], types=hub_types, maxsize=services.settings.ws_buffer)
     # checked after subscribing: a session that ends later reports it through the hub; one that has ended has its
     # terminal event durable already (host.close() returns only after that), so the replay has all of it
@@ -358,17 +361,10 @@ async def open_session_log(
         types,
         ended,
         heartbeat_s=heartbeat_s,
-        remote=_remote(services, sid),
+        repair=repair,
         delivered=delivered,
     )
     return sub, log
-
-
-def _remote(services: deps.Services, sid: str) -> Callable[[], bool] | None:
-    """Cluster mode: whether another node runs ``sid`` now (its events reach this one through Redis)."""
-    if not services.settings.cluster_mode:
-        return None
-    return lambda: services.host.live(sid) is None
 
 
 async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] | None, fmt: str) -> None:
@@ -384,10 +380,11 @@ async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] 
             return SHARED.ws(translator, event)
         return [text or event.model_dump_json()]
 
-    # live events go out from the hub's publish while the pump waits idle (no task wakes per event)
-    remote = _remote(deps.services(ws), sid)
-    # an event after a gap from another node waits for the pump, which fills the gap from the store first
-    accept = None if remote is None else (lambda event: event.seq == resume[0] + 1 or not remote())
+    # live events go out from the hub's publish while the pump waits idle (no task wakes per event); in cluster mode
+    # only the one that follows the last sent (the pump fills a gap from the store first, and filters by type)
+    matches = type_matcher(types)
+    cluster = deps.services(ws).settings.cluster_mode
+    accept = (lambda event: event.seq == resume[0] + 1 and matches(event.type)) if cluster else None
     direct = DirectSend(ws, sub, frames, resume, sends, TERMINAL_EVENTS, accept=accept)
     sub.direct = direct
 
@@ -399,6 +396,10 @@ async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] 
                         continue
                     event, text = item
                     await direct.settled()  # a direct send still finishing goes first
+                    if event.seq <= resume[0]:
+                        # sent already: directly from the hub, or it reached this node twice (in cluster mode, read
+                        # from the database while Redis was down, then published by its node once Redis was back)
+                        continue
                     for frame in frames(event, text):
                         await _send(ws, frame, sends)
                     resume[0] = event.seq

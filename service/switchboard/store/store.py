@@ -125,10 +125,14 @@ class Store:
         self.read_error_log: deque[ReadError] = deque(maxlen=READ_ERROR_LOG_MAX)
 
     @classmethod
-    def from_url(cls, url: str, *, batch_max: int = 256, schema: str | None = None) -> Store:
+    def from_url(
+        cls, url: str, *, batch_max: int = 256, schema: str | None = None, idle_in_transaction_ms: int | None = None
+    ) -> Store:
         """``sqlite+aiosqlite:///path/to.db`` or ``postgresql+asyncpg://user@host/db`` (``schema``: PostgreSQL
-        search_path, to keep several stores in one database)."""
-        return cls(make_engine(url, schema=schema), batch_max=batch_max)
+        search_path, to keep several stores in one database; ``idle_in_transaction_ms``: PostgreSQL ends a
+        transaction of this store left idle that long, see ``make_engine``)."""
+        engine = make_engine(url, schema=schema, idle_in_transaction_ms=idle_in_transaction_ms)
+        return cls(engine, batch_max=batch_max)
 
     @property
     def dialect(self) -> str:
