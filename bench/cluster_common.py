@@ -28,7 +28,7 @@ from sqlalchemy.engine import make_url
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.e2e.server import Server  # noqa: E402  (the e2e tests' server process and redis-server)
-from tests.e2e.test_cluster import RedisServer  # noqa: E402
+from tests.e2e.cluster_support import RedisServer  # noqa: E402
 
 ATTEMPTS = 10
 RETRIED: Counter[str] = Counter()  # 503 answers retried (documented retries), by problem code

@@ -17,7 +17,7 @@ from sqlalchemy.engine import make_url
 
 from .console_support import create_session, launch_chromium, require_chromium, wait_until
 from .server import Server
-from .test_cluster import LEASE_S, RedisServer, cluster_node
+from .cluster_support import LEASE_S, RedisServer, cluster_node
 from .test_faults import PG_URL, pg_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(300)]
