@@ -27,8 +27,8 @@ from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.e2e.server import Server  # noqa: E402  (the e2e tests' server process and redis-server)
 from tests.e2e.cluster_support import RedisServer  # noqa: E402
+from tests.e2e.server import Server  # noqa: E402  (the e2e tests' server process and redis-server)
 
 ATTEMPTS = 10
 RETRIED: Counter[str] = Counter()  # 503 answers retried (documented retries), by problem code

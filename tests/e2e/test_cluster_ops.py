@@ -15,9 +15,9 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from .cluster_support import LEASE_S, RedisServer, cluster_node
 from .console_support import create_session, launch_chromium, require_chromium, wait_until
 from .server import Server
-from .cluster_support import LEASE_S, RedisServer, cluster_node
 from .test_faults import PG_URL, pg_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(300)]
