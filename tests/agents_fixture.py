@@ -68,6 +68,15 @@ class Tester(Agent):
         raise RuntimeError("secret internal detail")
 
     @function_tool
+    async def vague(self, ctx: RunContext, step_s: float = 1.0) -> str:
+        """Report progress without a fraction, then a fraction short of the end, then complete."""
+        await ctx.update("working, no idea how long")
+        await asyncio.sleep(step_s)
+        await ctx.update("two thirds there", progress=0.67)
+        await asyncio.sleep(step_s)
+        return "vague result"
+
+    @function_tool
     async def quiet(self, ctx: RunContext) -> str:
         """End without a reply."""
         raise StopResponse

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ LEASE_S = 8.0  # long enough for a loaded test machine (production default: 2 s)
 SECRET = "cluster-secret-for-the-e2e-tests-0123456789"
 FORWARDED = "x-switchboard-forwarded"
 # 503 codes a client retries (docs/cluster.md): the session is moving between nodes, or this node is stopping
-RETRYABLE = {"session_moving", "session_moved", "session_recovering", "node_draining"}
+# (and `unavailable`: not done in time on a loaded machine)
+RETRYABLE = {"session_moving", "session_moved", "session_recovering", "node_draining", "unavailable"}
 
 
 class RedisServer:
@@ -64,6 +66,12 @@ def cluster_node(tmp_path: Path, database_url: str, node_id: str, redis_url: str
         SWITCHBOARD_LEASE_S=str(LEASE_S),
         **env,
     )
+
+
+async def start_all(nodes: Sequence[Server]) -> None:
+    """The first node migrates the database; the others then start together."""
+    await asyncio.to_thread(nodes[0].start, 90)
+    await asyncio.gather(*(asyncio.to_thread(node.start, 90) for node in nodes[1:]))
 
 
 def drain_stop(node: Server, timeout_s: float = 60.0) -> None:
@@ -155,16 +163,22 @@ class Load:
         self.accepted: dict[str, list[str]] = {sid: [] for sid in sids}
         self.errors: list[str] = []
         self.retries = 0
+        self.longest_s = 0.0  # the longest an input took to be accepted, retries included (unavailability)
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._run())
 
     async def send(self, client: httpx.AsyncClient, sid: str, text: str) -> None:
-        deadline = time.monotonic() + 60
+        key = uuid.uuid4().hex
+        started = time.monotonic()
+        deadline = started + 60
         while time.monotonic() < deadline:
             node = random.choice(up(self.nodes) or list(self.nodes))
             try:
                 r = await client.post(
-                    f"{node.url}/v1/sessions/{sid}/input", json={"text": text, "interrupt": False}, timeout=30
+                    f"{node.url}/v1/sessions/{sid}/input",
+                    json={"text": text, "interrupt": False},
+                    headers={"Idempotency-Key": key},  # a retry after a cut connection is applied once
+                    timeout=30,
                 )
             except httpx.TransportError:
                 self.retries += 1
@@ -172,6 +186,7 @@ class Load:
                 continue
             if r.status_code == 202:
                 self.accepted[sid].append(text)
+                self.longest_s = max(self.longest_s, time.monotonic() - started)
                 return
             if r.status_code == 503 and r.json().get("code") in RETRYABLE:
                 self.retries += 1
@@ -188,7 +203,7 @@ class Load:
                 n += 1
                 await asyncio.gather(*(self.send(client, sid, f"n{n} {sid}") for sid in self.sids))
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.3):
+                    async with asyncio.timeout(0.5):
                         await self._stop.wait()
 
     async def aclose(self) -> None:

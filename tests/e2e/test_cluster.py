@@ -1,6 +1,7 @@
-"""Cluster mode with real processes on loopback and PostgreSQL: any node takes every command (forwarded to the owner,
-idempotency included); a node killed (SIGKILL) or frozen past its lease (SIGSTOP) has its sessions adopted by the others
-through recovery; a node stopped (SIGTERM) hands its sessions over; Redis can go away; streams resume on any node."""
+"""Cluster mode with three real nodes on loopback, PostgreSQL and a Redis of the tests' own: any node takes every
+command (forwarded to the owner, idempotency included); a node killed (SIGKILL) or frozen past its lease (SIGSTOP)
+has its sessions adopted by the others through recovery; a node stopped (SIGTERM) hands its sessions over; Redis can
+go away; streams resume on any node."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import asyncio
 import json
 import random
 import signal
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -31,10 +31,11 @@ from .cluster_support import (
     assert_gap_free,
     cluster_node,
     drain_stop,
+    start_all,
     until,
     up,
 )
-from .server import EventStream, Server
+from .server import Server
 from .test_faults import PG_URL, pg_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -54,135 +55,6 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
-
-
-async def create(client: httpx.AsyncClient, turns: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    llm = {"provider": "scripted", "turns": turns or [], "fallback": {"text": "Noted."}}
-    r = await client.post("/v1/sessions", json={"agent": "tester", "llm": llm})
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
-async def messages(client: httpx.AsyncClient, sid: str) -> list[str]:
-    r = await client.get(f"/v1/sessions/{sid}/chat")
-    assert r.status_code == 200, r.text
-    return [f"{i['role']}:{i['text']}" for i in r.json()["items"] if i["type"] == "message"]
-
-
-async def test_any_node_takes_commands_and_a_killed_nodes_sessions_are_adopted(
-    tmp_path: Path, database_url: str, redis: RedisServer
-):
-    a = cluster_node(tmp_path, database_url, "node-a", redis.url).start(timeout=60)
-    b = cluster_node(tmp_path, database_url, "node-b", redis.url).start(timeout=60)
-    try:
-        async with (
-            httpx.AsyncClient(base_url=a.url, timeout=20) as on_a,
-            httpx.AsyncClient(base_url=b.url, timeout=20) as on_b,
-        ):
-            nodes = (await on_b.get("/v1/cluster/nodes")).json()["items"]
-            assert {(n["id"], n["state"], n["mode"]) for n in nodes} == {
-                ("node-a", "live", "cluster"),
-                ("node-b", "live", "cluster"),
-            }
-            session = await create(on_a)
-            sid = session["id"]
-            assert session["owner_node"] == "node-a"
-
-            # a new session goes to the least-loaded node, wherever it is created
-            placed = await create(on_a)
-            assert placed["owner_node"] == "node-b", placed
-            assert (await on_b.delete(f"/v1/sessions/{placed['id']}")).status_code == 204
-
-            # a command sent to the other node is forwarded to the owner; a stream on the other node carries the
-            # session's events live (through Redis), gap-free
-            stream = await EventStream.open(b, sid)
-            r = await on_b.post(f"/v1/sessions/{sid}/input", json={"text": "via b"})
-            assert r.status_code == 202, r.text
-            await until(lambda: _has(on_b, sid, "assistant:Noted.", 1))
-            await stream.wait_for("speech.done", timeout=15)
-            await stream.wait_for("user.input", lambda d: d["text"] == "via b")
-            seqs = [f["seq"] for f in stream.frames]
-            assert seqs == list(range(1, len(seqs) + 1)), seqs
-
-            # Redis down: commands still work (forwarding needs no Redis); once it is back, the stream on the other
-            # node repairs what it missed from the database, gap-free
-            redis.stop()
-            r = await on_b.post(f"/v1/sessions/{sid}/input", json={"text": "redis down"})
-            assert r.status_code == 202, r.text
-            ready = await until(lambda: _redis_reported_down(on_b))
-            assert ready.status_code == 200 and "redis unavailable" in ready.json()["detail"]
-            await until(lambda: _has(on_b, sid, "assistant:Noted.", 2))
-            redis.start()
-            await asyncio.sleep(3.0)  # the nodes reconnect (backoff at most 2 s)
-            r = await on_b.post(f"/v1/sessions/{sid}/input", json={"text": "redis back"})
-            assert r.status_code == 202, r.text
-            await stream.wait_for("user.input", lambda d: d["text"] == "redis back", timeout=15)
-            await stream.wait_for("user.input", lambda d: d["text"] == "redis down")
-            seqs = [f["seq"] for f in stream.frames]
-            assert seqs == list(range(1, len(seqs) + 1)), seqs
-            await until(lambda: _has(on_b, sid, "assistant:Noted.", 3))
-            await stream.close()
-
-            # the same Idempotency-Key on both nodes: applied once, the same answer from both
-            key = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
-            first = await on_a.post(f"/v1/sessions/{sid}/input", json={"text": "once"}, headers=key)
-            second = await on_b.post(f"/v1/sessions/{sid}/input", json={"text": "once"}, headers=key)
-            assert first.status_code == second.status_code == 202, (first.text, second.text)
-            assert first.json() == second.json()
-            assert second.headers.get("idempotent-replayed") == "true"
-            await until(lambda: _has(on_a, sid, "assistant:Noted.", 4))
-            assert (await messages(on_a, sid)).count("user:once") == 1
-
-            # SIGKILL the owner: the other node adopts the session through recovery, with its context
-            a.kill()
-            killed = time.monotonic()
-            moved = await until(lambda: _owner_is(on_b, sid, "node-b"), timeout_s=LEASE_S + 20)
-            adopted_s = time.monotonic() - killed
-            assert moved["state"] == "active"
-            assert adopted_s < LEASE_S + 8.0, adopted_s
-            r = await until(lambda: _accepted(on_b, sid, "after the kill"))  # 503 (retry) while being recovered
-            await until(lambda: _has(on_b, sid, "assistant:Noted.", 5))
-            assert await messages(on_b, sid) == [
-                "user:via b",
-                "assistant:Noted.",
-                "user:redis down",
-                "assistant:Noted.",
-                "user:redis back",
-                "assistant:Noted.",
-                "user:once",
-                "assistant:Noted.",
-                "user:after the kill",
-                "assistant:Noted.",
-            ]
-            nodes = {n["id"]: n for n in (await on_b.get("/v1/cluster/nodes")).json()["items"]}
-            assert nodes["node-a"]["state"] == "dead" and nodes["node-b"]["sessions"] == 1
-    finally:
-        a.kill()
-        b.stop()
-
-
-async def _has(client: httpx.AsyncClient, sid: str, text: str, count: int) -> bool:
-    return (await messages(client, sid)).count(text) >= count
-
-
-async def _owner_is(client: httpx.AsyncClient, sid: str, node: str) -> dict[str, Any] | None:
-    r = await client.get(f"/v1/sessions/{sid}")
-    found = dict(r.json())
-    return found if found.get("owner_node") == node else None
-
-
-async def _accepted(client: httpx.AsyncClient, sid: str, text: str) -> httpx.Response | None:
-    r = await client.post(f"/v1/sessions/{sid}/input", json={"text": text})
-    if r.status_code == 503:
-        assert r.json()["code"] == "session_recovering", r.text
-        return None
-    assert r.status_code == 202, r.text
-    return r
-
-
-async def _redis_reported_down(client: httpx.AsyncClient) -> httpx.Response | None:
-    r = await client.get("/readyz")
-    return r if "redis" in str(r.json().get("detail")) else None
 
 
 LONG = " ".join(["word"] * 300)  # six seconds of speech at the tests' 50 words per second
@@ -232,8 +104,7 @@ async def test_three_nodes_a_killed_and_a_frozen_owner_lose_nothing(
     a, b, c = nodes
     streams: list[ResumingStream] = []
     try:
-        for node in nodes:
-            node.start(timeout=90)
+        await start_all(nodes)
         async with httpx.AsyncClient(timeout=30) as http:
             for wrong in ("", "not-the-secret-" * 3):
                 r = await http.post(f"{a.url}/v1/sessions", json={"agent": "tester"}, headers={FORWARDED: wrong})
@@ -248,9 +119,26 @@ async def test_three_nodes_a_killed_and_a_frozen_owner_lose_nothing(
             sids = [tool, rerun, speech]
             stream = ResumingStream.session(nodes, tool, first=a)
             streams.append(stream)
-            for sid in sids:  # through another node: forwarded to the owner, with the secret
+            listed = (await http.get(f"{c.url}/v1/cluster/nodes")).json()["items"]
+            assert {(n["id"], n["state"], n["mode"], n["sessions"]) for n in listed} == {
+                ("node-a", "live", "cluster", 3),
+                ("node-b", "live", "cluster", 0),
+                ("node-c", "live", "cluster", 0),
+            }
+            # a new session goes to the least-loaded node, wherever it is created
+            r = await http.post(f"{a.url}/v1/sessions", json={"agent": "tester"})
+            assert r.status_code == 201 and r.json()["owner_node"] in ("node-b", "node-c"), r.text
+            assert (await http.delete(f"{a.url}/v1/sessions/{r.json()['id']}")).status_code == 204
+
+            for sid in (tool, speech):  # through another node: forwarded to the owner, with the secret
                 r = await http.post(f"{b.url}/v1/sessions/{sid}/input", json={"text": "go"})
                 assert r.status_code == 202, r.text
+            # the same Idempotency-Key on two nodes: applied once, the same answer from both
+            key = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
+            first = await http.post(f"{b.url}/v1/sessions/{rerun}/input", json={"text": "go"}, headers=key)
+            second = await http.post(f"{c.url}/v1/sessions/{rerun}/input", json={"text": "go"}, headers=key)
+            assert first.status_code == second.status_code == 202, (first.text, second.text)
+            assert first.json() == second.json() and second.headers.get("idempotent-replayed") == "true"
             await multi.wait_for(
                 lambda fr: (
                     "tool.started" in _types_of(fr, tool)
@@ -258,9 +146,12 @@ async def test_three_nodes_a_killed_and_a_frozen_owner_lose_nothing(
                     and "speech.started" in _types_of(fr, speech)
                 )
             )
-            r = await http.post(
-                f"{c.url}/v1/sessions/{speech}/input", json={"text": "still there?", "interrupt": False}
-            )
+            # a read on a node that does not run the session is answered as its owner knows it (speaking now)
+            seen = await _session(http, c, speech)
+            assert (seen["agent_state"], seen["owner_node"]) == ("speaking", "node-a"), seen
+            assert seen["current_speech_id"] == (await _session(http, a, speech))["current_speech_id"] is not None
+            late = {"text": "still there?", "interrupt": False}  # queued behind the speech, accepted before the kill
+            r = await http.post(f"{c.url}/v1/sessions/{speech}/input", json=late)
             assert r.status_code == 202, r.text
 
             a.kill()
@@ -269,6 +160,8 @@ async def test_three_nodes_a_killed_and_a_frozen_owner_lose_nothing(
             await until(lambda: _call_is(http, b, tool, "slow", "interrupted"))
             await until(lambda: _call_is(http, b, rerun, "rerun", "completed"))
             await until(lambda: _answered(http, b, speech, "still there?"))
+            users = [i["text"] for i in await _chat(http, c, rerun) if i["type"] == "message" and i["role"] == "user"]
+            assert users == ["go"]
             await multi.wait_for(lambda fr: all("session.recovered" in _types_of(fr, sid) for sid in sids))
             await stream.wait_for(lambda fr: "session.recovered" in _types_of(fr, tool))
             assert len(multi.connections) >= 2 and len(stream.connections) >= 2  # resumed on another node
@@ -312,13 +205,12 @@ async def test_redis_outage_and_rolling_restart_under_load(tmp_path: Path, datab
     streams: list[ResumingStream] = []
     load: Load | None = None
     try:
-        for node in nodes:
-            node.start(timeout=90)
+        await start_all(nodes)
         async with httpx.AsyncClient(timeout=30) as http:
             multi = ResumingStream.multi(nodes, first=c)
             streams.append(multi)
             await until(lambda: _true(multi.connections))
-            sids = [await _pinned(http, node, f"node-{x}", []) for node, x in zip(nodes * 2, "abcabc", strict=True)]
+            sids = [await _pinned(http, node, f"node-{x}", []) for node, x in zip(nodes, "abc", strict=True)]
             remote = ResumingStream.session(nodes, sids[0], first=b)  # sids[0] runs on node a
             streams.append(remote)
             load = Load(nodes, sids)
@@ -337,6 +229,7 @@ async def test_redis_outage_and_rolling_restart_under_load(tmp_path: Path, datab
             await asyncio.sleep(2)
             await load.aclose()
             assert load.errors == [], load.errors[:5]
+            print(f"rolling restart: {load.retries} retries, an input waited {load.longest_s:.2f}s at most")
             for sid in sids:
                 await until(lambda sid=sid: _all_answered(http, nodes, sid, load.accepted[sid]), timeout_s=60)
             assert len(multi.connections) >= 2 and len(remote.connections) >= 2
@@ -363,6 +256,33 @@ def _call(name: str, **arguments: Any) -> dict[str, Any]:
 
 async def _true(value: Any) -> bool:
     return bool(value)
+
+
+async def test_a_media_edge_is_sent_to_the_node_that_runs_its_session(
+    tmp_path: Path, database_url: str, redis: RedisServer
+):
+    from .edge_client import Edge
+
+    nodes = [
+        cluster_node(tmp_path, database_url, f"node-{n}", redis.url, SWITCHBOARD_CLUSTER_SECRET=SECRET) for n in "ab"
+    ]
+    await start_all(nodes)
+    a, b = nodes
+    try:
+        async with httpx.AsyncClient(timeout=20) as http:
+            sid = await _pinned(http, a, "node-a", [])
+            elsewhere = await Edge.connect(b.ws_url, sid)
+            code, reason = await elsewhere.wait_closed()
+            assert code == 4421 and "node-a" in reason and a.url in reason, (code, reason)
+            edge = await Edge.connect(a.ws_url, sid)
+            await edge.send({"type": "user.transcript", "text": "hello from the edge"})
+            start = await edge.wait_for("speech.start", timeout=15)
+            await edge.wait_for("speech.end", timeout=15)
+            assert edge.texts[start["speech_id"]] == "Noted."
+            await edge.close()
+    finally:
+        for node in nodes:
+            node.kill()
 
 
 async def _adopted(http: httpx.AsyncClient, node: Server, sid: str, owners: set[str]) -> bool:

@@ -14,8 +14,6 @@ from websockets.sync.client import connect
 
 from .console_support import (
     create_session,
-    launch_chromium,
-    require_chromium,
     row_seqs,
     server_events,
     wait_until,
@@ -40,13 +38,6 @@ KEYS = json.dumps(
 def no_leaked_tasks() -> None:
     """Replaces the suite's asyncio task check: these tests run no event loop of their own (the server is another
     process), and Playwright's sync API keeps one running in this thread, which an async fixture cannot share."""
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    require_chromium()
-    with launch_chromium() as b:
-        yield b
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,9 @@ from . import (
     routes_agui,
     routes_cluster,
     routes_events,
+    routes_export,
     routes_health,
+    routes_media,
     routes_reports,
     routes_sessions,
     routes_tools,
@@ -243,10 +245,11 @@ def create_app(
             request, exc, found.forwarder, found.settings.cluster_secret, count=found.metrics.on_forward
         )
 
-    routers = (routes_sessions, routes_tools, routes_reports, routes_agents, routes_cluster)
+    routers = (routes_sessions, routes_export, routes_tools, routes_reports, routes_agents, routes_cluster)
     for router in (module.router for module in routers):
         app.include_router(router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_events.router)
+    app.include_router(routes_media.router)
     app.include_router(routes_agui.router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_health.router)
     app.include_router(asyncapi.router)  # GET /asyncapi.json, like /openapi.json: public, outside the schema

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import httpx
-from fastapi import Depends
+from fastapi import Depends, Request, Response
 from starlette.requests import HTTPConnection
 
 from ..control.fanout import RedisFanout
@@ -24,13 +24,17 @@ from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
 from ..store import NodeState, Store
-from .forward import FORWARDED_HEADER, SessionElsewhere
+from .forward import FORWARDED_HEADER, SessionElsewhere, read_from_owner
 from .problems import ProblemError, not_found
 from .rate_limit import WriteRateLimiter
 from .schemas import LatencyRead, SessionRead, ToolCallRead
 from .stream_slots import StreamSlots
 
 _RETRY = {"Retry-After": "1"}
+
+
+def _moving(sid: str) -> ProblemError:
+    return ProblemError(503, "session_moving", f"Session {sid!r} is moving to another node; retry.", headers=_RETRY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +91,8 @@ async def active_session(host: SessionHost, sid: str) -> AgentSession:
     """The live session, ready for commands; 409 when it exists but is not active, 404 when it never existed."""
     view = await known_session(host, sid)
     await owned_here(host, view)
+    if view.live is not None and view.live.state == SessionStatus.SUSPENDED and host.settings.cluster_mode:
+        raise _moving(sid)  # this node is draining: the session carries on on another one
     if view.live is None or view.state != SessionStatus.ACTIVE:
         raise ProblemError(409, "session_not_active", f"Session {sid!r} is {view.state}.")
     return view.live
@@ -114,12 +120,14 @@ async def owned_here(host: SessionHost, view: SessionView) -> None:
         return
     if owner is None:
         if host.settings.cluster_mode:  # handed over by a draining node, not adopted yet: in a moment
-            raise ProblemError(
-                503, "session_moving", f"Session {view.id!r} is moving to another node; retry.", headers=_RETRY
-            )
+            raise _moving(view.id)
         return
     if owner == host.node_id:
-        if host.lease is None or not host.lease.fence.owns(view.id):
+        if host.lease is None:
+            return
+        if not host.lease.fence.owns(view.id):
+            if host.settings.cluster_mode:  # being handed over (draining), or just lost: another node has it soon
+                raise _moving(view.id)
             return
         # claimed, and being recovered here: it answers in a moment
         raise ProblemError(503, "session_recovering", f"Session {view.id!r} is being recovered; retry.", headers=_RETRY)
@@ -131,6 +139,26 @@ async def owned_here(host: SessionHost, view: SessionView) -> None:
         f"Session {view.id!r} is run by node {owner}, not this one; retry.",
         headers={"Retry-After": "1"},
     )
+
+
+async def owner_elsewhere(services: Services, view: SessionView, request: Request) -> Response | None:
+    """Cluster mode: a read of a live session another node runs, answered by that node (None: answer here, from
+    the database: the session is not live, runs here, or its owner did not answer)."""
+    host = services.host
+    owner = view.record.owner_node
+    if (
+        not services.settings.cluster_mode
+        or view.live is not None
+        or owner is None
+        or owner == host.node_id
+        or not SessionStatus(view.state).live
+        or FORWARDED_HEADER in request.headers
+    ):
+        return None
+    url = await host.store.nodes.live_url(owner)
+    if url is None:
+        return None
+    return await read_from_owner(request, owner, url, services.forwarder, services.settings.cluster_secret)
 
 
 async def _forwarded(conn: HTTPConnection) -> bool:

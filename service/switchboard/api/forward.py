@@ -31,6 +31,7 @@ FORWARDED_HEADER = "x-switchboard-forwarded"
 # what is passed on to the owner, and back from it
 _REQUEST_HEADERS = ("authorization", "content-type", "accept", "idempotency-key")
 _RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", "location")
+READ_TIMEOUT_S = 2.0  # a read the owner does not answer by then is answered from the database
 LOOPBACK_SECRET = "loopback"  # the header's value when no secret is set (cluster mode on loopback only)
 
 
@@ -53,6 +54,19 @@ def _moved(err: SessionElsewhere, why: str) -> Response:
     )
 
 
+def _outgoing(request: Request, node_url: str, secret: str | None) -> tuple[str, dict[str, str]]:
+    """The URL and headers of ``request`` sent on to the node at ``node_url``."""
+    headers = {name: value for name, value in request.headers.items() if name.lower() in _REQUEST_HEADERS}
+    headers[FORWARDED_HEADER] = forwarded_secret(secret)
+    url = node_url.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return url, headers
+
+
+def _answer(answer: httpx.Response) -> Response:
+    kept = {name: value for name, value in answer.headers.items() if name.lower() in _RESPONSE_HEADERS}
+    return Response(answer.content, status_code=answer.status_code, headers=kept)
+
+
 def _uncounted(outcome: str, seconds: float | None = None) -> None:
     return None
 
@@ -73,9 +87,7 @@ async def forward(
     if FORWARDED_HEADER in request.headers:
         count("loop", None)
         return _moved(err, "this node received it forwarded and does not forward again")
-    headers = {name: value for name, value in request.headers.items() if name.lower() in _REQUEST_HEADERS}
-    headers[FORWARDED_HEADER] = forwarded_secret(secret)
-    url = err.url.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    url, headers = _outgoing(request, err.url, secret)
     body = await request.body()
     sent = time.perf_counter()
     try:
@@ -85,8 +97,7 @@ async def forward(
         count("unreachable", None)
         return _moved(err, "that node did not answer")
     count("answered", time.perf_counter() - sent)
-    kept = {name: value for name, value in answer.headers.items() if name.lower() in _RESPONSE_HEADERS}
-    return Response(answer.content, status_code=answer.status_code, headers=kept)
+    return _answer(answer)
 
 
 def forwarded_secret(secret: str | None) -> str:
@@ -116,3 +127,19 @@ class ForwardedGuard:
                 await answer(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+async def read_from_owner(
+    request: Request, node_id: str, url: str, client: httpx.AsyncClient, secret: str | None
+) -> Response | None:
+    """A read of a session another node runs, answered by that node (what only the live session knows: its agent
+    state, the speech under way); None when it did not answer, and the caller answers from the database."""
+    target, headers = _outgoing(request, url, secret)
+    try:
+        answer = await client.get(target, headers=headers, timeout=READ_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        logger.warning("read of %s from node %s failed (%r); from the database", request.url.path, node_id, exc)
+        return None
+    if answer.status_code >= 500:
+        return None
+    return _answer(answer)

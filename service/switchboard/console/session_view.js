@@ -168,10 +168,20 @@ export class SessionView {
     this.scroller = h("div", { class: "timeline-scroll", tabindex: "0", "aria-label": "Timeline" }, this.list);
     const showAll = h("input", { type: "checkbox", id: "show-all" });
     showAll.addEventListener("change", () => this.list.classList.toggle("show-all", showAll.checked));
+    const exportButton = h("button", {
+      type: "button",
+      id: "op-export",
+      class: "secondary small",
+      text: "Export JSON",
+      title: "Download the whole session (chat, tool calls, events) as one JSON document",
+    });
+    exportButton.addEventListener("click", () => this.exportSession(exportButton));
     const toolbar = h(
       "div",
       { class: "timeline-tools" },
       h("label", { for: "show-all" }, showAll, " Show every event"),
+      h("span", { class: "spacer" }),
+      exportButton,
     );
 
     const parts = [header, this.error, toolbar, this.scroller];
@@ -374,6 +384,25 @@ export class SessionView {
   async cancelTool(callId, button) {
     const path = `${this.path}/tool-calls/${encodeURIComponent(callId)}/cancel`;
     await this._command(`cancel:${callId}`, button, "POST", path, {}, "Cancelling the tool call");
+  }
+
+  /** Download GET .../export as session-<id>.json (a read: live, closed and failed sessions alike). */
+  async exportSession(button) {
+    button.disabled = true;
+    try {
+      const doc = await this.api.get(`${this.path}/export`);
+      const url = URL.createObjectURL(new Blob([JSON.stringify(doc, null, 2)], { type: "application/json" }));
+      const link = h("a", { href: url, download: `session-${this.sid}.json`, hidden: true });
+      document.body.append(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60_000);
+      this._clearError();
+    } catch (err) {
+      this._showError(`Exporting the session failed: ${err.message}`);
+    } finally {
+      button.disabled = false;
+    }
   }
 
   async closeSession(button) {

@@ -20,6 +20,7 @@ from ..runtime.chat import ChatContext, ChatItem, new_id, utcnow
 from ..runtime.event_types import SessionFailed
 from ..runtime.events import Event, EventLog
 from ..runtime.llm import LLM, MissingCredential, build_llm
+from ..runtime.media import EdgePlayout
 from ..runtime.playout import SimulatedPlayout
 from ..runtime.ports import EventSink
 from ..runtime.recovery import end_orphaned_calls, recover, report_missing
@@ -157,7 +158,7 @@ class SessionView:
     async def speech(self, speech_id: str) -> SpeechInfo | None:
         handle = self.live.speech(speech_id) if self.live is not None else None
         if handle is not None:
-            return handle.info()
+            return handle.info().model_copy(update={"heard_text": handle.heard_text})
         return await self.store.speech(self.id, speech_id)
 
     async def tool_calls(self, status: ToolStatus | None = None) -> list[ToolCallInfo]:
@@ -306,7 +307,8 @@ class SessionHost:
             session_id=rec.id,
             agent=agent,
             llm=llm,
-            playout=SimulatedPlayout(float(wps), first_audio_s=self._first_audio_ms(config) / 1000),
+            # through a media edge while one is connected (WS /v1/sessions/{sid}/media), else the simulated clock
+            playout=EdgePlayout(SimulatedPlayout(float(wps), first_audio_s=self._first_audio_ms(config) / 1000)),
             store=self.store.chat_store(),
             events=self._sink,
             options=config.options().model_copy(

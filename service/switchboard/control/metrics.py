@@ -161,6 +161,15 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
             registry=r,
         )
+        self.media_edges = Gauge(
+            "switchboard_media_edges", "Connected media edges (one per session at most)", registry=r
+        )
+        self.media_barge_in = Histogram(
+            "switchboard_media_barge_in_seconds",
+            "A media edge's barge-in (user.speech_started) read -> speech.stop written to its socket",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=r,
+        )
 
     def on_store_commit(self, seconds: float, operations: int) -> None:
         self.store_commit.observe(seconds)

@@ -473,10 +473,13 @@ class AgentSession:
         task.add_done_callback(_forget(self._commands))
         return task
 
-    async def cancel_tool(self, call_id: str, *, force: bool = False) -> ToolCallInfo:
+    async def cancel_tool(
+        self, call_id: str, *, force: bool = False, reason: str = "cancelled by an operator"
+    ) -> ToolCallInfo:
         """Cancel a running cancellable call; returns its record once it has ended ``cancelled``. Raises
-        ``NotInterruptible`` while the speech that made it does not allow interruptions, unless ``force``."""
-        return await self.executor.cancel(call_id, force=force)
+        ``NotInterruptible`` while the speech that made it does not allow interruptions, unless ``force``.
+        ``reason`` says who cancelled it, in its output and in the notice a webhook backend gets."""
+        return await self.executor.cancel(call_id, force=force, reason=reason)
 
     async def _interrupt_current(self, *, force: bool) -> SpeechHandle | None:
         speech = self._scheduler.current
