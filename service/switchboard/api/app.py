@@ -241,7 +241,9 @@ def create_app(
     @app.exception_handler(SessionElsewhere)
     async def _elsewhere(request: Request, exc: SessionElsewhere) -> Response:
         found = services(request)
-        return await forward(request, exc, found.forwarder, found.settings.cluster_secret)
+        return await forward(
+            request, exc, found.forwarder, found.settings.cluster_secret, count=found.metrics.on_forward
+        )
 
     routers = (routes_sessions, routes_export, routes_tools, routes_reports, routes_agents, routes_cluster)
     for router in (module.router for module in routers):

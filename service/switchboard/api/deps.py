@@ -98,10 +98,24 @@ async def active_session(host: SessionHost, sid: str) -> AgentSession:
     return view.live
 
 
+def _moving_from_here(host: SessionHost, view: SessionView) -> bool:
+    """This node let go of the session (late lease renewals, a drain's hand-over: it may still be suspending here)
+    while the database still names this node, or no node, its owner: it moves to another node in a moment. It is
+    not over, so a command answers 503 ``session_moving`` (retried), not 409 ``session_not_active``."""
+    lease = host.lease
+    if lease is None or view.id not in lease.fence.lost:
+        return False
+    return view.record.owner_node in (host.node_id, None) and SessionStatus(view.record.state).live
+
+
 async def owned_here(host: SessionHost, view: SessionView) -> None:
     """A command for a live session another node runs: forwarded there in cluster mode (``SessionElsewhere``), else
     503 (this instance was replaced: the session is the new one's)."""
     owner = view.record.owner_node
+    if _moving_from_here(host, view):
+        raise ProblemError(
+            503, "session_moving", f"Session {view.id!r} is moving to another node; retry.", headers=_RETRY
+        )
     if view.live is not None or not SessionStatus(view.state).live:
         return
     if owner is None:

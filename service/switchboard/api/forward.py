@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
+from collections.abc import Callable
 
 import httpx
 from fastapi import Request, Response
@@ -65,18 +67,36 @@ def _answer(answer: httpx.Response) -> Response:
     return Response(answer.content, status_code=answer.status_code, headers=kept)
 
 
-async def forward(request: Request, err: SessionElsewhere, client: httpx.AsyncClient, secret: str | None) -> Response:
-    """Send ``request`` to the node that runs the session and answer with its answer."""
+def _uncounted(outcome: str, seconds: float | None = None) -> None:
+    return None
+
+
+async def forward(
+    request: Request,
+    err: SessionElsewhere,
+    client: httpx.AsyncClient,
+    secret: str | None,
+    *,
+    count: Callable[[str, float | None], None] = _uncounted,
+) -> Response:
+    """Send ``request`` to the node that runs the session and answer with its answer. ``count(outcome, seconds)``
+    records what happened (``Metrics.on_forward``)."""
     if err.url is None:
+        count("not_live", None)
         return _moved(err, "that node is not live")
     if FORWARDED_HEADER in request.headers:
+        count("loop", None)
         return _moved(err, "this node received it forwarded and does not forward again")
     url, headers = _outgoing(request, err.url, secret)
+    body = await request.body()
+    sent = time.perf_counter()
     try:
-        answer = await client.request(request.method, url, content=await request.body(), headers=headers)
+        answer = await client.request(request.method, url, content=body, headers=headers)
     except httpx.HTTPError as exc:
         logger.warning("forwarding %s %s to node %s failed: %r", request.method, request.url.path, err.node_id, exc)
+        count("unreachable", None)
         return _moved(err, "that node did not answer")
+    count("answered", time.perf_counter() - sent)
     return _answer(answer)
 
 

@@ -16,7 +16,8 @@ const STREAM_STATES = {
 };
 
 // events after which the header re-reads the session (model latency, attention)
-const REFRESH_ON = new Set(["speech.done", "generation.failed", "tool.ended", "session.failed"]);
+// (and the node that runs it, which changes when another node recovers it)
+const REFRESH_ON = new Set(["speech.done", "generation.failed", "tool.ended", "session.failed", "session.recovered"]);
 
 export class SessionView {
   constructor({ root, api, sid }) {
@@ -75,6 +76,7 @@ export class SessionView {
 
   /** The model, the last turn's latency and why the session needs attention, from a read of the session. */
   _showSession(session) {
+    this.meta.node.textContent = session.owner_node ?? "—";
     const m = session.model;
     this.meta.model.textContent = m
       ? [m.model ? `${m.provider}/${m.model}` : m.provider, m.profile ? `(profile ${m.profile})` : ""]
@@ -128,6 +130,7 @@ export class SessionView {
       running: h("dd", { class: "running" }),
       model: h("dd", { class: "model" }),
       latency: h("dd", { class: "latency" }),
+      node: h("dd", { class: "node cluster-only" }),
     };
     this.reasons = h("ul", { class: "session-reasons", "aria-label": "Needs attention", hidden: true });
     this.streamStatus = h("span", { class: "conn", role: "status", "aria-live": "polite" });
@@ -150,6 +153,8 @@ export class SessionView {
         this.meta.model,
         h("dt", { text: "Last turn" }),
         this.meta.latency,
+        h("dt", { class: "cluster-only", text: "Node" }),
+        this.meta.node,
       ),
       this.reasons,
     );

@@ -511,11 +511,13 @@ class SessionHost:
         self._adopt_ev.set()
 
     async def adopt_forever(self, interval_s: float) -> None:
-        """Cluster mode: take over, every ``interval_s`` (or when woken: ``wake_adopt``), this node's share of the
-        sessions no live node owns (those of dead nodes, those a draining node handed over)."""
+        """Cluster mode: take over this node's share of the sessions no live node owns (those of dead nodes, those a
+        draining node handed over): every ``interval_s``, as soon as the lease of another node passes, and when woken
+        (``wake_adopt``)."""
         while True:
+            wait_s = await self.lease.next_adoption_in(interval_s) if self.lease else interval_s
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval_s):
+                async with asyncio.timeout(wait_s):
                     await self._adopt_ev.wait()
             self._adopt_ev.clear()
             try:

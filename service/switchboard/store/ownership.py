@@ -84,6 +84,7 @@ _OWNERS = (
     .with_for_update()
 )
 _LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
+NODES_LOCK_KEY = 0x5357_4E4F_4445  # the advisory lock that serializes registrations and takeovers
 # nodes holding a lease: a draining node still owns its sessions until it hands each one over
 _LEASED = (NodeState.LIVE.value, NodeState.DRAINING.value)
 
@@ -187,9 +188,14 @@ class Nodes:
         self.engine = engine
 
     async def _lock(self, conn: AsyncConnection) -> None:
-        """Serialize registrations and takeovers (PostgreSQL; on SQLite the transaction began IMMEDIATE)."""
+        """Serialize registrations and takeovers (PostgreSQL; on SQLite the transaction began IMMEDIATE).
+
+        An advisory lock, not a table lock: a lease renewal (an UPDATE of its own node row) must never wait for a
+        takeover, which can take a while (it waits for the session rows a write batch holds). With renewals queued
+        behind it, every node could miss its renewals at once and let go of all its sessions. A renewal racing a
+        burial is settled by the row itself: the burial re-checks ``lease_until`` on the row the renewal wrote."""
         if conn.dialect.name == "postgresql":
-            await conn.execute(sa.text("LOCK TABLE nodes IN SHARE ROW EXCLUSIVE MODE"))
+            await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": NODES_LOCK_KEY})
 
     async def _begin(self) -> AsyncConnection:
         conn = await self.engine.connect()
@@ -234,7 +240,7 @@ class Nodes:
                 row = {
                     "id": me.id,
                     "url": me.url,
-                    "state": NodeState.LIVE.value,
+                    "state": me.state.value,
                     "mode": me.mode.value,
                     "hostname": me.hostname,
                     "pid": me.pid,
@@ -271,6 +277,15 @@ class Nodes:
         stmt = sa.select(n.c.url).where(n.c.id == node_id, n.c.state.in_(_LEASED), n.c.lease_until >= now_utc())
         async with self.engine.connect() as conn:
             return (await conn.execute(stmt)).scalar()
+
+    async def next_expiry(self, node_id: str) -> datetime | None:
+        """When the first lease of the other nodes holding one passes (None: no other such node): a node that died
+        is found dead then, not a polling interval later."""
+        n = m.nodes
+        stmt = sa.select(sa.func.min(n.c.lease_until)).where(n.c.state.in_(_LEASED), n.c.id != node_id)
+        async with self.engine.connect() as conn:
+            expiry: datetime | None = (await conn.execute(stmt)).scalar()
+        return expiry
 
     async def renew(self, node_id: str, lease_s: float) -> bool:
         """Extend this node's lease; False when it holds none any more (another node buried it)."""
