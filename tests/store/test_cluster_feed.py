@@ -16,7 +16,7 @@ from switchboard.runtime.events import Event
 from switchboard.store import Store
 from switchboard.store.writes import EVENT_ORDER_LOCK_KEY
 
-from .conftest import Db, pg_dsn
+from .conftest import ON_POSTGRESQL, Db, pg_dsn
 
 TIMEOUT_S = 15.0
 
@@ -107,12 +107,11 @@ async def test_while_redis_is_down_other_nodes_events_are_read_from_the_database
 
 
 @pytest.mark.postgres
+@ON_POSTGRESQL
 async def test_in_cluster_mode_event_ids_follow_commit_order(db: Db, store: Store):
     """Another node's transaction took an event id and has not committed: this node's events wait for it, so they
     get higher ids and commit after it. Without the lock the later id would commit first, and a stream resuming from
     it would skip the earlier one for good."""
-    if db.kind != "postgresql":
-        pytest.skip("one writer alone commits in id order")
     store.writer.ordered_events = True
     other = await asyncpg.connect(pg_dsn(), server_settings={"search_path": db.schema or "public"})
     try:

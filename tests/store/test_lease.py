@@ -14,7 +14,7 @@ from switchboard.control.ownership import NodeLease
 from switchboard.control.settings import Settings
 from switchboard.store import NodeState, SessionRecord
 
-from .conftest import Db, pg_dsn
+from .conftest import ON_POSTGRESQL, Db, pg_dsn
 from .test_fencing import node
 
 pytestmark = pytest.mark.timeout(60)
@@ -52,9 +52,8 @@ async def started(db: Db, node_id: str) -> NodeLease:
     return lease
 
 
+@ON_POSTGRESQL
 async def test_a_node_that_let_go_after_late_renewals_hands_its_sessions_back(db: Db) -> None:
-    if db.kind != "postgresql":
-        pytest.skip("cluster mode runs on PostgreSQL")
     lease = await started(db, "a")
     try:
         await lease.store.create_session(
@@ -80,10 +79,9 @@ async def test_a_node_that_let_go_after_late_renewals_hands_its_sessions_back(db
         await lease.aclose()
 
 
+@ON_POSTGRESQL
 async def test_a_takeover_in_progress_does_not_hold_up_renewals(db: Db) -> None:
     """A takeover waits for the session rows a write batch holds; the renewals of every node go on meanwhile."""
-    if db.kind != "postgresql":
-        pytest.skip("cluster mode runs on PostgreSQL")
     a = await started(db, "a")
     b = db.store()  # another node (another process: registered with another pid, on another host)
     assert await b.nodes.register(node("b"), conflicts=lambda _: False) == []
@@ -106,10 +104,9 @@ async def test_a_takeover_in_progress_does_not_hold_up_renewals(db: Db) -> None:
         await a.aclose()
 
 
+@ON_POSTGRESQL
 async def test_adoption_looks_again_as_soon_as_another_nodes_lease_passes(db: Db) -> None:
     """A node that died is taken over once its lease has passed, not up to a polling interval later."""
-    if db.kind != "postgresql":
-        pytest.skip("cluster mode runs on PostgreSQL")
     a = await started(db, "a")
     try:
         assert await a.next_adoption_in(5.0) == 5.0  # alone
