@@ -27,6 +27,12 @@ class Tester(Agent):
         await asyncio.sleep(seconds)
         return f"slept {seconds}"
 
+    @function_tool(on_restart="retry")
+    async def rerun(self, ctx: RunContext, seconds: float) -> str:
+        """Work for a while; run again from the start when its process died meanwhile."""
+        await asyncio.sleep(seconds)
+        return f"reran {seconds}"
+
     @function_tool(allow_cancellation=True)
     async def search(self, ctx: RunContext, query: str, seconds: float = 5.0) -> str:
         """A long search that can be cancelled."""
@@ -60,6 +66,15 @@ class Tester(Agent):
         if expected:
             raise ToolError("that did not work")
         raise RuntimeError("secret internal detail")
+
+    @function_tool
+    async def vague(self, ctx: RunContext, step_s: float = 1.0) -> str:
+        """Report progress without a fraction, then a fraction short of the end, then complete."""
+        await ctx.update("working, no idea how long")
+        await asyncio.sleep(step_s)
+        await ctx.update("two thirds there", progress=0.67)
+        await asyncio.sleep(step_s)
+        return "vague result"
 
     @function_tool
     async def quiet(self, ctx: RunContext) -> str:

@@ -49,6 +49,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("GET", "/v1/cluster/nodes"): "sessions:read",
     ("DELETE", "/v1/sessions/{sid}"): "sessions:write",
     ("GET", "/v1/sessions/{sid}/chat"): "sessions:read",
+    ("GET", "/v1/sessions/{sid}/export"): "sessions:read",
     ("POST", "/v1/sessions/{sid}/input"): "sessions:control",
     ("POST", "/v1/sessions/{sid}/say"): "sessions:control",
     ("POST", "/v1/sessions/{sid}/interrupt"): "sessions:control",
@@ -64,6 +65,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("GET", "/v1/agents/{name}"): "sessions:read",
     ("WS", "/v1/sessions/{sid}/events"): "events:read",
     ("WS", "/v1/events"): "events:read",
+    ("WS", "/v1/sessions/{sid}/media"): "media:connect",
     ("GET", "/v1/sessions/{sid}/ag-ui"): "events:read",
 }
 # routes a session token may not call even on its own session, whatever its scopes: it cannot renew itself
@@ -188,6 +190,8 @@ async def _ws(app: Any, path: str, credential: str | None) -> tuple[int, str] | 
     query = f"token={credential}" if in_url else ""
     headers = [(b"authorization", f"Bearer {credential}".encode())] if credential and not in_url else None
     ws = AsgiWebSocket(app, _path(path), query, headers=headers)
+    if path.endswith("/media"):  # a media edge is sent nothing until it speaks: a ping is answered once let in
+        ws.inbox.put_nowait({"type": "websocket.receive", "text": '{"type": "ping"}'})
 
     async def settled() -> bool:
         return bool(ws.frames) or ws.task.done()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -276,7 +277,9 @@ async def test_cancel_ends_the_call_at_once_and_notifies_the_backend(hooks: Hook
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "cancelled" and r.json()["is_error"]
     notice = await hooks.backend.next("cancel")
-    assert notice == {"call_id": call_id, "session_id": sid, "tool": "refund", "reason": "cancelled"}
+    # the notice says who cancelled, as the chat does
+    assert notice == {"call_id": call_id, "session_id": sid, "tool": "refund", "reason": "cancelled by an operator"}
+    assert "(cancelled by an operator)" in (await hooks.call(sid, "refund"))["output"]
     assert hooks.backend.bad_signatures == 0
     assert_problem(await hooks.result(sid, call_id, "done anyway"), 409, "already_ended")
     assert (await hooks.call(sid, "refund"))["status"] == "cancelled"
@@ -303,7 +306,10 @@ async def test_a_call_without_a_result_in_time_fails_and_the_backend_is_told(hoo
     assert outputs == [call["output"]]
 
 
-async def test_5xx_is_retried_4xx_is_not_and_an_unreachable_backend_times_out(hooks: Hooks):
+async def test_5xx_is_retried_4xx_is_not_and_an_unreachable_backend_times_out(
+    hooks: Hooks, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.INFO, logger="switchboard.integrations.webhooks")
     hooks.backend.answers["flaky"] = [(503, None), (502, None), (200, {"output": "third time lucky"})]
     hooks.backend.answers["refused"] = [(400, {"detail": "order_id must look like A-1234"})]
     sid = await hooks.session(
@@ -322,6 +328,13 @@ async def test_5xx_is_retried_4xx_is_not_and_an_unreachable_backend_times_out(ho
     unreachable = await hooks.call(sid, "unreachable", "failed")
     assert unreachable["output"].startswith("unreachable failed: its backend could not be reached within 0.4 s (")
     assert unreachable["is_error"]
+    # every failed delivery is an operator's business: WARNING, with the ids
+    failed = [r for r in caplog.records if r.getMessage().startswith("webhook delivery of")]
+    assert {r.getMessage().split(" (")[0] for r in failed} >= {
+        "webhook delivery of flaky failed",
+        "webhook delivery of unreachable failed",
+    }
+    assert all(r.levelno == logging.WARNING and getattr(r, "session_id", None) == sid for r in failed)
 
 
 async def test_bad_arguments_never_reach_the_backend(hooks: Hooks):
@@ -352,7 +365,8 @@ async def test_on_duplicate_reject_and_replace(hooks: Hooks):
     # the running call is cancelled (and its backend told) before the new one starts, as for a Python tool
     notice = await hooks.backend.next("cancel")
     assert notice["call_id"] == old and notice["tool"] == "replaceable"
-    new = (await hooks.backend.next("call"))["call_id"]
+    assert notice["reason"] == f"replaced by {(await hooks.backend.next('call'))['call_id']}"
+    new = (await hooks.call(sid2, "replaceable", "running"))["call_id"]
     assert new != old
     replaced = await hooks.call(sid2, "replaceable")
     assert replaced["call_id"] == new and replaced["status"] == "running"
@@ -472,3 +486,46 @@ async def test_an_answer_within_the_cap_is_cut_to_the_output_limit_with_a_marker
     call = await hooks.call(sid, "lookup", "completed")
     assert call["output"].startswith("y" * 16_000)
     assert call["output"].endswith("[output truncated: 184000 more characters not shown]")
+
+
+async def test_cancel_notices_name_who_cancelled(
+    tmp_path: Path, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With API keys, an operator's cancel names the key (never the key itself); a close says the session closed;
+    the notice and the chat say the same thing."""
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    key = "ops-key-0123456789abcdef"
+    settings = make_settings(
+        tmp_path,
+        agents_file=agents_file(tmp_path, backend),
+        api_keys=[
+            {
+                "key": key,
+                "name": "night-desk",
+                "scopes": ["sessions:read", "sessions:write", "sessions:control", "tools:cancel"],
+            }
+        ],
+    )
+    app = create_app(settings, registry=AgentRegistry(TEST_AGENTS))
+    async with app.router.lifespan_context(app):
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test", headers=headers
+        ) as client:
+            hooks = Hooks(client, backend)
+            backend.answers["refund"] = [(202, None), (202, None)]
+            sid = await hooks.session(call_turn("refund"), {"text": "Started."}, call_turn("refund"))
+            call_id = (await backend.next("call"))["call_id"]
+            await hooks.progress(sid, call_id, "working")
+            r = await client.post(f"/v1/sessions/{sid}/tool-calls/{call_id}/cancel")
+            assert r.status_code == 200, r.text
+            assert r.json()["output"] == "The tool call was cancelled (cancelled by the operator night-desk)."
+            assert (await backend.next("cancel"))["reason"] == "cancelled by the operator night-desk"
+            assert key not in str(backend.cancels)
+
+            await hooks.said(sid, "Started.")
+            await client.post(f"/v1/sessions/{sid}/input", json={"text": "again"})
+            second = (await backend.next("call"))["call_id"]
+            await hooks.progress(sid, second, "working")
+            assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
+            assert (await backend.next("cancel"))["reason"] == "session closed"

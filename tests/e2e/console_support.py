@@ -55,6 +55,27 @@ def launch_chromium() -> Iterator[Any]:
             browser.close()
 
 
+@contextmanager
+def checked_page(
+    browser: Any, *, timeout_ms: int = 8000, init_script: str | None = None, **context: Any
+) -> Iterator[Any]:
+    """A page in a new browser context that fails the test on any uncaught error or Content-Security-Policy refusal
+    (the service's policy must allow everything the console does; Chromium logs each refusal)."""
+    ctx = browser.new_context(**context)
+    if init_script:
+        ctx.add_init_script(init_script)
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.on("console", lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None)
+    page.set_default_timeout(timeout_ms)
+    try:
+        yield page
+    finally:
+        ctx.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
 def create_session(client: httpx.Client, turns: list[dict[str, Any]], *, sid: str | None = None, **kw: Any) -> str:
     llm = {"provider": "scripted", "turns": turns, **kw.pop("llm_extra", {})}
     body: dict[str, Any] = {"agent": "tester", "llm": llm, **kw}

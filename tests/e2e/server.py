@@ -90,6 +90,12 @@ class Server:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -157,7 +157,7 @@ def test_errors_are_one_plain_line(srv: Server, tmp_path: Path) -> None:
     down = run(srv, "sessions", "--url", "http://127.0.0.1:9")
     assert down.returncode == 1 and down.stderr.startswith("switchboard: cannot reach http://127.0.0.1:9")
     tail_missing = run(srv, "tail", "no-such-session")
-    assert tail_missing.returncode == 1 and tail_missing.stderr == "switchboard: no session 'no-such-session'\n"
+    assert tail_missing.returncode == 1 and tail_missing.stderr == "switchboard: No session 'no-such-session'.\n"
 
 
 def test_tail_shows_live_events_with_colours_and_progress_bars(srv: Server, client: httpx.Client) -> None:

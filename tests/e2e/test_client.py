@@ -235,6 +235,17 @@ def test_every_operation_through_the_blocking_client(srv: Server):
         with sb.events(sid, types=["tool.*", "session.*"]) as stream:
             types = [e.type for e in stream]
         assert types == ["session.started", "tool.started", "tool.progress", "tool.ended", "session.closed"]
+        # the whole session as one typed document, closed as it is; the operator's commands are in its log
+        doc = sb.export_session(sid)
+        assert doc.session.id == sid and doc.session.state == "closed" and doc.session.metadata == {"by": "sync"}
+        assert [c.call_id for c in doc.tool_calls] == [call_id]
+        assert any(isinstance(i, FunctionCallOutput) and i.call_id == call_id for i in doc.chat)
+        actions = [e.data["action"] for e in doc.events if e.type == "operator.action"]
+        assert actions == ["say", "interrupt", "input", "cancel_tool", "close"]
+        assert [e.seq for e in doc.events] == list(range(1, len(doc.events) + 1))
+        with pytest.raises(NotFound) as missing:
+            sb.export_session("no-such-session")
+        assert str(missing.value).startswith("No session 'no-such-session'.")
 
 
 # -- idempotent retries against the real service --------------------------------------------------------------------

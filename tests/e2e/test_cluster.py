@@ -1,13 +1,14 @@
-"""Cluster mode with real processes on loopback and PostgreSQL: any node takes every command (forwarded to the owner,
-idempotency included), and a node killed with SIGKILL has its sessions adopted by the others through recovery."""
+"""Cluster mode with three real nodes on loopback, PostgreSQL and a Redis of the tests' own: any node takes every
+command (forwarded to the owner, idempotency included); a node killed (SIGKILL) or frozen past its lease (SIGSTOP)
+has its sessions adopted by the others through recovery; a node stopped (SIGTERM) hands its sessions over; Redis can
+go away; streams resume on any node."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import subprocess
-import time
+import json
+import random
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,48 +16,35 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets
 from sqlalchemy.engine import make_url
 
-from .server import EventStream, Server, free_port
+from switchboard.runtime.recovery import RESTART_OUTPUT
+
+from .cluster_support import (
+    FORWARDED,
+    LEASE_S,
+    SECRET,
+    Load,
+    RedisServer,
+    ResumingStream,
+    assert_gap_free,
+    cluster_node,
+    drain_stop,
+    start_all,
+    until,
+    up,
+)
+from .server import Server
 from .test_faults import PG_URL, pg_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
-
-LEASE_S = 8.0  # long enough for a loaded test machine (production default: 2 s)
 
 
 @pytest.fixture
 async def database_url() -> AsyncIterator[str]:
     async with pg_database() as name:
         yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-
-
-class RedisServer:
-    """A redis-server of this test's own on a free loopback port, to stop and start again."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.port = free_port()
-        self.dir = tmp_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen([*args, "--dir", str(self.dir)], stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
 
 
 @pytest.fixture
@@ -69,147 +57,292 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
-def cluster_node(tmp_path: Path, database_url: str, node_id: str, redis_url: str) -> Server:
-    return Server(
-        tmp_path,
-        database_url=database_url,
-        SWITCHBOARD_REDIS_URL=redis_url,
-        SWITCHBOARD_NODE_ID=node_id,
-        SWITCHBOARD_LEASE_S=str(LEASE_S),
-    )
+LONG = " ".join(["word"] * 300)  # six seconds of speech at the tests' 50 words per second
+PIN = {FORWARDED: SECRET}  # a request forwarded by a node is placed where it arrives: the tests pick the owner
 
 
-async def create(client: httpx.AsyncClient, turns: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    llm = {"provider": "scripted", "turns": turns or [], "fallback": {"text": "Noted."}}
-    r = await client.post("/v1/sessions", json={"agent": "tester", "llm": llm})
+async def _pinned(http: httpx.AsyncClient, node: Server, node_id: str, turns: list[dict[str, Any]]) -> str:
+    llm = {"provider": "scripted", "turns": turns, "fallback": {"text": "Noted."}}
+    r = await http.post(f"{node.url}/v1/sessions", json={"agent": "tester", "llm": llm}, headers=PIN)
     assert r.status_code == 201, r.text
+    assert r.json()["owner_node"] == node_id
+    return str(r.json()["id"])
+
+
+async def _session(http: httpx.AsyncClient, node: Server, sid: str) -> dict[str, Any]:
+    r = await http.get(f"{node.url}/v1/sessions/{sid}")
+    assert r.status_code == 200, r.text
     return dict(r.json())
 
 
-async def messages(client: httpx.AsyncClient, sid: str) -> list[str]:
-    r = await client.get(f"/v1/sessions/{sid}/chat")
+async def _calls(http: httpx.AsyncClient, node: Server, sid: str) -> list[dict[str, Any]]:
+    r = await http.get(f"{node.url}/v1/sessions/{sid}/tool-calls")
     assert r.status_code == 200, r.text
-    return [f"{i['role']}:{i['text']}" for i in r.json()["items"] if i["type"] == "message"]
+    return list(r.json()["items"])
 
 
-async def until(check: Any, timeout_s: float = 15.0) -> Any:
-    async with asyncio.timeout(timeout_s):
-        while not (found := await check()):
-            await asyncio.sleep(0.05)
-    return found
+async def _chat(http: httpx.AsyncClient, node: Server, sid: str) -> list[dict[str, Any]]:
+    r = await http.get(f"{node.url}/v1/sessions/{sid}/chat", params={"limit": 1000})
+    assert r.status_code == 200, r.text
+    return list(r.json()["items"])
 
 
-async def test_any_node_takes_commands_and_a_killed_nodes_sessions_are_adopted(
+def _types_of(frames: list[dict[str, Any]], sid: str) -> list[str]:
+    return [f["type"] for f in frames if f["session_id"] == sid]
+
+
+async def test_three_nodes_a_killed_and_a_frozen_owner_lose_nothing(
     tmp_path: Path, database_url: str, redis: RedisServer
 ):
-    a = cluster_node(tmp_path, database_url, "node-a", redis.url).start(timeout=60)
-    b = cluster_node(tmp_path, database_url, "node-b", redis.url).start(timeout=60)
+    """SIGKILL an owner mid-tool and mid-speech: the others adopt its sessions (the tool ends `interrupted`, a
+    `retry` tool runs again, accepted input is answered), and stream clients on it resume on another node with their
+    position, seeing every event once. SIGSTOP an owner past its lease: its session moves, and once it runs again
+    none of its writes land. Forwarded requests need the cluster secret."""
+    nodes = [
+        cluster_node(tmp_path, database_url, f"node-{x}", redis.url, SWITCHBOARD_CLUSTER_SECRET=SECRET) for x in "abc"
+    ]
+    a, b, c = nodes
+    streams: list[ResumingStream] = []
     try:
-        async with (
-            httpx.AsyncClient(base_url=a.url, timeout=20) as on_a,
-            httpx.AsyncClient(base_url=b.url, timeout=20) as on_b,
-        ):
-            nodes = (await on_b.get("/v1/cluster/nodes")).json()["items"]
-            assert {(n["id"], n["state"], n["mode"]) for n in nodes} == {
-                ("node-a", "live", "cluster"),
-                ("node-b", "live", "cluster"),
+        await start_all(nodes)
+        async with httpx.AsyncClient(timeout=30) as http:
+            for wrong in ("", "not-the-secret-" * 3):
+                r = await http.post(f"{a.url}/v1/sessions", json={"agent": "tester"}, headers={FORWARDED: wrong})
+                assert r.status_code == 403 and r.json()["code"] == "forward_unauthenticated", r.text
+
+            multi = ResumingStream.multi(nodes, first=a)
+            streams.append(multi)
+            await until(lambda: _true(multi.connections))
+            tool = await _pinned(http, a, "node-a", [{"text": "On it.", "tool_calls": [_call("slow", seconds=60)]}])
+            rerun = await _pinned(http, a, "node-a", [{"text": "Again.", "tool_calls": [_call("rerun", seconds=2)]}])
+            speech = await _pinned(http, a, "node-a", [{"text": LONG}])
+            sids = [tool, rerun, speech]
+            stream = ResumingStream.session(nodes, tool, first=a)
+            streams.append(stream)
+            listed = (await http.get(f"{c.url}/v1/cluster/nodes")).json()["items"]
+            assert {(n["id"], n["state"], n["mode"], n["sessions"]) for n in listed} == {
+                ("node-a", "live", "cluster", 3),
+                ("node-b", "live", "cluster", 0),
+                ("node-c", "live", "cluster", 0),
             }
-            session = await create(on_a)
-            sid = session["id"]
-            assert session["owner_node"] == "node-a"
-
             # a new session goes to the least-loaded node, wherever it is created
-            placed = await create(on_a)
-            assert placed["owner_node"] == "node-b", placed
-            assert (await on_b.delete(f"/v1/sessions/{placed['id']}")).status_code == 204
+            r = await http.post(f"{a.url}/v1/sessions", json={"agent": "tester"})
+            assert r.status_code == 201 and r.json()["owner_node"] in ("node-b", "node-c"), r.text
+            assert (await http.delete(f"{a.url}/v1/sessions/{r.json()['id']}")).status_code == 204
 
-            # a command sent to the other node is forwarded to the owner; a stream on the other node carries the
-            # session's events live (through Redis), gap-free
-            stream = await EventStream.open(b, sid)
-            r = await on_b.post(f"/v1/sessions/{sid}/input", json={"text": "via b"})
-            assert r.status_code == 202, r.text
-            await until(lambda: _has(on_b, sid, "assistant:Noted.", 1))
-            await stream.wait_for("speech.done", timeout=15)
-            await stream.wait_for("user.input", lambda d: d["text"] == "via b")
-            seqs = [f["seq"] for f in stream.frames]
-            assert seqs == list(range(1, len(seqs) + 1)), seqs
-
-            # Redis down: commands still work (forwarding needs no Redis); once it is back, the stream on the other
-            # node repairs what it missed from the database, gap-free
-            redis.stop()
-            r = await on_b.post(f"/v1/sessions/{sid}/input", json={"text": "redis down"})
-            assert r.status_code == 202, r.text
-            ready = await until(lambda: _redis_reported_down(on_b))
-            assert ready.status_code == 200 and "redis unavailable" in ready.json()["detail"]
-            await until(lambda: _has(on_b, sid, "assistant:Noted.", 2))
-            redis.start()
-            await asyncio.sleep(3.0)  # the nodes reconnect (backoff at most 2 s)
-            r = await on_b.post(f"/v1/sessions/{sid}/input", json={"text": "redis back"})
-            assert r.status_code == 202, r.text
-            await stream.wait_for("user.input", lambda d: d["text"] == "redis back", timeout=15)
-            await stream.wait_for("user.input", lambda d: d["text"] == "redis down")
-            seqs = [f["seq"] for f in stream.frames]
-            assert seqs == list(range(1, len(seqs) + 1)), seqs
-            await until(lambda: _has(on_b, sid, "assistant:Noted.", 3))
-            await stream.close()
-
-            # the same Idempotency-Key on both nodes: applied once, the same answer from both
+            for sid in (tool, speech):  # through another node: forwarded to the owner, with the secret
+                r = await http.post(f"{b.url}/v1/sessions/{sid}/input", json={"text": "go"})
+                assert r.status_code == 202, r.text
+            # the same Idempotency-Key on two nodes: applied once, the same answer from both
             key = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
-            first = await on_a.post(f"/v1/sessions/{sid}/input", json={"text": "once"}, headers=key)
-            second = await on_b.post(f"/v1/sessions/{sid}/input", json={"text": "once"}, headers=key)
+            first = await http.post(f"{b.url}/v1/sessions/{rerun}/input", json={"text": "go"}, headers=key)
+            second = await http.post(f"{c.url}/v1/sessions/{rerun}/input", json={"text": "go"}, headers=key)
             assert first.status_code == second.status_code == 202, (first.text, second.text)
-            assert first.json() == second.json()
-            assert second.headers.get("idempotent-replayed") == "true"
-            await until(lambda: _has(on_a, sid, "assistant:Noted.", 4))
-            assert (await messages(on_a, sid)).count("user:once") == 1
+            assert first.json() == second.json() and second.headers.get("idempotent-replayed") == "true"
+            await multi.wait_for(
+                lambda fr: (
+                    "tool.started" in _types_of(fr, tool)
+                    and "tool.started" in _types_of(fr, rerun)
+                    and "speech.started" in _types_of(fr, speech)
+                )
+            )
+            # a read on a node that does not run the session is answered as its owner knows it (speaking now)
+            seen = await _session(http, c, speech)
+            assert (seen["agent_state"], seen["owner_node"]) == ("speaking", "node-a"), seen
+            assert seen["current_speech_id"] == (await _session(http, a, speech))["current_speech_id"] is not None
+            late = {"text": "still there?", "interrupt": False}  # queued behind the speech, accepted before the kill
+            r = await http.post(f"{c.url}/v1/sessions/{speech}/input", json=late)
+            assert r.status_code == 202, r.text
 
-            # SIGKILL the owner: the other node adopts the session through recovery, with its context
             a.kill()
-            killed = time.monotonic()
-            moved = await until(lambda: _owner_is(on_b, sid, "node-b"), timeout_s=LEASE_S + 20)
-            adopted_s = time.monotonic() - killed
-            assert moved["state"] == "active"
-            assert adopted_s < LEASE_S + 8.0, adopted_s
-            r = await until(lambda: _accepted(on_b, sid, "after the kill"))  # 503 (retry) while being recovered
-            await until(lambda: _has(on_b, sid, "assistant:Noted.", 5))
-            assert await messages(on_b, sid) == [
-                "user:via b",
-                "assistant:Noted.",
-                "user:redis down",
-                "assistant:Noted.",
-                "user:redis back",
-                "assistant:Noted.",
-                "user:once",
-                "assistant:Noted.",
-                "user:after the kill",
-                "assistant:Noted.",
-            ]
-            nodes = {n["id"]: n for n in (await on_b.get("/v1/cluster/nodes")).json()["items"]}
-            assert nodes["node-a"]["state"] == "dead" and nodes["node-b"]["sessions"] == 1
+            for sid in sids:
+                await until(lambda sid=sid: _adopted(http, b, sid, {"node-b", "node-c"}), timeout_s=LEASE_S + 40)
+            await until(lambda: _call_is(http, b, tool, "slow", "interrupted"))
+            await until(lambda: _call_is(http, b, rerun, "rerun", "completed"))
+            await until(lambda: _answered(http, b, speech, "still there?"))
+            users = [i["text"] for i in await _chat(http, c, rerun) if i["type"] == "message" and i["role"] == "user"]
+            assert users == ["go"]
+            await multi.wait_for(lambda fr: all("session.recovered" in _types_of(fr, sid) for sid in sids))
+            await stream.wait_for(lambda fr: "session.recovered" in _types_of(fr, tool))
+            assert len(multi.connections) >= 2 and len(stream.connections) >= 2  # resumed on another node
+            assert_gap_free(stream.frames, [tool])
+            assert_gap_free(multi.frames, sids)
+            cursors = [f["cursor"] for f in multi.frames]
+            assert cursors == sorted(set(cursors))
+
+            # SIGSTOP an owner past its lease, mid-tool: the session moves; SIGCONT: none of its writes land
+            frozen = await _pinned(http, b, "node-b", [{"text": "Hold on.", "tool_calls": [_call("slow", seconds=3)]}])
+            assert (await http.post(f"{c.url}/v1/sessions/{frozen}/input", json={"text": "go"})).status_code == 202
+            await multi.wait_for(lambda fr: "tool.started" in _types_of(fr, frozen))
+            assert b.proc is not None
+            b.proc.send_signal(signal.SIGSTOP)
+            try:
+                await until(lambda: _adopted(http, c, frozen, {"node-c"}), timeout_s=LEASE_S + 40)
+                await until(lambda: _call_is(http, c, frozen, "slow", "interrupted"))
+                before = (await _chat(http, c, frozen), await _calls(http, c, frozen))
+            finally:
+                b.proc.send_signal(signal.SIGCONT)
+            await asyncio.sleep(6)  # its tool's 3 s are over: it tried to write the result, and to renew its lease
+            assert (await _chat(http, c, frozen), await _calls(http, c, frozen)) == before
+            outputs = [i for i in before[0] if i["type"] == "function_call_output"]
+            assert len(outputs) == 1 and outputs[0]["output"] == RESTART_OUTPUT, outputs
+            await until(lambda: _node_live(http, c, "node-b"))  # a member again, owning nothing it lost
     finally:
-        a.kill()
-        b.stop()
+        for s in streams:
+            await s.aclose()
+        for node in nodes:
+            node.kill()
 
 
-async def _has(client: httpx.AsyncClient, sid: str, text: str, count: int) -> bool:
-    return (await messages(client, sid)).count(text) >= count
+async def test_redis_outage_and_rolling_restart_under_load(tmp_path: Path, database_url: str, redis: RedisServer):
+    """Commands keep working without Redis and streams go on from the database (the metric and /readyz say so),
+    catching up gap-free when it returns; then every node is restarted in turn (SIGTERM: it hands its sessions over)
+    under load, with no 5xx but the documented retries, every accepted input answered, every stream gap-free."""
+    nodes = [
+        cluster_node(tmp_path, database_url, f"node-{x}", redis.url, SWITCHBOARD_CLUSTER_SECRET=SECRET) for x in "abc"
+    ]
+    _, b, c = nodes
+    streams: list[ResumingStream] = []
+    load: Load | None = None
+    try:
+        await start_all(nodes)
+        async with httpx.AsyncClient(timeout=30) as http:
+            multi = ResumingStream.multi(nodes, first=c)
+            streams.append(multi)
+            await until(lambda: _true(multi.connections))
+            sids = [await _pinned(http, node, f"node-{x}", []) for node, x in zip(nodes, "abc", strict=True)]
+            remote = ResumingStream.session(nodes, sids[0], first=b)  # sids[0] runs on node a
+            streams.append(remote)
+            load = Load(nodes, sids)
+            await remote.wait_for(lambda fr: "speech.done" in _types_of(fr, sids[0]))
+
+            redis.stop()
+            await until(lambda: _redis_down(http, b))
+            seen = len(remote.frames)
+            await remote.wait_for(lambda fr: len(fr) > seen + 5, timeout_s=30)  # read from the database meanwhile
+            redis.start()
+            await until(lambda: _redis_up(http, nodes), timeout_s=30)
+
+            for node in nodes:  # a rolling restart
+                await asyncio.to_thread(drain_stop, node)
+                await asyncio.to_thread(node.start, 90)
+            await asyncio.sleep(2)
+            await load.aclose()
+            assert load.errors == [], load.errors[:5]
+            print(f"rolling restart: {load.retries} retries, an input waited {load.longest_s:.2f}s at most")
+            for sid in sids:
+                await until(lambda sid=sid: _all_answered(http, nodes, sid, load.accepted[sid]), timeout_s=60)
+            assert len(multi.connections) >= 2 and len(remote.connections) >= 2
+            stored = _keys(await _everything(random.choice(up(nodes))), sids)
+            await multi.wait_for(lambda fr: len(_keys(fr, sids)) >= len(stored))
+            await remote.wait_for(lambda fr: len(fr) >= len([k for k in stored if k[0] == sids[0]]))
+            assert sorted(_keys(multi.frames, sids)) == sorted(stored)  # each event once, none missing
+            assert_gap_free(multi.frames, sids)
+            assert_gap_free(remote.frames, [sids[0]])
+            cursors = [f["cursor"] for f in multi.frames]
+            assert cursors == sorted(set(cursors))
+    finally:
+        if load is not None and not load._stop.is_set():
+            await load.aclose()
+        for s in streams:
+            await s.aclose()
+        for node in nodes:
+            node.kill()
 
 
-async def _owner_is(client: httpx.AsyncClient, sid: str, node: str) -> dict[str, Any] | None:
-    r = await client.get(f"/v1/sessions/{sid}")
-    found = dict(r.json())
-    return found if found.get("owner_node") == node else None
+def _call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"name": name, "arguments": arguments}
 
 
-async def _accepted(client: httpx.AsyncClient, sid: str, text: str) -> httpx.Response | None:
-    r = await client.post(f"/v1/sessions/{sid}/input", json={"text": text})
-    if r.status_code == 503:
-        assert r.json()["code"] == "session_recovering", r.text
-        return None
-    assert r.status_code == 202, r.text
-    return r
+async def _true(value: Any) -> bool:
+    return bool(value)
 
 
-async def _redis_reported_down(client: httpx.AsyncClient) -> httpx.Response | None:
-    r = await client.get("/readyz")
-    return r if "redis" in str(r.json().get("detail")) else None
+async def test_a_media_edge_is_sent_to_the_node_that_runs_its_session(
+    tmp_path: Path, database_url: str, redis: RedisServer
+):
+    from .edge_client import Edge
+
+    nodes = [
+        cluster_node(tmp_path, database_url, f"node-{n}", redis.url, SWITCHBOARD_CLUSTER_SECRET=SECRET) for n in "ab"
+    ]
+    await start_all(nodes)
+    a, b = nodes
+    try:
+        async with httpx.AsyncClient(timeout=20) as http:
+            sid = await _pinned(http, a, "node-a", [])
+            elsewhere = await Edge.connect(b.ws_url, sid)
+            code, reason = await elsewhere.wait_closed()
+            assert code == 4421 and "node-a" in reason and a.url in reason, (code, reason)
+            edge = await Edge.connect(a.ws_url, sid)
+            await edge.send({"type": "user.transcript", "text": "hello from the edge"})
+            start = await edge.wait_for("speech.start", timeout=15)
+            await edge.wait_for("speech.end", timeout=15)
+            assert edge.texts[start["speech_id"]] == "Noted."
+            await edge.close()
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+async def _adopted(http: httpx.AsyncClient, node: Server, sid: str, owners: set[str]) -> bool:
+    found = await _session(http, node, sid)
+    return found["owner_node"] in owners and found["state"] == "active"
+
+
+async def _call_is(http: httpx.AsyncClient, node: Server, sid: str, name: str, status: str) -> bool:
+    calls = [c for c in await _calls(http, node, sid) if c["name"] == name]
+    return bool(calls) and calls[-1]["status"] == status
+
+
+async def _answered(http: httpx.AsyncClient, node: Server, sid: str, text: str) -> bool:
+    items = [i for i in await _chat(http, node, sid) if i["type"] == "message"]
+    at = next((n for n, i in enumerate(items) if i["role"] == "user" and i["text"] == text), None)
+    return at is not None and any(i["role"] == "assistant" and i["text"] for i in items[at + 1 :])
+
+
+async def _node_live(http: httpx.AsyncClient, node: Server, node_id: str) -> bool:
+    r = await http.get(f"{node.url}/v1/cluster/nodes")
+    return any(n["id"] == node_id and n["state"] == "live" for n in r.json()["items"])
+
+
+async def _metric(http: httpx.AsyncClient, node: Server, name: str) -> float | None:
+    r = await http.get(f"{node.url}/metrics")
+    for line in r.text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+async def _redis_down(http: httpx.AsyncClient, node: Server) -> bool:
+    ready = await http.get(f"{node.url}/readyz")
+    degraded = ready.status_code == 200 and "redis unavailable" in str(ready.json().get("detail"))
+    return degraded and await _metric(http, node, "switchboard_cluster_redis_up") == 0
+
+
+async def _redis_up(http: httpx.AsyncClient, nodes: list[Server]) -> bool:
+    return all([await _metric(http, node, "switchboard_cluster_redis_up") == 1 for node in nodes])
+
+
+async def _all_answered(http: httpx.AsyncClient, nodes: list[Server], sid: str, accepted: list[str]) -> bool:
+    """Every accepted input in the chat once, in order, and the last one answered."""
+    items = [i for i in await _chat(http, random.choice(up(nodes)), sid) if i["type"] == "message"]
+    users = [i["text"] for i in items if i["role"] == "user"]
+    assert users == accepted[: len(users)], (users, accepted)
+    return users == accepted and items[-1]["role"] == "assistant"
+
+
+async def _everything(node: Server) -> list[dict[str, Any]]:
+    """Every event of the cluster, replayed by a fresh multi-session stream (read until it is quiet)."""
+    frames: list[dict[str, Any]] = []
+    async with websockets.connect(f"{node.ws_url}/v1/events?cursor=0") as ws:
+        while True:
+            try:
+                async with asyncio.timeout(2.0):
+                    frames.append(json.loads(await ws.recv()))
+            except TimeoutError:
+                return frames
+
+
+def _keys(frames: list[dict[str, Any]], sids: list[str]) -> list[tuple[str, int]]:
+    return [(f["session_id"], f["seq"]) for f in frames if f["session_id"] in sids]

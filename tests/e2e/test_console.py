@@ -13,9 +13,8 @@ import pytest
 from websockets.sync.client import connect
 
 from .console_support import (
+    checked_page,
     create_session,
-    launch_chromium,
-    require_chromium,
     row_seqs,
     server_events,
     wait_until,
@@ -43,13 +42,6 @@ def no_leaked_tasks() -> None:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    require_chromium()
-    with launch_chromium() as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = Server(tmp_path_factory.mktemp("console"), SWITCHBOARD_WORDS_PER_SECOND="20").start()
     try:
@@ -66,18 +58,8 @@ def client(srv: Server) -> Iterator[httpx.Client]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda err: errors.append(str(err)))
-    # the service's Content-Security-Policy must allow everything the console does (Chromium logs each refusal)
-    pg.on("console", lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None)
-    pg.set_default_timeout(8000)
-    try:
+    with checked_page(browser, viewport={"width": 1400, "height": 900}) as pg:
         yield pg
-    finally:
-        context.close()
-    assert not errors, f"uncaught errors in the page: {errors}"
 
 
 def open_session(page: Any, server: Server, sid: str, fragment: str = "") -> None:
@@ -96,7 +78,17 @@ def test_console_is_served_and_redirects(srv: Server, client: httpx.Client) -> N
     assert r.status_code in (307, 308) and r.headers["location"].endswith("/console/")
     page = client.get("/console/")
     assert page.status_code == 200 and '<script type="module" src="./main.js">' in page.text
-    for asset in ("main.js", "api.js", "stream.js", "timeline.js", "session_view.js", "overview.js", "console.css"):
+    for asset in (
+        "main.js",
+        "api.js",
+        "stream.js",
+        "timeline.js",
+        "session_view.js",
+        "overview.js",
+        "talk.js",
+        "speaker.js",
+        "console.css",
+    ):
         assert client.get(f"/console/{asset}").status_code == 200, asset
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .console_support import create_session, launch_chromium, require_chromium, wait_until
+from .console_support import create_session, wait_until
 from .server import Server, free_port
 
 # two server starts (one to leave a session behind for the second to fail) and a browser: slow on a loaded machine
@@ -34,13 +34,6 @@ AGENTS_FILE = """
 @pytest.fixture(autouse=True)
 def no_leaked_tasks() -> None:
     """These tests run no event loop of their own (see test_console.py)."""
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    require_chromium()
-    with launch_chromium() as b:
-        yield b
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +94,15 @@ def test_the_queue_shows_real_failures_with_their_reasons_and_clears_when_resolv
         client.post("/v1/sessions/backend-down/input", json={"text": "where is my order?"})
         create_session(client, [], sid="calm", metadata={"caller": "+33 1"})
         page.goto(f"{srv.url}/console/")
-        wait_until(lambda: {"never-answers", "backend-down", "gone"} <= set(queue(page)), timeout=30, what="queue")
+
+        def settled() -> bool:  # each session enters the queue with its first reason; the others follow
+            found = queue(page)
+            return {"never-answers", "backend-down", "gone"} <= set(found) and (
+                "tool_failed" in found["backend-down"]
+                and {"speech_stalled", "silence_after_input"} <= set(found["never-answers"])
+            )
+
+        wait_until(settled, timeout=30, what="queue")
         shown = queue(page)
         assert {"speech_stalled", "silence_after_input"} <= set(shown["never-answers"])
         assert "tool_failed" in shown["backend-down"]

@@ -94,9 +94,14 @@ class SessionMachine(RuleBasedStateMachine):
         self.apply(("slow", ms))
 
     @precondition(lambda self: self.world is not None and not self.world.closed)
-    @rule(kind=st.sampled_from(("crash", "suspend", "close")))
+    @rule(kind=st.sampled_from(("crash", "suspend", "recover-exit", "close")))
     def lifecycle(self, kind: str) -> None:
         self.apply((kind,))
+
+    @precondition(lambda self: self.world is not None and not self.world.closed)
+    @rule(outage_ms=st.sampled_from((0, 200, 8000)))
+    def exit_cut_short(self, outage_ms: int) -> None:
+        self.apply(("exit", outage_ms))
 
     @invariant()
     def invariants_hold(self) -> None:

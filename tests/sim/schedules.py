@@ -79,9 +79,11 @@ def random_op(rng: random.Random) -> Op:
         return ("advance", rng.choice((1, 5, 20, 50, 120, 400, 1500)))
     if roll < 0.83:
         return ("abort", random_command(rng), rng.choice((0, 1, 5, 30)))
-    fault = rng.choice(("outage", "poison", "slow", "crash", "suspend"))
+    fault = rng.choice(("outage", "poison", "slow", "crash", "suspend", "exit", "recover-exit"))
     if fault == "outage":
         return ("outage", rng.choice((20, 200, 1500)))
+    if fault == "exit":
+        return ("exit", rng.choice((0, 0, 200, 8000)))
     if fault == "poison":
         return ("poison", 1)
     if fault == "slow":

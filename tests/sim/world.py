@@ -189,12 +189,19 @@ class World:
             await self.restart()
             return
         if kind == "suspend":
-            if self.session is not None:
-                with contextlib.suppress(PermanentStoreError):
-                    await self._bounded(self.session.suspend(), "suspend")
-            await self._bounded(self.gen.store.flush(), "store flush at shutdown")
-            self.crash()  # then the process exits: whatever of it still runs writes nothing more
+            await self._suspend_and_exit(flush=True)
+            return
+        if kind == "exit":  # a shutdown cut short: the process exits as soon as its sessions are suspended
+            if op[1]:  # ... while the database is down: the suspend's bounded waits give up, the process exits anyway
+                self.gen.store.outage_until = self.loop.time() + op[1] / 1000
+            await self._suspend_and_exit(flush=False)
+            # a speech that cannot be ended against a dead store is cut by the safety net: the process is leaving
+            self.forced_before = SpeechHandle.forced_cancels
+            return
+        if kind == "recover-exit":  # a restart, then a shutdown before the recovered session got anywhere
+            self.crash()
             await self.restart()
+            await self._suspend_and_exit(flush=False)
             return
         if kind == "abort":  # a caller cancelled mid-command (a deadline, a disconnect)
             inner, after_ms = op[1], op[2]
@@ -205,6 +212,18 @@ class World:
                 await task
             return
         await self._command(op)
+
+    async def _suspend_and_exit(self, *, flush: bool) -> None:
+        """A graceful shutdown: suspend the session, then (``flush``) wait for the store's last writes, then the
+        process exits: whatever of it still runs writes nothing more. Without ``flush`` only what the suspend itself
+        waited for is durable (its wait is bounded: an outage outlasts it)."""
+        if self.session is not None:
+            with contextlib.suppress(PermanentStoreError):
+                await self._bounded(self.session.suspend(), "suspend")
+        if flush:
+            await self._bounded(self.gen.store.flush(), "store flush at shutdown")
+        self.crash()
+        await self.restart()
 
     async def _command(self, op: Op) -> None:
         session = self.session

@@ -100,6 +100,10 @@ class Db:
         return "".join(p + (f"${i + 1}" if i < len(parts) - 1 else "") for i, p in enumerate(parts))
 
 
+#: a test of what only PostgreSQL has (cluster mode): the ``db`` fixture without its SQLite parameter
+ON_POSTGRESQL = pytest.mark.parametrize("db", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True)
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 async def db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Db]:
     if request.param == "sqlite":

@@ -118,9 +118,19 @@ CASES: list[tuple[dict[str, Any], str, str]] = [
         "c1 [██████████░░░░░░░░░░]  50% half way",
         c("c1", "33") + " [" + c("█" * 10, "32") + "░" * 10 + "]  50% half way",
     ),
-    (ev("tool.progress", call_id="c1", message="working"), "c1 working", c("c1", "33") + " working"),
+    (
+        ev("tool.progress", call_id="c1", message="working"),
+        "c1 [" + "▒" * 20 + "] working",  # no fraction: indeterminate, no percentage
+        c("c1", "33") + " [" + c("▒" * 20, "32") + "] working",
+    ),
     (ev("tool.progress", call_id="c1", progress=1), "c1 [████████████████████] 100%", None),
-    (ev("tool.progress", call_id="c1"), "c1", c("c1", "33")),
+    (ev("tool.progress", call_id="c1"), "c1 [" + "▒" * 20 + "]", None),
+    (
+        ev("operator.action", action="cancel_tool", actor="night-desk", call_id="c1", idempotency_key="k1"),
+        "operator night-desk: cancel_tool (c1, key k1)",
+        None,
+    ),
+    (ev("operator.action", action="close", actor="anonymous"), "operator anonymous: close", None),
     (
         ev("tool.ended", name="book", call_id="c1", status="completed", output="booked"),
         "tool book completed: booked",
@@ -176,6 +186,7 @@ NOT_SHOWN: dict[str, set[str]] = {
     "session.recovered": {"interrupted_calls", "retried_calls", "interrupted_speeches"},
     "session.failed": {"interrupted_calls"},
     "user.input": {"item_id", "final", "role"},
+    "operator.action": {"item_id"},  # the input has its own line (user.input)
     "generation.started": {"preemptive"},
     "generation.speculative": {"state", "user_text"},
     "generation.failed": {"speech_id", "step"},
@@ -219,6 +230,7 @@ def _defaults(model: type[EventPayload]) -> dict[str, Any]:
         "progress": 0.5,
         "status": "completed",
         "is_error": False,
+        "action": "cancel_tool",
     }
     return {name: samples[name] for name in model.model_fields if name in samples}
 
@@ -234,3 +246,39 @@ def test_every_text_field_of_every_event_type_reaches_the_line(model: type[Event
         if name in skipped or not isinstance(value, str):
             continue
         assert value in line, f"{model.type}: {name} is not in {line!r}"
+
+
+def _call(status: str, *progress: float | None) -> Any:
+    from switchboard.client import ToolCall
+
+    reports = [{"message": f"report {i}", "progress": p, "at": NOW} for i, p in enumerate(progress)]
+    return ToolCall.model_validate(
+        {
+            "session_id": "s1",
+            "call_id": "c1",
+            "name": "track",
+            "status": status,
+            "cancellable": False,
+            "scope": "agent",
+            "background": True,
+            "progress": reports,
+            "started_at": NOW,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "bar"),
+    [
+        (_call("running", 0.67), "[#######---]  67% report 0"),
+        # the last report said 67%, but the call completed: its bar is full
+        (_call("completed", 0.67), "[##########] 100% report 0"),
+        # no fraction: an indeterminate bar, never a percentage
+        (_call("running", None), "[~~~~~~~~~~] report 0"),
+        (_call("running"), ""),
+    ],
+)
+def test_the_tools_table_never_shows_a_finished_call_unfinished(call: Any, bar: str) -> None:
+    from switchboard.cli.operator import _call_row
+
+    assert _call_row(call, ASCII)[5] == bar

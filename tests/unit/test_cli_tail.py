@@ -55,7 +55,7 @@ async def run_tail(
         (4400, "the event stream rejected the request"),
         (4401, "the service needs a valid API key (--key or SWITCHBOARD_KEY)"),
         (4403, "this API key may not read this session's events"),
-        (4404, "no session 's1'"),
+        (4404, "No session 's1'."),
     ],
 )
 async def test_a_refusal_ends_the_tail_with_one_line(code: int, message: str) -> None:

@@ -184,3 +184,15 @@ def tool_call(status: str) -> dict[str, Any]:
         "ended_at": None,
         "a_field_from_a_newer_service": 1,
     }
+
+
+async def test_a_token_for_a_media_edge_asks_for_its_scope():
+    token = {"token": "sbt_x", "session_id": "s1", "scopes": ["media:connect"], "expires_at": "2030-01-01T00:00:00Z"}
+    seen, handler = scripted(httpx.Response(201, json=token), httpx.Response(201, json=token))
+    async with AsyncClient("http://sb", transport=httpx.MockTransport(handler), retry=FAST) as sb:
+        minted = await sb.create_token("s1", scopes=["media:connect"])
+    with Client("http://sb", transport=httpx.MockTransport(handler), retry=FAST) as sync:
+        sync.create_token("s1", ttl_s=60, scopes=["media:connect"])
+    assert minted.scopes == ["media:connect"]
+    assert json.loads(seen[0].content) == {"scopes": ["media:connect"]}
+    assert json.loads(seen[1].content) == {"ttl_s": 60, "scopes": ["media:connect"]}

@@ -33,6 +33,7 @@ DOCUMENTED = {  # the event types the design names, with the keys its consumers 
     "tool.started": {"call_id", "name", "arguments", "cancellable", "speech_id"},
     "tool.progress": {"call_id", "message", "progress"},
     "tool.ended": {"call_id", "name", "status", "output", "is_error"},
+    "operator.action": {"action", "actor"},
 }
 
 

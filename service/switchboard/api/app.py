@@ -18,6 +18,8 @@ from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
 from .. import __version__
 from ..control import tracing
+from ..control.cluster_feed import ClusterFeed
+from ..control.drain import drain
 from ..control.fanout import RedisFanout
 from ..control.host import SessionHost
 from ..control.hub import EventHub
@@ -39,13 +41,15 @@ from . import (
     routes_agui,
     routes_cluster,
     routes_events,
+    routes_export,
     routes_health,
+    routes_media,
     routes_reports,
     routes_sessions,
     routes_tools,
 )
 from .deps import Services, services
-from .forward import SessionElsewhere, forward
+from .forward import ForwardedGuard, SessionElsewhere, forward
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
 from .rate_limit import WriteRateLimiter
@@ -64,6 +68,7 @@ IDEMPOTENCY_PURGE_EVERY_S = 3600.0
 # The backstop deadline on every HTTP request; routes that wait on the runtime bound that wait by request_timeout_s
 # themselves (deps.deadline), so this one fires only for what they do not cover (store reads, idempotency records).
 REQUEST_DEADLINE_GRACE_S = 1.0
+IDLE_IN_TRANSACTION_MIN_MS = 1000
 
 
 async def _purge_idempotency_keys(store: Store, settings: Settings) -> None:
@@ -130,7 +135,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = Store.from_url(settings.database_url)
+        # a transaction left idle half a lease is a frozen process's: its locks must not outlive its lease
+        idle_ms = max(IDLE_IN_TRANSACTION_MIN_MS, int(settings.effective_lease_s * 500))
+        store = Store.from_url(settings.database_url, idle_in_transaction_ms=idle_ms)
         if settings.migrate_on_start:
             await store.migrate()
         lease = NodeLease(store, settings)
@@ -142,6 +149,7 @@ def create_app(
             await store.aclose()
             raise
         store.writer.on_commit = metrics.on_store_commit
+        store.writer.ordered_events = settings.cluster_mode  # the multi-session stream's cursor, across nodes
         await store.start()
         hub = EventHub(default_buffer=settings.ws_buffer)
         fanout = (
@@ -181,8 +189,15 @@ def create_app(
             fanout=fanout,
         )
         tasks = [asyncio.create_task(_purge_idempotency_keys(store, settings), name="idempotency-purge")]
-        if fanout is not None:
+        feed = ClusterFeed(store, hub, redis_up=lambda: fanout.available) if fanout is not None else None
+        if fanout is not None and feed is not None:
+            fanout.on_wake = host.wake_adopt
             fanout.start()
+            await feed.start()
+            metrics.bind_cluster(fanout, feed)
+        if settings.cluster_mode:  # run by `switchboard serve` on SIGTERM while it still serves HTTP
+            wake = fanout.wake_adopters if fanout is not None else None
+            app.state.drain = lambda: drain(host, wake=wake, timeout_s=settings.drain_timeout_s)
         try:
             await host.recover_all()
             tasks.append(asyncio.create_task(_expire_sessions(host, store, settings), name="session-expiry"))
@@ -197,6 +212,8 @@ def create_app(
             await host.aclose()
             await webhooks.aclose()
             await forwarder.aclose()
+            if feed is not None:
+                await feed.aclose()
             if fanout is not None:
                 await fanout.aclose()
             await store.writer.aclose()  # every write durable before the node says it stopped (its sessions free)
@@ -224,12 +241,15 @@ def create_app(
     @app.exception_handler(SessionElsewhere)
     async def _elsewhere(request: Request, exc: SessionElsewhere) -> Response:
         found = services(request)
-        return await forward(request, exc, found.forwarder, found.settings.cluster_secret)
+        return await forward(
+            request, exc, found.forwarder, found.settings.cluster_secret, count=found.metrics.on_forward
+        )
 
-    routers = (routes_sessions, routes_tools, routes_reports, routes_agents, routes_cluster)
+    routers = (routes_sessions, routes_export, routes_tools, routes_reports, routes_agents, routes_cluster)
     for router in (module.router for module in routers):
         app.include_router(router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_events.router)
+    app.include_router(routes_media.router)
     app.include_router(routes_agui.router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_health.router)
     app.include_router(asyncapi.router)  # GET /asyncapi.json, like /openapi.json: public, outside the schema
@@ -245,6 +265,7 @@ def create_app(
         body_timeout_s=settings.body_timeout_s,
     )
     app.add_middleware(PrivatePaths, settings=settings)
+    app.add_middleware(ForwardedGuard, cluster_mode=settings.cluster_mode, secret=settings.cluster_secret)
     # outermost: a request browsers must not make is refused before anything else; every answer gets the headers
     app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(SecurityHeaders)

@@ -15,6 +15,8 @@ from pydantic.json_schema import models_json_schema
 
 from .. import __version__
 from ..runtime.event_types import EVENT_PAYLOADS, EventPayload
+from .asyncapi_media import CHANNEL as MEDIA_CHANNEL
+from .asyncapi_media import media_channel, media_messages, media_operations, media_schemas
 from .routes_events import CLOSE_CODES, CLOSE_NOT_FOUND, TERMINAL_EVENTS
 
 ASYNCAPI_VERSION = "3.0.0"
@@ -121,7 +123,8 @@ def _frame(model: type[EventPayload], *, cursor: bool) -> dict[str, Any]:
         properties["cursor"] = {
             "type": "integer",
             "minimum": 1,
-            "description": "Position in the global log: resume this stream with `cursor=<it>`.",
+            "description": "Position in the global log (commit order, across every node of a cluster): resume this "
+            "stream with `cursor=<it>` on any node.",
         }
     properties |= {
         "seq": {"type": "integer", "minimum": 1, "description": "Position in the session's log, gap-free."},
@@ -244,21 +247,31 @@ def asyncapi_spec() -> dict[str, Any]:
     )
     return {
         "asyncapi": ASYNCAPI_VERSION,
-        "info": {"title": "Switchboard event streams", "version": __version__, "description": DESCRIPTION},
+        "info": {
+            "title": "Switchboard event streams and media edge",
+            "version": __version__,
+            "description": DESCRIPTION,
+        },
         "defaultContentType": "application/json",
-        "channels": {"sessionEvents": session_channel, "allEvents": all_channel},
+        "channels": {
+            "sessionEvents": session_channel,
+            "allEvents": all_channel,
+            MEDIA_CHANNEL: media_channel(_AUTH_HEADERS, _TOKEN_QUERY),
+        },
         "operations": {
             **_operations("sessionEvents", "Stream one session's events."),
             **_operations("allEvents", "Stream the events of many sessions."),
+            **media_operations(),
         },
         "components": {
-            "schemas": _payload_schemas(),
-            "messages": _messages(),
+            "schemas": _payload_schemas() | media_schemas(),
+            "messages": _messages() | media_messages(),
             "securitySchemes": {
                 "bearer": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "`Authorization: Bearer <API key or session token>` (needs `events:read`).",
+                    "description": "`Authorization: Bearer <API key or session token>` (needs `events:read`; the "
+                    "media edge needs `media:connect`).",
                 },
                 "token": {
                     "type": "httpApiKey",

@@ -19,7 +19,8 @@ from .problems import ProblemError
 from .rate_limit import COMMAND_METHODS, WriteRateLimiter
 
 TOKEN_PREFIX = "sbt_"
-TOKEN_SCOPES = ("sessions:read", "events:read")
+TOKEN_SCOPES = ("sessions:read", "events:read")  # what a session token holds unless it was minted with others
+MINTABLE_SCOPES = ("sessions:read", "events:read", "media:connect")  # what it may hold
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,14 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def issue_token(settings: Settings, session_id: str, ttl_s: int | None = None) -> tuple[str, int]:
+def issue_token(
+    settings: Settings, session_id: str, ttl_s: int | None = None, scopes: tuple[str, ...] = TOKEN_SCOPES
+) -> tuple[str, int]:
     expires = int(time.time()) + (ttl_s or settings.token_ttl_s)
-    payload = _b64(json.dumps({"sid": session_id, "exp": expires, "n": secrets.token_hex(4)}).encode())
+    claims: dict[str, Any] = {"sid": session_id, "exp": expires, "n": secrets.token_hex(4)}
+    if tuple(scopes) != TOKEN_SCOPES:
+        claims["sc"] = list(scopes)  # signed with the rest: a holder cannot widen it
+    payload = _b64(json.dumps(claims).encode())
     return f"{TOKEN_PREFIX}{payload}.{_token_signature(settings, payload)}", expires
 
 
@@ -80,11 +86,24 @@ def _verify_token(settings: Settings, token: str) -> Principal:
     try:
         data = json.loads(_unb64(payload))  # signed by us, so well-formed unless the secret leaked
         sid, exp = str(data["sid"]), int(data["exp"])
+        scopes = frozenset(str(scope) for scope in data.get("sc", TOKEN_SCOPES)) & frozenset(MINTABLE_SCOPES)
     except (ValueError, KeyError, TypeError):
         raise AuthError(401, "invalid_token", "The session token is invalid.") from None
     if exp < time.time():
         raise AuthError(401, "token_expired", "The session token has expired.")
-    return Principal(f"token:{sid}", frozenset(TOKEN_SCOPES), session_id=sid, subject=f"token:{sid}")
+    return Principal(f"token:{sid}", scopes, session_id=sid, subject=f"token:{sid}")
+
+
+def token_scopes(principal: Principal, asked: list[str] | None) -> tuple[str, ...]:
+    """The scopes of a token ``principal`` mints: ``asked`` (default: reading the session and its events), each one
+    held by the minting key itself, so a token never reaches further than the key that made it."""
+    scopes = tuple(dict.fromkeys(asked)) if asked else TOKEN_SCOPES
+    missing = [scope for scope in scopes if scope not in TOKEN_SCOPES and not principal.allows(scope)]
+    if missing and "*" not in principal.scopes:
+        raise ProblemError(
+            403, "forbidden", f"A token cannot hold {missing[0]!r}: the API key minting it lacks that scope."
+        )
+    return scopes
 
 
 def _seal_key(settings: Settings) -> bytes:
@@ -128,9 +147,9 @@ def authenticate(settings: Settings, credential: str | None) -> Principal:
         return _verify_token(settings, credential)
     for api_key in settings.api_keys:
         if hmac.compare_digest(api_key.key.encode(), credential.encode()):
-            return Principal(
-                api_key.name or f"key:{api_key.key[:4]}…", frozenset(api_key.scopes), subject=key_subject(api_key.key)
-            )
+            # an unnamed key goes by its digest: no part of a key is ever shown (audit trail, logs)
+            subject = key_subject(api_key.key)
+            return Principal(api_key.name or subject, frozenset(api_key.scopes), subject=subject)
     raise AuthError(401, "invalid_key", "The API key is not valid.")
 
 

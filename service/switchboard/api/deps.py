@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import httpx
-from fastapi import Depends
+from fastapi import Depends, Request, Response
 from starlette.requests import HTTPConnection
 
 from ..control.fanout import RedisFanout
@@ -24,11 +24,17 @@ from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
 from ..store import NodeState, Store
-from .forward import FORWARDED_HEADER, SessionElsewhere
+from .forward import FORWARDED_HEADER, SessionElsewhere, read_from_owner
 from .problems import ProblemError, not_found
 from .rate_limit import WriteRateLimiter
 from .schemas import LatencyRead, SessionRead, ToolCallRead
 from .stream_slots import StreamSlots
+
+_RETRY = {"Retry-After": "1"}
+
+
+def _moving(sid: str) -> ProblemError:
+    return ProblemError(503, "session_moving", f"Session {sid!r} is moving to another node; retry.", headers=_RETRY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,24 +91,46 @@ async def active_session(host: SessionHost, sid: str) -> AgentSession:
     """The live session, ready for commands; 409 when it exists but is not active, 404 when it never existed."""
     view = await known_session(host, sid)
     await owned_here(host, view)
+    if view.live is not None and view.live.state == SessionStatus.SUSPENDED and host.settings.cluster_mode:
+        raise _moving(sid)  # this node is draining: the session carries on on another one
     if view.live is None or view.state != SessionStatus.ACTIVE:
         raise ProblemError(409, "session_not_active", f"Session {sid!r} is {view.state}.")
     return view.live
+
+
+def _moving_from_here(host: SessionHost, view: SessionView) -> bool:
+    """This node let go of the session (late lease renewals, a drain's hand-over: it may still be suspending here)
+    while the database still names this node, or no node, its owner: it moves to another node in a moment. It is
+    not over, so a command answers 503 ``session_moving`` (retried), not 409 ``session_not_active``."""
+    lease = host.lease
+    if lease is None or view.id not in lease.fence.lost:
+        return False
+    return view.record.owner_node in (host.node_id, None) and SessionStatus(view.record.state).live
 
 
 async def owned_here(host: SessionHost, view: SessionView) -> None:
     """A command for a live session another node runs: forwarded there in cluster mode (``SessionElsewhere``), else
     503 (this instance was replaced: the session is the new one's)."""
     owner = view.record.owner_node
-    if view.live is not None or not SessionStatus(view.state).live or owner is None:
+    if _moving_from_here(host, view):
+        raise ProblemError(
+            503, "session_moving", f"Session {view.id!r} is moving to another node; retry.", headers=_RETRY
+        )
+    if view.live is not None or not SessionStatus(view.state).live:
+        return
+    if owner is None:
+        if host.settings.cluster_mode:  # handed over by a draining node, not adopted yet: in a moment
+            raise _moving(view.id)
         return
     if owner == host.node_id:
-        if host.lease is None or not host.lease.fence.owns(view.id):
+        if host.lease is None:
+            return
+        if not host.lease.fence.owns(view.id):
+            if host.settings.cluster_mode:  # being handed over (draining), or just lost: another node has it soon
+                raise _moving(view.id)
             return
         # claimed, and being recovered here: it answers in a moment
-        raise ProblemError(
-            503, "session_recovering", f"Session {view.id!r} is being recovered; retry.", headers={"Retry-After": "1"}
-        )
+        raise ProblemError(503, "session_recovering", f"Session {view.id!r} is being recovered; retry.", headers=_RETRY)
     if host.settings.cluster_mode:
         raise SessionElsewhere(view.id, owner, await host.store.nodes.live_url(owner))
     raise ProblemError(
@@ -111,6 +139,26 @@ async def owned_here(host: SessionHost, view: SessionView) -> None:
         f"Session {view.id!r} is run by node {owner}, not this one; retry.",
         headers={"Retry-After": "1"},
     )
+
+
+async def owner_elsewhere(services: Services, view: SessionView, request: Request) -> Response | None:
+    """Cluster mode: a read of a live session another node runs, answered by that node (None: answer here, from
+    the database: the session is not live, runs here, or its owner did not answer)."""
+    host = services.host
+    owner = view.record.owner_node
+    if (
+        not services.settings.cluster_mode
+        or view.live is not None
+        or owner is None
+        or owner == host.node_id
+        or not SessionStatus(view.state).live
+        or FORWARDED_HEADER in request.headers
+    ):
+        return None
+    url = await host.store.nodes.live_url(owner)
+    if url is None:
+        return None
+    return await read_from_owner(request, owner, url, services.forwarder, services.settings.cluster_secret)
 
 
 async def _forwarded(conn: HTTPConnection) -> bool:
@@ -128,8 +176,11 @@ async def place_new_session(host: SessionHost, forwarded: bool) -> None:
     now = utcnow()
     live = [n for n in await host.store.nodes.list_nodes(states=[NodeState.LIVE]) if n.lease_until > now]
     mine = next((n.sessions for n in live if n.id == host.node_id), 0)
+    draining = host.lease is not None and host.lease.draining
+    if draining:  # this node takes no new session: any other live node does
+        live = [n for n in live if n.id != host.node_id]
     target = min(live, key=lambda n: (n.sessions, n.id != host.node_id), default=None)
-    if target is not None and target.id != host.node_id and target.sessions < mine:
+    if target is not None and target.id != host.node_id and (draining or target.sessions < mine):
         raise SessionElsewhere("(new)", target.id, target.url)
 
 

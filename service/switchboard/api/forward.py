@@ -5,14 +5,23 @@ The owner answers it exactly as if the client had called it: it authenticates th
 applies the ``Idempotency-Key`` against the shared database, so the same key sent to two nodes is applied once. A
 forwarded request carries ``X-Switchboard-Forwarded`` (the cluster secret): a node that receives one for a session it
 does not own answers 503 (retry) instead of forwarding it again, so a request never loops between nodes.
+
+The header is a privilege (a new session is placed where it arrives, a command is not forwarded again), so every node
+checks it (``ForwardedGuard``): a request that carries it with anything but this cluster's secret (or, on a cluster
+without one, which runs on loopback only, the loopback marker) is refused with 403 ``forward_unauthenticated``, as
+is any forwarded request to a node that is not in cluster mode.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import time
+from collections.abc import Callable
 
 import httpx
 from fastapi import Request, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .problems import problem_response
 
@@ -22,6 +31,7 @@ FORWARDED_HEADER = "x-switchboard-forwarded"
 # what is passed on to the owner, and back from it
 _REQUEST_HEADERS = ("authorization", "content-type", "accept", "idempotency-key")
 _RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", "location")
+READ_TIMEOUT_S = 2.0  # a read the owner does not answer by then is answered from the database
 LOOPBACK_SECRET = "loopback"  # the header's value when no secret is set (cluster mode on loopback only)
 
 
@@ -44,19 +54,92 @@ def _moved(err: SessionElsewhere, why: str) -> Response:
     )
 
 
-async def forward(request: Request, err: SessionElsewhere, client: httpx.AsyncClient, secret: str | None) -> Response:
-    """Send ``request`` to the node that runs the session and answer with its answer."""
-    if err.url is None:
-        return _moved(err, "that node is not live")
-    if FORWARDED_HEADER in request.headers:
-        return _moved(err, "this node received it forwarded and does not forward again")
+def _outgoing(request: Request, node_url: str, secret: str | None) -> tuple[str, dict[str, str]]:
+    """The URL and headers of ``request`` sent on to the node at ``node_url``."""
     headers = {name: value for name, value in request.headers.items() if name.lower() in _REQUEST_HEADERS}
-    headers[FORWARDED_HEADER] = secret or LOOPBACK_SECRET
-    url = err.url.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    try:
-        answer = await client.request(request.method, url, content=await request.body(), headers=headers)
-    except httpx.HTTPError as exc:
-        logger.warning("forwarding %s %s to node %s failed: %r", request.method, request.url.path, err.node_id, exc)
-        return _moved(err, "that node did not answer")
+    headers[FORWARDED_HEADER] = forwarded_secret(secret)
+    url = node_url.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return url, headers
+
+
+def _answer(answer: httpx.Response) -> Response:
     kept = {name: value for name, value in answer.headers.items() if name.lower() in _RESPONSE_HEADERS}
     return Response(answer.content, status_code=answer.status_code, headers=kept)
+
+
+def _uncounted(outcome: str, seconds: float | None = None) -> None:
+    return None
+
+
+async def forward(
+    request: Request,
+    err: SessionElsewhere,
+    client: httpx.AsyncClient,
+    secret: str | None,
+    *,
+    count: Callable[[str, float | None], None] = _uncounted,
+) -> Response:
+    """Send ``request`` to the node that runs the session and answer with its answer. ``count(outcome, seconds)``
+    records what happened (``Metrics.on_forward``)."""
+    if err.url is None:
+        count("not_live", None)
+        return _moved(err, "that node is not live")
+    if FORWARDED_HEADER in request.headers:
+        count("loop", None)
+        return _moved(err, "this node received it forwarded and does not forward again")
+    url, headers = _outgoing(request, err.url, secret)
+    body = await request.body()
+    sent = time.perf_counter()
+    try:
+        answer = await client.request(request.method, url, content=body, headers=headers)
+    except httpx.HTTPError as exc:
+        logger.warning("forwarding %s %s to node %s failed: %r", request.method, request.url.path, err.node_id, exc)
+        count("unreachable", None)
+        return _moved(err, "that node did not answer")
+    count("answered", time.perf_counter() - sent)
+    return _answer(answer)
+
+
+def forwarded_secret(secret: str | None) -> str:
+    """The header's value this node sends, and expects from the others."""
+    return secret or LOOPBACK_SECRET
+
+
+class ForwardedGuard:
+    """Refuse a request that claims to be forwarded by another node without this cluster's secret (pure ASGI)."""
+
+    def __init__(self, app: ASGIApp, *, cluster_mode: bool, secret: str | None) -> None:
+        self.app = app
+        self.expected = forwarded_secret(secret).encode() if cluster_mode else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = next((v for k, v in scope.get("headers") or () if k == FORWARDED_HEADER.encode()), None)
+            if given is not None and (self.expected is None or not hmac.compare_digest(bytes(given), self.expected)):
+                logger.warning(
+                    "refused a forwarded %s %s from %s: wrong or missing cluster secret",
+                    scope.get("method"),
+                    scope.get("path"),
+                    (scope.get("client") or ("?",))[0],
+                )
+                why = "this node is not in cluster mode" if self.expected is None else "wrong cluster secret"
+                answer = problem_response(403, "forward_unauthenticated", f"Forwarded request refused: {why}.")
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def read_from_owner(
+    request: Request, node_id: str, url: str, client: httpx.AsyncClient, secret: str | None
+) -> Response | None:
+    """A read of a session another node runs, answered by that node (what only the live session knows: its agent
+    state, the speech under way); None when it did not answer, and the caller answers from the database."""
+    target, headers = _outgoing(request, url, secret)
+    try:
+        answer = await client.get(target, headers=headers, timeout=READ_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        logger.warning("read of %s from node %s failed (%r); from the database", request.url.path, node_id, exc)
+        return None
+    if answer.status_code >= 500:
+        return None
+    return _answer(answer)

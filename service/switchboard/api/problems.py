@@ -20,10 +20,10 @@ from ..control.host import (
     SessionQuotaExceeded,
     TooManySessions,
 )
-from ..control.ownership import NodeDeposed
+from ..control.ownership import NodeDeposed, NodeDraining
 from ..runtime.agent import UnknownAgent
 from ..runtime.executor import AlreadyEnded, NotCancellable, ToolCallNotFound
-from ..runtime.session import SessionClosed
+from ..runtime.session import SessionClosed, SessionSuspended
 from ..runtime.speech import NotInterruptible
 from ..store import DATABASE_ERRORS, SessionFenced, is_transient
 from .headers import problem_headers
@@ -167,6 +167,7 @@ def _session_exists(err: SessionConflict) -> str:
 
 #: Every domain error a route lets through, and the problem it becomes (installed as exception handlers).
 DOMAIN_PROBLEMS: dict[type[Exception], DomainProblem[Any]] = {
+    SessionSuspended: DomainProblem(503, "session_moving", headers={"Retry-After": "1"}),
     SessionClosed: DomainProblem(409, "session_not_active"),
     NotInterruptible: DomainProblem(409, "not_interruptible"),
     NotCancellable: DomainProblem(409, "not_cancellable"),
@@ -180,6 +181,7 @@ DOMAIN_PROBLEMS: dict[type[Exception], DomainProblem[Any]] = {
     TooManySessions: DomainProblem(429, "too_many_sessions", headers={"Retry-After": "5"}),
     SessionFenced: DomainProblem(503, "session_moved", _session_fenced, headers={"Retry-After": "1"}),
     NodeDeposed: DomainProblem(503, "node_fenced"),
+    NodeDraining: DomainProblem(503, "node_draining", headers={"Retry-After": "1"}),
 }
 
 

@@ -164,7 +164,7 @@ class AguiStream(StreamingResponse):
         def frames(event: Event, text: str | None) -> list[str]:
             return [SHARED.sse(translator, event)]
 
-        accept = direct_accepts(self._services, self._sid, resume)
+        accept = direct_accepts(self._services, None, resume)
         direct = DirectSend(send_text, sub, frames, resume, sends, TERMINAL_EVENTS, accept=accept)
         sub.direct = direct
 
@@ -176,6 +176,8 @@ class AguiStream(StreamingResponse):
                         if item is None:
                             await send_text(": keepalive\n\n")
                             continue
+                        if item[0].seq <= resume[0]:
+                            continue  # sent already: directly from the hub, or it reached this node twice
                         await send_text(frames(item[0], None)[0])
                         resume[0] = item[0].seq
             finally:

@@ -279,7 +279,7 @@ async def session_log(
     ended: bool,
     *,
     heartbeat_s: float | None = None,
-    remote: Callable[[], bool] | None = None,
+    repair: bool = False,
     delivered: Callable[[], Awaitable[int]] | None = None,
 ) -> AsyncGenerator[tuple[Event, str | None] | None, None]:
     """One session's events after ``since``: replayed from the store, then live from ``sub`` (subscribed before the
@@ -311,9 +311,10 @@ async def session_log(
                 continue
         if event.seq <= last:
             continue
-        if remote is not None and event.seq > last + 1 and remote():
-            # another node runs it: its events come through Redis, which may have lost some; the database has them
-            # (what went out without this generator, ``delivered`` by a direct send, is not missed)
+        if repair and event.seq > last + 1:
+            # cluster mode: events reach this node from the session's owner through Redis (which may lose some)
+            # and, when the session moved, from its previous owner; the database has them all (what went out without
+            # this generator, ``delivered`` by a direct send, is not missed)
             if delivered is not None:
                 last = max(last, await delivered())
             for missed in await _missed(store, sid, last, event.seq, types):
@@ -321,7 +322,7 @@ async def session_log(
                 last = missed.seq
         if matches(event.type):
             yield event, text
-            last = event.seq
+        last = event.seq  # seen: sent, or left out by the filter
         if event.type in TERMINAL_EVENTS:
             return
 
@@ -349,8 +350,10 @@ async def open_session_log(
     delivered: Callable[[], Awaitable[int]] | None = None,
 ) -> tuple[Subscription, AsyncGenerator[tuple[Event, str | None] | None, None]]:
     """Subscribe to ``sid``'s live events, then make its gap-free log after ``since`` (``session_log``)."""
-    # the end of the session is seen even when the filter leaves its event out
-    hub_types = None if types is None else [*types, *TERMINAL_EVENTS]
+    # the end of the session is seen even when the filter leaves its event out; in cluster mode every event is (the
+    # log filters them), so that a missing seq is a gap to repair, not an event filtered out
+    repair = services.settings.cluster_mode
+    hub_types = None if types is None or repair else [*types, *TERMINAL_EVENTS]
     sub = services.host.hub.subscribe(session_ids=[sid], types=hub_types, maxsize=services.settings.ws_buffer)
     # checked after subscribing: a session that ends later reports it through the hub; one that has ended has its
     # terminal event durable already (host.close() returns only after that), so the replay has all of it
@@ -364,26 +367,21 @@ async def open_session_log(
         types,
         ended,
         heartbeat_s=heartbeat_s,
-        remote=_remote(services, sid),
+        repair=repair,
         delivered=delivered,
     )
     return sub, log
 
 
-def _remote(services: deps.Services, sid: str) -> Callable[[], bool] | None:
-    """Cluster mode: whether another node runs ``sid`` now (its events reach this one through Redis)."""
+def direct_accepts(
+    services: deps.Services, types: list[str] | None, resume: list[int]
+) -> Callable[[Event], bool] | None:
+    """Which live events a session stream's direct send may take (None: all of them). In cluster mode only the one
+    that follows the last sent: the pump fills a gap from the store first, and filters by type."""
     if not services.settings.cluster_mode:
         return None
-    return lambda: services.host.live(sid) is None
-
-
-def direct_accepts(services: deps.Services, sid: str, resume: list[int]) -> Callable[[Event], bool] | None:
-    """Which live events a session stream's direct send may take (None: all of them). In cluster mode, an event
-    after a gap from another node waits for the pump, which fills the gap from the store first."""
-    remote = _remote(services, sid)
-    if remote is None:
-        return None
-    return lambda event: event.seq == resume[0] + 1 or not remote()
+    matches = type_matcher(types)
+    return lambda event: event.seq == resume[0] + 1 and matches(event.type)
 
 
 async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] | None, fmt: str) -> None:
@@ -400,7 +398,7 @@ async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] 
         return [text or event.model_dump_json()]
 
     # live events go out from the hub's publish while the pump waits idle (no task wakes per event)
-    accept = direct_accepts(deps.services(ws), sid, resume)
+    accept = direct_accepts(deps.services(ws), types, resume)
     direct = DirectSend(
         ws.send_text, sub, frames, resume, sends, TERMINAL_EVENTS, accept=accept, shared=shared_sender(ws)
     )
@@ -414,6 +412,10 @@ async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] 
                         continue
                     event, text = item
                     await direct.settled()  # a direct send still finishing goes first
+                    if event.seq <= resume[0]:
+                        # sent already: directly from the hub, or it reached this node twice (in cluster mode, read
+                        # from the database while Redis was down, then published by its node once Redis was back)
+                        continue
                     for frame in frames(event, text):
                         await _send(ws, frame, sends)
                     resume[0] = event.seq
@@ -453,7 +455,9 @@ async def _multi_stream(
     cursor = start or 0
     services = deps.services(ws)
     store, settings = services.store, services.settings
-    sub = services.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer)
+    # every matching event in cursor order (in cluster mode too: ``control.cluster_feed``), so that resuming by the
+    # last cursor received misses nothing
+    sub = services.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer, ordered=True)
     resume = [cursor]
     sends = Sends()
 

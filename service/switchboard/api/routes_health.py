@@ -22,18 +22,27 @@ async def healthz() -> Health:
     "/readyz",
     operation_id="readyz",
     response_model=Health,
-    responses={503: {"model": Health, "description": "The database is unreachable, or this node was fenced"}},
+    responses={
+        503: {"model": Health, "description": "The database is unreachable, this node was fenced, or it is draining"}
+    },
 )
 async def readyz(services: ServicesDep) -> Response:
     """The service can reach its database and still owns its sessions (a node that another instance took over
-    answers 503 with why)."""
+    answers 503 with why; a cluster node that is stopping answers 503 `draining`). In cluster mode, while Redis is
+    down it answers 200 with a `detail` saying so (degraded: streams read the database)."""
     lease = services.host.lease
     if lease is not None and lease.deposed is not None:
         body = Health(status="fenced", detail=lease.deposed).model_dump(exclude_none=True)
         return JSONResponse(body, status_code=503)
+    if lease is not None and lease.draining:  # a load balancer sends this node nothing new
+        draining = Health(status="draining", detail="stopping: handing its sessions to the other nodes")
+        return JSONResponse(draining.model_dump(exclude_none=True), status_code=503, headers={"Retry-After": "1"})
     if await services.store.ping():
         fanout = services.fanout
-        degraded = "redis unavailable: event streams of other nodes' sessions wait for it, nothing is lost"
+        degraded = (
+            "degraded: redis unavailable; event streams read other nodes' events from the database (a little late), "
+            "commands are unaffected, nothing is lost"
+        )
         detail = degraded if fanout is not None and not fanout.available else None
         return JSONResponse(Health(status="ok", detail=detail).model_dump(exclude_none=True))
     body = Health(status="unavailable", detail="database unreachable").model_dump(exclude_none=True)

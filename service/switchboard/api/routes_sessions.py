@@ -10,8 +10,8 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from ..control.settings import Settings
 from ..store import InvalidCursor
-from . import deps
-from .auth import TOKEN_SCOPES, Require, issue_token, principal_of, seal_token, unseal_token
+from . import audit, deps
+from .auth import Require, issue_token, principal_of, seal_token, token_scopes, unseal_token
 from .deps import HostDep, KnownSession, ServicesDep, SettingsDep
 from .idempotency import idempotent, idempotent_sealed
 from .problems import POST_ERRORS, ProblemError, not_found, problem_responses
@@ -117,9 +117,11 @@ async def list_sessions(
     response_model=SessionRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
-async def get_session(session: KnownSession, host: HostDep) -> SessionRead:
-    """Read one session."""
-    return deps.session_read(session, host)
+async def get_session(session: KnownSession, services: ServicesDep, request: Request) -> SessionRead | Response:
+    """Read one session. In cluster mode a node that does not run it asks the node that does (its agent state and
+    current speech are only there), or answers from the database when that node does not answer."""
+    answer = await deps.owner_elsewhere(services, session, request)
+    return answer if answer is not None else deps.session_read(session, services.host)
 
 
 @router.delete(
@@ -130,10 +132,11 @@ async def get_session(session: KnownSession, host: HostDep) -> SessionRead:
     response_class=Response,
     dependencies=[Depends(Require("sessions:write"))],
 )
-async def close_session(session: KnownSession, host: HostDep) -> Response:
+async def close_session(session: KnownSession, host: HostDep, request: Request) -> Response:
     """Close a session: stop speaking, cancel cancellable tools, await the others, emit the final events."""
     await deps.owned_here(host, session)
     if session.live is not None:
+        audit.record(request, session.live, "close")
         await host.close(session.id)
     return Response(status_code=204)
 
@@ -174,7 +177,9 @@ async def get_chat(
     dependencies=[Depends(Require("sessions:control"))],
 )
 @idempotent
-async def inject_input(sid: str, body: InputCreate, host: HostDep, settings: SettingsDep) -> InputAccepted:
+async def inject_input(
+    sid: str, body: InputCreate, host: HostDep, settings: SettingsDep, request: Request
+) -> InputAccepted:
     """Inject user input. `final=false` is an interim transcript (reported, not committed). A final input
     interrupts the current speech when `interrupt` is true and it allows it (or `force`), and queues a reply."""
     _check_text(settings, body.text)
@@ -182,6 +187,10 @@ async def inject_input(sid: str, body: InputCreate, host: HostDep, settings: Set
     async with deps.deadline(settings):
         result = await session.input(
             body.text, final=body.final, interrupt=body.interrupt, force=body.force, reply=body.reply, role=body.role
+        )
+    if body.final:  # an interim transcript changes nothing: not an action worth a line in the trail
+        audit.record(
+            request, session, "input", item_id=result.item_id, speech_id=result.speech_id, force=body.force or None
         )
     return InputAccepted(item_id=result.item_id, speech_id=result.speech_id)
 
@@ -195,7 +204,7 @@ async def inject_input(sid: str, body: InputCreate, host: HostDep, settings: Set
     dependencies=[Depends(Require("sessions:control"))],
 )
 @idempotent
-async def say(sid: str, body: SayCreate, host: HostDep, settings: SettingsDep) -> SayAccepted:
+async def say(sid: str, body: SayCreate, host: HostDep, settings: SettingsDep, request: Request) -> SayAccepted:
     """Have the agent say `text` verbatim, after anything already queued."""
     _check_text(settings, body.text)
     session = await deps.active_session(host, sid)
@@ -203,6 +212,7 @@ async def say(sid: str, body: SayCreate, host: HostDep, settings: SettingsDep) -
         speech = await session.say(
             body.text, allow_interruptions=body.allow_interruptions, add_to_chat=body.add_to_chat
         )
+    audit.record(request, session, "say", speech_id=speech.id)
     return SayAccepted(speech_id=speech.id)
 
 
@@ -216,7 +226,9 @@ async def say(sid: str, body: SayCreate, host: HostDep, settings: SettingsDep) -
     dependencies=[Depends(Require("sessions:control"))],
 )
 @idempotent
-async def interrupt(sid: str, services: ServicesDep, body: InterruptCreate | None = None) -> InterruptResult:
+async def interrupt(
+    sid: str, services: ServicesDep, request: Request, body: InterruptCreate | None = None
+) -> InterruptResult:
     """Interrupt the current speech and the queued ones after it, up to the first that does not allow
     interruptions (`force`: all of them). Returns once the interrupted message (only what was heard) is committed;
     409 `not_interruptible` when the current speech does not allow interruptions and `force` is false."""
@@ -227,6 +239,7 @@ async def interrupt(sid: str, services: ServicesDep, body: InterruptCreate | Non
         speech = await session.interrupt(force=body.force)
     if speech is not None:
         services.metrics.interrupt_latency.observe(time.perf_counter() - started)
+    audit.record(request, session, "interrupt", speech_id=speech.id if speech else None, force=body.force or None)
     return InterruptResult(speech_id=speech.id if speech else None, interrupted=speech is not None)
 
 
@@ -237,13 +250,18 @@ async def interrupt(sid: str, services: ServicesDep, body: InterruptCreate | Non
     response_model=SpeechRead,
     dependencies=[Depends(Require("sessions:read"))],
 )
-async def get_speech(sid: str, speech_id: str, host: HostDep) -> SpeechRead:
-    """One speech: its state, whether it was interrupted, what was generated and what was heard."""
-    session = await deps.known_session(host, sid)
+async def get_speech(sid: str, speech_id: str, services: ServicesDep, request: Request) -> SpeechRead | Response:
+    """One speech: its state, whether it was interrupted, what was generated and what was heard (in cluster mode,
+    as the node that runs the session knows it)."""
+    session = await deps.known_session(services.host, sid)
+    answer = await deps.owner_elsewhere(services, session, request)
+    if answer is not None:
+        return answer
     info = await session.speech(speech_id)
     if info is None:
         raise not_found("speech", speech_id)
-    return SpeechRead(**info.model_dump())
+    heard = info.heard_text if info.heard_text is not None else info.played_text
+    return SpeechRead(**info.model_dump(exclude={"heard_text"}), heard_text=heard)
 
 
 @router.post(
@@ -255,14 +273,18 @@ async def get_speech(sid: str, speech_id: str, host: HostDep) -> SpeechRead:
     dependencies=[Depends(Require("sessions:read", keys_only=True))],
 )
 @idempotent_sealed(seal_token, unseal_token)  # the record keeps no usable token
-async def create_token(session: KnownSession, settings: SettingsDep, body: TokenCreate | None = None) -> TokenRead:
-    """A short-lived token that can read this session and stream its events (for embedded dashboards). Needs an
-    API key: a session token cannot create tokens."""
+async def create_token(
+    request: Request, session: KnownSession, settings: SettingsDep, body: TokenCreate | None = None
+) -> TokenRead:
+    """A short-lived token that can read this session and stream its events (for embedded dashboards), or, with
+    `scopes: ["media:connect"]`, connect as its media edge (for a browser or a gateway). Needs an API key: a session
+    token cannot create tokens."""
     body = body or TokenCreate()
-    token, expires = issue_token(settings, session.id, body.ttl_s)
+    scopes = token_scopes(principal_of(request), list(body.scopes) if body.scopes else None)
+    token, expires = issue_token(settings, session.id, body.ttl_s, scopes)
     return TokenRead(
         token=token,
         session_id=session.id,
-        scopes=list(TOKEN_SCOPES),
+        scopes=list(scopes),
         expires_at=datetime.fromtimestamp(expires, tz=UTC),
     )

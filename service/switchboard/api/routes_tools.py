@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from ..runtime.tools import ToolStatus
-from . import deps
+from . import audit, deps
 from .auth import Require
 from .deps import HostDep, KnownSession, SettingsDep
 from .idempotency import idempotent
@@ -69,7 +69,12 @@ async def get_tool_call(sid: str, call_id: str, host: HostDep) -> ToolCallRead:
 )
 @idempotent
 async def cancel_tool_call(
-    sid: str, call_id: str, host: HostDep, settings: SettingsDep, body: ToolCallCancel | None = None
+    sid: str,
+    call_id: str,
+    host: HostDep,
+    settings: SettingsDep,
+    request: Request,
+    body: ToolCallCancel | None = None,
 ) -> ToolCallRead:
     """Cancel a running, cancellable tool call. Returns once it has ended `cancelled`.
 
@@ -83,8 +88,11 @@ async def cancel_tool_call(
         if stored is None:
             raise not_found("tool_call", call_id)
         raise ProblemError(409, "already_ended", f"Tool call {call_id!r} already ended ({stored.status.value}).")
+    live = session.live
+    reason = f"cancelled by the operator {audit.actor_of(request)}" if settings.auth_enabled else None
     async with deps.deadline(settings):
-        info = await session.live.cancel_tool(call_id, force=body.force)
+        info = await live.cancel_tool(call_id, force=body.force, **({"reason": reason} if reason else {}))
+    audit.record(request, live, "cancel_tool", call_id=call_id, force=body.force or None)
     return deps.tool_call_read(sid, info)
 
 

@@ -233,7 +233,12 @@ class SpeechRead(BaseModel):
     interrupted: bool
     allow_interruptions: bool
     text: str
-    played_text: str
+    played_text: str = Field(description="What was heard, committed at the end of each step.")
+    heard_text: str = Field(
+        default="",
+        description="What has been heard so far, the step playing now included: it grows as the speech plays "
+        "(read it while `state` is `playing`); the same as `played_text` once the speech is done.",
+    )
     created_at: datetime
     usage: UsageRead = Field(default_factory=UsageRead)
 
@@ -298,6 +303,12 @@ class ToolReportRead(BaseModel):
 
 class TokenCreate(_In):
     ttl_s: int | None = Field(default=None, ge=10, le=7 * 24 * 3600)
+    scopes: list[Literal["sessions:read", "events:read", "media:connect"]] | None = Field(
+        default=None,
+        min_length=1,
+        description="What the token may do (default: `sessions:read`, `events:read`). `media:connect` (connect as "
+        "the session's media edge) needs an API key that holds it.",
+    )
 
 
 class TokenRead(BaseModel):
@@ -312,7 +323,9 @@ class NodeRead(BaseModel):
 
     id: str
     url: str = Field(description="How the other nodes reach this one.")
-    state: Literal["live", "stopped", "dead"]
+    state: Literal["live", "draining", "stopped", "dead"] = Field(
+        description="`draining`: stopping, handing its sessions to the other nodes (SIGTERM in cluster mode)."
+    )
     mode: Literal["single", "cluster"]
     sessions: int = Field(description="Live sessions it owns.")
     heartbeat_at: datetime
@@ -326,3 +339,27 @@ class NodeList(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "unavailable", "fenced"]
     detail: str | None = None
+
+
+class ExportedEvent(BaseModel):
+    """One event of the session's log, as a stream delivers it."""
+
+    seq: int
+    session_id: str
+    type: str
+    at: datetime
+    data: dict[str, Any]
+
+
+class SessionExport(BaseModel):
+    """A whole session in one document: what an operator hands on, or keeps."""
+
+    format: Literal["switchboard.session-export/1"]
+    exported_at: datetime
+    session: SessionRead
+    chat: list[ChatItem] = Field(description="The chat context in conversation order.")
+    tool_calls: list[ToolCallRead] = Field(description="Every tool call, by start time, with progress and output.")
+    events: list[ExportedEvent] = Field(
+        description="The durable event log in `seq` order (operator actions included); last, so that a big log is "
+        "streamed a page at a time."
+    )

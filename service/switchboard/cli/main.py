@@ -6,12 +6,15 @@ import argparse
 import asyncio
 import gc
 import json
+import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..control import logs
 from ..control.settings import Settings
+from .edge import add_edge_command
 from .operator import add_client_commands
 from .session_commands import add_session_commands
 
@@ -31,6 +34,26 @@ def _ensure_sqlite_dir(url: str) -> None:
     prefix = "sqlite+aiosqlite:///"
     if url.startswith(prefix) and not url.startswith(prefix + ":memory:"):
         Path(url[len(prefix) :]).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+
+
+def _draining_server_class() -> type[Any]:
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """On SIGTERM a cluster node first hands its sessions to the other nodes (``control.drain``) while it still
+        serves HTTP, then stops as usual."""
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            app = self.config.app
+            hand_over = getattr(getattr(app, "state", None), "drain", None)
+            if hand_over is not None and not self.force_exit:
+                try:
+                    await hand_over()
+                except Exception:
+                    logging.getLogger("switchboard.cli").exception("drain failed; stopping anyway")
+            await super().shutdown(sockets)
+
+    return DrainingServer
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -77,7 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-    server = uvicorn.Server(config)
+    server = _draining_server_class()(config)
     server.run()
     # a lifespan that failed to start (another instance on the database, say) has logged why
     return 0 if server.started else 3
@@ -160,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_client_commands(sub)  # sessions, tail, input, interrupt, tools, cancel
     add_session_commands(sub)  # create, say, close, agents, attention
+    add_edge_command(sub)  # a media edge that speaks with espeak-ng
     return parser
 
 

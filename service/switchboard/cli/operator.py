@@ -27,6 +27,7 @@ from ..client import (
     Resume,
     SwitchboardError,
     ToolCall,
+    ToolStatus,
     Unauthorized,
     Unavailable,
 )
@@ -140,8 +141,9 @@ def _call_row(call: ToolCall, s: Style) -> list[str]:
     last = call.progress[-1] if call.progress else None
     progress = ""
     if last is not None:
-        bar = s.bar(last.progress, width=10) if last.progress is not None else ""
-        progress = f"{bar} {printable(last.message)}".strip()
+        # a completed call is done, whatever its last report said; one that reported no fraction is indeterminate
+        done = 1.0 if call.status == ToolStatus.COMPLETED else last.progress
+        progress = f"{s.bar(done, width=10)} {printable(last.message)}".strip()
     flag = "yes" if call.cancellable else "no"
     arguments = short(format_arguments(printable(call.arguments)), 40)
     return [call.call_id, call.session_id, printable(call.name), str(call.status), flag, progress, arguments]
@@ -210,7 +212,7 @@ async def tail(
                 out.write(event_line(shown, style, names) + "\n")
                 out.flush()
     except NotFound:
-        raise ClientError(f"no session {sid!r}") from None
+        raise ClientError(f"No session {sid!r}.") from None
     except (BadRequest, Unauthorized, Forbidden) as err:
         raise ClientError(STREAM_REFUSALS[type(err)]) from None
     except Unavailable as err:

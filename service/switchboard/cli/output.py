@@ -35,8 +35,10 @@ class Style:
         return f"\033[{codes}m{text}\033[0m"
 
     def bar(self, progress: float | None, width: int = 20) -> str:
+        """A progress bar with its percentage; without a fraction (the tool knows no total) an indeterminate bar
+        with no percentage, never a made-up one."""
         if progress is None:
-            return ""
+            return f"[{self(('▒' if self.unicode else '~') * width, 'green')}]"
         filled = max(0, min(width, round(progress * width)))
         full, empty = ("█", "░") if self.unicode else ("#", "-")
         return f"[{self(full * filled, 'green')}{empty * (width - filled)}] {round(progress * 100):3d}%"
@@ -189,7 +191,7 @@ def _tool_started(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
 def _tool_progress(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
     progress = d.get("progress")
     name = names.get(str(d.get("call_id")), str(d.get("call_id")))
-    bar = s.bar(float(progress)) if isinstance(progress, int | float) else ""
+    bar = s.bar(float(progress) if isinstance(progress, int | float) else None)
     return " ".join(str(p) for p in (s(name, "yellow"), bar, d.get("message")) if p)
 
 
@@ -199,6 +201,17 @@ def _tool_ended(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
     line = s(f"tool {d.get('name') or d.get('call_id')} {status}", colour, "bold") + f": {short(d.get('output'))}"
     error = d.get("error")  # why it failed (redacted); the model was given only the output
     return line + s(f" ({short(error)})", "dim") if error else line
+
+
+def _operator_action(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    line = s(f"operator {d.get('actor')}: {d.get('action')}", "blue", "bold")
+    call = d.get("call_id")
+    details = [str(x) for x in (names.get(str(call), call) if call else None, d.get("speech_id")) if x]
+    if d.get("force"):
+        details.append("forced")
+    if d.get("idempotency_key"):
+        details.append(f"key {d.get('idempotency_key')}")
+    return line + (s(f" ({', '.join(details)})", "dim") if details else "")
 
 
 def _unknown(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
@@ -223,6 +236,7 @@ EVENT_FORMATTERS: dict[str, Formatter] = {
     "tool.progress": _tool_progress,
     "tool.ended": _tool_ended,
     "generation.failed": _template("generation failed: {error}", "red"),
+    "operator.action": _operator_action,
 }
 
 

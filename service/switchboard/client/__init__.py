@@ -22,6 +22,7 @@ from .errors import (
     ValidationFailed,
 )
 from .events import AsyncEventStream, EventStream, Resume, ResumeHook
+from .media import MediaConnection, MediaFrame
 from .models import (
     AgentHandoff,
     AgentInfo,
@@ -37,6 +38,7 @@ from .models import (
     OtherChatItem,
     SayAccepted,
     Session,
+    SessionExport,
     SessionList,
     SessionToken,
     Speech,
@@ -67,6 +69,8 @@ __all__ = [
     "Health",
     "InputAccepted",
     "InterruptResult",
+    "MediaConnection",
+    "MediaFrame",
     "NotFound",
     "OtherChatItem",
     "PayloadTooLarge",
@@ -77,6 +81,7 @@ __all__ = [
     "SayAccepted",
     "ServerError",
     "Session",
+    "SessionExport",
     "SessionList",
     "SessionToken",
     "Speech",

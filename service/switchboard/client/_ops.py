@@ -19,6 +19,7 @@ from .models import (
     InterruptResult,
     SayAccepted,
     Session,
+    SessionExport,
     SessionList,
     SessionToken,
     Speech,
@@ -164,6 +165,10 @@ def interrupt(sid: str, *, force: bool, idempotency_key: str | None) -> Call[Int
     )
 
 
+def export_session(sid: str) -> Call[SessionExport]:
+    return Call("GET", _session(sid, "export"), _model(SessionExport))
+
+
 def get_speech(sid: str, speech_id: str) -> Call[Speech]:
     return Call("GET", _session(sid, "speeches", speech_id), _model(Speech))
 
@@ -188,8 +193,12 @@ def list_running_tool_calls(limit: int | None) -> Call[list[ToolCall]]:
     return Call("GET", "/v1/tool-calls", _tool_calls, params=params)
 
 
-def create_token(sid: str, *, ttl_s: int | None, idempotency_key: str | None) -> Call[SessionToken]:
-    body = {"ttl_s": ttl_s} if ttl_s is not None else {}
+def create_token(
+    sid: str, *, ttl_s: int | None, idempotency_key: str | None, scopes: list[str] | None = None
+) -> Call[SessionToken]:
+    body: dict[str, object] = {"ttl_s": ttl_s} if ttl_s is not None else {}
+    if scopes:
+        body["scopes"] = list(scopes)
     return Call(
         "POST", _session(sid, "tokens"), _model(SessionToken), json=body, command=True, idempotency_key=idempotency_key
     )

@@ -11,6 +11,7 @@ import httpx
 from . import _ops
 from ._http import Call, RetryPolicy, T, asend, auth_headers
 from .events import AsyncEventStream, ResumeHook, stream_position
+from .media import MediaConnection, media_url
 from .models import (
     AgentInfo,
     ChatItem,
@@ -19,6 +20,7 @@ from .models import (
     InterruptResult,
     SayAccepted,
     Session,
+    SessionExport,
     SessionList,
     SessionToken,
     Speech,
@@ -201,6 +203,11 @@ class AsyncClient:
         (``not_interruptible``) when the speech does not allow it, unless ``force``."""
         return await self._send(_ops.interrupt(sid, force=force, idempotency_key=idempotency_key))
 
+    async def export_session(self, sid: str) -> SessionExport:
+        """The whole session as one document: the session, its chat, its tool calls and its event log (the
+        operators' actions included); for closed sessions too."""
+        return await self._send(_ops.export_session(sid))
+
     async def get_speech(self, sid: str, speech_id: str) -> Speech:
         return await self._send(_ops.get_speech(sid, speech_id))
 
@@ -261,10 +268,17 @@ class AsyncClient:
     # -- tokens and health -----------------------------------------------------------------------------------------
 
     async def create_token(
-        self, sid: str, *, ttl_s: int | None = None, idempotency_key: str | None = None
+        self,
+        sid: str,
+        *,
+        ttl_s: int | None = None,
+        idempotency_key: str | None = None,
+        scopes: list[str] | None = None,
     ) -> SessionToken:
-        """A short-lived token that can read this session and stream its events (for a dashboard)."""
-        return await self._send(_ops.create_token(sid, ttl_s=ttl_s, idempotency_key=idempotency_key))
+        """A short-lived token that can read this session and stream its events (for a dashboard), or with
+        ``scopes=["media:connect"]`` connect as its media edge (the key must hold that scope)."""
+        call = _ops.create_token(sid, ttl_s=ttl_s, idempotency_key=idempotency_key, scopes=scopes)
+        return await self._send(call)
 
     async def health(self) -> Health:
         return await self._send(_ops.health())
@@ -298,6 +312,12 @@ class AsyncClient:
             on_resume=on_resume,
         )
         return AsyncEventStream(pos, self._headers)
+
+    def media(self, sid: str, *, token: str | None = None) -> MediaConnection:
+        """The session's media connection, as its edge (``async with``): see :mod:`switchboard.client.media`.
+        Authenticated with the client's API key (scope ``media:connect``), or with a session ``token`` in the URL."""
+        headers = {} if token else self._headers
+        return MediaConnection(media_url(self.base_url, sid, token=token), headers)
 
     def all_events(
         self,

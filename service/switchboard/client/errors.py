@@ -142,12 +142,14 @@ def from_response(response: httpx.Response) -> SwitchboardError:
     )
 
 
-def fatal_close(code: int, reason: str) -> SwitchboardError | None:
+def fatal_close(code: int, reason: str, session_id: str | None = None) -> SwitchboardError | None:
     """The error for an event-stream close that reconnecting cannot fix, or None when the stream may resume."""
     found = _BY_CLOSE.get(code)
     if found is None:
         return None
     cls, status = found
+    if code == 4404 and session_id is not None:  # worded as the HTTP API words it
+        return cls(status, reason or "session_not_found", f"No session {session_id!r}.")
     return cls(status, reason or f"closed_{code}", f"The event stream was closed ({code} {reason}).")
 
 

@@ -132,7 +132,7 @@ class _Position:
         close is final (an unknown session, a bad credential) or reconnecting has failed for too long."""
         if (code, reason) == SESSION_CLOSED or self.done:
             return None
-        error = fatal_close(code, reason)
+        error = fatal_close(code, reason, self.session_id)
         if error is not None:
             raise error
         now = time.monotonic()

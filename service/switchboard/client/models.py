@@ -186,6 +186,7 @@ class Speech(_Model):
     played_text: str
     created_at: datetime
     usage: Usage = Field(default_factory=Usage)
+    heard_text: str = ""  # what has been heard so far, while it plays too (``played_text`` grows at step ends)
 
 
 class ToolProgress(_Model):
@@ -255,3 +256,14 @@ class Event(_Model):
     at: datetime
     data: dict[str, Any] = Field(default_factory=dict)
     cursor: int | None = None
+
+
+class SessionExport(_Model):
+    """A whole session as one document (``GET /v1/sessions/{sid}/export``)."""
+
+    format: str
+    exported_at: datetime
+    session: Session
+    chat: list[ChatItem]
+    tool_calls: list[ToolCall]
+    events: list[Event]

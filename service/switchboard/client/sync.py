@@ -19,6 +19,7 @@ from .models import (
     InterruptResult,
     SayAccepted,
     Session,
+    SessionExport,
     SessionList,
     SessionToken,
     Speech,
@@ -202,6 +203,11 @@ class Client:
         (``not_interruptible``) when the speech does not allow it, unless ``force``."""
         return self._send(_ops.interrupt(sid, force=force, idempotency_key=idempotency_key))
 
+    def export_session(self, sid: str) -> SessionExport:
+        """The whole session as one document: the session, its chat, its tool calls and its event log (the
+        operators' actions included); for closed sessions too."""
+        return self._send(_ops.export_session(sid))
+
     def get_speech(self, sid: str, speech_id: str) -> Speech:
         return self._send(_ops.get_speech(sid, speech_id))
 
@@ -261,9 +267,17 @@ class Client:
 
     # -- tokens and health -----------------------------------------------------------------------------------------
 
-    def create_token(self, sid: str, *, ttl_s: int | None = None, idempotency_key: str | None = None) -> SessionToken:
-        """A short-lived token that can read this session and stream its events (for a dashboard)."""
-        return self._send(_ops.create_token(sid, ttl_s=ttl_s, idempotency_key=idempotency_key))
+    def create_token(
+        self,
+        sid: str,
+        *,
+        ttl_s: int | None = None,
+        idempotency_key: str | None = None,
+        scopes: list[str] | None = None,
+    ) -> SessionToken:
+        """A short-lived token that can read this session and stream its events (for a dashboard), or with
+        ``scopes=["media:connect"]`` connect as its media edge (the key must hold that scope)."""
+        return self._send(_ops.create_token(sid, ttl_s=ttl_s, idempotency_key=idempotency_key, scopes=scopes))
 
     def health(self) -> Health:
         return self._send(_ops.health())

@@ -8,6 +8,7 @@
 
 import { Api } from "./api.js";
 import { AttentionQueue } from "./attention.js";
+import { ClusterPanel } from "./cluster.js";
 import { Overview } from "./overview.js";
 import { SessionView } from "./session_view.js";
 
@@ -20,7 +21,7 @@ function route() {
 
 const initial = route();
 const api = new Api({ token: initial.token });
-const app = { api, overview: null, view: null, attention: null };
+const app = { api, overview: null, view: null, attention: null, cluster: null };
 window.switchboard = app; // for debugging and for the browser tests
 
 function notice(message) {
@@ -71,8 +72,10 @@ function restart() {
   authUi();
   if (app.overview) app.overview.stop();
   if (app.attention) app.attention.stop();
+  if (app.cluster) app.cluster.stop();
   app.overview = embedded ? null : new Overview(overviewParts).start();
   app.attention = embedded ? null : new AttentionQueue(attentionParts).start();
+  app.cluster = embedded ? null : new ClusterPanel(clusterParts).start();
   const sid = app.view?.sid ?? route().sid;
   if (app.view) app.view.stop();
   app.view = null;
@@ -98,6 +101,8 @@ const attentionParts = {
   count: $("attention-count"),
   onError,
 };
+
+const clusterParts = { api, section: $("cluster"), body: $("cluster-nodes"), count: $("cluster-count") };
 
 api.onUnauthorized = () => askForKey(api.apiKey ? "That API key was not accepted." : "This service needs an API key.");
 
@@ -151,5 +156,6 @@ authUi();
 if (!embedded) {
   app.overview = new Overview(overviewParts).start();
   app.attention = new AttentionQueue(attentionParts).start();
+  app.cluster = new ClusterPanel(clusterParts).start();
 }
 openSession(initial.sid);

@@ -24,7 +24,9 @@ function metadataText(metadata) {
 }
 
 function searchText(data) {
-  return [data.id, data.agent, data.state, data.agent_state, metadataText(data.metadata)].join(" ").toLowerCase();
+  return [data.id, data.agent, data.state, data.agent_state, data.owner_node, metadataText(data.metadata)]
+    .join(" ")
+    .toLowerCase();
 }
 
 const SORT_KEYS = {
@@ -33,6 +35,7 @@ const SORT_KEYS = {
   state: (s) => s.data.state || "",
   agent_state: (s) => s.data.agent_state || "",
   tools: (s) => Number(s.cells.tools.textContent || 0),
+  owner_node: (s) => s.data.owner_node || "",
   activity: (s) => lastActivity(s.data),
 };
 
@@ -142,8 +145,10 @@ export class Overview {
     const known = this.sessions.get(sid);
     if (known && ev.at) known.data.last_activity_at = ev.at;
     switch (ev.type) {
+      case "session.recovered": // recovered where it now runs (another node, after a failover): re-read its owner
+        this._fetchSession(sid);
+        break;
       case "session.started":
-      case "session.recovered":
         if (!known) this._fetchSession(sid);
         else this._upsertSession({ ...known.data, state: "active", agent: d.agent || known.data.agent });
         break;
@@ -215,6 +220,7 @@ export class Overview {
         state: h("td"),
         agentState: h("td"),
         tools: h("td", { class: "num" }),
+        node: h("td", { class: "cluster-only node" }),
         age: h("td", { class: "num activity" }),
         metadata: h("div", { class: "metadata muted small" }),
       };
@@ -226,6 +232,7 @@ export class Overview {
         cells.state,
         cells.agentState,
         cells.tools,
+        cells.node,
         cells.age,
       );
       row.setAttribute("aria-current", data.id === this.selected ? "true" : "false");
@@ -240,6 +247,7 @@ export class Overview {
     s.cells.agentState.textContent = s.data.state === "active" ? (s.data.agent_state ?? "") : "—";
     s.cells.agentState.dataset.state = s.data.agent_state ?? "";
     s.cells.metadata.textContent = metadataText(s.data.metadata);
+    s.cells.node.textContent = s.data.owner_node ?? "";
     s.cells.age.textContent = formatAge(Date.now() - lastActivity(s.data));
   }
 

@@ -4,6 +4,7 @@ import { Intent } from "./api.js";
 import { REASON_LABELS } from "./attention.js";
 import { h } from "./dom.js";
 import { SessionStream } from "./stream.js";
+import { TalkPanel } from "./talk.js";
 import { Timeline } from "./timeline.js";
 
 const STREAM_STATES = {
@@ -15,7 +16,8 @@ const STREAM_STATES = {
 };
 
 // events after which the header re-reads the session (model latency, attention)
-const REFRESH_ON = new Set(["speech.done", "generation.failed", "tool.ended", "session.failed"]);
+// (and the node that runs it, which changes when another node recovers it)
+const REFRESH_ON = new Set(["speech.done", "generation.failed", "tool.ended", "session.failed", "session.recovered"]);
 
 export class SessionView {
   constructor({ root, api, sid }) {
@@ -58,6 +60,7 @@ export class SessionView {
 
   stop() {
     if (this.stream) this.stream.stop();
+    if (this.talk) this.talk.stop();
     this.timeline.stop();
     clearTimeout(this._busyTimer);
     clearTimeout(this._refreshTimer);
@@ -73,6 +76,7 @@ export class SessionView {
 
   /** The model, the last turn's latency and why the session needs attention, from a read of the session. */
   _showSession(session) {
+    this.meta.node.textContent = session.owner_node ?? "—";
     const m = session.model;
     this.meta.model.textContent = m
       ? [m.model ? `${m.provider}/${m.model}` : m.provider, m.profile ? `(profile ${m.profile})` : ""]
@@ -126,6 +130,7 @@ export class SessionView {
       running: h("dd", { class: "running" }),
       model: h("dd", { class: "model" }),
       latency: h("dd", { class: "latency" }),
+      node: h("dd", { class: "node cluster-only" }),
     };
     this.reasons = h("ul", { class: "session-reasons", "aria-label": "Needs attention", hidden: true });
     this.streamStatus = h("span", { class: "conn", role: "status", "aria-live": "polite" });
@@ -148,6 +153,8 @@ export class SessionView {
         this.meta.model,
         h("dt", { text: "Last turn" }),
         this.meta.latency,
+        h("dt", { class: "cluster-only", text: "Node" }),
+        this.meta.node,
       ),
       this.reasons,
     );
@@ -163,14 +170,27 @@ export class SessionView {
     this.scroller = h("div", { class: "timeline-scroll", tabindex: "0", "aria-label": "Timeline" }, this.list);
     const showAll = h("input", { type: "checkbox", id: "show-all" });
     showAll.addEventListener("change", () => this.list.classList.toggle("show-all", showAll.checked));
+    const exportButton = h("button", {
+      type: "button",
+      id: "op-export",
+      class: "secondary small",
+      text: "Export JSON",
+      title: "Download the whole session (chat, tool calls, events) as one JSON document",
+    });
+    exportButton.addEventListener("click", () => this.exportSession(exportButton));
     const toolbar = h(
       "div",
       { class: "timeline-tools" },
       h("label", { for: "show-all" }, showAll, " Show every event"),
+      h("span", { class: "spacer" }),
+      exportButton,
     );
 
     const parts = [header, this.error, toolbar, this.scroller];
-    if (!ro) parts.push(this._controls());
+    if (!ro) {
+      this.talk = new TalkPanel({ api: this.api, sid: this.sid });
+      parts.push(this._controls(), this.talk.element);
+    }
     this.root.replaceChildren(...parts);
   }
 
@@ -369,6 +389,25 @@ export class SessionView {
   async cancelTool(callId, button) {
     const path = `${this.path}/tool-calls/${encodeURIComponent(callId)}/cancel`;
     await this._command(`cancel:${callId}`, button, "POST", path, {}, "Cancelling the tool call");
+  }
+
+  /** Download GET .../export as session-<id>.json (a read: live, closed and failed sessions alike). */
+  async exportSession(button) {
+    button.disabled = true;
+    try {
+      const doc = await this.api.get(`${this.path}/export`);
+      const url = URL.createObjectURL(new Blob([JSON.stringify(doc, null, 2)], { type: "application/json" }));
+      const link = h("a", { href: url, download: `session-${this.sid}.json`, hidden: true });
+      document.body.append(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60_000);
+      this._clearError();
+    } catch (err) {
+      this._showError(`Exporting the session failed: ${err.message}`);
+    } finally {
+      button.disabled = false;
+    }
   }
 
   async closeSession(button) {

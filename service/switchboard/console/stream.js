@@ -8,7 +8,7 @@ const BACKOFF_MS = [250, 500, 1000, 2000, 3000];
 const FATAL = {
   4400: "The event stream rejected the request.",
   4403: "This credential may not read this session's events.",
-  4404: "No such session.",
+  4404: (sid) => `No session '${sid}'.`, // worded as the API words it
 };
 
 export class SessionStream {
@@ -131,7 +131,8 @@ export class SessionStream {
       return;
     }
     if (ev.code === 4401) return this._fail("The session token is invalid or has expired.");
-    if (FATAL[ev.code]) return this._fail(FATAL[ev.code]);
+    const fatal = FATAL[ev.code];
+    if (fatal) return this._fail(typeof fatal === "function" ? fatal(this.sid) : fatal);
     this._retryLater();
   }
 

@@ -42,6 +42,8 @@ function summary(ev) {
       return `${d.call_id}: ${d.message || ""}${d.progress == null ? "" : ` (${Math.round(d.progress * 100)}%)`}`;
     case "tool.ended":
       return `${d.call_id} ${d.status}`;
+    case "operator.action":
+      return `${d.actor}: ${d.action}`;
     default:
       return "";
   }
@@ -67,6 +69,7 @@ export class Timeline {
     this.lastSeq = 0;
     this.speeches = new Map();
     this.tools = new Map();
+    this.inputs = new Map(); // committed input's chat item id -> its text (for the audit trail's rows)
     this.activeSpeech = null;
     this.info = { agent: null, agentState: null, state: "active", running: 0, lastSeq: 0 };
     this._queue = [];
@@ -158,6 +161,7 @@ export class Timeline {
         row = this._row(ev, "handoff", "Handoff", h("p", { text: `${d.from_agent ?? "—"} → ${d.to_agent}` }));
         break;
       case "user.input":
+        if (d.final && d.item_id) this.inputs.set(d.item_id, d.text || "");
         if (d.final) {
           const role = d.role && d.role !== "user" ? d.role : "User";
           row = this._row(ev, "user", role[0].toUpperCase() + role.slice(1), h("p", { class: "text", text: d.text }));
@@ -200,10 +204,31 @@ export class Timeline {
       case "tool.ended":
         this._ended(ev);
         break;
+      case "operator.action":
+        row = this._operatorRow(ev);
+        break;
       default:
         break;
     }
     fragment.append(row || this._minor(ev));
+  }
+
+  /** The audit trail: who did what (the row's time is when), under which Idempotency-Key. */
+  _operatorRow(ev) {
+    const d = ev.data || {};
+    const tool = d.call_id ? this.tools.get(d.call_id) : null;
+    const what = {
+      input: d.item_id && this.inputs.has(d.item_id) ? `sent “${truncate(this.inputs.get(d.item_id), 80)}”` : "sent input",
+      say: "had the agent say something",
+      interrupt: "interrupted the agent",
+      cancel_tool: `cancelled the tool call ${tool ? tool.name : d.call_id}`,
+      close: "closed the session",
+    }[d.action];
+    const text = `${what || d.action}${d.force ? " (forced)" : ""}`;
+    const key = d.idempotency_key ? h("p", { class: "muted small", text: `Idempotency-Key ${d.idempotency_key}` }) : null;
+    const row = this._row(ev, "operator", `Operator ${d.actor}`, h("p", { class: "text", text }), key);
+    row.dataset.action = d.action;
+    return row;
   }
 
   _recovered(ev) {
@@ -291,15 +316,22 @@ export class Timeline {
    */
   _followLive(sp) {
     if (sp.liveTimer || !this.fetchSpeech) return;
-    sp.live = h("p", { class: "live-text muted", "aria-live": "off" });
+    sp.live = h("p", { class: "live-text", "aria-live": "off" });
     sp.segments.at(-1).row.append(sp.live);
+    sp.liveHeard = h("span", { class: "live-heard" });
+    sp.liveRest = h("span", { class: "live-rest muted" });
+    sp.live.append(sp.liveHeard, sp.liveRest);
     const poll = () =>
       this.fetchSpeech(sp.id).then(
         (info) => {
           if (!sp.live) return;
+          // what the steps before committed is shown above; below it, this step: heard so far, then the rest
           const committed = sp.segments.flatMap((seg) => seg.parts).join(" ");
-          const rest = (info.text || "").slice(committed.length).trim();
-          sp.live.textContent = rest ? `${rest} …` : "";
+          const generated = (info.text || "").slice(committed.length).trim();
+          const heard = (info.heard_text ?? info.played_text ?? "").slice(committed.length).trim();
+          const split = splitHeard(generated, heard);
+          sp.liveHeard.textContent = split.heard;
+          sp.liveRest.textContent = split.rest ? `${split.heard ? " " : ""}${split.rest} …` : "";
         },
         () => {},
       );

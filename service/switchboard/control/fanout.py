@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -26,6 +27,7 @@ CHANNEL_PREFIX = "switchboard:events:"  # + the database: clusters sharing one R
 QUEUE_MAX = 10_000  # events waiting to be published; past it they are dropped (streams repair from the database)
 RETRY_MIN_S = 0.1
 RETRY_MAX_S = 2.0
+WAKE_TIMEOUT_S = 1.0
 
 
 class RedisFanout:
@@ -33,6 +35,8 @@ class RedisFanout:
         self._redis: aioredis.Redis = aioredis.Redis.from_url(url)
         db = make_url(database_url)
         self.channel = f"{CHANNEL_PREFIX}{db.host}:{db.port or 5432}/{db.database}"
+        self.wake_channel = f"{self.channel}:adopt"  # a draining node handed sessions over: adopt them now
+        self.on_wake: Callable[[], None] | None = None
         self._hub = hub
         self._node_id = node_id
         self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=QUEUE_MAX)
@@ -63,6 +67,14 @@ class RedisFanout:
             except asyncio.QueueFull:
                 self.dropped += 1
 
+    async def wake_adopters(self) -> None:
+        """Tell the other nodes that sessions wait for them (best effort: without Redis they look on their own)."""
+        try:
+            async with asyncio.timeout(WAKE_TIMEOUT_S):
+                await self._redis.publish(self.wake_channel, self._node_id)
+        except (aioredis.RedisError, OSError, TimeoutError) as err:
+            self._down(err)
+
     async def _publish_forever(self) -> None:
         delay = RETRY_MIN_S
         while True:
@@ -87,15 +99,24 @@ class RedisFanout:
         while True:
             try:
                 async with self._redis.pubsub() as pubsub:
-                    await pubsub.subscribe(self.channel)
+                    await pubsub.subscribe(self.channel, self.wake_channel)
                     self.available, delay = True, RETRY_MIN_S
                     async for message in pubsub.listen():
-                        if message.get("type") == "message":
+                        if message.get("type") != "message":
+                            continue
+                        if message.get("channel") in (self.wake_channel, self.wake_channel.encode()):
+                            self._woken(message["data"])
+                        else:
                             self._deliver(message["data"])
             except (aioredis.RedisError, OSError) as err:
                 self._down(err)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
+
+    def _woken(self, raw: Any) -> None:
+        sender = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if sender != self._node_id and self.on_wake is not None:
+            self.on_wake()
 
     def _deliver(self, raw: Any) -> None:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
@@ -19,6 +20,7 @@ from ..runtime.chat import ChatContext, ChatItem, new_id, utcnow
 from ..runtime.event_types import SessionFailed
 from ..runtime.events import Event, EventLog
 from ..runtime.llm import LLM, MissingCredential, build_llm
+from ..runtime.media import EdgePlayout
 from ..runtime.playout import SimulatedPlayout
 from ..runtime.ports import EventSink
 from ..runtime.recovery import end_orphaned_calls, recover, report_missing
@@ -156,7 +158,7 @@ class SessionView:
     async def speech(self, speech_id: str) -> SpeechInfo | None:
         handle = self.live.speech(speech_id) if self.live is not None else None
         if handle is not None:
-            return handle.info()
+            return handle.info().model_copy(update={"heard_text": handle.heard_text})
         return await self.store.speech(self.id, speech_id)
 
     async def tool_calls(self, status: ToolStatus | None = None) -> list[ToolCallInfo]:
@@ -228,6 +230,7 @@ class SessionHost:
         self.failed: list[str] = []
         self.fenced: dict[str, str] = {}  # session id -> why this node lost it (the latest FENCED_REMEMBERED)
         self.adopted = 0
+        self._adopt_ev = asyncio.Event()  # another node handed sessions over: adopt now, not at the next round
         self._drops: set[asyncio.Task[None]] = set()
 
     @property
@@ -304,7 +307,8 @@ class SessionHost:
             session_id=rec.id,
             agent=agent,
             llm=llm,
-            playout=SimulatedPlayout(float(wps), first_audio_s=self._first_audio_ms(config) / 1000),
+            # through a media edge while one is connected (WS /v1/sessions/{sid}/media), else the simulated clock
+            playout=EdgePlayout(SimulatedPlayout(float(wps), first_audio_s=self._first_audio_ms(config) / 1000)),
             store=self.store.chat_store(),
             events=self._sink,
             options=config.options().model_copy(
@@ -503,14 +507,50 @@ class SessionHost:
         await log.emit(SessionFailed(reason=reason, interrupted_calls=interrupted, **extra))
         self.failed.append(rec.id)
 
+    def wake_adopt(self) -> None:
+        self._adopt_ev.set()
+
     async def adopt_forever(self, interval_s: float) -> None:
-        """Cluster mode: take over, every ``interval_s``, this node's share of the sessions of dead nodes."""
+        """Cluster mode: take over this node's share of the sessions no live node owns (those of dead nodes, those a
+        draining node handed over): every ``interval_s``, as soon as the lease of another node passes, and when woken
+        (``wake_adopt``)."""
         while True:
-            await asyncio.sleep(interval_s)
+            wait_s = await self.lease.next_adoption_in(interval_s) if self.lease else interval_s
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_s):
+                    await self._adopt_ev.wait()
+            self._adopt_ev.clear()
             try:
                 await self.recover_all()
             except Exception:
                 logger.exception("adopting orphaned sessions failed; will retry")
+
+    async def hand_off_all(self) -> list[str]:
+        """Drain (cluster mode, on SIGTERM): suspend each session (what was heard committed, tools given their grace,
+        every write durable), then let go of it in the database so that a live node adopts it through recovery.
+        Returns the sessions handed over. A command for one of them meanwhile answers 503 ``session_moving``, and once
+        another node owns it, it is forwarded there."""
+        lease = self.lease
+        if lease is None:
+            return []
+
+        async def one(sid: str, session: AgentSession) -> str | None:
+            await session.suspend()
+            epoch = lease.fence.epochs.get(sid)
+            if self.sessions.get(sid) is session:
+                self.sessions.pop(sid, None)
+                self.records.pop(sid, None)
+                self._active_at.pop(sid, None)
+            lease.fence.hand_off(sid)
+            if epoch is None:  # fenced meanwhile: another node has it already
+                return None
+            released = await self.store.nodes.release(lease.node_id, {sid: epoch})
+            return released[0] if released else None
+
+        found = await asyncio.gather(*(one(sid, s) for sid, s in list(self.sessions.items())), return_exceptions=True)
+        for err in (f for f in found if isinstance(f, BaseException)):
+            logger.error("handing a session over failed (it is adopted once this node's lease passed)", exc_info=err)
+        return [sid for sid in found if isinstance(sid, str)]
 
     async def aclose(self) -> None:
         """Service shutdown: suspend every session (they stay live and are recovered on the next start)."""

@@ -31,6 +31,8 @@ class Subscription:
     ) -> None:
         self._hub = hub
         self.session_ids = session_ids
+        # an ordered (multi-session) subscription with a session filter: it is offered every event, in cursor order
+        self.only: frozenset[str] | None = None
         self._matches: Callable[[str], bool] = type_matcher(types)
         self._buffer: deque[tuple[int, Event, str]] = deque()
         self.overflow_ev = asyncio.Event()
@@ -50,6 +52,8 @@ class Subscription:
 
     def _offer(self, item: tuple[int, Event, str]) -> None:
         if self.overflowed or self.closed or not self._matches(item[1].type):
+            return
+        if self.only is not None and item[1].session_id not in self.only:
             return
         if self.direct is not None and self._waiting and not self._buffer and self.direct(item):
             return
@@ -101,11 +105,19 @@ class Subscription:
 
 
 class EventHub:
+    """Session subscriptions get a session's events as they become durable (here or, in cluster mode, on another
+    node); ordered subscriptions (the multi-session stream) get every session's events in cursor order.
+
+    One node commits its events in cursor order, so ``publish`` feeds both. In cluster mode events reach a node from
+    several writers, out of cursor order: ``ordered_by`` (``control.cluster_feed``) then puts them in order, filling
+    gaps from the database, and hands them back through ``publish_ordered``."""
+
     def __init__(self, *, default_buffer: int = 1000) -> None:
         self.default_buffer = default_buffer
         self._by_session: dict[str, set[Subscription]] = {}
         self._global: set[Subscription] = set()
         self.dropped_subscribers = 0
+        self.ordered_by: Callable[[list[tuple[int, Event]]], None] | None = None
 
     @property
     def subscriber_count(self) -> int:
@@ -117,10 +129,17 @@ class EventHub:
         session_ids: Iterable[str] | None = None,
         types: Iterable[str] | None = None,
         maxsize: int | None = None,
+        ordered: bool = False,
     ) -> Subscription:
+        """``ordered``: every matching event (of ``session_ids`` if given) in cursor order, for the multi-session
+        stream; otherwise the events of ``session_ids`` (None: all) as they become durable."""
         ids = frozenset(session_ids) if session_ids is not None else None
-        sub = Subscription(self, session_ids=ids, types=types, maxsize=maxsize or self.default_buffer)
-        if ids is None:
+        size = maxsize or self.default_buffer
+        sub = Subscription(self, session_ids=None if ordered else ids, types=types, maxsize=size)
+        if ordered:
+            sub.only = ids
+            self._global.add(sub)
+        elif ids is None:
             self._global.add(sub)
         else:
             for sid in ids:
@@ -140,13 +159,33 @@ class EventHub:
 
     def publish(self, events: Iterable[tuple[int, Event]]) -> None:
         """Deliver durable events (with their global cursor) to every matching subscriber, in order."""
+        if self.ordered_by is None:
+            self._deliver(events, self._global)
+            return
+        events = list(events)
+        self._deliver(events, ())
+        self.ordered_by(events)
+
+    def publish_ordered(self, events: Iterable[tuple[int, Event]]) -> None:
+        """Cluster mode: events in cursor order, for the ordered subscriptions."""
+        for cursor, event in events:
+            if self._global:
+                item = (cursor, event, event.model_dump_json())
+                for sub in self._global:
+                    sub._offer(item)
+
+    def publish_sessions(self, events: Iterable[tuple[int, Event]]) -> None:
+        """Cluster mode: events this node had not received (read from the database), for the session subscriptions."""
+        self._deliver(events, ())
+
+    def _deliver(self, events: Iterable[tuple[int, Event]], others: Iterable[Subscription]) -> None:
         for cursor, event in events:
             subs = self._by_session.get(event.session_id)
-            if not subs and not self._global:
+            if not subs and not others:
                 continue
             # serialised once; one tuple shared by every subscriber (no per-subscriber allocation to collect)
             item = (cursor, event, event.model_dump_json())
             for sub in subs or ():
                 sub._offer(item)
-            for sub in self._global:
+            for sub in others:
                 sub._offer(item)

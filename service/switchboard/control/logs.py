@@ -49,6 +49,9 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
+
+
 def configure(level: str = "INFO", *, json_lines: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if json_lines:
@@ -59,3 +62,10 @@ def configure(level: str = "INFO", *, json_lines: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # uvicorn's loggers go through this handler and level too (its own config, or an earlier one in the same
+    # process, may have given them handlers, a level or no propagation): one format, one redaction, one level
+    for name in UVICORN_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = []
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True

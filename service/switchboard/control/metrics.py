@@ -13,6 +13,8 @@ from prometheus_client.registry import Collector
 from ..runtime.events import Event
 
 if TYPE_CHECKING:
+    from .cluster_feed import ClusterFeed
+    from .fanout import RedisFanout
     from .host import SessionHost
 
 
@@ -55,12 +57,41 @@ class _Node(Collector):
         yield CounterMetricFamily(
             "switchboard_node_lease_renewals_failed", "Lease renewals that failed", value=lease.renewals_failed
         )
-        if lease.renew_latency_s is not None:
-            yield GaugeMetricFamily(
-                "switchboard_node_lease_renew_seconds", "The last lease renewal's latency", value=lease.renew_latency_s
-            )
         yield GaugeMetricFamily(
             "switchboard_node_deposed", "1 when this node lost its sessions", value=int(bool(lease.deposed))
+        )
+
+
+class _Cluster(Collector):
+    """Cluster mode: whether Redis carries the events between nodes, or streams read them from the database."""
+
+    def __init__(self, fanout: RedisFanout, feed: ClusterFeed) -> None:
+        self._fanout = fanout
+        self._feed = feed
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        up = self._fanout.available
+        yield GaugeMetricFamily(
+            "switchboard_cluster_redis_up", "1 while Redis carries events between nodes, 0 while it is down", value=up
+        )
+        mode = GaugeMetricFamily(
+            "switchboard_cluster_fanout_mode", "How other nodes' events reach this node's streams", labels=["mode"]
+        )
+        mode.add_metric(["redis"], int(up))
+        mode.add_metric(["database_polling"], int(not up))
+        yield mode
+        yield CounterMetricFamily(
+            "switchboard_cluster_events_repaired",
+            "Events read from the database that Redis had not delivered to this node",
+            value=self._feed.repaired,
+        )
+        yield CounterMetricFamily(
+            "switchboard_cluster_event_polls", "Reads of the database for other nodes' events", value=self._feed.polls
+        )
+        yield CounterMetricFamily(
+            "switchboard_cluster_events_dropped",
+            "Events this node could not publish to Redis (the others read them from the database)",
+            value=self._fanout.dropped,
         )
 
 
@@ -110,6 +141,35 @@ class Metrics:
         self.ws_dropped = Counter(
             "switchboard_ws_slow_consumers_dropped", "Event streams closed for falling behind (4008)", registry=r
         )
+        self.forwards = Counter(
+            "switchboard_node_forwards",
+            "Requests for a session another node runs, sent on to it, by outcome: answered (whatever the owner "
+            "answered), unreachable (it did not answer), not_live (no live owner), loop (received forwarded, 503)",
+            ["outcome"],
+            registry=r,
+        )
+        self.lease_renew = Histogram(
+            "switchboard_node_lease_renew_seconds",
+            "A lease renewal (or the registration), from sending it to its commit: past 3/4 of the lease without one "
+            "the node lets go of its sessions",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self.forward_latency = Histogram(
+            "switchboard_node_forward_seconds",
+            "A forwarded request: from sending it to the owner to its answer",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
+            registry=r,
+        )
+        self.media_edges = Gauge(
+            "switchboard_media_edges", "Connected media edges (one per session at most)", registry=r
+        )
+        self.media_barge_in = Histogram(
+            "switchboard_media_barge_in_seconds",
+            "A media edge's barge-in (user.speech_started) read -> speech.stop written to its socket",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=r,
+        )
 
     def on_store_commit(self, seconds: float, operations: int) -> None:
         self.store_commit.observe(seconds)
@@ -118,8 +178,20 @@ class Metrics:
     def bind(self, sessions: Callable[[], int], subscribers: Callable[[], int]) -> None:
         self.registry.register(_Live(sessions, subscribers))
 
+    def on_forward(self, outcome: str, seconds: float | None = None) -> None:
+        self.forwards.labels(outcome=outcome).inc()
+        if seconds is not None:
+            self.forward_latency.observe(seconds)
+
     def bind_node(self, host: SessionHost) -> None:
         self.registry.register(_Node(host))
+        if host.lease is not None:
+            host.lease.on_renewed = self.lease_renew.observe
+            if host.lease.renew_latency_s is not None:  # its registration, before the metrics were bound
+                self.lease_renew.observe(host.lease.renew_latency_s)
+
+    def bind_cluster(self, fanout: RedisFanout, feed: ClusterFeed) -> None:
+        self.registry.register(_Cluster(fanout, feed))
 
     # -- ModelObserver (control.model_meter) --
 

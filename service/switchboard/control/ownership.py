@@ -32,6 +32,9 @@ logger = logging.getLogger("switchboard.control.ownership")
 STOP_FRACTION = 0.75
 RENEWALS_PER_LEASE = 4
 REGISTER_POLL_S = 0.25
+# Adoption wakes this long after the first lease of another node passes (the burial compares with this node's clock)
+EXPIRY_MARGIN_S = 0.02
+ADOPT_MIN_WAIT_S = 0.05
 CLOSE_TIMEOUT_S = 2.0
 
 
@@ -41,6 +44,10 @@ class AnotherInstanceRunning(RuntimeError):
 
 class NodeDeposed(RuntimeError):
     """This node no longer serves sessions: another instance took them over."""
+
+
+class NodeDraining(RuntimeError):
+    """This node is stopping: it takes no new session (another node does)."""
 
 
 def _process_gone(node: NodeRecord, hostname: str) -> bool:
@@ -70,9 +77,13 @@ class NodeLease:
         self.hostname = socket.gethostname()
         self.fence = Fence(self.node_id, on_fenced=on_lost)
         self.deposed: str | None = None  # why this node stopped serving its sessions, while it does not
+        self.draining = False  # stopping: takes no new session and hands its own over (``SessionHost.drain``)
         self.renew_latency_s: float | None = None
+        self.on_renewed: Callable[[float], None] | None = None  # each renewal's latency (the metrics)
         self.renewals_failed = 0
         self._renewed_at = 0.0  # monotonic time the last successful renewal was sent
+        # let go of its sessions after a late renewal: the database still names it their owner until it rejoins
+        self._rejoin = False
         self._task: asyncio.Task[None] | None = None
 
     # -- registration -----------------------------------------------------------------------------------------
@@ -82,7 +93,7 @@ class NodeLease:
         return NodeRecord(
             id=self.node_id,
             url=self.url,
-            state=NodeState.LIVE,
+            state=NodeState.DRAINING if self.draining else NodeState.LIVE,  # rejoining while it drains
             mode=self.mode,
             hostname=self.hostname,
             pid=os.getpid(),
@@ -95,12 +106,12 @@ class NodeLease:
         return self.mode == NodeMode.SINGLE or node.mode == NodeMode.SINGLE
 
     async def _register_once(self) -> list[NodeRecord]:
-        live = await self.store.nodes.list_nodes(states=[NodeState.LIVE])
+        live = await self.store.nodes.list_nodes(states=[NodeState.LIVE, NodeState.DRAINING])
         gone = [node.id for node in live if node.id != self.node_id and _process_gone(node, self.hostname)]
         sent = time.monotonic()
         blocking = await self.store.nodes.register(self._record(), gone=gone, conflicts=self._conflicts)
         if not blocking:
-            self._renewed_at = sent
+            self._renewed(sent)
         return blocking
 
     async def start(self) -> None:
@@ -162,11 +173,19 @@ class NodeLease:
                 except Exception as err:  # the lease runs out on its own
                     logger.warning("node %s: could not record the stop (%r)", self.node_id, err)
 
+    async def start_draining(self) -> None:
+        """Take no new session from now on: the others stop placing sessions here and adopt none from here until
+        this node hands them over (it keeps its lease meanwhile)."""
+        self.draining = True
+        await self.store.nodes.set_state(self.node_id, NodeState.DRAINING)
+
     # -- claims ---------------------------------------------------------------------------------------------
 
     def check_serving(self) -> None:
         if self.deposed is not None:
             raise NodeDeposed(f"this node ({self.node_id}) no longer serves sessions: {self.deposed}")
+        if self.draining:
+            raise NodeDraining(f"this node ({self.node_id}) is stopping and takes no new session; retry")
 
     def claim_new(self, sid: str) -> int:
         """The epoch a session this node creates starts at (its row is inserted naming this node)."""
@@ -176,13 +195,26 @@ class NodeLease:
     async def claim_orphans(self) -> dict[str, int]:
         """Take over the live sessions no live node owns (at start: every live session; in a cluster: those of
         nodes that died). In a cluster each node takes its share, so the survivors split a dead node's sessions."""
-        if self.deposed is not None:
+        if self.deposed is not None or self.draining:
             return {}
         share = self.mode == NodeMode.CLUSTER
         claimed = await self.store.nodes.claim_orphans(self.node_id, share=share)
         for sid, epoch in claimed.items():
             self.fence.claim(sid, epoch)
         return claimed
+
+    async def next_adoption_in(self, interval_s: float) -> float:
+        """How long to wait before the next look for orphaned sessions: ``interval_s``, or less when the lease of
+        another live node passes sooner (a node that died is then taken over as soon as its lease has passed)."""
+        try:
+            expiry = await self.store.nodes.next_expiry(self.node_id)
+        except DATABASE_ERRORS as err:
+            logger.warning("node %s: cannot read the other nodes' leases (%r)", self.node_id, err)
+            return interval_s
+        if expiry is None:
+            return interval_s
+        until = (expiry - now_utc()).total_seconds() + EXPIRY_MARGIN_S
+        return min(interval_s, max(ADOPT_MIN_WAIT_S, until))
 
     # -- the lease ------------------------------------------------------------------------------------------
 
@@ -199,13 +231,12 @@ class NodeLease:
         ok: bool | None = None
         try:
             async with asyncio.timeout(max(stop_at - sent, self.lease_s / RENEWALS_PER_LEASE)):
-                ok = await self.store.nodes.renew(self.node_id, self.lease_s)
+                ok = await (self._rejoin_once() if self._rejoin else self.store.nodes.renew(self.node_id, self.lease_s))
         except Exception as err:
             self.renewals_failed += 1
             logger.warning("node %s: lease renewal failed (%r)", self.node_id, err)
         if ok:
-            self._renewed_at = sent
-            self.renew_latency_s = time.monotonic() - sent
+            self._renewed(sent)
             return
         if ok is False:
             await self._buried()
@@ -213,7 +244,24 @@ class NodeLease:
             held = self.lose_all(
                 f"node {self.node_id} could not renew its lease for {self.lease_s * STOP_FRACTION:.1f}s"
             )
+            self._rejoin = True
             logger.error("node %s: lease not renewed in time; let go of %d session(s)", self.node_id, len(held))
+
+    def _renewed(self, sent: float) -> None:
+        self._renewed_at = sent
+        self.renew_latency_s = time.monotonic() - sent
+        if self.on_renewed is not None:
+            self.on_renewed(self.renew_latency_s)
+
+    async def _rejoin_once(self) -> bool:
+        """After letting go of its sessions, the node registers again as a fresh member instead of renewing: the
+        database stops naming it the owner of the sessions it dropped, so the live nodes (this one too) take them
+        over. A plain renewal would keep them owned by a live node that no longer runs them."""
+        if await self._register_once():
+            return False  # cannot happen in a cluster (nodes do not conflict); treated as being buried
+        self._rejoin = False
+        logger.warning("node %s rejoined after letting go of its sessions", self.node_id)
+        return True
 
     async def _buried(self) -> None:
         why = f"another node took over the sessions of node {self.node_id} (its lease had passed)"

@@ -6,16 +6,13 @@ import ipaddress
 import json
 import secrets
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Scope = Literal[
-    "sessions:read", "sessions:write", "sessions:control", "tools:cancel", "tools:report", "events:read", "metrics:read"
-]
-ALL_SCOPES: tuple[Scope, ...] = (
     "sessions:read",
     "sessions:write",
     "sessions:control",
@@ -23,7 +20,9 @@ ALL_SCOPES: tuple[Scope, ...] = (
     "tools:report",
     "events:read",
     "metrics:read",
-)
+    "media:connect",
+]
+ALL_SCOPES: tuple[Scope, ...] = get_args(Scope)
 SINGLE_LEASE_S = 10.0
 CLUSTER_LEASE_S = 2.0
 # a comma-separated list in the environment ("a,b"), or a JSON list
@@ -76,6 +75,9 @@ class Settings(BaseSettings):
     ws_max_streams_per_credential: int = Field(default=100, ge=1)
     ws_max_message_bytes: int = Field(default=64 * 1024, ge=1024)  # a bigger client frame is closed with 1009
     request_timeout_s: float = Field(default=10.0, gt=0)
+    # a media edge (WS /v1/sessions/{sid}/media) sending more frames than this per second (over a burst of twice
+    # as many) is closed with 4429
+    media_max_frames_per_s: float = Field(default=100.0, gt=0)
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=24 * 3600)
     # commands (POST, DELETE) per API key: a bucket of write_burst refilled at write_rate_per_s (0: no limit); one
     # more is a 429 with Retry-After. With auth off nothing is limited.
@@ -110,6 +112,8 @@ class Settings(BaseSettings):
     lease_s: float | None = Field(default=None, ge=0.5, le=300)
     # Alone on a database: how long a new instance waits for a live one to stop before it refuses to start
     takeover_wait_s: float = Field(default=15.0, ge=0)
+    # Cluster mode, on SIGTERM: how long a node spends handing its sessions over before it stops anyway
+    drain_timeout_s: float = Field(default=20.0, ge=0, le=600)
 
     @field_validator("api_keys", mode="before")
     @classmethod

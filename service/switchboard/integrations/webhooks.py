@@ -263,15 +263,22 @@ def default_cancel_url(url: str) -> str:
     return str(parsed.copy_with(path=parsed.path.rstrip("/") + "/cancel"))
 
 
-def _describe(err: httpx.TransportError) -> str:
+def _describe(err: Exception) -> str:
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 class Webhooks:
     """Per-process webhook machinery: the shared HTTP client, the broker, and background cancel notices."""
 
-    def __init__(self, *, max_response_bytes: int = MAX_RESPONSE_BYTES, report_secret: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        report_secret: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.max_response_bytes = max_response_bytes
+        self._transport = transport  # None: the network
         self.broker = WebhookBroker()
         self.credentials = ReportCredentials(report_secret)
         self._client: httpx.AsyncClient | None = None
@@ -292,6 +299,7 @@ class Webhooks:
                 timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),  # the call's timeout_s bounds the rest
                 follow_redirects=False,
                 headers={"user-agent": f"switchboard/{__version__}"},
+                transport=self._transport,
             )
         return self._client
 
@@ -311,8 +319,21 @@ class Webhooks:
             request.extensions["trace"] = trace
             try:
                 response = await self._answer_of(request, pending)
+            except ToolError:
+                raise  # the backend answered, unusably: not worth another attempt
             except httpx.TransportError as err:
                 pending.sent = pending.sent or not isinstance(err, httpx.ConnectError | httpx.ConnectTimeout)
+                pending.last_error = _describe(err)
+            except Exception as err:
+                # the HTTP stack let an error of its own through (an OS error from a socket reset while it closed the
+                # connection): still a failed attempt, not a reason to fail the call with an internal error
+                logger.warning(
+                    "webhook delivery of %s failed with an unexpected error",
+                    pending.tool,
+                    exc_info=err,
+                    extra={"session_id": pending.session_id, "call_id": pending.call_id},
+                )
+                pending.sent = True
                 pending.last_error = _describe(err)
             else:
                 pending.sent = True
@@ -459,7 +480,7 @@ class WebhookTool(FunctionTool):
         try:
             result = await ctx.wait_if_not_cancelled(self._result(pending, arguments))
         except ToolCancelled:
-            self._webhooks.notify_cancel(self.endpoint, pending, "cancelled")
+            self._webhooks.notify_cancel(self.endpoint, pending, ctx.cancel_reason or "cancelled")
             raise
         finally:
             await self._webhooks.broker.close(pending)

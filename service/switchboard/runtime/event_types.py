@@ -20,6 +20,7 @@ from .status import AgentState
 from .tools import ToolStatus
 
 InputRole = Literal["user", "system", "developer"]
+OperatorActionKind = Literal["input", "say", "interrupt", "cancel_tool", "close"]
 SpeculationState = Literal["started", "used", "discarded"]
 
 
@@ -214,6 +215,28 @@ class ToolEnded(EventPayload):
     error: str | None = None  # why it failed (the exception's message, redacted); the model gets only ``output``
 
 
+# -- operators --------------------------------------------------------------------------------------------------
+
+
+class OperatorAction(EventPayload):
+    """An operator's command was applied to the session (the audit trail): who, what and under which key.
+
+    Logged once per applied command (a replay under the same ``Idempotency-Key`` logs nothing), after its effect
+    (before it for ``close``, whose ``session.closed`` is the last event). It never holds a credential."""
+
+    type: ClassVar[Literal["operator.action"]] = "operator.action"
+    action: OperatorActionKind
+    actor: str = Field(
+        description="Who: the API key's name (a digest of the key when it has none), `token:<session>` for a "
+        "session token, `anonymous` when the service runs without keys."
+    )
+    idempotency_key: str | None = Field(default=None, description="The command's `Idempotency-Key`, when it had one.")
+    item_id: str | None = Field(default=None, description="The user message it committed (`input`).")
+    speech_id: str | None = Field(default=None, description="The speech it queued or interrupted.")
+    call_id: str | None = Field(default=None, description="The tool call it cancelled.")
+    force: bool | None = Field(default=None, description="Whether it was forced past `allow_interruptions`.")
+
+
 EVENT_PAYLOADS: tuple[type[EventPayload], ...] = (
     SessionStarted,
     SessionRecovered,
@@ -233,6 +256,7 @@ EVENT_PAYLOADS: tuple[type[EventPayload], ...] = (
     ToolStarted,
     ToolProgress,
     ToolEnded,
+    OperatorAction,
 )
 
 #: Event type -> its payload model: the only types an ``EventLog`` emits.

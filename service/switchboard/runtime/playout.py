@@ -115,6 +115,20 @@ class ReportedStream:
     def played_text(self) -> str:
         return self._text[: self._played_chars]
 
+    @property
+    def text(self) -> str:
+        """Everything pushed so far (what the sink was sent)."""
+        return self._text
+
+    @property
+    def played_chars(self) -> int:
+        return self._played_chars
+
+    @property
+    def ended(self) -> bool:
+        """Stopped, or played to its end: later reports change nothing."""
+        return self._done_fut.done()
+
     def push(self, text: str) -> None:
         self._text += text
         if self._on_text is not None:
@@ -143,11 +157,16 @@ class ReportedStream:
         self._report.started()
 
     def playback_progress(self, played_chars: int) -> None:
-        """The sink has played the first ``played_chars`` characters of the text (never moves back)."""
+        """The sink has played the first ``played_chars`` characters of the text (never moves back). Ignored once
+        the stream ended: the heard text is what was reported before the stop."""
+        if self._done_fut.done():
+            return
         self._played_chars = max(self._played_chars, min(played_chars, len(self._text)))
 
     def playback_finished(self) -> None:
-        """Everything pushed so far has played."""
+        """Everything pushed so far has played (ignored once the stream ended)."""
+        if self._done_fut.done():
+            return
         self._played_chars = len(self._text)
         resolve(self._done_fut, None)
 

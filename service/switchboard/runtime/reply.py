@@ -194,6 +194,7 @@ def _open_step(session: ReplySession, job: ReplyJob, index: int) -> _Step:
     """A step's playout stream; the speech is "speaking" once the stream reports that its audio started."""
     step = _Step(index, session.playout.start(job.speech.id))
     job.streams.append(step.stream)
+    job.speech.follow_playout(lambda: step.stream.played_text)
     step.stream.on_playback_started(lambda: _begin_playing(session, job.speech, step))
     return step
 
@@ -334,6 +335,7 @@ async def _speak_line(session: ReplySession, job: ReplyJob, text: str) -> None:
     speech = job.speech
     step = _Step(speech.begin_step(), session.playout.start(speech.id))
     job.streams.append(step.stream)
+    speech.follow_playout(lambda: step.stream.played_text)
     speech.text = (speech.text + " " + text).strip()
     _begin_playing(session, speech, step)
     step.stream.push(text)

@@ -85,6 +85,11 @@ class SessionClosed(Exception):
     pass
 
 
+class SessionSuspended(SessionClosed):
+    """The session is suspended here (its process is stopping, or another one took it over): it carries on
+    elsewhere, so a command for it is to be retried."""
+
+
 @dataclass(frozen=True)
 class InputResult:
     item_id: str | None
@@ -468,10 +473,13 @@ class AgentSession:
         task.add_done_callback(_forget(self._commands))
         return task
 
-    async def cancel_tool(self, call_id: str, *, force: bool = False) -> ToolCallInfo:
+    async def cancel_tool(
+        self, call_id: str, *, force: bool = False, reason: str = "cancelled by an operator"
+    ) -> ToolCallInfo:
         """Cancel a running cancellable call; returns its record once it has ended ``cancelled``. Raises
-        ``NotInterruptible`` while the speech that made it does not allow interruptions, unless ``force``."""
-        return await self.executor.cancel(call_id, force=force)
+        ``NotInterruptible`` while the speech that made it does not allow interruptions, unless ``force``.
+        ``reason`` says who cancelled it, in its output and in the notice a webhook backend gets."""
+        return await self.executor.cancel(call_id, force=force, reason=reason)
 
     async def _interrupt_current(self, *, force: bool) -> SpeechHandle | None:
         speech = self._scheduler.current
@@ -531,6 +539,8 @@ class AgentSession:
     # -- scheduling -----------------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
+        if self.state == SessionStatus.SUSPENDED:
+            raise SessionSuspended(f"session {self.id} is being handed over to another node")
         if self.state != SessionStatus.ACTIVE:
             raise SessionClosed(f"session {self.id} is {self.state}")
 
@@ -805,4 +815,4 @@ class AgentSession:
         spawn(coro, name=f"{name}:{self.id}", tasks=self._hooks)
 
 
-__all__ = ["AgentSession", "InputResult", "SessionClosed", "SessionOptions"]
+__all__ = ["AgentSession", "InputResult", "SessionClosed", "SessionOptions", "SessionSuspended"]

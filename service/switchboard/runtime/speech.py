@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -70,6 +70,8 @@ class SpeechInfo(BaseModel):
     played_text: str
     created_at: datetime
     usage: SpeechUsage = Field(default_factory=SpeechUsage)
+    #: What has been heard so far, the step playing now included: only in a live read (``SessionView.speech``)
+    heard_text: str | None = None
 
 
 class SpeechHandle:
@@ -95,6 +97,8 @@ class SpeechHandle:
         self.state = SpeechState.SCHEDULED
         self.text = ""  # generated text, all steps
         self.played_text = ""  # heard text, all steps
+        # the step playing now: what was heard before it, and how to read what it has played so far
+        self._hearing: tuple[str, Callable[[], str]] | None = None
         self.usage = SpeechUsage()  # model tokens, all steps
         self.force_timeout_s = force_timeout_s
         self.forced = False
@@ -105,6 +109,7 @@ class SpeechHandle:
         self._steps: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[Any] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
+        self._on_interrupted: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         return f"<SpeechHandle {self.id} {self.source} {self.state}{' interrupted' if self.interrupted else ''}>"
@@ -121,6 +126,19 @@ class SpeechHandle:
     def step(self) -> int:
         """Index of the current generation step (0 is the first reply, 1.. are tool replies)."""
         return max(len(self._steps) - 1, 0)
+
+    def follow_playout(self, played_text: Callable[[], str]) -> None:
+        """A step begins to play: ``played_text()`` reads what it has played so far (``heard_text``)."""
+        self._hearing = (self.played_text, played_text)
+
+    @property
+    def heard_text(self) -> str:
+        """What has been heard so far: ``played_text`` of the steps before, and the current step up to now. Read on
+        demand (a media edge's or the simulated clock's position): no event per word."""
+        if self._hearing is None or self.done:
+            return self.played_text
+        before, now = self._hearing
+        return f"{before} {now()}".strip()
 
     def info(self) -> SpeechInfo:
         return SpeechInfo(
@@ -154,11 +172,28 @@ class SpeechHandle:
             return True
         if not self.allow_interruptions and not force:
             raise NotInterruptible(f"speech {self.id} does not allow interruptions")
+        callbacks, self._on_interrupted = self._on_interrupted, []
+        for callback in callbacks:
+            # in this very call, and first: what plays the speech stops (a media edge is sent its stop) before the
+            # waiters below wake, so the stop goes out ahead of the work the interruption sets off
+            try:
+                callback()
+            except Exception:
+                logger.exception("an interrupt callback of speech %s failed", self.id)
         resolve(self._interrupt_fut, None)
         if self._task is not None and self._watchdog is None:
             loop = asyncio.get_running_loop()
             self._watchdog = loop.call_later(self.force_timeout_s, self._force_cancel)
         return True
+
+    def on_interrupted(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the speech is interrupted, within ``interrupt()`` (at once if it already was):
+        what plays the speech stops at that instant, so nothing it reports later counts as heard. ``interrupted``
+        is not yet true while it runs."""
+        if self.interrupted:
+            callback()
+        else:
+            self._on_interrupted.append(callback)
 
     def _force_cancel(self) -> None:
         if self.done or self._task is None or self._task.done():

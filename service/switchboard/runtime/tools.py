@@ -379,6 +379,11 @@ class CallControl(Protocol):
         """Resolved when the call is cancelled (cooperative cancellation)."""
         ...
 
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why the call was cancelled (who cancelled it), once it was."""
+        ...
+
     async def report_progress(self, message: str, progress: float | None) -> None: ...
 
     async def wait_for_playout(self) -> None: ...
@@ -433,6 +438,12 @@ class RunContext:
     @property
     def cancelled(self) -> bool:
         return self._call.cancel_fut.done()
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why the call was cancelled, once it was: who asked (``cancelled by an operator``, ``cancelled at the
+        user's request``, ``replaced by call_2``, ``agent handoff``, ``session closed``), as the chat says it."""
+        return self._call.cancel_reason if self.cancelled else None
 
     async def update(self, message: str, progress: float | None = None) -> None:
         """Report progress. The first update moves the call to the background: the reply goes on without it.

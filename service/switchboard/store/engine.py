@@ -53,6 +53,7 @@ def make_engine(
     schema: str | None = None,
     busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
     application_name: str | None = None,
+    idle_in_transaction_ms: int | None = None,
 ) -> AsyncEngine:
     """An async engine for ``sqlite+aiosqlite:///path`` or ``postgresql+asyncpg://...``.
 
@@ -83,6 +84,10 @@ def make_engine(
             server_settings["search_path"] = schema
         if application_name:
             server_settings["application_name"] = application_name
+        if idle_in_transaction_ms:
+            # a process frozen inside a transaction (SIGSTOP, a paused VM) would hold its row locks, and so keep the
+            # other nodes from taking its sessions over, until it runs again: the server ends such a transaction
+            server_settings["idle_in_transaction_session_timeout"] = str(int(idle_in_transaction_ms))
         connect_args: dict[str, Any] = {"server_settings": server_settings} if server_settings else {}
         return create_async_engine(
             u,

@@ -33,6 +33,7 @@ logger = logging.getLogger("switchboard.store.ownership")
 
 class NodeState(StrEnum):
     LIVE = "live"  # renewing its lease
+    DRAINING = "draining"  # stopping (SIGTERM): renews its lease, takes no new session, hands its sessions over
     STOPPED = "stopped"  # shut down cleanly; its sessions wait for the next node
     DEAD = "dead"  # its lease passed (seen by another node), or it lost it: its sessions are taken over
 
@@ -83,6 +84,9 @@ _OWNERS = (
     .with_for_update()
 )
 _LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
+NODES_LOCK_KEY = 0x5357_4E4F_4445  # the advisory lock that serializes registrations and takeovers
+# nodes holding a lease: a draining node still owns its sessions until it hands each one over
+_LEASED = (NodeState.LIVE.value, NodeState.DRAINING.value)
 
 
 class Fence:
@@ -113,6 +117,12 @@ class Fence:
 
     def owns(self, sid: str) -> bool:
         return sid in self.epochs
+
+    def hand_off(self, sid: str) -> None:
+        """This node gave the session up (a drain): its writes for it are refused from now on, without a round trip
+        (and without ``on_fenced``: nothing was lost)."""
+        self.epochs.pop(sid, None)
+        self.lost[sid] = "handed over to another node"
 
     def lose(self, sid: str, why: str) -> None:
         if sid in self.lost:
@@ -178,9 +188,14 @@ class Nodes:
         self.engine = engine
 
     async def _lock(self, conn: AsyncConnection) -> None:
-        """Serialize registrations and takeovers (PostgreSQL; on SQLite the transaction began IMMEDIATE)."""
+        """Serialize registrations and takeovers (PostgreSQL; on SQLite the transaction began IMMEDIATE).
+
+        An advisory lock, not a table lock: a lease renewal (an UPDATE of its own node row) must never wait for a
+        takeover, which can take a while (it waits for the session rows a write batch holds). With renewals queued
+        behind it, every node could miss its renewals at once and let go of all its sessions. A renewal racing a
+        burial is settled by the row itself: the burial re-checks ``lease_until`` on the row the renewal wrote."""
         if conn.dialect.name == "postgresql":
-            await conn.execute(sa.text("LOCK TABLE nodes IN SHARE ROW EXCLUSIVE MODE"))
+            await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": NODES_LOCK_KEY})
 
     async def _begin(self) -> AsyncConnection:
         conn = await self.engine.connect()
@@ -218,14 +233,14 @@ class Nodes:
             async with conn.begin():
                 await self._lock(conn)
                 await self._bury(conn, now, me.id, gone)
-                rows = (await conn.execute(sa.select(n).where(n.c.state == NodeState.LIVE, n.c.id != me.id))).all()
+                rows = (await conn.execute(sa.select(n).where(n.c.state.in_(_LEASED), n.c.id != me.id))).all()
                 blocking = [node for node in map(_node_from_row, rows) if conflicts(node)]
                 if blocking:
                     return blocking
                 row = {
                     "id": me.id,
                     "url": me.url,
-                    "state": NodeState.LIVE.value,
+                    "state": me.state.value,
                     "mode": me.mode.value,
                     "hostname": me.hostname,
                     "pid": me.pid,
@@ -253,24 +268,33 @@ class Nodes:
         n = m.nodes
         expired = sa.or_(n.c.lease_until < now, n.c.id.in_(list(gone)))
         await conn.execute(
-            sa.update(n).where(n.c.state == NodeState.LIVE, n.c.id != me, expired).values(state=NodeState.DEAD)
+            sa.update(n).where(n.c.state.in_(_LEASED), n.c.id != me, expired).values(state=NodeState.DEAD)
         )
 
     async def live_url(self, node_id: str) -> str | None:
-        """The address of ``node_id`` while it is live, else None."""
+        """The address of ``node_id`` while it holds its lease (live or draining), else None."""
         n = m.nodes
-        stmt = sa.select(n.c.url).where(n.c.id == node_id, n.c.state == NodeState.LIVE, n.c.lease_until >= now_utc())
+        stmt = sa.select(n.c.url).where(n.c.id == node_id, n.c.state.in_(_LEASED), n.c.lease_until >= now_utc())
         async with self.engine.connect() as conn:
             return (await conn.execute(stmt)).scalar()
 
+    async def next_expiry(self, node_id: str) -> datetime | None:
+        """When the first lease of the other nodes holding one passes (None: no other such node): a node that died
+        is found dead then, not a polling interval later."""
+        n = m.nodes
+        stmt = sa.select(sa.func.min(n.c.lease_until)).where(n.c.state.in_(_LEASED), n.c.id != node_id)
+        async with self.engine.connect() as conn:
+            expiry: datetime | None = (await conn.execute(stmt)).scalar()
+        return expiry
+
     async def renew(self, node_id: str, lease_s: float) -> bool:
-        """Extend this node's lease; False when it is no longer live (another node buried it)."""
+        """Extend this node's lease; False when it holds none any more (another node buried it)."""
         now = now_utc()
         n = m.nodes
         async with self.engine.begin() as conn:
             result = await conn.execute(
                 sa.update(n)
-                .where(n.c.id == node_id, n.c.state == NodeState.LIVE)
+                .where(n.c.id == node_id, n.c.state.in_(_LEASED))
                 .values(heartbeat_at=now, lease_until=now + timedelta(seconds=lease_s))
             )
         return bool(result.rowcount)
@@ -279,6 +303,31 @@ class Nodes:
         n = m.nodes
         async with self.engine.begin() as conn:
             await conn.execute(sa.update(n).where(n.c.id == node_id).values(state=state))
+
+    async def release(self, node_id: str, claims: Mapping[str, int]) -> list[str]:
+        """Let go of sessions this node owns at the given epochs (a drain hands them over): each one is then owned by
+        no node, and the next ``claim_orphans`` of a live node takes it. Returns those released."""
+        s = m.sessions
+        stmt = (
+            sa.update(s)
+            .where(s.c.id == sa.bindparam("b_id"), s.c.owner_node == node_id, s.c.owner_epoch == sa.bindparam("b_ep"))
+            .values(owner_node=None)
+        )
+        released: list[str] = []
+        async with self.engine.begin() as conn:
+            for sid, epoch in claims.items():
+                if (await conn.execute(stmt, {"b_id": sid, "b_ep": epoch})).rowcount:
+                    released.append(sid)
+        return released
+
+    async def unowned(self, sids: Sequence[str]) -> list[str]:
+        """Those of ``sids`` that are live and owned by no node (released, not adopted yet)."""
+        if not sids:
+            return []
+        s = m.sessions
+        stmt = sa.select(s.c.id).where(s.c.id.in_(list(sids)), s.c.owner_node.is_(None), s.c.state.in_(_LIVE))
+        async with self.engine.connect() as conn:
+            return [sid for (sid,) in await conn.execute(stmt)]
 
     async def claim_orphans(self, node_id: str, *, share: bool = False) -> dict[str, int]:
         """Take over live sessions no live node owns (never claimed, or owned by a node that stopped or whose lease
@@ -294,9 +343,8 @@ class Nodes:
                 await self._lock(conn)
                 await self._bury(conn, now, node_id, ())
                 live_nodes = sa.select(n.c.id).where(n.c.state == NodeState.LIVE)
-                orphan = sa.and_(
-                    s.c.state.in_(_LIVE), sa.or_(s.c.owner_node.is_(None), s.c.owner_node.not_in(live_nodes))
-                )
+                leased = sa.select(n.c.id).where(n.c.state.in_(_LEASED))
+                orphan = sa.and_(s.c.state.in_(_LIVE), sa.or_(s.c.owner_node.is_(None), s.c.owner_node.not_in(leased)))
                 ids = [
                     sid
                     for (sid,) in await conn.execute(sa.select(s.c.id).where(orphan).order_by(s.c.created_at, s.c.id))

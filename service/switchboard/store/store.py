@@ -125,10 +125,14 @@ class Store:
         self.read_error_log: deque[ReadError] = deque(maxlen=READ_ERROR_LOG_MAX)
 
     @classmethod
-    def from_url(cls, url: str, *, batch_max: int = 256, schema: str | None = None) -> Store:
+    def from_url(
+        cls, url: str, *, batch_max: int = 256, schema: str | None = None, idle_in_transaction_ms: int | None = None
+    ) -> Store:
         """``sqlite+aiosqlite:///path/to.db`` or ``postgresql+asyncpg://user@host/db`` (``schema``: PostgreSQL
-        search_path, to keep several stores in one database)."""
-        return cls(make_engine(url, schema=schema), batch_max=batch_max)
+        search_path, to keep several stores in one database; ``idle_in_transaction_ms``: PostgreSQL ends a
+        transaction of this store left idle that long, see ``make_engine``)."""
+        engine = make_engine(url, schema=schema, idle_in_transaction_ms=idle_in_transaction_ms)
+        return cls(engine, batch_max=batch_max)
 
     @property
     def dialect(self) -> str:
@@ -306,6 +310,11 @@ class Store:
             stmt = stmt.where(t.c.session_id.in_(session_ids))
         rows = await self._fetch(stmt)
         return [(row["id"], ev) for row, ev in self._convert_pairs(rows, event_from_row, "events")]
+
+    async def last_event_cursor(self) -> int:
+        """The highest event cursor stored (0 if none)."""
+        async with self.engine.connect() as conn:
+            return int(await conn.scalar(sa.select(sa.func.max(m.events.c.id))) or 0)
 
     async def last_seq(self, sid: str) -> int:
         """The highest durable event ``seq`` of ``sid`` (0 if none): where a recovered event log continues."""

@@ -66,14 +66,15 @@ _Committed = tuple[dict[str, int], dict[str, SessionFenced]]
 
 
 def _apply_fenced(
-    conn: Connection, batch: Sequence[Op], next_pos: dict[str, int], claims: _Claims | None
+    conn: Connection, batch: Sequence[Op], next_pos: dict[str, int], claims: _Claims | None, ordered: bool = False
 ) -> _Committed:
-    """In the batch's transaction: the fencing check (with the session rows locked), then the writes it allows."""
+    """In the batch's transaction: the fencing check (with the session rows locked), then the writes it allows
+    (``ordered``: events take their ids in commit order, see ``writes.EVENT_ORDER_LOCK_KEY``)."""
     if claims is None:
-        return apply_batch(conn, batch, next_pos), {}
+        return apply_batch(conn, batch, next_pos, ordered=ordered), {}
     refused = check_owners(conn, *claims)
     writable = [op for op in batch if op.session_id not in refused] if refused else batch
-    return apply_batch(conn, writable, next_pos), refused
+    return apply_batch(conn, writable, next_pos, ordered=ordered), refused
 
 
 class _SqliteThread:
@@ -136,6 +137,7 @@ class GroupCommitWriter:
         self.retries = 0
         self.failed_ops = 0
         self.unavailable = False  # the last attempt failed because the database was unreachable
+        self.ordered_events = False  # cluster mode: event ids in commit order across the nodes' writers
         #: Told of each committed batch: (seconds from its transaction's start to its commit, operations in it)
         self.on_commit: Callable[[float, int], None] | None = None
 
@@ -305,7 +307,7 @@ class GroupCommitWriter:
             return await self._sqlite.write(batch, self._next_pos, claims)
         conn = await self._connection()
         async with conn.begin():
-            return await conn.run_sync(_apply_fenced, batch, self._next_pos, claims)
+            return await conn.run_sync(_apply_fenced, batch, self._next_pos, claims, self.ordered_events)
 
     async def _connection(self) -> AsyncConnection:
         if self._conn is None:  # PostgreSQL (SQLite writes on its own thread)

@@ -154,7 +154,9 @@ class _Batch:
             self.marks[sid] = state
 
 
-def apply_batch(conn: Connection, ops: Sequence[Op], next_pos: dict[str, int]) -> dict[str, int]:
+def apply_batch(
+    conn: Connection, ops: Sequence[Op], next_pos: dict[str, int], *, ordered: bool = False
+) -> dict[str, int]:
     """Write ``ops`` on ``conn`` (inside the caller's transaction), in order.
 
     Synchronous, so that a whole batch is one call: on SQLite the writer's thread runs it in one hop, on PostgreSQL
@@ -173,7 +175,7 @@ def apply_batch(conn: Connection, ops: Sequence[Op], next_pos: dict[str, int]) -
     counters = _append_items(conn, batch.items, next_pos)
     _upsert_rows(conn, m.tool_calls, ("session_id", "call_id"), _TOOL_CALL_UPDATE, batch.tool_calls)
     _upsert_rows(conn, m.speeches, ("session_id", "id"), _SPEECH_UPDATE, batch.speeches)
-    _insert_events(conn, batch)
+    _insert_events(conn, batch, ordered)
     return counters
 
 
@@ -205,9 +207,18 @@ def _upsert_rows(
         conn.execute(_upsert(conn, table, keys, update), list(rows.values()))
 
 
-def _insert_events(conn: Connection, batch: _Batch) -> None:
+# Cluster mode (several writers on one PostgreSQL): a batch inserts its events holding this transaction-scoped lock,
+# so events get their ids (the multi-session stream's cursor) in commit order: once an id is committed, every lower
+# one is committed too or never will be. One writer alone (a single node, SQLite) commits in id order anyway.
+EVENT_ORDER_LOCK_KEY = 0x5357_4256  # "SWBV"
+_EVENT_ORDER_LOCK = sa.text("SELECT pg_advisory_xact_lock(:key)").bindparams(key=EVENT_ORDER_LOCK_KEY)
+
+
+def _insert_events(conn: Connection, batch: _Batch, ordered: bool) -> None:
     if not batch.events:
         return
+    if ordered and conn.dialect.name == "postgresql":
+        conn.execute(_EVENT_ORDER_LOCK)
     conn.execute(_insert_events_stmt(conn.dialect.name), list(batch.events.values()))
     # Each event learns its global cursor (the multi-session stream resumes by it).
     keys = list(batch.events)

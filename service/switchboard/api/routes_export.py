@@ -1,0 +1,99 @@
+"""Export: a whole session (its resource, chat, tool calls and event log) as one JSON document."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..control.host import SessionHost, SessionView
+from ..runtime.chat import utcnow
+from . import deps
+from .auth import Require
+from .deps import HostDep, KnownSession
+from .problems import problem_responses
+from .schemas import ExportedEvent, SessionExport
+
+router = APIRouter(tags=["sessions"])
+logger = logging.getLogger(__name__)
+
+EXPORT_FORMAT = "switchboard.session-export/1"
+#: Events read from the store at a time: the export of a long session never holds its whole log in memory.
+EXPORT_EVENTS_PAGE = 500
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(jsonable_encoder(value), separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _array(name: str, values: Iterable[Any]) -> Iterator[bytes]:
+    """``,"name":[...]``, one encoded value at a time."""
+    yield f',"{name}":['.encode()
+    for i, value in enumerate(values):
+        yield (b"," if i else b"") + _json(value)
+    yield b"]"
+
+
+async def _events(view: SessionView, host: SessionHost) -> AsyncIterator[ExportedEvent]:
+    since = 0
+    while True:
+        page = await host.store.events(view.id, since=since, limit=EXPORT_EVENTS_PAGE)
+        for event in page:
+            yield ExportedEvent(
+                seq=event.seq, session_id=event.session_id, type=event.type, at=event.at, data=event.data
+            )
+        if len(page) < EXPORT_EVENTS_PAGE:
+            return
+        since = page[-1].seq
+
+
+async def _document(view: SessionView, host: SessionHost) -> AsyncIterator[bytes]:
+    """The document in pieces, each value encoded on its own; the event log is read a page at a time."""
+    head = {"format": EXPORT_FORMAT, "exported_at": utcnow(), "session": deps.session_read(view, host)}
+    yield _json(head)[:-1]
+    for piece in _array("chat", await view.chat()):
+        yield piece
+    calls = await view.tool_calls()
+    for piece in _array("tool_calls", (deps.tool_call_read(view.id, info) for info in calls)):
+        yield piece
+    yield b',"events":['
+    first = True
+    try:
+        async for event in _events(view, host):
+            yield (b"" if first else b",") + _json(event)
+            first = False
+    except Exception:
+        # the answer has started: it cannot become a problem now, and the cut document is not valid JSON
+        logger.exception("export of session %s failed reading its events", view.id, extra={"session_id": view.id})
+        raise
+    yield b"]}"
+
+
+@router.get(
+    "/v1/sessions/{sid}/export",
+    operation_id="exportSession",
+    response_class=JSONResponse,  # for the schema: the answer is streamed
+    responses={
+        200: {
+            "model": SessionExport,
+            "description": "The session as one document (sent as `session-<id>.json`)",
+        },
+        **problem_responses(404),
+    },
+    dependencies=[Depends(Require("sessions:read"))],
+)
+async def export_session(session: KnownSession, host: HostDep) -> StreamingResponse:
+    """The whole session as one JSON document: the session resource, its chat context, its tool calls and its
+    event log (operator actions included), for live, closed and failed sessions alike. The log is streamed a page
+    at a time, so a long session costs the service no more memory than a short one."""
+    filename = f"session-{session.id}.json"
+    return StreamingResponse(
+        _document(session, host),
+        media_type="application/json",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )

@@ -1,0 +1,272 @@
+"""The media edge: ``WS /v1/sessions/{sid}/media`` (docs/media-edge.md).
+
+One edge per session: it plays the session's speeches and reports their playback, and sends the user's barge-ins and
+transcripts. The protocol lives in ``runtime/media.py``; this is its transport. Three pumps per connection — frames
+in, frames out, and a watch (session gone, edge replaced, outbox overflowed) — whichever ends first ends the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from ..control.settings import Settings
+from ..runtime.aio import cancel_and_wait
+from ..runtime.media import EdgePlayout, MediaEdge
+from ..runtime.media_frames import (
+    ErrorFrame,
+    FrameRefused,
+    SpeechStopFrame,
+    UserSpeechStartedFrame,
+    _Frame,
+    parse_edge_frame,
+)
+from ..runtime.session import AgentSession, SessionClosed
+from ..runtime.status import SessionStatus
+from . import deps
+from .auth import AuthError, authenticate, bearer, check, url_token
+from .routes_events import _close
+
+logger = logging.getLogger("switchboard.api.media")
+router = APIRouter(tags=["media"])
+
+SCOPE = "media:connect"
+OUTBOX_FRAMES = 4096  # frames queued for a slow edge before it is closed (4008)
+SEND_TIMEOUT_S = 10.0
+WATCH_INTERVAL_S = 0.25  # how often a connection checks that its session still runs here
+FRAME_OVERHEAD_CHARS = 1024  # a transcript frame's JSON around its text
+STOP_PREFIX = SpeechStopFrame(speech_id="").to_json().partition(",")[0]  # how a speech.stop frame begins
+
+CLOSE_NORMAL = 1000
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_MESSAGE_TOO_BIG = 1009
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_SLOW_CONSUMER = 4008
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+CLOSE_REPLACED = 4409
+CLOSE_NOT_ACTIVE = 4410
+CLOSE_ELSEWHERE = 4421
+CLOSE_TOO_MANY_FRAMES = 4429
+
+#: Every close code of the media edge and what it means to the edge (published in the AsyncAPI document).
+CLOSE_CODES: dict[int, str] = {
+    CLOSE_NORMAL: "The session ended (closed or failed), or the edge left.",
+    CLOSE_UNSUPPORTED_DATA: "The edge sent a binary message; only JSON text frames are accepted.",
+    CLOSE_MESSAGE_TOO_BIG: "The edge sent a frame larger than the server accepts (the session's text limit, "
+    "`SWITCHBOARD_MAX_TEXT_CHARS`, plus 1 KiB).",
+    CLOSE_INTERNAL_ERROR: "The server failed, or the edge did not answer its keepalive pings: reconnect.",
+    CLOSE_SLOW_CONSUMER: f"Too slow: more than {OUTBOX_FRAMES} frames waited for the edge, or a send stalled for "
+    f"{SEND_TIMEOUT_S:.0f} s. The speech it was playing ends interrupted; reconnect.",
+    CLOSE_UNAUTHENTICATED: "No valid credential (an API key as a Bearer header, or a session token as `token` or a "
+    "Bearer header).",
+    CLOSE_FORBIDDEN: "The credential lacks the `media:connect` scope, or is a session token of another session.",
+    CLOSE_NOT_FOUND: "No such session.",
+    CLOSE_REPLACED: "Another edge connected to this session and replaced this one. The speech this one was playing "
+    "ended interrupted at its last reported position.",
+    CLOSE_NOT_ACTIVE: "The session is not active here: it ended (at connection time), is being recovered, was "
+    "suspended by a shutdown or moved to another node. Connect again in a moment (4421 then names its node).",
+    CLOSE_ELSEWHERE: "Cluster mode: another node runs this session; the reason names it (`session runs on node N at "
+    "URL`). Connect there.",
+    CLOSE_TOO_MANY_FRAMES: "Too many frames per second (`SWITCHBOARD_MEDIA_MAX_FRAMES_PER_S`, default 100, over a "
+    "burst of twice as many).",
+}
+
+
+class _Closed(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+
+
+@dataclass
+class _Bucket:
+    """Frames an edge may send: ``rate_per_s`` refilled, ``burst`` at most."""
+
+    rate_per_s: float
+    burst: float
+    tokens: float = 0.0
+    at: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.tokens = self.burst
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate_per_s)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+def _authorize(ws: WebSocket, sid: str) -> None:
+    settings = deps.services(ws).settings
+    try:
+        credential = url_token(ws.query_params.get("token")) or bearer(None, ws.headers.get("authorization"))
+        check(authenticate(settings, credential), SCOPE, sid)
+    except AuthError as err:
+        raise _Closed(CLOSE_UNAUTHENTICATED if err.status == 401 else CLOSE_FORBIDDEN, err.code) from None
+
+
+async def _live_session(ws: WebSocket, sid: str) -> AgentSession:
+    """The session, live here and active; else why not, as a close."""
+    services = deps.services(ws)
+    host = services.host
+    view = await host.find(sid)
+    if view is None:
+        raise _Closed(CLOSE_NOT_FOUND, "session_not_found")
+    live = host.live(sid)
+    if live is not None and live.state == SessionStatus.ACTIVE:
+        return live
+    owner = view.record.owner_node
+    elsewhere = services.settings.cluster_mode and owner is not None and owner != host.node_id
+    if live is None and elsewhere and owner is not None and SessionStatus(view.state).live:
+        url = await host.store.nodes.live_url(owner)
+        raise _Closed(CLOSE_ELSEWHERE, f"session runs on node {owner} at {url or 'an unknown URL'}")
+    raise _Closed(CLOSE_NOT_ACTIVE, f"session is {view.state}")
+
+
+@router.websocket("/v1/sessions/{sid}/media")
+async def media_edge(ws: WebSocket, sid: str) -> None:
+    """Connect as the session's media edge: speeches are sent here to be played (`speech.*`), and the edge reports
+    playback (`playback.*`) and the user (`user.*`). A second edge replaces the first (closed with 4409). Needs the
+    `media:connect` scope (docs/media-edge.md)."""
+    await ws.accept()
+    try:
+        _authorize(ws, sid)
+        session = await _live_session(ws, sid)
+    except _Closed as closed:
+        await _close(ws, closed.code, closed.reason)
+        return
+    playout = session.playout
+    if not isinstance(playout, EdgePlayout):  # pragma: no cover - every hosted session plays through one
+        await _close(ws, CLOSE_INTERNAL_ERROR, "this session cannot take a media edge")
+        return
+    await _EdgeConnection(ws, session, playout, deps.services(ws).settings).run()
+
+
+class _EdgeConnection:
+    def __init__(self, ws: WebSocket, session: AgentSession, playout: EdgePlayout, settings: Settings) -> None:
+        self.ws = ws
+        self.session = session
+        self.playout = playout
+        self.outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=OUTBOX_FRAMES)
+        self.max_frame_chars = settings.max_text_chars + FRAME_OVERHEAD_CHARS
+        self.bucket = _Bucket(settings.media_max_frames_per_s, 2 * settings.media_max_frames_per_s)
+        self.wake_ev = asyncio.Event()  # the watch looks at once: overflow, or this edge was replaced
+        self.edge = MediaEdge(session, self._enqueue, max_text_chars=settings.max_text_chars, on_close=self.wake_ev.set)
+        self.sending_since: float | None = None
+        self.overflowed = False
+        self.barge_in_at: float | None = None
+        self.metrics = deps.services(ws).metrics
+
+    def _enqueue(self, frame: _Frame) -> None:
+        try:
+            self.outbox.put_nowait(frame.to_json())
+        except asyncio.QueueFull:
+            self.overflowed = True
+            self.wake_ev.set()
+
+    async def run(self) -> None:
+        previous = self.playout.attach(self.edge)
+        if previous is not None:
+            previous.close()  # its connection sees it and closes with 4409
+        log = {"session_id": self.session.id}
+        logger.info("session %s: a media edge connected", self.session.id, extra=log)
+        self.metrics.media_edges.inc()
+        tasks = [
+            asyncio.create_task(self._receive(), name=f"media-receive:{self.session.id}"),
+            asyncio.create_task(self._send(), name=f"media-send:{self.session.id}"),
+            asyncio.create_task(self._watch(), name=f"media-watch:{self.session.id}"),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await cancel_and_wait(*tasks)
+            self.playout.detach(self.edge)
+            self.edge.close()  # a speech it was playing ends interrupted where it was last reported
+            self.metrics.media_edges.dec()
+        logger.info("session %s: the media edge left", self.session.id, extra=log)
+        await self._close(done)
+
+    async def _close(self, done: set[asyncio.Task[None]]) -> None:
+        errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+        err = next((e for e in errors if isinstance(e, _Closed)), errors[0] if errors else None)
+        if isinstance(err, _Closed):
+            await _close(self.ws, err.code, err.reason)
+        elif err is not None and not isinstance(err, WebSocketDisconnect | ConnectionError | RuntimeError):
+            logger.error("media edge failed", exc_info=err, extra={"session_id": self.session.id})
+            await _close(self.ws, CLOSE_INTERNAL_ERROR, "internal error")
+        else:
+            await _close(self.ws, CLOSE_NORMAL, "bye")
+
+    async def _receive(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:
+                raise _Closed(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
+            if len(text) > self.max_frame_chars:
+                raise _Closed(CLOSE_MESSAGE_TOO_BIG, f"a frame has at most {self.max_frame_chars} characters")
+            if not self.bucket.take():
+                raise _Closed(CLOSE_TOO_MANY_FRAMES, "too many frames per second")
+            await self._apply(text)
+
+    async def _apply(self, text: str) -> None:
+        try:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                raise FrameRefused("bad_json", "a frame is a JSON text message") from None
+            frame = parse_edge_frame(data)
+            if isinstance(frame, UserSpeechStartedFrame) and self.edge.stops_current():
+                self.barge_in_at = time.perf_counter()  # until its speech.stop is written (a metric)
+            await self.edge.handle(frame)
+        except FrameRefused as refused:
+            self._enqueue(refused.error_frame())
+        except SessionClosed:
+            raise _Closed(CLOSE_NORMAL, "session ended") from None
+        except Exception:  # a store failure, say: the edge is told, the connection and the session go on
+            logger.exception("session %s: a media frame failed", self.session.id, extra={"session_id": self.session.id})
+            self._enqueue(ErrorFrame(code="command_failed", detail="the server could not apply this frame"))
+
+    async def _send(self) -> None:
+        while True:
+            text = await self.outbox.get()
+            self.sending_since = time.monotonic()
+            await self.ws.send_text(text)
+            self.sending_since = None
+            if self.barge_in_at is not None and text.startswith(STOP_PREFIX):
+                self.metrics.media_barge_in.observe(time.perf_counter() - self.barge_in_at)
+                self.barge_in_at = None
+
+    async def _watch(self) -> None:
+        while True:
+            if self.overflowed or self._stalled():
+                raise _Closed(CLOSE_SLOW_CONSUMER, "too slow: frames waited too long")
+            if self.edge.gone:
+                raise _Closed(CLOSE_REPLACED, "replaced by another edge")
+            state = self.session.state
+            if state.ended or state == SessionStatus.CLOSING:
+                raise _Closed(CLOSE_NORMAL, f"session {state}")
+            if state != SessionStatus.ACTIVE or deps.services(self.ws).host.live(self.session.id) is not self.session:
+                # suspended by a shutdown, or moved to another node: where it runs next, the edge connects again
+                raise _Closed(CLOSE_NOT_ACTIVE, f"session {state} here; connect again")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(WATCH_INTERVAL_S):
+                    await self.wake_ev.wait()
+
+    def _stalled(self) -> bool:
+        return self.sending_since is not None and time.monotonic() - self.sending_since > SEND_TIMEOUT_S

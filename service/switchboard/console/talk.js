@@ -1,0 +1,359 @@
+// The "Talk" panel: this browser becomes the session's media edge (WS /v1/sessions/{sid}/media). It speaks the
+// agent's speeches (Web Speech API, or timed progress without a voice) and reports playback.started / progress /
+// finished; the operator types (or, where the browser recognises speech, speaks) as the user, and "User starts
+// talking" barges in. Connecting replaces any other edge of the session, so it happens only on request.
+
+import { h } from "./dom.js";
+import { Chunker, codePoints, Speaker } from "./speaker.js";
+
+const CLOSE_NOTES = {
+  1000: "The session has closed.",
+  4401: "The service did not accept the credential.",
+  4403: "This credential may not connect as the session's media edge (it needs the media:connect scope).",
+  4404: "No such session.",
+  4409: "Another edge connected to this session and replaced this browser.",
+  4410: "The session is not active here (ended, being recovered or moved): connect again in a moment.",
+  4421: "Another node runs this session: open the console on that node.",
+  4429: "This browser sent too many frames per second.",
+};
+
+/** One speech (or one segment of it, after a tool step): its text as it arrives, its clauses, what was heard. */
+class Playback {
+  constructor(id, allowInterruptions) {
+    this.id = id;
+    this.allowInterruptions = allowInterruptions;
+    this.chunker = new Chunker();
+    this.clauses = [];
+    this.ended = false;
+    this.stopped = false;
+    this.started = false;
+    this.heard = 0; // UTF-16 index into the text: spoken to the end of a word up to here
+    this._wake = null;
+  }
+
+  get text() {
+    return this.chunker.text;
+  }
+
+  add(delta) {
+    this.clauses.push(...this.chunker.feed(delta));
+    this._poke();
+  }
+
+  end() {
+    this.clauses.push(...this.chunker.flush());
+    this.ended = true;
+    this._poke();
+  }
+
+  stop() {
+    this.stopped = true;
+    this._poke();
+  }
+
+  _poke() {
+    const wake = this._wake;
+    this._wake = null;
+    if (wake) wake();
+  }
+
+  /** The next clause to speak, waiting for text; null at the end or once stopped. */
+  async next() {
+    while (!this.clauses.length && !this.ended && !this.stopped) await new Promise((r) => (this._wake = r));
+    return this.stopped ? null : (this.clauses.shift() ?? null);
+  }
+}
+
+export class TalkPanel {
+  constructor({ api, sid }) {
+    this.api = api;
+    this.sid = sid;
+    this.ws = null;
+    this.queue = [];
+    this.current = null;
+    this._pumping = false;
+    this.speaker = new Speaker({ onMode: (mode, note) => this._voiceNote(mode, note) });
+    this.element = this._render();
+  }
+
+  stop() {
+    this.disconnect();
+  }
+
+  // -- connection ------------------------------------------------------------------------------------------------
+
+  async connect() {
+    if (this.ws) return;
+    this.connectButton.disabled = true;
+    this._state("connecting", "Connecting…");
+    await this.speaker.ready();
+    let token = null;
+    try {
+      token = await this._token();
+    } catch (err) {
+      this.connectButton.disabled = false;
+      return this._state("failed", `Could not connect: ${err.message}`);
+    }
+    const query = token ? `?${new URLSearchParams({ token })}` : "";
+    const ws = new WebSocket(this.api.wsUrl(`/v1/sessions/${encodeURIComponent(this.sid)}/media${query}`));
+    this.ws = ws;
+    ws.onopen = () => {
+      if (this.ws !== ws) return;
+      this._state("connected", "Connected: the agent speaks here.");
+      this._setConnected(true);
+    };
+    ws.onmessage = (msg) => this.ws === ws && this._onFrame(msg.data);
+    ws.onclose = (ev) => this.ws === ws && this._closed(ev);
+  }
+
+  disconnect() {
+    const ws = this.ws;
+    this.ws = null;
+    this._silence();
+    if (ws) ws.close(1000, "bye");
+    this._setConnected(false);
+    this._state("idle", "Not connected.");
+  }
+
+  async _token() {
+    if (this.api.readOnly || !this.api.apiKey) return this.api.token; // auth off: no token needed
+    const path = `/v1/sessions/${encodeURIComponent(this.sid)}/tokens`;
+    return (await this.api.post(path, { scopes: ["media:connect"] })).token;
+  }
+
+  _closed(ev) {
+    this.ws = null;
+    this._silence();
+    this._setConnected(false);
+    const why = CLOSE_NOTES[ev.code] || `Disconnected (${ev.code}${ev.reason ? `: ${ev.reason}` : ""}).`;
+    this._state(ev.code === 1000 ? "idle" : "failed", why);
+  }
+
+  _send(frame) {
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(frame));
+  }
+
+  // -- the service's frames --------------------------------------------------------------------------------------
+
+  _onFrame(raw) {
+    let frame;
+    try {
+      frame = JSON.parse(raw);
+    } catch {
+      return;
+    }
+    const byId = (id) => [this.current, ...this.queue].filter((p) => p && p.id === id).pop();
+    const latest = byId(frame.speech_id);
+    if (frame.type === "speech.start") {
+      this.queue.push(new Playback(frame.speech_id, frame.allow_interruptions !== false));
+      this._pump();
+    } else if (frame.type === "speech.text" && latest) {
+      latest.add(typeof frame.delta === "string" ? frame.delta : "");
+      if (latest === this.current) this._showSpeech(latest);
+    } else if (frame.type === "speech.end" && latest) {
+      latest.end();
+    } else if (frame.type === "speech.stop") {
+      this._stopSpeech(frame.speech_id);
+    } else if (frame.type === "error") {
+      this._log("note", `The service refused a frame: ${frame.code}: ${frame.detail || ""}`);
+    }
+  }
+
+  // -- playing ---------------------------------------------------------------------------------------------------
+
+  async _pump() {
+    if (this._pumping) return;
+    this._pumping = true;
+    try {
+      while (this.queue.length) {
+        this.current = this.queue.shift();
+        await this._play(this.current);
+        this.current = null;
+      }
+    } finally {
+      this._pumping = false;
+    }
+  }
+
+  async _play(pb) {
+    this._showSpeech(pb);
+    for (let clause = await pb.next(); clause; clause = await pb.next()) {
+      if (!pb.started) {
+        pb.started = true;
+        this._send({ type: "playback.started", speech_id: pb.id });
+        this._showSpeech(pb);
+      }
+      await this.speaker.speak(clause.text, (end) => this._heard(pb, clause.start + end));
+      if (pb.stopped) return;
+    }
+    if (pb.stopped) return;
+    if (!pb.started) this._send({ type: "playback.started", speech_id: pb.id });
+    this._heard(pb, pb.text.length);
+    this._finish(pb, false);
+  }
+
+  _heard(pb, end) {
+    if (pb.stopped || end <= pb.heard) return;
+    pb.heard = end;
+    this._send({ type: "playback.progress", speech_id: pb.id, played_chars: codePoints(pb.text.slice(0, end)) });
+    this._showSpeech(pb);
+  }
+
+  _finish(pb, interrupted) {
+    if (pb.finished) return;
+    pb.finished = true;
+    this._send({ type: "playback.finished", speech_id: pb.id, interrupted });
+    this._showSpeech(pb, interrupted ? "interrupted" : "finished");
+    const heard = pb.text.slice(0, pb.heard).trim();
+    const entry = this._log(interrupted ? "agent interrupted" : "agent", interrupted ? "Agent (cut off): " : "Agent: ");
+    entry.dataset.speechId = pb.id;
+    entry.append(h("span", { class: "heard", text: heard }));
+    if (interrupted) entry.append(h("span", { class: "unheard", text: ` ${pb.text.slice(pb.heard).trim()}` }));
+  }
+
+  /** Silence the speech(es) with this id now and report them cut off. */
+  _stopSpeech(id) {
+    for (const pb of [this.current, ...this.queue]) {
+      if (!pb || pb.id !== id || pb.finished) continue;
+      this._halt(pb);
+      this._finish(pb, true);
+    }
+    this.queue = this.queue.filter((pb) => pb.id !== id);
+  }
+
+  _halt(pb) {
+    pb.stop();
+    if (pb === this.current) this.speaker.cancel();
+  }
+
+  _silence() {
+    for (const pb of [this.current, ...this.queue]) if (pb) this._halt(pb);
+    this.queue = [];
+  }
+
+  // -- the user --------------------------------------------------------------------------------------------------
+
+  /** The user starts talking: like a phone that hears its user, stop the agent's audio here first (when the
+   * speech allows it), so what was reported is exactly what was heard; then tell the service. */
+  bargeIn() {
+    const pb = this.current;
+    const cut = pb && pb.started && pb.allowInterruptions && !pb.finished;
+    if (cut) this._halt(pb);
+    this._send({ type: "user.speech_started" });
+    if (cut) this._finish(pb, true);
+  }
+
+  say(text, final = true) {
+    this._send({ type: "user.transcript", text, final });
+    if (final) this._log("user", "You: ").append(h("span", { text }));
+  }
+
+  _listen() {
+    const Recognition = globalThis.SpeechRecognition || globalThis.webkitSpeechRecognition;
+    if (this.recognition) return this.recognition.stop();
+    const rec = new Recognition();
+    rec.interimResults = true;
+    rec.continuous = true;
+    rec.onspeechstart = () => this.bargeIn();
+    rec.onresult = (ev) => {
+      for (let i = ev.resultIndex; i < ev.results.length; i += 1) {
+        const text = ev.results[i][0].transcript.trim();
+        if (text) this.say(text, ev.results[i].isFinal);
+      }
+    };
+    rec.onerror = (ev) => this._log("note", `Speech recognition stopped: ${ev.error}`);
+    rec.onend = () => {
+      this.recognition = null;
+      this.micButton.textContent = "Speak";
+      this.micButton.setAttribute("aria-pressed", "false");
+    };
+    this.recognition = rec;
+    this.micButton.textContent = "Stop listening";
+    this.micButton.setAttribute("aria-pressed", "true");
+    rec.start();
+  }
+
+  // -- layout ----------------------------------------------------------------------------------------------------
+
+  _render() {
+    this.connectButton = h("button", { type: "button", id: "talk-connect", text: "Connect audio" });
+    this.connectButton.addEventListener("click", () => (this.ws ? this.disconnect() : this.connect()));
+    this.status = h("span", { id: "talk-state", class: "conn", role: "status", "aria-live": "polite" });
+    this.voice = h("p", { id: "talk-voice", class: "muted small" });
+    this.speech = h("p", { id: "talk-speech", class: "talk-speech", "aria-live": "off" });
+    this.logList = h("ol", { id: "talk-log", class: "talk-log", "aria-label": "What was said" });
+    this.input = h("input", { id: "talk-text", type: "text", autocomplete: "off", placeholder: "Say as the user…" });
+    this.sendButton = h("button", { type: "submit", id: "talk-send", class: "primary", text: "Send" });
+    this.bargeButton = h("button", { type: "button", id: "talk-barge", class: "warn", text: "User starts talking" });
+    this.bargeButton.addEventListener("click", () => this.bargeIn());
+    this.micButton = h("button", { type: "button", id: "talk-mic", text: "Speak", "aria-pressed": "false" });
+    this.micButton.hidden = !(globalThis.SpeechRecognition || globalThis.webkitSpeechRecognition);
+    this.micButton.addEventListener("click", () => this._listen());
+    const form = h(
+      "form",
+      { class: "talk-row", "aria-label": "Talk as the user" },
+      h("label", { for: "talk-text", class: "sr-only", text: "What the user says" }),
+      this.input,
+      this.sendButton,
+      this.micButton,
+      this.bargeButton,
+    );
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      const text = this.input.value.trim();
+      if (!text || !this.ws) return;
+      this.input.value = "";
+      this.say(text);
+    });
+    this._setConnected(false);
+    this._state("idle", "Not connected.");
+    return h(
+      "section",
+      { class: "talk", id: "talk", "aria-labelledby": "talk-title" },
+      h(
+        "div",
+        { class: "talk-row" },
+        h("h3", { id: "talk-title", text: "Talk" }),
+        this.connectButton,
+        this.status,
+      ),
+      this.voice,
+      this.speech,
+      this.logList,
+      form,
+    );
+  }
+
+  _setConnected(on) {
+    this.connectButton.textContent = on ? "Disconnect audio" : "Connect audio";
+    this.connectButton.disabled = false;
+    for (const el of [this.input, this.sendButton, this.bargeButton, this.micButton]) el.disabled = !on;
+  }
+
+  _state(state, text) {
+    this.status.dataset.state = state;
+    this.status.textContent = text;
+  }
+
+  _voiceNote(mode, note) {
+    this.voice.dataset.mode = mode;
+    this.voice.textContent = note;
+  }
+
+  _showSpeech(pb, state) {
+    const heard = pb.text.slice(0, pb.heard);
+    this.speech.dataset.speechId = pb.id;
+    this.speech.dataset.state = state || (pb.started ? "playing" : "waiting");
+    this.speech.dataset.playedChars = String(codePoints(heard));
+    this.speech.replaceChildren(
+      h("span", { class: "heard", text: heard }),
+      h("span", { class: state === "interrupted" ? "unheard" : "pending", text: pb.text.slice(pb.heard) }),
+    );
+  }
+
+  _log(kind, label) {
+    const entry = h("li", { class: kind }, h("strong", { text: label }));
+    this.logList.append(entry);
+    return entry;
+  }
+}

@@ -1,0 +1,124 @@
+"""ClusterFeed: in cluster mode, every node's durable events, in cursor order and none missing, for the multi-session
+stream (``WS /v1/events``); and, while Redis is down, the other nodes' events for the session streams.
+
+Events reach a node from its own writer and, through Redis, from the others': out of cursor order, and with gaps when
+Redis loses some or is down. The database has them all, and in cluster mode event ids are assigned in commit order
+(``store.writes.EVENT_ORDER_LOCK_KEY``): once an event is durable, every lower id is durable too or never will be (an
+id a failed or conflicting insert consumed). So the feed releases events in cursor order as long as they follow each
+other; at a gap it waits ``GAP_WAIT_S`` for Redis, then reads the database from the last released cursor: what it
+finds fills the gap and every id it does not find below the events it holds is a hole. It also reads the database on
+its own, every ``POLL_S`` while Redis is down (that is how streams keep going without it, a little late) and every
+``SAFETY_POLL_S`` otherwise (a message Redis lost at the tail of a burst, with nothing after it to show the gap).
+An event read from the database that the node had not received goes to the session streams too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from ..runtime.aio import cancel_and_wait
+from ..runtime.events import Event
+from ..store import Store
+from .hub import EventHub
+
+logger = logging.getLogger("switchboard.control.cluster_feed")
+
+GAP_WAIT_S = 0.2  # an event from another node is usually on its way through Redis
+POLL_S = 0.5  # Redis down: how often the database is read for the other nodes' events
+SAFETY_POLL_S = 2.0  # Redis up
+PAGE = 500
+PENDING_MAX = 100_000  # events held waiting for a gap to fill; past it the feed reads the database at once
+
+
+class ClusterFeed:
+    def __init__(self, store: Store, hub: EventHub, *, redis_up: Callable[[], bool]) -> None:
+        self.store = store
+        self.hub = hub
+        self.redis_up = redis_up
+        self.last = 0  # the highest cursor released
+        self._pending: dict[int, Event] = {}
+        self._gap_ev = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.repaired = 0  # events read from the database that this node had not received
+        self.polls = 0
+
+    async def start(self) -> None:
+        self.last = await self.store.last_event_cursor()
+        self.hub.ordered_by = self.offer
+        self._task = asyncio.create_task(self._run(), name="cluster-feed")
+
+    async def aclose(self) -> None:
+        self.hub.ordered_by = None
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+
+    def offer(self, events: list[tuple[int, Event]]) -> None:
+        """Durable events, as they reach this node (its own, and the others' through Redis)."""
+        for cursor, event in events:
+            if cursor > self.last:
+                self._pending.setdefault(cursor, event)
+        self._release()
+        if self._pending:
+            self._gap_ev.set()
+
+    def _release(self, through: int = 0) -> None:
+        """Hand on the pending events that follow the last released one; with ``through``, every pending event up to
+        it (the database showed that the ids missing below it are holes)."""
+        out: list[tuple[int, Event]] = []
+        pending = self._pending
+        while pending:
+            nxt = self.last + 1
+            if nxt in pending:
+                out.append((nxt, pending.pop(nxt)))
+            elif through > self.last:
+                lowest = min(pending)
+                if lowest > through:
+                    self.last = through
+                    break
+                out.append((lowest, pending.pop(lowest)))
+                nxt = lowest
+            else:
+                break
+            self.last = nxt
+        if through > self.last:
+            self.last = through
+        if out:
+            self.hub.publish_ordered(out)
+
+    async def _run(self) -> None:
+        while True:
+            gap = False
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SAFETY_POLL_S if self.redis_up() else POLL_S):
+                    await self._gap_ev.wait()
+                    gap = True
+            if gap and len(self._pending) < PENDING_MAX:
+                await asyncio.sleep(GAP_WAIT_S)  # the missing events are probably on their way through Redis
+            self._gap_ev.clear()
+            if gap and not self._pending and self.redis_up():
+                continue  # they came
+            try:
+                await self.catch_up()
+            except Exception as err:  # the database is unavailable: the next round tries again
+                logger.warning("cluster feed: cannot read events from the database (%r); will retry", err)
+
+    async def catch_up(self) -> None:
+        """Read the database from the last released cursor: fill every gap, release everything held."""
+        self.polls += 1
+        while True:
+            held = max(self._pending, default=0)
+            page = await self.store.events_multi(session_ids=None, since_id=self.last, limit=PAGE)
+            unseen = [(c, e) for c, e in page if c > self.last and c not in self._pending]
+            if unseen:
+                self.repaired += len(unseen)
+                self.hub.publish_sessions(unseen)
+            for cursor, event in unseen:
+                self._pending[cursor] = event
+            top = page[-1][0] if page else self.last
+            # ids up to what this read covers are settled: all of them when the page was not full
+            self._release(through=max(top, held) if len(page) < PAGE else top)
+            if len(page) < PAGE:
+                return

@@ -1,0 +1,254 @@
+"""The media edge: a session's speeches played by an outside edge (a browser, a phone gateway, a LiveKit room agent)
+that reports what it played, and drives the session with the user's barge-ins and transcripts (docs/media-edge.md).
+
+``EdgePlayout`` is a session's playout: through the connected edge while there is one, else the configured playout
+(the simulated clock). ``MediaEdge`` is one connection's side of the protocol, with no transport: the frames it
+sends go to ``send`` (which must not block), the frames it receives are handed to ``handle``.
+
+The session never waits on the edge (I3): an interruption sends ``speech.stop`` and freezes the heard text at the
+last ``playback.progress`` received before it; whatever the edge reports about that speech later changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
+
+from .media_frames import (
+    EdgeFrame,
+    FrameRefused,
+    PingFrame,
+    PlaybackFinishedFrame,
+    PlaybackProgressFrame,
+    PlaybackStartedFrame,
+    PongFrame,
+    SpeechEndFrame,
+    SpeechStartFrame,
+    SpeechStopFrame,
+    SpeechTextFrame,
+    UserSpeechStartedFrame,
+    UserTranscriptFrame,
+    _Frame,
+)
+from .playout import Playout, PlayoutStream, ReportedStream
+from .session import InputResult
+from .speech import NotInterruptible, SpeechHandle
+
+logger = logging.getLogger("switchboard.runtime.media")
+
+# the speeches an edge was sent that it may still report on (late reports of older ones are "unknown")
+REMEMBERED_STREAMS = 64
+
+
+class EdgeSession(Protocol):
+    """What an edge drives (``AgentSession`` implements it)."""
+
+    id: str
+
+    def speech(self, speech_id: str) -> SpeechHandle | None: ...
+
+    @property
+    def current_speech(self) -> SpeechHandle | None: ...
+
+    async def interrupt(self, *, force: bool = False) -> SpeechHandle | None: ...
+
+    async def input(self, text: str, *, final: bool = True) -> InputResult: ...
+
+
+class EdgeStream(ReportedStream):
+    """One speech (segment) played by an edge: what is pushed goes out as ``speech.text``, the end of input as
+    ``speech.end``, a stop as ``speech.stop``; the edge's ``playback.*`` frames report on it."""
+
+    def __init__(self, speech_id: str, send: Callable[[_Frame], None]) -> None:
+        self.speech_id = speech_id
+        self._send = send
+        super().__init__(
+            on_text=lambda delta: send(SpeechTextFrame(speech_id=speech_id, delta=delta)),
+            on_stop=lambda: send(SpeechStopFrame(speech_id=speech_id)),
+        )
+
+    def end_input(self) -> None:
+        if not self.input_ended:
+            super().end_input()
+            self._send(SpeechEndFrame(speech_id=self.speech_id))
+
+    def mute(self) -> None:
+        """Send no ``speech.stop`` when stopped (the edge is gone, or it cut the audio itself)."""
+        self._on_stop = None
+
+
+class MediaEdge:
+    """One edge connection's side of the protocol for one session."""
+
+    def __init__(
+        self,
+        session: EdgeSession,
+        send: Callable[[_Frame], None],
+        *,
+        max_text_chars: int = 8000,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self.session = session
+        self._send = send
+        self._on_close = on_close
+        self._max_text_chars = max_text_chars
+        self._streams: OrderedDict[str, EdgeStream] = OrderedDict()
+        self.gone = False
+
+    def send(self, frame: _Frame) -> None:
+        if not self.gone:
+            self._send(frame)
+
+    # -- server -> edge ---------------------------------------------------------------------------------------
+
+    def open_stream(self, speech_id: str) -> EdgeStream:
+        speech = self.session.speech(speech_id)
+        allow = speech.allow_interruptions if speech is not None else True
+        stream = EdgeStream(speech_id, self.send)
+        self._streams.pop(speech_id, None)  # a further segment of the same speech replaces the one before
+        self._streams[speech_id] = stream
+        while len(self._streams) > REMEMBERED_STREAMS:
+            self._streams.popitem(last=False)
+        self.send(SpeechStartFrame(speech_id=speech_id, allow_interruptions=allow))
+        if speech is not None:
+            # stopped at the moment of the interruption: progress that arrives after it is not heard text
+            speech.on_interrupted(stream.stop)
+        return stream
+
+    # -- edge -> server ---------------------------------------------------------------------------------------
+
+    async def handle(self, frame: EdgeFrame) -> None:
+        """Apply one frame from the edge; ``FrameRefused`` when it is wrong (the session is unharmed)."""
+        if isinstance(frame, PlaybackProgressFrame):
+            self._progress(frame)
+        elif isinstance(frame, PlaybackStartedFrame):
+            stream = self._stream(frame.speech_id, frame.type)
+            stream.playback_started()
+        elif isinstance(frame, PlaybackFinishedFrame):
+            self._finished(frame)
+        elif isinstance(frame, UserSpeechStartedFrame):
+            await self._barge_in()
+        elif isinstance(frame, UserTranscriptFrame):
+            await self._transcript(frame)
+        elif isinstance(frame, PingFrame):
+            self.send(PongFrame())
+
+    def _stream(self, speech_id: str, frame_type: str) -> EdgeStream:
+        stream = self._streams.get(speech_id)
+        if stream is None:
+            raise FrameRefused("unknown_speech", f"speech {speech_id[:80]!r} was not sent to this edge", frame_type)
+        return stream
+
+    def _progress(self, frame: PlaybackProgressFrame) -> None:
+        stream = self._stream(frame.speech_id, frame.type)
+        if stream.ended:
+            return  # stopped or finished: what was heard is settled
+        if frame.played_chars > len(stream.text):
+            raise FrameRefused(
+                "played_chars_beyond_text",
+                f"played_chars {frame.played_chars} is beyond the {len(stream.text)} characters sent",
+                frame.type,
+            )
+        if frame.played_chars < stream.played_chars:
+            raise FrameRefused(
+                "played_chars_backwards",
+                f"played_chars {frame.played_chars} is before {stream.played_chars}, already reported",
+                frame.type,
+            )
+        if frame.played_chars > 0:
+            stream.playback_started()  # heard text means audio: an edge that skipped playback.started is speaking
+        stream.playback_progress(frame.played_chars)
+
+    def _finished(self, frame: PlaybackFinishedFrame) -> None:
+        stream = self._stream(frame.speech_id, frame.type)
+        if stream.ended:
+            return  # after a speech.stop: changes nothing committed
+        if frame.interrupted:
+            self._cut(stream)
+            return
+        if not stream.input_ended:
+            raise FrameRefused(
+                "speech_not_ended", "playback.finished before speech.end: more text is coming", frame.type
+            )
+        stream.playback_finished()
+
+    def stops_current(self) -> bool:
+        """Whether a barge-in now stops a speech this edge is playing (it is sent ``speech.stop``)."""
+        current = self.session.current_speech
+        if current is None or current.done or current.interrupted or not current.allow_interruptions:
+            return False
+        stream = self._streams.get(current.id)
+        return stream is not None and not stream.ended
+
+    async def _barge_in(self) -> None:
+        current = self.session.current_speech
+        if current is not None and current.allow_interruptions and not current.done:
+            # at once, before the command's turn comes: its audio stops and its waits are released now (I3); the
+            # command then interrupts the queued speeches after it and returns once the heard text is committed
+            current.interrupt()
+        try:
+            await self.session.interrupt()
+        except NotInterruptible:
+            pass  # the speech said so in its speech.start: it plays on
+
+    async def _transcript(self, frame: UserTranscriptFrame) -> None:
+        if len(frame.text) > self._max_text_chars:
+            raise FrameRefused("text_too_long", f"text: at most {self._max_text_chars} characters", frame.type)
+        await self.session.input(frame.text, final=frame.final)
+
+    # -- the end of the connection ----------------------------------------------------------------------------
+
+    def _cut(self, stream: EdgeStream) -> None:
+        """The audio of ``stream`` ended early: its speech ends interrupted at the last reported position."""
+        stream.mute()
+        speech = self.session.speech(stream.speech_id)
+        if speech is not None and not speech.done:
+            speech.interrupt(force=True)  # first: the reply must see an interruption, not a finished playout
+        stream.stop()
+
+    def close(self) -> None:
+        """The edge is gone (disconnected or replaced): a speech it was playing ends interrupted where it was last
+        reported; nothing more is sent to it."""
+        if self.gone:
+            return
+        self.gone = True
+        for stream in list(self._streams.values()):
+            if not stream.ended:
+                logger.info(
+                    "session %s: the media edge left during speech %s; it ends interrupted",
+                    self.session.id,
+                    stream.speech_id,
+                    extra={"session_id": self.session.id, "speech_id": stream.speech_id},
+                )
+                self._cut(stream)
+        self._streams.clear()
+        if self._on_close is not None:
+            self._on_close()
+
+
+class EdgePlayout:
+    """A session's playout: through the connected edge, else ``fallback`` (the configured playout)."""
+
+    def __init__(self, fallback: Playout) -> None:
+        self.fallback = fallback
+        self.edge: MediaEdge | None = None
+
+    def start(self, speech_id: str) -> PlayoutStream:
+        if self.edge is not None:
+            return self.edge.open_stream(speech_id)
+        return self.fallback.start(speech_id)
+
+    def attach(self, edge: MediaEdge) -> MediaEdge | None:
+        """Play through ``edge`` from now on; returns the edge it replaces (the caller closes it)."""
+        previous, self.edge = self.edge, edge
+        return previous
+
+    def detach(self, edge: MediaEdge) -> None:
+        """``edge`` left: back to the fallback, unless another edge already replaced it."""
+        if self.edge is edge:
+            self.edge = None
+
+
+__all__ = ["EdgePlayout", "EdgeSession", "EdgeStream", "MediaEdge"]

@@ -1,0 +1,218 @@
+"""The frames of the media edge protocol (``WS /v1/sessions/{sid}/media``; docs/media-edge.md).
+
+One class per frame type: the AsyncAPI document is generated from them, the server builds what it sends with them and
+parses what an edge sends with ``parse_edge_frame``. JSON text frames, each ``{"type": ..., ...}``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
+
+
+class _Frame(BaseModel):
+    # an edge may send fields a later version defines: ignored, so old servers and new edges get along
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    type: str
+    direction: ClassVar[Literal["server", "edge"]]
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+# -- server -> edge ------------------------------------------------------------------------------------------------
+
+
+class SpeechStartFrame(_Frame):
+    """A speech begins: text to synthesise follows in `speech.text` frames, then `speech.end`.
+
+    A speech with tool steps is played as several segments, each opened by its own `speech.start` with the same
+    `speech_id`; `played_chars` counts from the start of the current segment."""
+
+    direction = "server"
+    type: Literal["speech.start"] = "speech.start"
+    speech_id: str
+    allow_interruptions: bool = Field(description="Whether `user.speech_started` interrupts this speech.")
+
+
+class SpeechTextFrame(_Frame):
+    """More text of the speech, streamed as the model produces it (append `delta` to what was sent before)."""
+
+    direction = "server"
+    type: Literal["speech.text"] = "speech.text"
+    speech_id: str
+    delta: str
+
+
+class SpeechEndFrame(_Frame):
+    """No more text for this speech (segment): play the rest, then send `playback.finished`."""
+
+    direction = "server"
+    type: Literal["speech.end"] = "speech.end"
+    speech_id: str
+
+
+class SpeechStopFrame(_Frame):
+    """The speech was interrupted: stop its audio now. The server does not wait for an answer: what was heard is the
+    last `playback.progress` it received before the interruption."""
+
+    direction = "server"
+    type: Literal["speech.stop"] = "speech.stop"
+    speech_id: str
+
+
+class ErrorFrame(_Frame):
+    """A frame from the edge was refused (the connection stays open and the session goes on). `code` is stable."""
+
+    direction = "server"
+    type: Literal["error"] = "error"
+    code: str = Field(
+        description="`bad_json`, `bad_frame`, `unknown_type`, `unknown_speech`, `played_chars_beyond_text`, "
+        "`played_chars_backwards`, `speech_not_ended`, `text_too_long`, `session_not_active`."
+    )
+    detail: str
+    frame_type: str | None = Field(default=None, description="The `type` of the refused frame, when it had one.")
+
+
+class PongFrame(_Frame):
+    """The server's answer to a `ping`."""
+
+    direction = "server"
+    type: Literal["pong"] = "pong"
+
+
+# -- edge -> server ------------------------------------------------------------------------------------------------
+
+
+class PlaybackStartedFrame(_Frame):
+    """The audio of this speech began: the agent is `speaking` from now on (`speech.started`, `agent.state`)."""
+
+    direction = "edge"
+    type: Literal["playback.started"] = "playback.started"
+    speech_id: StrictStr
+
+
+class PlaybackProgressFrame(_Frame):
+    """How much of the speech's text has been heard: the first `played_chars` characters of what was sent (from the
+    synthesiser's word timings). Never more than was sent, never backwards."""
+
+    direction = "edge"
+    type: Literal["playback.progress"] = "playback.progress"
+    speech_id: StrictStr
+    played_chars: Annotated[StrictInt, Field(ge=0)]
+
+
+class PlaybackFinishedFrame(_Frame):
+    """The audio of this speech ended: all of it (after `speech.end`), or cut by the edge (`interrupted`: the speech
+    ends interrupted at the last `playback.progress`). After a `speech.stop` it changes nothing."""
+
+    direction = "edge"
+    type: Literal["playback.finished"] = "playback.finished"
+    speech_id: StrictStr
+    interrupted: StrictBool = False
+
+
+class UserSpeechStartedFrame(_Frame):
+    """The user started talking (barge-in): the current speech is interrupted when it allows it, like
+    `POST /interrupt`."""
+
+    direction = "edge"
+    type: Literal["user.speech_started"] = "user.speech_started"
+
+
+class UserTranscriptFrame(_Frame):
+    """What the user said, like `POST /input`: `final=false` is an interim transcript (reported, may start a
+    speculative reply), `final=true` the user's turn (interrupts, is committed, queues a reply)."""
+
+    direction = "edge"
+    type: Literal["user.transcript"] = "user.transcript"
+    text: Annotated[StrictStr, Field(min_length=1)]
+    final: StrictBool = True
+
+
+class PingFrame(_Frame):
+    """Keep-alive from the edge; answered with a `pong`."""
+
+    direction = "edge"
+    type: Literal["ping"] = "ping"
+
+
+SERVER_FRAMES: tuple[type[_Frame], ...] = (
+    SpeechStartFrame,
+    SpeechTextFrame,
+    SpeechEndFrame,
+    SpeechStopFrame,
+    ErrorFrame,
+    PongFrame,
+)
+EDGE_FRAMES: tuple[type[_Frame], ...] = (
+    PlaybackStartedFrame,
+    PlaybackProgressFrame,
+    PlaybackFinishedFrame,
+    UserSpeechStartedFrame,
+    UserTranscriptFrame,
+    PingFrame,
+)
+EdgeFrame = (
+    PlaybackStartedFrame
+    | PlaybackProgressFrame
+    | PlaybackFinishedFrame
+    | UserSpeechStartedFrame
+    | UserTranscriptFrame
+    | PingFrame
+)
+_EDGE_TYPES = {model.model_fields["type"].default: model for model in EDGE_FRAMES}
+_ADAPTERS: dict[str, TypeAdapter[Any]] = {name: TypeAdapter(model) for name, model in _EDGE_TYPES.items()}
+
+
+class FrameRefused(Exception):
+    """A frame the edge sent was refused; ``error_frame()`` says why."""
+
+    def __init__(self, code: str, detail: str, frame_type: str | None = None) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+        self.frame_type = frame_type
+
+    def error_frame(self) -> ErrorFrame:
+        return ErrorFrame(code=self.code, detail=self.detail, frame_type=self.frame_type)
+
+
+def parse_edge_frame(data: Any) -> EdgeFrame:
+    """The frame ``data`` (decoded JSON) is, or ``FrameRefused``."""
+    if not isinstance(data, dict):
+        raise FrameRefused("bad_frame", "a frame is a JSON object with a `type`")
+    kind = data.get("type")
+    adapter = _ADAPTERS.get(kind) if isinstance(kind, str) else None
+    if adapter is None:
+        shown = kind if isinstance(kind, str) and len(kind) <= 40 else None
+        raise FrameRefused("unknown_type", f"unknown frame type {shown!r}; expected one of {sorted(_EDGE_TYPES)}")
+    try:
+        frame: EdgeFrame = adapter.validate_python(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "frame"
+        raise FrameRefused("bad_frame", f"{where}: {first['msg']}", kind) from None
+    return frame
+
+
+__all__ = [
+    "EDGE_FRAMES",
+    "SERVER_FRAMES",
+    "EdgeFrame",
+    "ErrorFrame",
+    "FrameRefused",
+    "PingFrame",
+    "PlaybackFinishedFrame",
+    "PlaybackProgressFrame",
+    "PlaybackStartedFrame",
+    "PongFrame",
+    "SpeechEndFrame",
+    "SpeechStartFrame",
+    "SpeechStopFrame",
+    "SpeechTextFrame",
+    "UserSpeechStartedFrame",
+    "UserTranscriptFrame",
+    "parse_edge_frame",
+]

@@ -1,0 +1,51 @@
+"""Node-to-node calls: the header that marks a request as forwarded by another node is a privilege (placement and
+loop checks trust it), so a node refuses it unless it carries this cluster's secret."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from switchboard.api.forward import FORWARDED_HEADER, ForwardedGuard
+from switchboard.api.problems import problem_response
+
+from .conftest import Api
+
+SECRET = "s" * 40
+
+
+async def test_a_node_not_in_cluster_mode_refuses_every_forwarded_request(api: Api):
+    for value in ("loopback", "", SECRET):
+        r = await api.client.post("/v1/sessions", json={"agent": "tester"}, headers={FORWARDED_HEADER: value})
+        assert r.status_code == 403, r.text
+        assert r.json()["code"] == "forward_unauthenticated"
+    r = await api.client.post("/v1/sessions", json={"agent": "tester"})
+    assert r.status_code == 201, r.text
+
+
+async def _ok(scope: Any, receive: Any, send: Any) -> None:
+    await problem_response(200, "ok")(scope, receive, send)
+
+
+@pytest.mark.parametrize(
+    ("secret", "sent", "status"),
+    [
+        (SECRET, SECRET, 200),
+        (SECRET, None, 200),  # not forwarded: an ordinary client request, authenticated as usual
+        (SECRET, "", 403),
+        (SECRET, "loopback", 403),
+        (SECRET, SECRET[:-1] + "x", 403),
+        (None, "loopback", 200),  # a cluster on loopback only, without a secret
+        (None, SECRET, 403),
+    ],
+)
+async def test_a_cluster_node_takes_a_forwarded_request_only_with_the_cluster_secret(
+    secret: str | None, sent: str | None, status: int
+):
+    guard = ForwardedGuard(_ok, cluster_mode=True, secret=secret)
+    headers = {FORWARDED_HEADER: sent} if sent is not None else {}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guard), base_url="http://test") as client:
+        r = await client.post("/v1/sessions/s/input", json={}, headers=headers)
+    assert r.status_code == status, r.text

@@ -1,0 +1,103 @@
+"""The media edge route in-process: an edge that stops reading is closed (4008) and its speech ends interrupted, a
+frame over the size limit is closed (1009), and the session stays usable after each."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from switchboard.api import routes_media
+from switchboard.api.app import create_app
+from switchboard.runtime.agent import AgentRegistry
+
+from .conftest import Api, make_settings
+from .test_observability import AsgiWebSocket, sample, scrape, until
+
+
+async def frames(ws: AsgiWebSocket, n: int) -> bool:
+    return len(ws.frames) >= n
+
+
+WORDS = " ".join(f"w{i}" for i in range(300))
+
+
+async def create(api: Api, turns: list[dict[str, Any]]) -> str:
+    session = await api.create(llm={"provider": "scripted", "turns": turns})
+    return str(session["id"])
+
+
+def send(ws: AsgiWebSocket, frame: dict[str, Any] | str) -> None:
+    ws.inbox.put_nowait({"type": "websocket.receive", "text": frame if isinstance(frame, str) else json.dumps(frame)})
+
+
+async def speech(api: Api, sid: str, speech_id: str) -> dict[str, Any]:
+    return dict((await api.client.get(f"/v1/sessions/{sid}/speeches/{speech_id}")).json())
+
+
+async def test_an_edge_that_stops_reading_is_closed_and_its_speech_ends_interrupted(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(routes_media, "OUTBOX_FRAMES", 50)
+    sid = await create(api, [{"text": WORDS}, {"text": "Fine."}])
+    ws = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media")
+    send(ws, {"type": "ping"})
+    await until(lambda: frames(ws, 1))
+    assert sample(await scrape(api), "switchboard_media_edges") == 1
+    ws.stall()  # reads nothing more: 300 words of speech.text pile up
+    r = await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "talk"})
+    speech_id = r.json()["speech_id"]
+    assert (await ws.closed())[0] == 4008
+    assert sample(await scrape(api), "switchboard_media_edges") == 0
+    done = await until(lambda: _done(api, sid, speech_id))
+    assert done["interrupted"] is True and done["played_text"] == ""
+    # the session goes on without an edge
+    r = await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "still there?"})
+    second = r.json()["speech_id"]
+    done = await until(lambda: _done(api, sid, second))
+    assert done["interrupted"] is False and done["played_text"] == "Fine."
+
+
+async def _done(api: Api, sid: str, speech_id: str) -> dict[str, Any] | None:
+    found = await speech(api, sid, speech_id)
+    return found if found["state"] == "done" else None
+
+
+async def test_a_frame_over_the_size_limit_closes_the_edge(tmp_path: Any, registry: AgentRegistry) -> None:
+    app = create_app(make_settings(tmp_path, max_text_chars=100), registry=registry)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            api = Api(client, app)
+            sid = await create(api, [])
+            ws = AsgiWebSocket(app, f"/v1/sessions/{sid}/media")
+            send(ws, {"type": "user.transcript", "text": "x" * 101})
+            send(ws, {"type": "ping"})
+            await until(lambda: frames(ws, 2))
+            assert ws.frames[0]["code"] == "text_too_long" and ws.frames[1] == {"type": "pong"}
+            send(ws, {"type": "user.transcript", "text": "x" * 2000})
+            code, reason = await ws.closed()
+            assert code == 1009 and "at most 1124 characters" in reason
+            r = await client.post(f"/v1/sessions/{sid}/input", json={"text": "hello"})
+            assert r.status_code == 202
+
+
+async def test_barge_in_latency_is_measured_from_the_frame_read_to_the_stop_written(api: Api) -> None:
+    sid = await create(api, [{"text": WORDS}])
+    ws = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media")
+    send(ws, {"type": "user.speech_started"})  # nothing to interrupt yet: not measured
+    send(ws, {"type": "ping"})
+    await until(lambda: frames(ws, 1))
+    await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "talk"})
+    await until(lambda: _sent(ws, "speech.end"))
+    send(ws, {"type": "user.speech_started"})
+    await until(lambda: _sent(ws, "speech.stop"))
+    m = await scrape(api)
+    assert sample(m, "switchboard_media_barge_in_seconds_count") == 1
+    await ws.disconnect()
+
+
+async def _sent(ws: AsgiWebSocket, kind: str) -> bool:
+    return any(f["type"] == kind for f in ws.frames)

@@ -1,0 +1,20 @@
+"""A session this node let go of (after late lease renewals, or handing it over on a drain) while the database still
+names this node its owner is moving, not over: commands answer 503 ``session_moving`` (a client retries), never 409
+``session_not_active`` (a client gives up)."""
+
+from __future__ import annotations
+
+from .conftest import Api
+
+
+async def test_a_command_for_a_session_this_node_let_go_of_answers_moving(api: Api) -> None:
+    sid = (await api.create())["id"]
+    host = api.app.state.services.host
+    assert host.lease is not None
+    assert host.lease.lose_all("the lease was not renewed in time") == [sid]
+    r = await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "still there?"})
+    assert r.status_code == 503, r.text
+    assert r.json()["code"] == "session_moving" and r.headers["retry-after"] == "1"
+    # reads still answer, from the database (the session is live, owned by this node until it moves)
+    got = await api.client.get(f"/v1/sessions/{sid}")
+    assert got.status_code == 200 and got.json()["state"] == "active"
