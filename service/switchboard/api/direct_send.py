@@ -51,8 +51,6 @@ class DirectSend:
         resume: list[int],
         sends: SendClock,
         terminal: Sequence[str],
-        *,
-        accept: Callable[[Event], bool] | None = None,
     ) -> None:
         self.ws = ws
         self.sub = sub
@@ -61,13 +59,10 @@ class DirectSend:
         self.sends = sends
         self.terminal = frozenset(terminal)
         self.pending: asyncio.Task[None] | None = None
-        self.accept = accept  # False: the pump sends this event (and what comes before it)
 
     def __call__(self, item: tuple[int, Event, str]) -> bool:
         _, event, text = item
         if self.pending is not None or self.sub.error is not None or event.type in self.terminal:
-            return False  # the pump sends it (and ends the stream after a terminal event)
-        if self.accept is not None and not self.accept(event):
             return False  # the pump sends it (and ends the stream after a terminal event)
         try:
             frames = self.frames(event, text)
