@@ -128,3 +128,17 @@ async def test_a_gap_that_holds_too_many_events_closes_the_session_streams_to_re
     with pytest.raises(Exception, match="resume"):
         await sub.get()
     assert "s1" not in _order(hub)._tracks
+
+
+async def test_a_subscriber_that_falls_behind_is_closed_to_resume_and_the_others_go_on(store: Store, hub: EventHub):
+    slow = hub.subscribe(session_ids=["s1"], maxsize=2)
+    other = hub.subscribe(session_ids=["s1"])
+    await hub.in_order("s1")
+    hub.publish(await _durable(store, "s1", 1, 4))
+    assert slow.overflowed
+    with pytest.raises(Exception, match="resume"):
+        await slow.get()
+    slow.close()
+    assert await _seqs(other, 4) == [1, 2, 3, 4]
+    hub.publish(await _durable(store, "s1", 5, 1))
+    assert await _seqs(other, 1) == [5]
