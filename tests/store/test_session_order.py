@@ -142,3 +142,13 @@ async def test_a_subscriber_that_falls_behind_is_closed_to_resume_and_the_others
     assert await _seqs(other, 4) == [1, 2, 3, 4]
     hub.publish(await _durable(store, "s1", 5, 1))
     assert await _seqs(other, 1) == [5]
+
+
+async def test_a_stream_waiting_for_the_first_read_ends_with_the_node(hub: EventHub):
+    hub.subscribe(session_ids=["s1"])
+    waiting = asyncio.ensure_future(hub.in_order("s1"))
+    await asyncio.sleep(0)  # it waits
+    await _order(hub).aclose()  # before the session's last seq was read
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(TIMEOUT_S):
+            await waiting

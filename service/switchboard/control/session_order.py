@@ -80,6 +80,8 @@ class SessionOrder:
 
     async def aclose(self) -> None:
         tracks, self._tracks = list(self._tracks.values()), {}
+        for track in tracks:
+            track.ready.cancel()  # a stream still waiting for the first read ends with the node
         await cancel_and_wait(*(t.task for t in tracks))
 
     def offer(self, events: list[Item]) -> None:
