@@ -35,7 +35,7 @@ from .cluster_support import (
     until,
     up,
 )
-from .server import Server
+from .server import EventStream, Server
 from .test_faults import PG_URL, pg_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -346,3 +346,57 @@ async def _everything(node: Server) -> list[dict[str, Any]]:
 
 def _keys(frames: list[dict[str, Any]], sids: list[str]) -> list[tuple[str, int]]:
     return [(f["session_id"], f["seq"]) for f in frames if f["session_id"] in sids]
+
+
+async def test_filtered_session_streams_on_every_node_get_each_event_once_in_order(
+    tmp_path: Path, database_url: str, redis: RedisServer
+):
+    """A session on node-a reports progress; streams filtered to `tool.progress` on node-a and node-b, an unfiltered
+    one on node-b and one that joins node-b halfway with `since` each get every matching event once, in order, and
+    end with the session. On node-b the events come through Redis and are put in order once for all its streams."""
+    nodes = [
+        cluster_node(tmp_path, database_url, f"node-{x}", redis.url, SWITCHBOARD_CLUSTER_SECRET=SECRET) for x in "ab"
+    ]
+    a, b = nodes
+    steps = 60
+    try:
+        await start_all(nodes)
+        async with httpx.AsyncClient(timeout=30) as http:
+            call = _call("progress", steps=steps, step_s=0.05)
+            sid = await _pinned(http, a, "node-a", [{"text": "Counting.", "tool_calls": [call]}])
+            filtered = [await EventStream.open(n, sid, types="tool.progress") for n in (a, a, b, b, b, b, b, b)]
+            everything = await EventStream.open(b, sid)
+            streams = [*filtered, everything]
+            await until(lambda: _subscribers(http, nodes, len(streams)))
+            r = await http.post(f"{a.url}/v1/sessions/{sid}/input", json={"text": "go"})
+            assert r.status_code == 202, r.text
+            await until(lambda: _true(len(filtered[-1].frames) >= steps // 2))
+            since = filtered[-1].frames[steps // 4]["seq"]
+            late = await EventStream.open(b, sid, since=since, types="tool.progress")
+            await until(lambda: _true(all(len(s.frames) >= steps for s in filtered)), timeout_s=90)
+            assert (await http.delete(f"{a.url}/v1/sessions/{sid}")).status_code == 204
+            truth = await EventStream.open(a, sid, types="tool.progress")  # replayed from the database
+            await until(lambda: _true(all(s.closed for s in [*streams, late, truth])), timeout_s=60)
+            # a gap (none is expected here) is read from the database once per session per node, not per stream
+            assert await _metric(http, b, "switchboard_cluster_session_gap_reads_total") <= 1
+        expected = [f["seq"] for f in truth.frames if f["type"] == "tool.progress"]
+        assert len(expected) == steps
+        for stream in filtered:
+            assert [f["seq"] for f in stream.frames if f["type"] == "tool.progress"] == expected
+            assert stream.closed == (1000, "session closed")  # at the session's end, filtered out
+        assert [f["seq"] for f in late.frames if f["type"] == "tool.progress"] == [s for s in expected if s > since]
+        assert_gap_free(everything.frames, [sid])
+        assert everything.frames[-1]["type"] == "session.closed"
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+async def _metric(http: httpx.AsyncClient, node: Server, name: str) -> float:
+    text = (await http.get(f"{node.url}/metrics")).text
+    return float(next(ln for ln in text.splitlines() if ln.startswith(f"{name} ")).split()[1])
+
+
+async def _subscribers(http: httpx.AsyncClient, nodes: list[Server], want: int) -> bool:
+    counts = [await _metric(http, node, "switchboard_event_subscribers") for node in nodes]
+    return sum(counts) >= want

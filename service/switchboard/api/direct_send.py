@@ -53,7 +53,6 @@ class DirectSend:
         sends: SendClock,
         terminal: Sequence[str],
         *,
-        accept: Callable[[Event], bool] | None = None,
         shared: SendShared | None = None,
     ) -> None:
         self.send_text = send_text
@@ -63,14 +62,11 @@ class DirectSend:
         self.sends = sends
         self.terminal = frozenset(terminal)
         self.pending: asyncio.Task[None] | None = None
-        self.accept = accept  # False: the pump sends this event (and what comes before it)
         self.shared = shared  # False: this frame goes through ``send_text``
 
     def __call__(self, item: tuple[int, Event, str]) -> bool:
         _, event, text = item
         if self.pending is not None or self.sub.error is not None or event.type in self.terminal:
-            return False  # the pump sends it (and ends the stream after a terminal event)
-        if self.accept is not None and not self.accept(event):
             return False  # the pump sends it (and ends the stream after a terminal event)
         try:
             frames = self.frames(event, text)

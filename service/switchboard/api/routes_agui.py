@@ -30,8 +30,6 @@ from .routes_events import (
     MAX_POSITION,
     TERMINAL_EVENTS,
     Sends,
-    delivered_by,
-    direct_accepts,
     fell_behind,
     open_session_log,
 )
@@ -152,7 +150,6 @@ class AguiStream(StreamingResponse):
             self._since,
             None,
             heartbeat_s=KEEPALIVE_S,
-            delivered=lambda: delivered_by(direct, resume),
         )
         translator = AguiTranslator(self._sid)
 
@@ -164,8 +161,8 @@ class AguiStream(StreamingResponse):
         def frames(event: Event, text: str | None) -> list[str]:
             return [SHARED.sse(translator, event)]
 
-        accept = direct_accepts(self._services, None, resume)
-        direct = DirectSend(send_text, sub, frames, resume, sends, TERMINAL_EVENTS, accept=accept)
+        # as on the WebSocket: on every node the hub hands the subscription its session's events in order
+        direct = DirectSend(send_text, sub, frames, resume, sends, TERMINAL_EVENTS)
         sub.direct = direct
 
         async def pump() -> None:

@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
@@ -279,11 +279,10 @@ async def session_log(
     ended: bool,
     *,
     heartbeat_s: float | None = None,
-    repair: bool = False,
-    delivered: Callable[[], Awaitable[int]] | None = None,
 ) -> AsyncGenerator[tuple[Event, str | None] | None, None]:
     """One session's events after ``since``: replayed from the store, then live from ``sub`` (subscribed before the
-    replay began), each exactly once and in order, until its terminal event. Live ones come with their JSON. With
+    replay began, its events in order and none missing: in cluster mode ``control.session_order`` sees to it once per
+    node), each exactly once and in order, until its terminal event. Live ones come with their JSON. With
     ``heartbeat_s``, yields None after that long without an event. Raises ``SubscriberOverflow`` when ``sub`` fell
     behind. ``ended``: the session had ended when ``sub`` was made (its terminal event is in the store)."""
     last = since
@@ -311,33 +310,11 @@ async def session_log(
                 continue
         if event.seq <= last:
             continue
-        if repair and event.seq > last + 1:
-            # cluster mode: events reach this node from the session's owner through Redis (which may lose some)
-            # and, when the session moved, from its previous owner; the database has them all (what went out without
-            # this generator, ``delivered`` by a direct send, is not missed)
-            if delivered is not None:
-                last = max(last, await delivered())
-            for missed in await _missed(store, sid, last, event.seq, types):
-                yield missed, None
-                last = missed.seq
         if matches(event.type):
             yield event, text
-        last = event.seq  # seen: sent, or left out by the filter
+        last = event.seq
         if event.type in TERMINAL_EVENTS:
             return
-
-
-async def _missed(store: Store, sid: str, last: int, seq: int, types: list[str] | None) -> list[Event]:
-    """The stored events of ``sid`` after ``last`` and before ``seq``."""
-    if seq - last <= 1:
-        return []
-    return [e for e in await store.events(sid, since=last, limit=seq - last - 1, types=types) if e.seq < seq]
-
-
-async def delivered_by(direct: DirectSend, resume: list[int]) -> int:
-    """The last seq a stream sent, its direct send still under way included."""
-    await direct.settled()
-    return resume[0]
 
 
 async def open_session_log(
@@ -347,48 +324,28 @@ async def open_session_log(
     types: list[str] | None,
     *,
     heartbeat_s: float | None = None,
-    delivered: Callable[[], Awaitable[int]] | None = None,
 ) -> tuple[Subscription, AsyncGenerator[tuple[Event, str | None] | None, None]]:
     """Subscribe to ``sid``'s live events, then make its gap-free log after ``since`` (``session_log``)."""
-    # the end of the session is seen even when the filter leaves its event out; in cluster mode every event is (the
-    # log filters them), so that a missing seq is a gap to repair, not an event filtered out
-    repair = services.settings.cluster_mode
-    hub_types = None if types is None or repair else [*types, *TERMINAL_EVENTS]
-    sub = services.host.hub.subscribe(session_ids=[sid], types=hub_types, maxsize=services.settings.ws_buffer)
+    # the end of the session is seen even when the filter leaves its event out
+    hub_types = None if types is None else [*types, *TERMINAL_EVENTS]
+    hub = services.host.hub
+    sub = hub.subscribe(session_ids=[sid], types=hub_types, maxsize=services.settings.ws_buffer)
+    try:
+        await hub.in_order(sid)  # cluster mode: the session's live events are in order from here on
+    except BaseException:
+        sub.close()
+        raise
     # checked after subscribing: a session that ends later reports it through the hub; one that has ended has its
     # terminal event durable already (host.close() returns only after that), so the replay has all of it
     session = await services.host.find(sid)
     ended = session is not None and session.ended
-    log = session_log(
-        services.store,
-        sub,
-        sid,
-        since,
-        types,
-        ended,
-        heartbeat_s=heartbeat_s,
-        repair=repair,
-        delivered=delivered,
-    )
+    log = session_log(services.store, sub, sid, since, types, ended, heartbeat_s=heartbeat_s)
     return sub, log
-
-
-def direct_accepts(
-    services: deps.Services, types: list[str] | None, resume: list[int]
-) -> Callable[[Event], bool] | None:
-    """Which live events a session stream's direct send may take (None: all of them). In cluster mode only the one
-    that follows the last sent: the pump fills a gap from the store first, and filters by type."""
-    if not services.settings.cluster_mode:
-        return None
-    matches = type_matcher(types)
-    return lambda event: event.seq == resume[0] + 1 and matches(event.type)
 
 
 async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] | None, fmt: str) -> None:
     resume = [since]
-    sub, log = await open_session_log(
-        deps.services(ws), sid, since, types, delivered=lambda: delivered_by(direct, resume)
-    )
+    sub, log = await open_session_log(deps.services(ws), sid, since, types)
     sends = Sends()
     translator = AguiTranslator(sid) if fmt == FORMAT_AGUI else None
 
@@ -397,11 +354,9 @@ async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] 
             return SHARED.ws(translator, event)
         return [text or event.model_dump_json()]
 
-    # live events go out from the hub's publish while the pump waits idle (no task wakes per event)
-    accept = direct_accepts(deps.services(ws), types, resume)
-    direct = DirectSend(
-        ws.send_text, sub, frames, resume, sends, TERMINAL_EVENTS, accept=accept, shared=shared_sender(ws)
-    )
+    # live events go out from the hub's publish while the pump waits idle (no task wakes per event), on every node:
+    # in cluster mode too, the hub hands each subscription its session's events in order, none missing
+    direct = DirectSend(ws.send_text, sub, frames, resume, sends, TERMINAL_EVENTS, shared=shared_sender(ws))
     sub.direct = direct
 
     async def pump() -> None:

@@ -9,7 +9,9 @@ other; at a gap it waits ``GAP_WAIT_S`` for Redis, then reads the database from 
 finds fills the gap and every id it does not find below the events it holds is a hole. It also reads the database on
 its own, every ``POLL_S`` while Redis is down (that is how streams keep going without it, a little late) and every
 ``SAFETY_POLL_S`` otherwise (a message Redis lost at the tail of a burst, with nothing after it to show the gap).
-An event read from the database that the node had not received goes to the session streams too.
+An event read from the database that the node had not received goes to the session streams too, through the
+hub's ``SessionOrder`` (``control.session_order``), which the feed installs: it puts each watched session's events in
+``seq`` order once per node, so that a session stream on any node sends them as on a single node.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event
 from ..store import Store
 from .hub import EventHub
+from .session_order import SessionOrder
 
 logger = logging.getLogger("switchboard.control.cluster_feed")
 
@@ -42,18 +45,22 @@ class ClusterFeed:
         self._pending: dict[int, Event] = {}
         self._gap_ev = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.order = SessionOrder(store, hub.deliver_sessions, hub.overflow_session)
         self.repaired = 0  # events read from the database that this node had not received
         self.polls = 0
 
     async def start(self) -> None:
         self.last = await self.store.last_event_cursor()
         self.hub.ordered_by = self.offer
+        self.hub.sequencer = self.order
         self._task = asyncio.create_task(self._run(), name="cluster-feed")
 
     async def aclose(self) -> None:
         self.hub.ordered_by = None
+        self.hub.sequencer = None
         if self._task is not None:
             await cancel_and_wait(self._task)
+        await self.order.aclose()
 
     def offer(self, events: list[tuple[int, Event]]) -> None:
         """Durable events, as they reach this node (its own, and the others' through Redis)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
 from ..runtime.events import Event, type_matcher
 
@@ -18,6 +19,16 @@ class SubscriberOverflow(Exception):
     def __init__(self, resume_from: int) -> None:
         super().__init__(f"subscriber fell behind; resume from seq {resume_from}")
         self.resume_from = resume_from
+
+
+class Sequencer(Protocol):
+    """``control.session_order.SessionOrder``: puts each watched session's events in order (cluster mode)."""
+
+    def track(self, sid: str) -> Awaitable[None]: ...
+
+    def forget(self, sid: str) -> None: ...
+
+    def offer(self, events: list[tuple[int, Event]]) -> None: ...
 
 
 class Subscription:
@@ -58,12 +69,18 @@ class Subscription:
         if self.direct is not None and self._waiting and not self._buffer and self.direct(item):
             return
         if len(self._buffer) >= self._maxsize:
-            self.overflowed = True
-            self._hub.dropped_subscribers += 1
-            self._buffer.clear()
-            self.overflow_ev.set()
+            self.overflow()
         else:
             self._buffer.append(item)
+        self._ready.set()
+
+    def overflow(self) -> None:
+        """Mark the subscription as fallen behind: its stream is closed (4008) and resumes from the store."""
+        if not self.overflowed:
+            self.overflowed = True
+            self._hub.dropped_subscribers += 1
+        self._buffer.clear()
+        self.overflow_ev.set()
         self._ready.set()
 
     async def get(self) -> tuple[int, Event, str]:
@@ -109,8 +126,10 @@ class EventHub:
     node); ordered subscriptions (the multi-session stream) get every session's events in cursor order.
 
     One node commits its events in cursor order, so ``publish`` feeds both. In cluster mode events reach a node from
-    several writers, out of cursor order: ``ordered_by`` (``control.cluster_feed``) then puts them in order, filling
-    gaps from the database, and hands them back through ``publish_ordered``."""
+    several writers, out of cursor order and with gaps: ``ordered_by`` (``control.cluster_feed``) then puts them in
+    cursor order, filling gaps from the database, and hands them back through ``publish_ordered``; ``sequencer``
+    (``control.session_order``) puts each watched session's events in ``seq`` order, once per node, for the session
+    subscriptions."""
 
     def __init__(self, *, default_buffer: int = 1000) -> None:
         self.default_buffer = default_buffer
@@ -118,6 +137,7 @@ class EventHub:
         self._global: set[Subscription] = set()
         self.dropped_subscribers = 0
         self.ordered_by: Callable[[list[tuple[int, Event]]], None] | None = None
+        self.sequencer: Sequencer | None = None
 
     @property
     def subscriber_count(self) -> int:
@@ -144,7 +164,20 @@ class EventHub:
         else:
             for sid in ids:
                 self._by_session.setdefault(sid, set()).add(sub)
+                if self.sequencer is not None:
+                    self.sequencer.track(sid)
         return sub
+
+    async def in_order(self, sid: str) -> None:
+        """Wait until ``sid``'s live events reach its subscriptions in order, none missing (at once but in cluster
+        mode, where the session's last durable seq is read first: what a subscriber replays after this has every
+        event up to where the live ones begin)."""
+        if self.sequencer is not None and sid in self._by_session:
+            await self.sequencer.track(sid)
+
+    def overflow_session(self, sid: str) -> None:
+        for sub in list(self._by_session.get(sid, ())):
+            sub.overflow()
 
     def _remove(self, sub: Subscription) -> None:
         if sub.session_ids is None:
@@ -156,15 +189,18 @@ class EventHub:
                 subs.discard(sub)
                 if not subs:
                     del self._by_session[sid]
+                    if self.sequencer is not None:
+                        self.sequencer.forget(sid)
 
     def publish(self, events: Iterable[tuple[int, Event]]) -> None:
         """Deliver durable events (with their global cursor) to every matching subscriber, in order."""
-        if self.ordered_by is None:
+        if self.ordered_by is None and self.sequencer is None:
             self._deliver(events, self._global)
             return
         events = list(events)
-        self._deliver(events, ())
-        self.ordered_by(events)
+        self.publish_sessions(events)
+        if self.ordered_by is not None:
+            self.ordered_by(events)
 
     def publish_ordered(self, events: Iterable[tuple[int, Event]]) -> None:
         """Cluster mode: events in cursor order, for the ordered subscriptions."""
@@ -175,7 +211,14 @@ class EventHub:
                     sub._offer(item)
 
     def publish_sessions(self, events: Iterable[tuple[int, Event]]) -> None:
-        """Cluster mode: events this node had not received (read from the database), for the session subscriptions."""
+        """Cluster mode: events for the session subscriptions, as they reach this node (through ``sequencer``)."""
+        if self.sequencer is None:
+            self._deliver(events, ())
+        else:
+            self.sequencer.offer(list(events))
+
+    def deliver_sessions(self, events: list[tuple[int, Event]]) -> None:
+        """Events in order per session (from ``sequencer``), for the session subscriptions."""
         self._deliver(events, ())
 
     def _deliver(self, events: Iterable[tuple[int, Event]], others: Iterable[Subscription]) -> None:

@@ -89,6 +89,11 @@ class _Cluster(Collector):
             "switchboard_cluster_event_polls", "Reads of the database for other nodes' events", value=self._feed.polls
         )
         yield CounterMetricFamily(
+            "switchboard_cluster_session_gap_reads",
+            "Reads of the database to fill a gap in a session's events, once per session for all its streams here",
+            value=self._feed.order.repairs,
+        )
+        yield CounterMetricFamily(
             "switchboard_cluster_events_dropped",
             "Events this node could not publish to Redis (the others read them from the database)",
             value=self._fanout.dropped,
