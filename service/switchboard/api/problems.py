@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -197,6 +198,21 @@ class ProblemAPI(FastAPI):
         return self.openapi_schema
 
 
+#: close codes of a WebSocket whose route raised: the database is away (retry later), or anything else
+UNAVAILABLE_CLOSE = 1013
+UNEXPECTED_CLOSE = 1011
+
+
+async def _close_stream(ws: WebSocket, what: str, exc: Exception, code: int) -> None:
+    """A WebSocket route raised: log it with the stream's path and ids, and close the socket with ``code`` (a
+    handler of a WebSocket has no response to give)."""
+    ids = {k: v for k, v in ws.path_params.items() if k in ("sid", "session_id")}
+    level = logging.WARNING if code == UNAVAILABLE_CLOSE else logging.ERROR
+    logger.log(level, "WebSocket %s: %s (%r)", ws.url.path, what, exc, exc_info=level == logging.ERROR, extra=ids)
+    with contextlib.suppress(Exception):  # already closed, or never accepted: nothing more to say
+        await ws.close(code, reason=what)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ProblemError)
     async def _problem(_: Request, exc: ProblemError) -> JSONResponse:
@@ -217,9 +233,13 @@ def install(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return problem_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
 
-    async def _database(request: Request, exc: Exception) -> JSONResponse:
+    # a handler is called with the WebSocket of a WebSocket route (``Any``: Starlette types the two kinds apart)
+    async def _database(request: Any, exc: Exception) -> Any:
         if not is_transient(exc):
             return await _unexpected(request, exc)
+        if isinstance(request, WebSocket):
+            await _close_stream(request, "the database is unavailable", exc, UNAVAILABLE_CLOSE)
+            return None
         logger.warning("%s %s: the database is unavailable (%r)", request.method, request.url.path, exc)
         return problem_response(
             503,
@@ -239,7 +259,10 @@ def install(app: FastAPI) -> None:
         app.add_exception_handler(exc_type, _database)
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Any, exc: Exception) -> Any:
+        if isinstance(request, WebSocket):
+            await _close_stream(request, "unhandled error", exc, UNEXPECTED_CLOSE)
+            return None
         logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         # answered from outside every middleware (Starlette's ServerErrorMiddleware): the headers come from here
         return problem_response(500, "internal_error", "An internal error occurred.", headers=problem_headers())
