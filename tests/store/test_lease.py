@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 import asyncpg
 import pytest
 
-from switchboard.control.ownership import NodeLease
+from switchboard.control.ownership import NodeDraining, NodeLease
 from switchboard.control.settings import Settings
 from switchboard.store import NodeState, SessionRecord
 from switchboard.store.records import now_utc
@@ -68,6 +68,8 @@ async def test_a_node_that_let_go_after_late_renewals_hands_its_sessions_back(db
         async with asyncio.timeout(10):
             while lease.fence.owns("s1"):
                 await asyncio.sleep(0.05)
+        with pytest.raises(NodeDraining):  # until it rejoined, a session it created would be let go of at once
+            lease.check_serving()
         # once the database answers again, s1 must not stay named after a live node that no longer runs it: the
         # node rejoins as a fresh member, and s1 is an orphan any live node (this one too) takes over
         deadline = time.monotonic() + 10

@@ -207,6 +207,8 @@ class NodeLease:
             raise NodeDeposed(f"this node ({self.node_id}) no longer serves sessions: {self.deposed}")
         if self.draining:
             raise NodeDraining(f"this node ({self.node_id}) is stopping and takes no new session; retry")
+        if self._rejoin:  # a session created now would be let go of at once: its lease is late
+            raise NodeDraining(f"this node ({self.node_id}) is rejoining after a late lease renewal; retry")
 
     def claim_new(self, sid: str) -> int:
         """The epoch a session this node creates starts at (its row is inserted naming this node)."""
