@@ -76,6 +76,7 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
     from websockets.asyncio.server import ServerConnection, broadcast, serve
 
     from switchboard.api.app import create_app
+    from switchboard.api.ws_protocol import EventStreamProtocol
     from switchboard.cli.main import GC_YOUNG_THRESHOLD
     from switchboard.control.settings import Settings
 
@@ -94,7 +95,9 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    # the WebSocket protocol `switchboard serve` uses (cli/main.py)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws=EventStreamProtocol)
+    server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
     peers: set[ServerConnection] = set()
 

@@ -244,8 +244,13 @@ async def test_cancel_tool_call_rest(api: Api):
     assert_problem(again, 409, "already_ended")
     assert_problem(await api.client.post(f"/v1/sessions/{sid}/tool-calls/nope/cancel"), 404, "tool_call_not_found")
 
+    async def told() -> bool:  # the deferred reply about the cancelled call is out (a new input would replace it)
+        items = (await api.client.get(f"/v1/sessions/{sid}/chat")).json()["items"]
+        return any(i.get("text") == "The search was cancelled." for i in items)
+
+    await until(told, timeout=10.0)
     await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "slow please"})
-    slow = (await until(running))[0]
+    slow = (await until(running, timeout=10.0))[0]
     assert slow["name"] == "slow" and slow["cancellable"] is False
     refused = await api.client.post(f"/v1/sessions/{sid}/tool-calls/{slow['call_id']}/cancel")
     assert_problem(refused, 409, "not_cancellable")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,7 @@ import websockets
 from ag_ui_validate.pytest_plugin import assert_valid_agui, validate_agui_endpoint
 
 from .server import EventStream, Server
+from .test_streams import flood_until_dropped, metric
 
 pytestmark = pytest.mark.e2e
 
@@ -224,3 +227,43 @@ async def test_sse_refusals_are_problems(server: Server):
         assert r.status_code == 400 and r.json()["code"] == "invalid_last_event_id"
         r = await client.get(f"/v1/sessions/{sid}/ag-ui?since=-1")
         assert r.status_code == 422
+
+
+async def test_a_slow_sse_reader_is_dropped_and_resumes_without_loss(tmp_path):
+    # A small per-subscriber buffer and big interim transcripts: a reader that stops reading blocks the server's
+    # sends while the session keeps producing events. Its stream ends (with a comment) instead of holding them all.
+    srv = Server(tmp_path, SWITCHBOARD_WS_BUFFER="10", SWITCHBOARD_MAX_TEXT_CHARS="60000").start()
+    try:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=10) as client:
+            sid = await new_session(client)
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server blocks sooner
+            sock.connect(("127.0.0.1", srv.port))
+            sock.sendall(f"GET /v1/sessions/{sid}/ag-ui HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n\r\n".encode())
+            sock.setblocking(False)  # and nothing is read from it for now
+            await flood_until_dropped(client, sid)
+            raw = await asyncio.wait_for(read_all(sock), 30)  # it reads again: what was sent, then the end
+            ids = [int(m) for m in re.findall(rb"^id: (\d+)$", raw, re.MULTILINE)]
+            assert ids and ids == list(range(ids[0], ids[0] + len(ids))) and ids[0] <= 2  # gap-free, from the start
+            assert raw.endswith(b"0\r\n\r\n"), raw[-200:]  # the response ended (chunked)
+            rest = SseCapture()
+            await client.post(f"/v1/sessions/{sid}/input", json={"text": "book table 7"})
+            await asyncio.sleep(0.5)
+            assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
+            url = f"/v1/sessions/{sid}/ag-ui"
+            assert await read_sse(client, url, rest, headers={"Last-Event-ID": str(ids[-1])}) == 200
+            log = await EventStream.open(srv, sid, since=0)
+            await log.wait_for("session.closed")
+            await log.close()
+            assert ids + rest.ids() == list(range(ids[0], log.frames[-1]["seq"] + 1))  # nothing lost, nothing twice
+            assert metric((await client.get("/metrics")).text, "switchboard_ws_slow_consumers_dropped_total") == 1
+    finally:
+        srv.stop()
+
+
+async def read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    with sock:
+        while chunk := await asyncio.get_running_loop().sock_recv(sock, 2**16):
+            chunks.append(chunk)
+    return b"".join(chunks)

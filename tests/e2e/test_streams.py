@@ -87,6 +87,19 @@ def metric(text: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
+async def flood_until_dropped(client: httpx.AsyncClient, sid: str, timeout_s: float = 60) -> int:
+    """Send big interim transcripts to ``sid`` until the server has dropped a slow subscriber; how many were sent."""
+    interim = 0
+    async with asyncio.timeout(timeout_s):
+        while not metric((await client.get("/metrics")).text, "switchboard_ws_slow_consumers_dropped_total"):
+            assert interim < 400, "the slow subscriber was never dropped"
+            text = secrets.token_urlsafe(36_000)  # ~48 KB that does not compress
+            r = await client.post(f"/v1/sessions/{sid}/input", json={"text": text, "final": False})
+            assert r.status_code == 202, r.text
+            interim += 1
+    return interim
+
+
 # -- one session's stream ------------------------------------------------------------------------------------------
 
 
@@ -221,14 +234,7 @@ async def test_slow_consumer_is_closed_with_4008_and_resumes_without_loss(tmp_pa
             # so that the bytes on the wire are the bytes of the events
             slow = await websockets.connect(url, sock=sock, max_queue=1, compression=None)
             await client.post(f"/v1/sessions/{sid}/input", json={"text": "count"})
-            interim = 0
-            async with asyncio.timeout(30):
-                while not metric((await client.get("/metrics")).text, "switchboard_ws_slow_consumers_dropped_total"):
-                    assert interim < 400, "the slow consumer was never dropped"
-                    text = secrets.token_urlsafe(36_000)  # ~48 KB that does not compress
-                    r = await client.post(f"/v1/sessions/{sid}/input", json={"text": text, "final": False})
-                    assert r.status_code == 202, r.text
-                    interim += 1
+            interim = await flood_until_dropped(client, sid)
             # the client reads again: everything sent before the close, then the close with the seq to resume from
             frames: list[Frame] = []
             async with asyncio.timeout(15):

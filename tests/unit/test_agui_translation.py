@@ -50,3 +50,20 @@ def test_a_run_lasts_until_the_agent_listens_with_none_of_its_calls_running():
     frames = [json.loads(f) for ev in events("run-2") for f in encode_ws(ws.translate(ev), ev.seq)]
     assert_valid_agui(frames, max_warnings=0)
     assert [f["rawEvent"]["seq"] for f in frames if "rawEvent" in f] == list(range(1, len(LOG) + 1))
+
+
+def test_streams_in_the_same_state_share_translations_and_a_state_change_is_seen():
+    log = events("s-key")
+    shared = SharedEncodings()
+    first, second = AguiTranslator("s-key"), AguiTranslator("s-key")
+    for event in log:
+        assert shared.ws(first, event) == shared.ws(second, event)  # the second takes the first's translation
+        assert second.state_key() == first.state_key()
+    assert first.state_key() is first.state_key()  # built once per change of state, not per event
+    fresh = AguiTranslator("s-key")  # a stream that joins later, from the start: the same frames as its own translation
+    assert [shared.ws(fresh, e) for e in log] == [encode_ws(t, e.seq) for t, e in zip(replay(log), log, strict=True)]
+
+
+def replay(log: list[Event]) -> list[Any]:
+    translator = AguiTranslator(log[0].session_id)
+    return [translator.translate(e) for e in log]

@@ -36,7 +36,9 @@ async def test_sends_in_the_publish_while_idle_and_in_order_when_a_send_suspends
     hub, socket = EventHub(), Socket()
     sub = hub.subscribe(session_ids=["s"], maxsize=100)
     resume = [0]
-    direct = DirectSend(socket, sub, lambda e, text: [f"{e.seq}a", f"{e.seq}b"], resume, Clock(), ["session.closed"])  # type: ignore[arg-type]
+    direct = DirectSend(
+        socket.send_text, sub, lambda e, text: [f"{e.seq}a", f"{e.seq}b"], resume, Clock(), ["session.closed"]
+    )  # type: ignore[arg-type]
     sub.direct = direct
     got: list[Any] = []
 
@@ -76,7 +78,7 @@ async def test_a_failed_direct_send_ends_the_readers_wait():
         async def send_text(self, text: str) -> None:
             raise ConnectionResetError("gone")
 
-    sub.direct = DirectSend(Broken(), sub, lambda e, text: ["x"], [0], Clock(), [])  # type: ignore[arg-type]
+    sub.direct = DirectSend(Broken().send_text, sub, lambda e, text: ["x"], [0], Clock(), [])  # type: ignore[arg-type]
     waiting = asyncio.create_task(sub.get())
     await asyncio.sleep(0)
     hub.publish([(1, event(1))])
@@ -86,4 +88,30 @@ async def test_a_failed_direct_send_ends_the_readers_wait():
         pass
     else:
         raise AssertionError("the reader did not hear of the failed send")
+    sub.close()
+
+
+async def test_a_shared_frame_goes_first_and_a_refused_one_through_send_text():
+    hub, socket = EventHub(), Socket()
+    sub = hub.subscribe(session_ids=["s"], maxsize=100)
+    shared: list[str] = []
+    takes = [True, False]  # the connection takes the first frame at once, not the second (its buffer is full)
+
+    def send_shared(text: str) -> bool:
+        if takes.pop(0):
+            shared.append(text)
+            return True
+        return False
+
+    resume = [0]
+    direct = DirectSend(
+        socket.send_text, sub, lambda e, t: [f"{e.seq}a", f"{e.seq}b"], resume, Clock(), [], shared=send_shared
+    )
+    sub.direct = direct
+    waiting = asyncio.create_task(sub.get())
+    await asyncio.sleep(0)
+    hub.publish([(1, event(1))])
+    assert shared == ["1a"] and socket.sent == ["1b"] and resume == [1]  # in order, nothing twice
+    waiting.cancel()
+    await direct.aclose()
     sub.close()

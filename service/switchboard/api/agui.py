@@ -64,7 +64,7 @@ def _state(ts: int, **changes: Any) -> StateDeltaEvent:
 class AguiTranslator:
     """Turns one session's events, in ``seq`` order, into AG-UI events (see the module docstring)."""
 
-    __slots__ = ("agent_state", "calls", "run_id", "running", "thread_id")
+    __slots__ = ("_key", "agent_state", "calls", "run_id", "running", "thread_id")
 
     def __init__(self, session_id: str) -> None:
         self.thread_id = session_id
@@ -72,17 +72,24 @@ class AguiTranslator:
         self.calls: set[str] = set()  # tool calls started in the open run
         self.running: set[str] = set()  # ... and not ended yet
         self.agent_state: str | None = None
+        self._key: StateKey | None = None  # ``state_key()`` until ``translate`` changes the state
 
     def state_key(self) -> StateKey:
         """Everything ``translate`` depends on besides the event (streams in the same state share a translation)."""
-        return self.run_id, frozenset(self.calls), frozenset(self.running), self.agent_state
+        if self._key is None:  # asked for every event of every stream: built once per change of state
+            self._key = self.run_id, frozenset(self.calls), frozenset(self.running), self.agent_state
+        return self._key
 
     def restore(self, state: StateKey) -> None:
+        if state == self.state_key():
+            return
         self.run_id, calls, running, self.agent_state = state
         self.calls, self.running = set(calls), set(running)
+        self._key = state
 
     def translate(self, event: Event) -> list[BaseEvent]:
         """The AG-UI events for ``event`` (at least one), framed in a run."""
+        self._key = None
         ts = int(event.at.timestamp() * 1000)
         out: list[BaseEvent] = []
         if self.run_id is None:

@@ -1,10 +1,12 @@
-"""Sending a live event to a WebSocket from within the hub's publish, as a broadcast does.
+"""Sending a live event to a stream (a WebSocket, an SSE response) from within the hub's publish, as a broadcast does.
 
 A stream's pump is a task: waking a thousand of them for each event, each to send one frame, costs more than the
 sends themselves and spreads one event's delivery over the whole round. While a stream's pump waits idle for its
-next event, ``DirectSend`` sends that event at once instead, in the publishing call: the ASGI send of a WebSocket
-whose socket accepts more data completes without suspending. A send that does suspend (the client's socket is full)
-is finished by a task, and the pump waits for that task before its own next send, so frames stay in order.
+next event, ``DirectSend`` sends that event at once instead, in the publishing call: an ASGI send (a WebSocket
+message, an HTTP body chunk) whose socket accepts more data completes without suspending. A send that does suspend
+(the client's socket is full) is finished by a task, and the pump waits for that task before its own next send, so
+frames stay in order. A WebSocket that offers ``send_shared`` (``ws_protocol``) writes the frame's bytes, encoded
+once for every subscriber.
 """
 
 from __future__ import annotations
@@ -14,10 +16,9 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
-from starlette.websockets import WebSocket
-
 from ..control.hub import Subscription
 from ..runtime.events import Event
+from .ws_protocol import SendShared
 
 
 class SendClock(Protocol):
@@ -41,11 +42,11 @@ async def _drive(coro: Coroutine[Any, Any, None], yielded: Any) -> None:
 
 
 class DirectSend:
-    """``Subscription.direct`` for a WebSocket stream (see the module docstring)."""
+    """``Subscription.direct`` for a stream (see the module docstring); ``send_text`` sends one frame."""
 
     def __init__(
         self,
-        ws: WebSocket,
+        send_text: Callable[[str], Coroutine[Any, Any, None]],
         sub: Subscription,
         frames: Callable[[Event, str], Sequence[str]],
         resume: list[int],
@@ -53,8 +54,9 @@ class DirectSend:
         terminal: Sequence[str],
         *,
         accept: Callable[[Event], bool] | None = None,
+        shared: SendShared | None = None,
     ) -> None:
-        self.ws = ws
+        self.send_text = send_text
         self.sub = sub
         self.frames = frames
         self.resume = resume
@@ -62,6 +64,7 @@ class DirectSend:
         self.terminal = frozenset(terminal)
         self.pending: asyncio.Task[None] | None = None
         self.accept = accept  # False: the pump sends this event (and what comes before it)
+        self.shared = shared  # False: this frame goes through ``send_text``
 
     def __call__(self, item: tuple[int, Event, str]) -> bool:
         _, event, text = item
@@ -72,7 +75,9 @@ class DirectSend:
         try:
             frames = self.frames(event, text)
             for i, frame in enumerate(frames):
-                coro = self.ws.send_text(frame)
+                if self.shared is not None and self.shared(frame):
+                    continue
+                coro = self.send_text(frame)
                 try:
                     yielded = coro.send(None)
                 except StopIteration:
@@ -90,7 +95,7 @@ class DirectSend:
         try:
             await _drive(coro, yielded)
             for frame in rest:
-                await self.ws.send_text(frame)
+                await self.send_text(frame)
             self.resume[0] = seq
         except asyncio.CancelledError:
             raise

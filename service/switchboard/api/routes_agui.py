@@ -6,25 +6,41 @@ gap-free); each session event becomes AG-UI events (``agui``) and the last of th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.types import Message, Send
 
 from ..control.hub import SubscriberOverflow
+from ..runtime.aio import cancel_and_wait
+from ..runtime.events import Event
 from . import deps
 from .agui import SHARED, AguiTranslator
 from .auth import AuthError, authenticate, bearer, check, url_token
+from .direct_send import DirectSend
 from .problems import ProblemError, not_found, problem_responses
-from .routes_events import MAX_POSITION, open_session_log
+from .routes_events import (
+    CLOSE_TIMEOUT_S,
+    MAX_POSITION,
+    TERMINAL_EVENTS,
+    Sends,
+    delivered_by,
+    direct_accepts,
+    fell_behind,
+    open_session_log,
+)
 from .stream_slots import TooManyStreams
 
 logger = logging.getLogger("switchboard.api.agui")
 router = APIRouter(tags=["events"])
 
+TOO_SLOW = ": too slow; reconnect with Last-Event-ID\n\n"
 KEEPALIVE_S = 15.0  # an SSE comment this often on a quiet stream: proxies and clients keep the connection
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -94,30 +110,94 @@ async def stream_session_agui(
         release = services.streams.acquire(principal.name)
     except TooManyStreams as err:
         raise ProblemError(429, "too_many_streams", err.reason, headers={"Retry-After": "1"}) from None
-    return StreamingResponse(
-        _frames(services, sid, resume, release), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+    return AguiStream(services, sid, resume, release)
 
 
-async def _frames(services: deps.Services, sid: str, since: int, release: Callable[[], None]) -> AsyncIterator[str]:
-    metrics = services.metrics
-    metrics.ws_connections.inc()
-    try:
-        sub, log = await open_session_log(services, sid, since, None, heartbeat_s=KEEPALIVE_S)
-        translator = AguiTranslator(sid)
-        with sub:
-            async with contextlib.aclosing(log):
-                try:
+class AguiStream(StreamingResponse):
+    """The SSE response. Live events are sent from the hub's publish while the stream waits idle for its next one
+    (``DirectSend``: no task wakes per subscriber per event); the rest (replay, keepalives, an event behind a send
+    still under way, the session's end) by the stream's pump. A stream that fell behind (its buffer overflowed, or a
+    send stuck for ``SEND_TIMEOUT_S``) ends with a comment: the client resumes with the ``Last-Event-ID`` it holds.
+    """
+
+    def __init__(self, services: deps.Services, sid: str, since: int, release: Callable[[], None]) -> None:
+        super().__init__((), media_type="text/event-stream", headers=SSE_HEADERS)
+        self._services, self._sid, self._since, self._release = services, sid, since, release
+
+    async def stream_response(self, send: Send) -> None:
+        metrics = self._services.metrics
+        metrics.ws_connections.inc()
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            behind = await self._stream(send)
+            if behind:
+                metrics.ws_dropped.inc()
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    if behind:  # nothing is lost: the client reconnects with the Last-Event-ID it holds
+                        await send(_chunk(TOO_SLOW))
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except TimeoutError:  # a client that reads nothing is not waited for: the server closes the connection
+                logger.warning("AG-UI stream of session %s: the client reads nothing; closing", self._sid)
+        finally:
+            metrics.ws_connections.dec()
+            self._release()
+
+    async def _stream(self, send: Send) -> bool:
+        """Send the session's events until it ends; True when the stream fell behind."""
+        resume, sends = [self._since], Sends()
+        sub, log = await open_session_log(
+            self._services,
+            self._sid,
+            self._since,
+            None,
+            heartbeat_s=KEEPALIVE_S,
+            delivered=lambda: delivered_by(direct, resume),
+        )
+        translator = AguiTranslator(self._sid)
+
+        async def send_text(text: str) -> None:
+            sends.since = time.monotonic()
+            await send(_chunk(text))
+            sends.since = None
+
+        def frames(event: Event, text: str | None) -> list[str]:
+            return [SHARED.sse(translator, event)]
+
+        accept = direct_accepts(self._services, None, resume)
+        direct = DirectSend(send_text, sub, frames, resume, sends, TERMINAL_EVENTS, accept=accept)
+        sub.direct = direct
+
+        async def pump() -> None:
+            try:
+                async with contextlib.aclosing(log):
                     async for item in log:
+                        await direct.settled()  # a direct send still finishing goes first
                         if item is None:
-                            yield ": keepalive\n\n"
+                            await send_text(": keepalive\n\n")
                             continue
-                        event = item[0]
-                        yield SHARED.sse(translator, event)
-                except SubscriberOverflow:
-                    # nothing is lost: the client reconnects with the Last-Event-ID it holds
-                    metrics.ws_dropped.inc()
-                    yield ": too slow; reconnect with Last-Event-ID\n\n"
-    finally:
-        metrics.ws_connections.dec()
-        release()
+                        if item[0].seq <= resume[0]:
+                            continue  # sent already: directly from the hub, or it reached this node twice
+                        await send_text(frames(item[0], None)[0])
+                        resume[0] = item[0].seq
+            finally:
+                await direct.aclose()
+
+        with sub:
+            tasks = [asyncio.create_task(pump(), name="sse-pump"), asyncio.create_task(fell_behind(sub, sends))]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await cancel_and_wait(*tasks)
+        if tasks[1] in done:
+            return True
+        err = tasks[0].exception()
+        if isinstance(err, SubscriberOverflow):
+            return True
+        if err is not None:
+            raise err
+        return False
+
+
+def _chunk(text: str) -> Message:
+    return {"type": "http.response.body", "body": text.encode(), "more_body": True}

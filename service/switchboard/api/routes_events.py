@@ -27,6 +27,7 @@ from .agui import SHARED, AguiTranslator
 from .auth import AuthError, Principal, authenticate, bearer, check, url_token
 from .direct_send import DirectSend
 from .stream_slots import TooManyStreams
+from .ws_protocol import shared_sender
 
 logger = logging.getLogger("switchboard.api.ws")
 router = APIRouter(tags=["events"])
@@ -153,7 +154,7 @@ async def _close(ws: WebSocket, code: int, reason: str) -> None:
                 await ws.close(code=code, reason=reason[:120])
 
 
-class _Sends:
+class Sends:
     """When the stream's send in progress began (None between sends). A send stuck for ``SEND_TIMEOUT_S`` is found
     by the stream's watch: a timer per frame (~5 us) would be paid for every subscriber of every event."""
 
@@ -166,7 +167,7 @@ class _Sends:
         return self.since is not None and time.monotonic() - self.since > SEND_TIMEOUT_S
 
 
-async def _send(ws: WebSocket, text: str, sends: _Sends | None = None) -> None:
+async def _send(ws: WebSocket, text: str, sends: Sends | None = None) -> None:
     if sends is None:
         async with asyncio.timeout(SEND_TIMEOUT_S):
             await ws.send_text(text)
@@ -193,12 +194,17 @@ async def _receive(ws: WebSocket) -> None:
             await _send(ws, json.dumps({"type": "pong"}))
 
 
-async def _watch_overflow(sub: Subscription, resume: list[int], key: str, sends: _Sends) -> None:
-    """End a stream that fell behind: its buffer overflowed, or a send has been stuck for ``SEND_TIMEOUT_S``."""
+async def fell_behind(sub: Subscription, sends: Sends) -> None:
+    """Return once a stream fell behind: its buffer overflowed, or a send has been stuck for ``SEND_TIMEOUT_S``."""
     while not sub.overflow_ev.is_set() and not sends.stalled():
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SEND_TIMEOUT_S / 4):
                 await sub.overflow_ev.wait()
+
+
+async def _watch_overflow(sub: Subscription, resume: list[int], key: str, sends: Sends) -> None:
+    """End a stream that fell behind (``fell_behind``)."""
+    await fell_behind(sub, sends)
     raise _Closed(CLOSE_SLOW_CONSUMER, f"too slow; resume with {key}={resume[0]}")
 
 
@@ -207,7 +213,7 @@ async def _run(
     sub: Subscription,
     pump: Coroutine[Any, Any, None],
     resume: list[int],
-    sends: _Sends,
+    sends: Sends,
     key: str = "since",
 ) -> None:
     """Run the pumps; ``resume[0]`` is the position to resume from, named ``key`` in a 4008 close reason."""
@@ -328,7 +334,7 @@ async def _missed(store: Store, sid: str, last: int, seq: int, types: list[str] 
     return [e for e in await store.events(sid, since=last, limit=seq - last - 1, types=types) if e.seq < seq]
 
 
-async def _delivered(direct: DirectSend, resume: list[int]) -> int:
+async def delivered_by(direct: DirectSend, resume: list[int]) -> int:
     """The last seq a stream sent, its direct send still under way included."""
     await direct.settled()
     return resume[0]
@@ -367,12 +373,23 @@ async def open_session_log(
     return sub, log
 
 
+def direct_accepts(
+    services: deps.Services, types: list[str] | None, resume: list[int]
+) -> Callable[[Event], bool] | None:
+    """Which live events a session stream's direct send may take (None: all of them). In cluster mode only the one
+    that follows the last sent: the pump fills a gap from the store first, and filters by type."""
+    if not services.settings.cluster_mode:
+        return None
+    matches = type_matcher(types)
+    return lambda event: event.seq == resume[0] + 1 and matches(event.type)
+
+
 async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] | None, fmt: str) -> None:
     resume = [since]
     sub, log = await open_session_log(
-        deps.services(ws), sid, since, types, delivered=lambda: _delivered(direct, resume)
+        deps.services(ws), sid, since, types, delivered=lambda: delivered_by(direct, resume)
     )
-    sends = _Sends()
+    sends = Sends()
     translator = AguiTranslator(sid) if fmt == FORMAT_AGUI else None
 
     def frames(event: Event, text: str | None) -> list[str]:
@@ -380,12 +397,11 @@ async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] 
             return SHARED.ws(translator, event)
         return [text or event.model_dump_json()]
 
-    # live events go out from the hub's publish while the pump waits idle (no task wakes per event); in cluster mode
-    # only the one that follows the last sent (the pump fills a gap from the store first, and filters by type)
-    matches = type_matcher(types)
-    cluster = deps.services(ws).settings.cluster_mode
-    accept = (lambda event: event.seq == resume[0] + 1 and matches(event.type)) if cluster else None
-    direct = DirectSend(ws, sub, frames, resume, sends, TERMINAL_EVENTS, accept=accept)
+    # live events go out from the hub's publish while the pump waits idle (no task wakes per event)
+    accept = direct_accepts(deps.services(ws), types, resume)
+    direct = DirectSend(
+        ws.send_text, sub, frames, resume, sends, TERMINAL_EVENTS, accept=accept, shared=shared_sender(ws)
+    )
     sub.direct = direct
 
     async def pump() -> None:
@@ -443,7 +459,7 @@ async def _multi_stream(
     # last cursor received misses nothing
     sub = services.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer, ordered=True)
     resume = [cursor]
-    sends = _Sends()
+    sends = Sends()
 
     def frame(c: int, event: Event) -> str:
         return json.dumps({"cursor": c, **event.model_dump(mode="json")})

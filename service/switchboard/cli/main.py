@@ -60,6 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..api.app import create_app
+    from ..api.ws_protocol import EventStreamProtocol
     from ..integrations.agents_file import AgentsFileError
     from ..runtime.agent import AgentsImportError
 
@@ -85,6 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_config=None,
+        ws=EventStreamProtocol,  # event frames encoded once for every subscriber
         ws_ping_interval=settings.ws_ping_interval_s,
         ws_max_size=settings.ws_max_message_bytes,
         ws_ping_timeout=settings.ws_ping_interval_s,

@@ -1,0 +1,124 @@
+"""The server's WebSocket connections, with event frames encoded once for every subscriber.
+
+A live event goes out to each of its subscribers as the same text message. Through ASGI each connection would frame
+it and, with permessage-deflate, compress it on its own, a thousand times for a thousand dashboards. Here the server
+compresses each message on its own (``server_no_context_takeover``, as RFC 7692 lets a server decide), so its bytes
+on the wire depend only on the message and the negotiated parameters: ``SharedFrames`` encodes a message once per
+encoding, and a connection that can take it at once writes those bytes to its socket (``EventStreamProtocol
+.send_shared``, offered to the app as the ASGI scope extension ``SHARED_FRAMES``). Compressing each message on its own
+also frees a connection's compressor between messages (~32 KB per idle stream).
+
+Everything else is uvicorn's websockets (sans-I/O) protocol: the handshake, keepalive pings, receiving, closing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from starlette.websockets import WebSocket
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.extensions.base import Extension
+from websockets.extensions.permessage_deflate import PerMessageDeflate, ServerPerMessageDeflateFactory
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
+#: The ASGI scope extension of a connection that can write a shared frame: ``send_shared(text) -> bool``.
+SHARED_FRAMES = "switchboard.shared_frames"
+SHARED_CACHE_SIZE = 64  # messages whose wire bytes are kept (one event may make a few AG-UI messages)
+WINDOW_BITS = 12  # uvicorn's (and the websockets library's) defaults
+COMPRESS_SETTINGS = {"memLevel": 5}
+
+SendShared = Callable[[str], bool]
+
+
+def encoding_key(extensions: Sequence[Extension]) -> Hashable | None:
+    """What a connection's frames depend on besides the message, or None when they depend on its history (an
+    extension that keeps context across messages, or one this module does not know)."""
+    if not extensions:
+        return "plain"
+    if len(extensions) != 1 or not isinstance(ext := extensions[0], PerMessageDeflate):
+        return None
+    if not ext.local_no_context_takeover:
+        return None
+    return ("deflate", ext.local_max_window_bits, tuple(sorted(ext.compress_settings.items())))
+
+
+class SharedFrames:
+    """The wire bytes of recent text messages, per encoding: each is framed (and compressed) once."""
+
+    def __init__(self, size: int = SHARED_CACHE_SIZE) -> None:
+        self._size = size
+        self._wire: OrderedDict[str, dict[Hashable, bytes]] = OrderedDict()
+        self.encoded = 0  # messages framed so far (a test and a benchmark read it)
+
+    def wire(self, text: str, key: Hashable, extensions: Sequence[Extension]) -> bytes:
+        """``text`` as one unmasked text frame, for a connection whose ``encoding_key`` is ``key``."""
+        by_key = self._wire.get(text)
+        if by_key is None:
+            by_key = self._wire[text] = {}
+            if len(self._wire) > self._size:
+                self._wire.popitem(last=False)
+        data = by_key.get(key)
+        if data is None:
+            # with no context kept across messages, the extension compresses this one with a fresh compressor
+            data = by_key[key] = Frame(Opcode.TEXT, text.encode()).serialize(mask=False, extensions=extensions)
+            self.encoded += 1
+        return data
+
+
+FRAMES = SharedFrames()
+
+
+class EventStreamProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's websockets protocol, compressing each message on its own and offering ``send_shared``."""
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: Any = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        if self.config.ws_per_message_deflate:
+            deflate = ServerPerMessageDeflateFactory(
+                server_no_context_takeover=True,
+                server_max_window_bits=WINDOW_BITS,
+                client_max_window_bits=WINDOW_BITS,
+                compress_settings=dict(COMPRESS_SETTINGS),
+            )
+            self.conn = ServerProtocol(
+                extensions=[deflate], max_size=self.config.ws_max_size, logger=logging.getLogger("uvicorn.error")
+            )
+        self._encoding: Hashable | None = None
+
+    def handle_connect(self, event: Request) -> None:
+        super().handle_connect(event)
+        if self.response.status_code == 101:  # the scope exists; the app's task has not run yet
+            self._encoding = encoding_key(self.conn.extensions)
+            if self._encoding is not None:
+                extensions: dict[str, Any] = self.scope["extensions"]
+                extensions[SHARED_FRAMES] = self.send_shared
+
+    def send_shared(self, text: str) -> bool:
+        """Write ``text`` as one text message, its bytes shared with every connection that encodes it alike. False
+        when this connection cannot take it at once (not open, or its socket buffer full): send it the usual way,
+        which waits or raises as a send does."""
+        if (
+            self._encoding is None
+            or not self.handshake_complete
+            or self.close_sent
+            or self.disconnected
+            or not self.writable.is_set()
+            or self.conn.state is not State.OPEN
+            or self.transport.is_closing()
+        ):
+            return False
+        self.transport.write(FRAMES.wire(text, self._encoding, self.conn.extensions))
+        return True
+
+
+def shared_sender(ws: WebSocket) -> SendShared | None:
+    """The connection's ``send_shared``, when its server offers it."""
+    extensions = ws.scope.get("extensions") or {}
+    sender = extensions.get(SHARED_FRAMES)
+    return sender if callable(sender) else None
