@@ -32,7 +32,8 @@ from tests.e2e.server import Server  # noqa: E402  (the e2e tests' server proces
 
 ATTEMPTS = 10
 RETRIED: Counter[str] = Counter()  # 503 answers retried (documented retries), by problem code
-LEASE_LOSSES = ("lease not renewed in time", "re-registered after losing its lease")
+# what a node logs when it lets go of its sessions after late renewals, or finds another node buried it
+LEASE_LOSSES = ("lease not renewed in time", "re-registered after losing its lease", "lost its lease; rejoining")
 PG_URL = os.environ.get("SWITCHBOARD_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 
 
@@ -144,6 +145,8 @@ async def cluster(count: int, **env: str) -> AsyncIterator[list[Node]]:
                     print(f"lease losses in the nodes' logs (late renewals under load): {len(losses)}")
                     for line in losses[:10]:
                         print(f"  {line}")
+                    stalls = sum(node.logs().count("event loop stalled for") for node in nodes)
+                    print(f"event-loop stalls past the renewal bound (renewals held back): {stalls}")
                     for node in nodes:
                         node.signal(signal.SIGTERM)
                     await asyncio.gather(*(node.stopped(30) for node in nodes))

@@ -1,18 +1,21 @@
 """A cluster node's lease against a real PostgreSQL: a node whose renewals are held up past the point where it lets go
-of its sessions must hand them back to the cluster once it can write again, and a takeover in progress never holds
-up the other nodes' renewals."""
+of its sessions must hand them back to the cluster once it can write again, a takeover in progress never holds
+up the other nodes' renewals, and an event loop that stalls for a while does not cost the node its lease (renewals go
+on from a thread of their own) while one that stays stuck does."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime, timedelta
 
 import asyncpg
 import pytest
 
-from switchboard.control.ownership import NodeLease
+from switchboard.control.ownership import NodeDraining, NodeLease
 from switchboard.control.settings import Settings
 from switchboard.store import NodeState, SessionRecord
+from switchboard.store.records import now_utc
 
 from .conftest import ON_POSTGRESQL, Db, pg_dsn
 from .test_fencing import node
@@ -22,9 +25,9 @@ pytestmark = pytest.mark.timeout(60)
 LEASE_S = 2.0
 
 
-def cluster_settings(db: Db, node_id: str) -> Settings:
+def cluster_settings(db: Db, node_id: str, lease_s: float = LEASE_S) -> Settings:
     # cluster mode needs a Redis URL; the lease never talks to Redis
-    return Settings(database_url=db.url, redis_url="redis://127.0.0.1:9/0", node_id=node_id, lease_s=LEASE_S)
+    return Settings(database_url=db.url, redis_url="redis://127.0.0.1:9/0", node_id=node_id, lease_s=lease_s)
 
 
 async def owner(db: Db, sid: str) -> tuple[str | None, int]:
@@ -43,11 +46,11 @@ async def held_row(db: Db, node_id: str, hold_s: float) -> None:
         await conn.close()
 
 
-async def started(db: Db, node_id: str) -> NodeLease:
+async def started(db: Db, node_id: str, lease_s: float = LEASE_S) -> NodeLease:
     store = db.store()
     await store.migrate()
     await store.start()
-    lease = NodeLease(store, cluster_settings(db, node_id))
+    lease = NodeLease(store, cluster_settings(db, node_id, lease_s))
     await lease.start()
     return lease
 
@@ -65,6 +68,8 @@ async def test_a_node_that_let_go_after_late_renewals_hands_its_sessions_back(db
         async with asyncio.timeout(10):
             while lease.fence.owns("s1"):
                 await asyncio.sleep(0.05)
+        with pytest.raises(NodeDraining):  # until it rejoined, a session it created would be let go of at once
+            lease.check_serving()
         # once the database answers again, s1 must not stay named after a live node that no longer runs it: the
         # node rejoins as a fresh member, and s1 is an orphan any live node (this one too) takes over
         deadline = time.monotonic() + 10
@@ -119,3 +124,76 @@ async def test_adoption_looks_again_as_soon_as_another_nodes_lease_passes(db: Db
         assert await a.next_adoption_in(5.0) == pytest.approx(0.05)  # passed already: look now (briefly after)
     finally:
         await a.aclose()
+
+
+# A longer lease for the stalled-loop tests: renewals every 1 s, sent while the loop stamped within 2 s (the bound), and
+# the node lets go after 3 s without one. Wide margins, for a loaded machine.
+STALL_LEASE_S = 4.0
+
+
+async def with_session(db: Db, node_id: str) -> NodeLease:
+    lease = await started(db, node_id, STALL_LEASE_S)
+    assert lease.stall_s == STALL_LEASE_S / 2
+    await lease.store.create_session(
+        SessionRecord(id="s1", agent="demo", state="active", owner_node=node_id, owner_epoch=1)
+    )
+    lease.claim_new("s1")
+    await asyncio.sleep(0.3)  # the loop stamps its heartbeat
+    return lease
+
+
+def block_event_loop(db: Db, node_id: str, seconds: float) -> tuple[datetime, datetime, datetime]:
+    """Run nothing else on the event loop for ``seconds`` (a long synchronous call). Returns when the block began, and
+    the node's ``heartbeat_at`` and ``lease_until`` as they stand at its end (read from another thread, before the loop
+    runs again)."""
+    began = now_utc()
+    time.sleep(seconds)
+    ((heartbeat_at, lease_until),) = db.sql_sync("SELECT heartbeat_at, lease_until FROM nodes WHERE id = $1", node_id)
+    return began, heartbeat_at, lease_until
+
+
+@ON_POSTGRESQL
+async def test_a_node_whose_event_loop_stalls_within_the_bound_renews_meanwhile(db: Db) -> None:
+    lease = await with_session(db, "a")
+    try:
+        began, heartbeat_at, _ = block_event_loop(db, "a", lease.stall_s * 0.9)
+        assert heartbeat_at > began + timedelta(seconds=0.5)  # renewed while the loop was blocked
+        await asyncio.sleep(0.3)
+        assert lease.fence.owns("s1") and lease.renewals_skipped == 0
+    finally:
+        await lease.aclose()
+
+
+@ON_POSTGRESQL
+async def test_a_loop_blocked_past_three_quarters_of_the_lease_keeps_it_thanks_to_renewals_within_the_bound(
+    db: Db,
+) -> None:
+    """Renewed on the event loop, a node blocked this long let go of its sessions (nothing renewed it meanwhile); the
+    renewals sent in the first ``stall_s`` of the block keep the lease valid past it."""
+    lease = await with_session(db, "a")
+    try:
+        began, heartbeat_at, lease_until = block_event_loop(db, "a", STALL_LEASE_S * 0.75 + 0.3)
+        assert heartbeat_at > began + timedelta(seconds=0.9) and lease_until > now_utc()
+        await asyncio.sleep(0.3)
+        assert lease.fence.owns("s1")
+        assert await owner(db, "s1") == ("a", 1)
+    finally:
+        await lease.aclose()
+
+
+@ON_POSTGRESQL
+async def test_a_node_whose_event_loop_is_stuck_stops_renewing_and_loses_its_sessions(db: Db) -> None:
+    lease = await with_session(db, "a")
+    other = db.store()
+    assert await other.nodes.register(node("b"), conflicts=lambda _: False) == []
+    try:
+        began, heartbeat_at, lease_until = block_event_loop(db, "a", lease.stall_s + STALL_LEASE_S * 0.75 + 1.0)
+        # the renewal thread stopped once the loop had not run for stall_s: the lease passed during the block
+        assert heartbeat_at <= began + timedelta(seconds=lease.stall_s + 0.2)
+        assert lease_until < now_utc()
+        # the first thing the loop does when it runs again is to let go of its sessions (it did not renew in time)
+        await asyncio.sleep(0.2)
+        assert not lease.fence.owns("s1") and lease.renewals_skipped > 0
+        assert await other.nodes.claim_orphans("b") == {"s1": 2}
+    finally:
+        await lease.aclose()

@@ -201,8 +201,9 @@ def create_app(
         try:
             await host.recover_all()
             tasks.append(asyncio.create_task(_expire_sessions(host, store, settings), name="session-expiry"))
-            if settings.cluster_mode:  # take over the sessions of nodes that die
-                tasks.append(asyncio.create_task(host.adopt_forever(lease.lease_s / 2), name="adopt"))
+            # take over the sessions of nodes that die (cluster mode); retry a session whose recovery failed (both)
+            adopt = host.adopt_forever(lease.lease_s / 2, claim=settings.cluster_mode)
+            tasks.append(asyncio.create_task(adopt, name="adopt"))
             logger.info("switchboard ready (%d live sessions)", len(host.sessions))
             logger.info("agents: %s", ", ".join(registry.names()))
             logger.info("operator console: http://%s:%d/console/", settings.host, settings.port)

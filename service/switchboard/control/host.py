@@ -230,6 +230,7 @@ class SessionHost:
         self.failed: list[str] = []
         self.fenced: dict[str, str] = {}  # session id -> why this node lost it (the latest FENCED_REMEMBERED)
         self.adopted = 0
+        self._unrecovered: set[str] = set()  # claimed, recovery failed: tried again on the next round
         self._adopt_ev = asyncio.Event()  # another node handed sessions over: adopt now, not at the next round
         self._drops: set[asyncio.Task[None]] = set()
 
@@ -456,29 +457,59 @@ class SessionHost:
 
     # -- recovery and shutdown ------------------------------------------------------------------------------
 
-    async def recover_all(self) -> None:
+    async def recover_all(self, *, claim: bool = True) -> None:
         """Recover every session that was live (on start, before serving): all of them read in a few bulk queries,
         then each rebuilt and settled (``runtime.recovery.recover``); one that cannot be rebuilt is marked failed.
 
-        A node recovers the sessions it claims: those no live node owns (``NodeLease.claim_orphans``)."""
-        if self.lease is None:
-            records = await self.store.live_sessions()
-        else:
-            claimed = await self.lease.claim_orphans()
-            records = await self.store.live_sessions(ids=list(claimed)) if claimed else []
-            self.adopted += len(records)
-        if not records:
-            return
+        A node recovers the sessions it claims (those no live node owns: ``NodeLease.claim_orphans``) and those it
+        still owns whose recovery failed on an earlier round (``claim=False``: only those). A session whose recovery
+        fails (a write error, lost meanwhile) does not stop the others: it is logged, and tried again if still owned."""
+        retry, self._unrecovered = self._unrecovered, set()
+        if self.lease is not None:
+            retry = {sid for sid in retry if self.lease.fence.owns(sid)}
+        try:
+            records = await self._records_to_recover(claim, retry)
+            if not records:
+                return
+            with _gc_paused():
+                loaded = await self.store.load_sessions_bulk([rec.id for rec in records])
+        except BaseException:
+            self._unrecovered |= retry  # claimed (or kept) but not recovered: the next round tries again
+            raise
         sem = asyncio.Semaphore(RECOVERY_CONCURRENCY)
+
+        async def one(rec: SessionRecord) -> None:
+            async with sem:
+                await self._recover_or_retry(rec, loaded.pop(rec.id))
+
         with _gc_paused():
-            loaded = await self.store.load_sessions_bulk([rec.id for rec in records])
-
-            async def one(rec: SessionRecord) -> None:
-                async with sem:
-                    await self._recover(rec, loaded.pop(rec.id))
-
             await asyncio.gather(*(one(rec) for rec in records))
-        logger.info("recovered %d session(s); %d failed", len(self.recovered), len(self.failed))
+        outcomes = (len(self.recovered), len(self.failed), len(self._unrecovered))
+        logger.info("recovered %d session(s); %d failed, %d to retry", *outcomes)
+
+    async def _records_to_recover(self, claim: bool, retry: set[str]) -> list[SessionRecord]:
+        """The sessions of this round; ``retry`` gains those claimed now (a failure past this point retries them)."""
+        if self.lease is None and claim:
+            return await self.store.live_sessions()
+        if claim and self.lease is not None:
+            claimed = await self.lease.claim_orphans()
+            retry |= set(claimed)
+            self.adopted += len(claimed)
+        return await self.store.live_sessions(ids=sorted(retry)) if retry else []
+
+    async def _recover_or_retry(self, rec: SessionRecord, data: SessionData) -> None:
+        sid = rec.id
+        try:
+            if self.lease is not None and not self.lease.fence.owns(sid):
+                logger.warning("session %s: lost before it was recovered here; not recovering it", sid)
+                return
+            await self._recover(rec, data)
+        except Exception as err:  # this session only: the others of the round carry on
+            if self.lease is not None and not self.lease.fence.owns(sid):
+                logger.warning("session %s: lost while being recovered here (%r)", sid, err, extra={"session_id": sid})
+                return
+            self._unrecovered.add(sid)
+            logger.error("session %s: recovery failed; retry next round", sid, exc_info=err, extra={"session_id": sid})
 
     async def _recover(self, rec: SessionRecord, data: SessionData) -> None:
         if rec.agent not in self.registry:
@@ -493,7 +524,15 @@ class SessionHost:
             return
         self.sessions[rec.id] = session
         self.records[rec.id] = rec
-        await recover(session, tool_calls=data.tool_calls, speeches=data.speeches, reported=data.reported)
+        try:
+            await recover(session, tool_calls=data.tool_calls, speeches=data.speeches, reported=data.reported)
+        except Exception:
+            # half recovered: stop it here; the next round starts again from what is durable (as after a crash)
+            if self.sessions.get(rec.id) is session:
+                self.sessions.pop(rec.id, None)
+                self.records.pop(rec.id, None)
+            await session.suspend(tool_grace=False)
+            raise
         self.recovered.append(rec.id)
 
     async def _fail(self, rec: SessionRecord, data: SessionData, *, reason: str, **extra: Any) -> None:
@@ -510,18 +549,21 @@ class SessionHost:
     def wake_adopt(self) -> None:
         self._adopt_ev.set()
 
-    async def adopt_forever(self, interval_s: float) -> None:
+    async def adopt_forever(self, interval_s: float, *, claim: bool = True) -> None:
         """Cluster mode: take over this node's share of the sessions no live node owns (those of dead nodes, those a
         draining node handed over): every ``interval_s``, as soon as the lease of another node passes, and when woken
-        (``wake_adopt``)."""
+        (``wake_adopt``). Each round also tries again the sessions whose recovery failed on an earlier one (with
+        ``claim=False``, a single node: only those)."""
         while True:
-            wait_s = await self.lease.next_adoption_in(interval_s) if self.lease else interval_s
+            wait_s = await self.lease.next_adoption_in(interval_s) if self.lease and claim else interval_s
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait_s):
                     await self._adopt_ev.wait()
             self._adopt_ev.clear()
+            if not claim and not self._unrecovered:
+                continue
             try:
-                await self.recover_all()
+                await self.recover_all(claim=claim)
             except Exception:
                 logger.exception("adopting orphaned sessions failed; will retry")
 

@@ -57,6 +57,11 @@ class _Node(Collector):
         yield CounterMetricFamily(
             "switchboard_node_lease_renewals_failed", "Lease renewals that failed", value=lease.renewals_failed
         )
+        yield CounterMetricFamily(
+            "switchboard_node_lease_renewals_skipped",
+            "Lease renewals not sent because the event loop had stalled",
+            value=lease.renewals_skipped,
+        )
         yield GaugeMetricFamily(
             "switchboard_node_deposed", "1 when this node lost its sessions", value=int(bool(lease.deposed))
         )

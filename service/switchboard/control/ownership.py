@@ -12,16 +12,18 @@ process that lost a session (paused past its lease, partitioned, replaced) never
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
 from ..runtime.aio import cancel_and_wait
-from ..store import DATABASE_ERRORS, Fence, NodeMode, NodeRecord, NodeState, Store, is_transient
+from ..store import DATABASE_ERRORS, Fence, NodeMode, NodeRecord, Nodes, NodeState, Store, is_transient, sibling_engine
 from ..store.records import now_utc
 from .settings import Settings
 
@@ -31,6 +33,11 @@ logger = logging.getLogger("switchboard.control.ownership")
 # them over only after the whole lease, so the two never act on a session at once (clocks running at the same rate).
 STOP_FRACTION = 0.75
 RENEWALS_PER_LEASE = 4
+# The lease is renewed from a thread of its own while the event loop stamps a heartbeat every HEARTBEAT_S; the thread
+# stops renewing once the loop has not stamped for this fraction of the lease: a process whose loop is stuck loses
+# its lease about this much later than a dead one, and a loop that stalls for less never loses it.
+LOOP_STALL_FRACTION = 0.5
+HEARTBEAT_S = 0.1
 REGISTER_POLL_S = 0.25
 # Adoption wakes this long after the first lease of another node passes (the burial compares with this node's clock)
 EXPIRY_MARGIN_S = 0.02
@@ -81,10 +88,17 @@ class NodeLease:
         self.renew_latency_s: float | None = None
         self.on_renewed: Callable[[float], None] | None = None  # each renewal's latency (the metrics)
         self.renewals_failed = 0
+        self.renewals_skipped = 0  # the event loop had not stamped its heartbeat for ``stall_s``
+        self.stall_s = self.lease_s * LOOP_STALL_FRACTION
+        # Shared with the renewal thread (each written on one side only, and read whole on the other):
+        self.loop_stamp = time.monotonic()  # the event loop's heartbeat (monotonic)
         self._renewed_at = 0.0  # monotonic time the last successful renewal was sent
-        # let go of its sessions after a late renewal: the database still names it their owner until it rejoins
+        # let go of its sessions (a late renewal, a burial): the database still names it their owner until it rejoins
         self._rejoin = False
+        self._loop_stalled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        self._renewer: _Renewer | None = None
 
     # -- registration -----------------------------------------------------------------------------------------
 
@@ -105,14 +119,10 @@ class NodeLease:
     def _conflicts(self, node: NodeRecord) -> bool:
         return self.mode == NodeMode.SINGLE or node.mode == NodeMode.SINGLE
 
-    async def _register_once(self) -> list[NodeRecord]:
-        live = await self.store.nodes.list_nodes(states=[NodeState.LIVE, NodeState.DRAINING])
+    async def _register_once(self, nodes: Nodes) -> list[NodeRecord]:
+        live = await nodes.list_nodes(states=[NodeState.LIVE, NodeState.DRAINING])
         gone = [node.id for node in live if node.id != self.node_id and _process_gone(node, self.hostname)]
-        sent = time.monotonic()
-        blocking = await self.store.nodes.register(self._record(), gone=gone, conflicts=self._conflicts)
-        if not blocking:
-            self._renewed(sent)
-        return blocking
+        return await nodes.register(self._record(), gone=gone, conflicts=self._conflicts)
 
     async def start(self) -> None:
         """Register this node (waiting up to ``takeover_wait_s`` for a conflicting live instance to stop), fence the
@@ -130,14 +140,22 @@ class NodeLease:
         logger.info(
             "node %s registered (%s mode, lease %.1fs, %s)", self.node_id, self.mode.value, self.lease_s, self.url
         )
-        self._task = asyncio.create_task(self._renew_forever(), name=f"lease:{self.node_id}")
+        self._loop = asyncio.get_running_loop()
+        self.loop_stamp = time.monotonic()
+        self._task = asyncio.create_task(self._watch_forever(), name=f"lease:{self.node_id}")
+        self._renewer = _Renewer(self)
+        self._renewer.start()
 
     async def _try_register(self, deadline: float) -> list[NodeRecord]:
         """``_register_once``, retried while the database is unavailable or locked (a SQLite database stays locked
         while a frozen instance holds its write lock) until ``deadline``."""
         while True:
             try:
-                return await self._register_once()
+                sent = time.monotonic()
+                blocking = await self._register_once(self.store.nodes)
+                if not blocking:
+                    self._renewed(sent)
+                return blocking
             except DATABASE_ERRORS as err:
                 if not is_transient(err) or time.monotonic() >= deadline:
                     raise
@@ -163,6 +181,9 @@ class NodeLease:
 
     async def aclose(self) -> None:
         """Stop renewing and mark this node stopped (its sessions are then free for the next instance at once)."""
+        if self._renewer is not None:
+            await self._renewer.aclose()
+            self._renewer = None
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
@@ -186,6 +207,8 @@ class NodeLease:
             raise NodeDeposed(f"this node ({self.node_id}) no longer serves sessions: {self.deposed}")
         if self.draining:
             raise NodeDraining(f"this node ({self.node_id}) is stopping and takes no new session; retry")
+        if self._rejoin:  # a session created now would be let go of at once: its lease is late
+            raise NodeDraining(f"this node ({self.node_id}) is rejoining after a late lease renewal; retry")
 
     def claim_new(self, sid: str) -> int:
         """The epoch a session this node creates starts at (its row is inserted naming this node)."""
@@ -195,7 +218,7 @@ class NodeLease:
     async def claim_orphans(self) -> dict[str, int]:
         """Take over the live sessions no live node owns (at start: every live session; in a cluster: those of
         nodes that died). In a cluster each node takes its share, so the survivors split a dead node's sessions."""
-        if self.deposed is not None or self.draining:
+        if self.deposed is not None or self.draining or self._rejoin:  # rejoining lets go of what it would claim
             return {}
         share = self.mode == NodeMode.CLUSTER
         claimed = await self.store.nodes.claim_orphans(self.node_id, share=share)
@@ -218,34 +241,57 @@ class NodeLease:
 
     # -- the lease ------------------------------------------------------------------------------------------
 
-    async def _renew_forever(self) -> None:
+    async def _watch_forever(self) -> None:
+        """The event loop's side of the lease: stop acting on the sessions once ``STOP_FRACTION`` of the lease passed
+        without a renewal (checked before anything else this loop does after a stall), and stamp the heartbeat that
+        lets the renewal thread renew."""
+        beat_s = min(HEARTBEAT_S, self.lease_s / 20)
         while True:
-            await asyncio.sleep(self.lease_s / RENEWALS_PER_LEASE)
-            await self.renew()
+            self._check_renewed()
+            self.loop_stamp = time.monotonic()
+            await asyncio.sleep(beat_s)
 
-    async def renew(self) -> None:
-        """One renewal. Past ``STOP_FRACTION`` of the lease without one, a cluster node lets go of its sessions
-        (the others may take them over once the lease passes); a node another one buried lets go at once."""
+    def _check_renewed(self) -> None:
+        """Past ``STOP_FRACTION`` of the lease without a renewal, a cluster node lets go of its sessions (the others
+        may take them over once the lease passes) and rejoins as a fresh member once it can."""
+        if self.mode != NodeMode.CLUSTER or not self.fence.epochs:
+            return
+        late_s = time.monotonic() - self._renewed_at
+        if late_s < self.lease_s * STOP_FRACTION:
+            return
+        self._rejoin = True
+        held = self.lose_all(f"node {self.node_id} could not renew its lease for {late_s:.1f}s")
+        logger.error("node %s: lease not renewed in time; let go of %d session(s)", self.node_id, len(held))
+
+    async def renew_once(self, nodes: Nodes) -> None:
+        """One renewal, on the renewal thread (``nodes`` on its own engine), if the event loop stamped its heartbeat
+        within ``stall_s``: a node whose loop is stuck lets its lease pass, so the others take its sessions over."""
+        if self.deposed is not None:
+            return
         sent = time.monotonic()
+        stalled_s = sent - self.loop_stamp
+        if stalled_s > self.stall_s:
+            self.renewals_skipped += 1
+            if not self._loop_stalled:
+                logger.warning("node %s: event loop stalled for %.1fs; not renewing the lease", self.node_id, stalled_s)
+            self._loop_stalled = True
+            return
+        if self._loop_stalled:
+            logger.warning("node %s: event loop running again; renewing the lease", self.node_id)
+            self._loop_stalled = False
         stop_at = self._renewed_at + self.lease_s * STOP_FRACTION
-        ok: bool | None = None
         try:
             async with asyncio.timeout(max(stop_at - sent, self.lease_s / RENEWALS_PER_LEASE)):
-                ok = await (self._rejoin_once() if self._rejoin else self.store.nodes.renew(self.node_id, self.lease_s))
+                ok = await (self._rejoin_once(nodes) if self._rejoin else nodes.renew(self.node_id, self.lease_s))
         except Exception as err:
             self.renewals_failed += 1
             logger.warning("node %s: lease renewal failed (%r)", self.node_id, err)
+            return
         if ok:
             self._renewed(sent)
-            return
-        if ok is False:
-            await self._buried()
-        elif self.mode == NodeMode.CLUSTER and time.monotonic() >= stop_at and self.fence.epochs:
-            held = self.lose_all(
-                f"node {self.node_id} could not renew its lease for {self.lease_s * STOP_FRACTION:.1f}s"
-            )
-            self._rejoin = True
-            logger.error("node %s: lease not renewed in time; let go of %d session(s)", self.node_id, len(held))
+        elif self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the node is gone anyway
+                self._loop.call_soon_threadsafe(self._buried)
 
     def _renewed(self, sent: float) -> None:
         self._renewed_at = sent
@@ -253,17 +299,18 @@ class NodeLease:
         if self.on_renewed is not None:
             self.on_renewed(self.renew_latency_s)
 
-    async def _rejoin_once(self) -> bool:
+    async def _rejoin_once(self, nodes: Nodes) -> bool:
         """After letting go of its sessions, the node registers again as a fresh member instead of renewing: the
         database stops naming it the owner of the sessions it dropped, so the live nodes (this one too) take them
         over. A plain renewal would keep them owned by a live node that no longer runs them."""
-        if await self._register_once():
+        if await self._register_once(nodes):
             return False  # cannot happen in a cluster (nodes do not conflict); treated as being buried
         self._rejoin = False
         logger.warning("node %s rejoined after letting go of its sessions", self.node_id)
         return True
 
-    async def _buried(self) -> None:
+    def _buried(self) -> None:
+        """Another node took this node's sessions over (its lease had passed): on the event loop."""
         why = f"another node took over the sessions of node {self.node_id} (its lease had passed)"
         self.lose_all(why)
         if self.mode == NodeMode.SINGLE:
@@ -271,9 +318,47 @@ class NodeLease:
                 logger.error("node %s: %s; this instance no longer serves sessions", self.node_id, why)
             self.deposed = why
             return
-        # a cluster node carries on as a fresh member: it owns nothing now, and takes its share again
-        if not await self._register_once():
-            logger.warning("node %s re-registered after losing its lease", self.node_id)
+        # a cluster node carries on as a fresh member: it owns nothing now, and takes its share again once it rejoined
+        if not self._rejoin:
+            logger.warning("node %s lost its lease; rejoining", self.node_id)
+        self._rejoin = True
 
     def lose_all(self, why: str) -> list[str]:
         return self.fence.lose_all(why)
+
+
+class _Renewer:
+    """Renews a lease from a thread of its own, with its own event loop and its own database engine.
+
+    On the node's event loop a renewal waits its turn like everything else, and each of its database round trips
+    waits again: a saturated loop (a starved CPU, a flood of requests or streams) renewed late, let go of its
+    sessions and moved them for nothing. This thread is not held up by the loop, but it renews only while the loop
+    proves it runs (``NodeLease.renew_once``), so a stuck loop still loses the lease, and a frozen process
+    (SIGSTOP) freezes this thread with it. Fencing does not depend on any of it: every write checks the epoch."""
+
+    def __init__(self, lease: NodeLease) -> None:
+        self.lease = lease
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=f"lease:{lease.node_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join, self.lease.lease_s + CLOSE_TIMEOUT_S)
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            engine = sibling_engine(self.lease.store.engine)
+            nodes = Nodes(engine)
+            try:
+                while not self._stop.wait(self.lease.lease_s / RENEWALS_PER_LEASE):
+                    loop.run_until_complete(self.lease.renew_once(nodes))
+            finally:
+                loop.run_until_complete(engine.dispose())
+        except Exception:  # never silent: without renewals the node lets go of its sessions and they move
+            logger.exception("node %s: the lease renewal thread failed", self.lease.node_id)
+        finally:
+            loop.close()

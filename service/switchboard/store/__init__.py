@@ -3,7 +3,7 @@
 Never imports the web layer. Alembic owns the schema (``migrations/``); ``Store.migrate()`` upgrades to head.
 """
 
-from .engine import make_engine
+from .engine import make_engine, sibling_engine
 from .migrate import downgrade, upgrade
 from .ownership import Fence, NodeMode, NodeRecord, Nodes, NodeState
 from .records import (
@@ -39,5 +39,6 @@ __all__ = [
     "downgrade",
     "is_transient",
     "make_engine",
+    "sibling_engine",
     "upgrade",
 ]

@@ -20,6 +20,9 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 IMMEDIATE = "switchboard_sqlite_immediate"
 # Where a SQLite engine keeps its busy timeout, for the writer's own engine on the same file (``sqlite_writer_engine``).
 _BUSY_TIMEOUT = "switchboard_sqlite_busy_timeout_ms"
+# Where an engine keeps the arguments ``make_engine`` built it with, for an engine of its own on the same database
+# (``sibling_engine``).
+_MADE_WITH = "switchboard_engine_args"
 
 
 class CorruptJSON:
@@ -61,6 +64,12 @@ def make_engine(
     (so DDL is transactional and the writer can ``BEGIN IMMEDIATE``); the file's directory is created.
     PostgreSQL: ``schema`` becomes the ``search_path`` (tests use one schema each); connections are pre-pinged.
     """
+    made_with = {
+        "schema": schema,
+        "busy_timeout_ms": busy_timeout_ms,
+        "application_name": application_name,
+        "idle_in_transaction_ms": idle_in_transaction_ms,
+    }
     u = make_url(url)
     backend = u.get_backend_name()
     # Plain URLs get the async drivers this store is built on.
@@ -76,7 +85,7 @@ def make_engine(
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(u, json_serializer=_dumps, json_deserializer=_loads)
         _configure_sqlite(engine.sync_engine, busy_timeout_ms=busy_timeout_ms)
-        engine.sync_engine.update_execution_options(**{_BUSY_TIMEOUT: busy_timeout_ms})
+        engine.sync_engine.update_execution_options(**{_BUSY_TIMEOUT: busy_timeout_ms, _MADE_WITH: made_with})
         return engine
     if backend == "postgresql":
         server_settings: dict[str, str] = {}
@@ -89,14 +98,23 @@ def make_engine(
             # other nodes from taking its sessions over, until it runs again: the server ends such a transaction
             server_settings["idle_in_transaction_session_timeout"] = str(int(idle_in_transaction_ms))
         connect_args: dict[str, Any] = {"server_settings": server_settings} if server_settings else {}
-        return create_async_engine(
+        engine = create_async_engine(
             u,
             json_serializer=_dumps,
             json_deserializer=_loads,
             pool_pre_ping=True,
             connect_args=connect_args,
         )
+        engine.sync_engine.update_execution_options(**{_MADE_WITH: made_with})
+        return engine
     raise ValueError(f"unsupported database URL {u.render_as_string(hide_password=True)!r}: use SQLite or PostgreSQL")
+
+
+def sibling_engine(engine: AsyncEngine) -> AsyncEngine:
+    """A new engine on the database of ``engine`` (built by ``make_engine``), configured the same way, with a pool of
+    its own: for a thread that runs its own event loop (an async driver's connections belong to one loop)."""
+    made_with = engine.sync_engine.get_execution_options().get(_MADE_WITH, {})
+    return make_engine(engine.url.render_as_string(hide_password=False), **made_with)
 
 
 def sqlite_writer_engine(engine: AsyncEngine) -> Engine:

@@ -1,0 +1,142 @@
+"""An adoption round (a cluster node taking over the sessions of a dead node) against a real PostgreSQL: a session
+whose recovery fails, or that the node loses halfway, does not stop the others; a failed one is tried again on the
+next round."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from switchboard.control.host import SessionHost
+from switchboard.control.hub import EventHub
+from switchboard.control.ownership import NodeLease
+from switchboard.runtime.agent import AgentRegistry
+from switchboard.store import SessionData, SessionRecord
+
+from .conftest import ON_POSTGRESQL, Db
+from .test_lease import cluster_settings
+from .test_recovery import Worker
+
+pytestmark = [pytest.mark.timeout(60), ON_POSTGRESQL]
+
+SIDS = ["s1", "s2", "s3"]
+LLM = {"provider": "scripted", "turns": [], "fallback": {"text": "fine"}}
+
+# Refuses the writes of the sessions named in ``fault`` that are not a takeover (those keep the epoch): a write error
+# the database itself raises, for one session of a batch
+FAULT_SQL = [
+    "CREATE TABLE fault (sid text PRIMARY KEY)",
+    """CREATE FUNCTION refuse_write() RETURNS trigger AS $$
+    BEGIN
+        IF NEW.owner_epoch = OLD.owner_epoch AND EXISTS (SELECT 1 FROM fault WHERE sid = NEW.id) THEN
+            RAISE EXCEPTION 'write refused for session %', NEW.id;
+        END IF;
+        RETURN NEW;
+    END $$ LANGUAGE plpgsql""",
+    "CREATE TRIGGER refuse_write BEFORE UPDATE ON sessions FOR EACH ROW EXECUTE FUNCTION refuse_write()",
+]
+
+
+@pytest.fixture
+async def host(db: Db) -> AsyncIterator[SessionHost]:
+    """Node ``a``, alive, with three sessions of a node that died (``gone``) to adopt."""
+    store = db.store()
+    await store.migrate()
+    settings = cluster_settings(db, "a", lease_s=10.0)
+    lease = NodeLease(store, settings)
+    await lease.start()
+    await store.start()
+    for sid in SIDS:
+        config = {"agent": "worker", "llm": LLM}
+        await store.create_session(
+            SessionRecord(id=sid, agent="worker", state="active", config=config, owner_node="gone", owner_epoch=1)
+        )
+    host = SessionHost(
+        store=store, registry=AgentRegistry({"worker": Worker}), hub=EventHub(), settings=settings, lease=lease
+    )
+    try:
+        yield host
+    finally:
+        await host.aclose()
+        await lease.aclose()
+
+
+async def recovered_events(db: Db, host: SessionHost) -> dict[str, int]:
+    """How many ``session.recovered`` events each session has, once every event emitted so far is durable."""
+    for session in list(host.sessions.values()):
+        await session.events.flushed()
+    rows = await db.sql("SELECT session_id, count(*) FROM events WHERE type = 'session.recovered' GROUP BY session_id")
+    return {sid: int(n) for sid, n in rows}
+
+
+async def owner(db: Db, sid: str) -> tuple[str, int]:
+    ((who, epoch),) = await db.sql("SELECT owner_node, owner_epoch FROM sessions WHERE id = $1", sid)
+    return who, int(epoch)
+
+
+def while_loading(host: SessionHost, monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[], Awaitable[None]]) -> None:
+    """Run ``meanwhile`` once the round has claimed its sessions and read them, before it recovers any."""
+    load = host.store.load_sessions_bulk
+
+    async def load_then(ids: Any) -> dict[str, SessionData]:
+        found = await load(ids)
+        await meanwhile()
+        return found
+
+    monkeypatch.setattr(host.store, "load_sessions_bulk", load_then)
+
+
+async def test_a_session_whose_recovery_fails_is_retried_on_the_next_round_and_the_others_recover(
+    db: Db, host: SessionHost, caplog: pytest.LogCaptureFixture
+) -> None:
+    for statement in FAULT_SQL:
+        await db.sql(statement)
+    await db.sql("INSERT INTO fault VALUES ('s2')")
+    with caplog.at_level(logging.ERROR, logger="switchboard.control.host"):
+        await host.recover_all()
+    assert sorted(host.sessions) == ["s1", "s3"]
+    assert await recovered_events(db, host) == {"s1": 1, "s3": 1}
+    assert any("session s2: recovery failed" in r.getMessage() for r in caplog.records)
+    assert await owner(db, "s2") == ("a", 2) and host.lease is not None and host.lease.fence.owns("s2")
+    # the write error is gone: the next round recovers s2, and only s2
+    await db.sql("DELETE FROM fault")
+    await host.recover_all()
+    assert sorted(host.sessions) == SIDS
+    assert await recovered_events(db, host) == {"s1": 1, "s2": 1, "s3": 1}
+    await host.sessions["s2"].input("hello")
+    assert host.failed == []
+
+
+async def test_a_session_taken_over_during_the_round_does_not_stop_the_others(
+    db: Db, host: SessionHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def b_takes_s2() -> None:
+        await db.sql("UPDATE sessions SET owner_node = 'b', owner_epoch = owner_epoch + 1 WHERE id = 's2'")
+
+    while_loading(host, monkeypatch, b_takes_s2)
+    await host.recover_all()
+    assert sorted(host.sessions) == ["s1", "s3"]
+    assert await recovered_events(db, host) == {"s1": 1, "s3": 1}
+    assert await owner(db, "s2") == ("b", 3)  # nothing of this node's landed for it, and it is not tried again
+    assert "s2" in host.fenced
+    await host.recover_all(claim=False)
+    assert sorted(host.sessions) == ["s1", "s3"]
+
+
+async def test_losing_the_lease_during_the_round_ends_it_without_error(
+    db: Db, host: SessionHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = host.lease
+    assert lease is not None
+
+    async def lease_lost() -> None:  # what the node does when its renewals came too late
+        lease.lose_all("renewals came too late")
+
+    while_loading(host, monkeypatch, lease_lost)
+    await host.recover_all()
+    assert host.sessions == {} and await recovered_events(db, host) == {}
+    await host.recover_all(claim=False)  # nothing is tried again: the sessions are the cluster's now
+    assert host.sessions == {}
