@@ -3,6 +3,7 @@ heard so far of a speech that is still playing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -38,10 +39,18 @@ async def keyed(tmp_path: Any, registry: AgentRegistry) -> AsyncIterator[Api]:
 
 
 async def events(api: Api, sid: str, type_: str | None = None) -> list[dict[str, Any]]:
-    r = await api.client.get(f"/v1/sessions/{sid}/export")
-    assert r.status_code == 200, r.text
-    found = json.loads(r.content)["events"]
-    return [e for e in found if type_ is None or e["type"] == type_]
+    """The session's durable events (of ``type_``), read once they have settled: a command answers before its audit
+    event is durable (it is written with the session's next group commit)."""
+    last: list[dict[str, Any]] | None = None
+    for _ in range(50):
+        r = await api.client.get(f"/v1/sessions/{sid}/export")
+        assert r.status_code == 200, r.text
+        found = [e for e in json.loads(r.content)["events"] if type_ is None or e["type"] == type_]
+        if found and found == last:
+            return found
+        last = found
+        await asyncio.sleep(0.1)
+    return last or []
 
 
 async def test_each_applied_command_is_in_the_trail_with_who_and_the_key(keyed: Api) -> None:
