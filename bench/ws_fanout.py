@@ -103,13 +103,16 @@ def pct(values: list[float], q: float) -> float:
 # -- role: client ----------------------------------------------------------------------------------------------------
 
 
-def sent_at(frame: dict[str, Any]) -> float | None:
-    """The send timestamp a progress frame carries (Switchboard or AG-UI shape), None for any other frame."""
+def stamp(frame: dict[str, Any]) -> tuple[int, float] | None:
+    """The update number and send timestamp a progress frame carries (Switchboard or AG-UI shape), None for any
+    other frame."""
     if frame.get("type") == "tool.progress":
-        return float(json.loads(frame["data"]["message"])["t"])
-    if frame.get("type") == "ACTIVITY_SNAPSHOT":
-        return float(json.loads(frame["content"]["message"])["t"])
-    return None
+        message = json.loads(frame["data"]["message"])
+    elif frame.get("type") == "ACTIVITY_SNAPSHOT":
+        message = json.loads(frame["content"]["message"])
+    else:
+        return None
+    return int(message["i"]), float(message["t"])
 
 
 class SseConnection:
@@ -157,6 +160,7 @@ async def client_main(url: str, conns: int, expect: int, timeout_s: float) -> No
     sse = "/ag-ui" in url
 
     latencies: list[float] = []
+    worst = [0.0] * expect  # per update: its slowest delivery (which updates make the tail)
     counts = [0] * conns
     closes: dict[str, int] = {}
     first_last = [math.inf, 0.0]
@@ -179,10 +183,14 @@ async def client_main(url: str, conns: int, expect: int, timeout_s: float) -> No
         try:
             async for raw in ws:
                 now = time.time()
-                sent = sent_at(json.loads(raw))
-                if sent is None:
+                stamped = stamp(json.loads(raw))
+                if stamped is None:
                     continue  # an AG-UI stream's other frames (runs, tool call start and end)
-                latencies.append((now - sent) * 1000)
+                i, sent = stamped
+                latency = (now - sent) * 1000
+                latencies.append(latency)
+                if 0 <= i < expect:
+                    worst[i] = max(worst[i], latency)
                 first_last[0] = min(first_last[0], now)
                 first_last[1] = max(first_last[1], now)
                 counts[k] += 1
@@ -213,6 +221,7 @@ async def client_main(url: str, conns: int, expect: int, timeout_s: float) -> No
     await asyncio.gather(*tasks, return_exceptions=True)
     result = {
         "latencies": [round(v, 3) for v in latencies],
+        "worst": [round(v, 1) for v in worst],
         "received": sum(counts),
         "missing": sum(max(0, expect - c) for c in counts),
         "closes": closes,

@@ -4,7 +4,10 @@
 two phases (other work on a shared machine) moves the ratio as much as the code does. Here one process serves both,
 on one event loop: the Switchboard app under uvicorn (SQLite in a temp dir) and a ``websockets`` server that
 broadcasts frames of the same shape. The session's ``ticker`` tool reports progress ``--rate`` times per second; the
-baseline broadcasts at the same rate, half a period later, so the two alternate and see the same load. Subscribers
+baseline broadcasts at the same rate, half a period later, so the two alternate and see the same load. An AG-UI stream also
+carries the turn's other events (its runs, state, the reply around the tool, the tool's end): the baseline
+broadcasts the same frames for each of them, translated as the stream translates them, half a period after the
+session published it, so both servers send the same frames in the same rhythm. Subscribers
 (``--subscribers`` to each server) are ``ws_fanout.py`` client processes; latency = receipt time - the time stamped
 in the frame just before ``ctx.update()`` (Switchboard: through the durable writes, the hub and the sends) or just
 before ``broadcast()`` (baseline).
@@ -60,10 +63,12 @@ async def clients(url: str, n: int, procs: int, events: int, timeout_s: float) -
 
 
 async def results(procs: list[Proc], timeout_s: float) -> dict[str, Any]:
-    merged: dict[str, Any] = {"latencies": [], "missing": 0, "closes": {}}
+    merged: dict[str, Any] = {"latencies": [], "missing": 0, "closes": {}, "worst": []}
     for p in procs:
         r = json.loads(await p.expect("RESULT", timeout_s))
         merged["latencies"] += r["latencies"]
+        worst = r.get("worst", [])
+        merged["worst"] = [max(a, b) for a, b in zip(merged["worst"] or worst, worst, strict=True)]
         merged["missing"] += r["missing"]
         for k, v in r["closes"].items():
             merged["closes"][k] = merged["closes"].get(k, 0) + v
@@ -75,6 +80,7 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
     import uvicorn
     from websockets.asyncio.server import ServerConnection, broadcast, serve
 
+    from switchboard.api.agui import AguiTranslator, encode_ws
     from switchboard.api.app import create_app
     from switchboard.api.ws_protocol import EventStreamProtocol
     from switchboard.cli.main import GC_YOUNG_THRESHOLD
@@ -109,12 +115,27 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
             peers.discard(ws)
 
     shape = "ag-ui" if args.stream.startswith("ag-ui") else "ws"
+    loop = asyncio.get_running_loop()
+
+    async def same_frames() -> None:
+        """The AG-UI stream's frames for every event but the progress updates (the baseline sends its own)."""
+        sub = app.state.services.host.hub.subscribe(session_ids=[SESSION_ID], maxsize=100_000)
+        translator = AguiTranslator(SESSION_ID)
+        with sub:
+            while True:
+                _, event, _ = await sub.get()
+                frames = encode_ws(translator.translate(event), event.seq)
+                if event.type != "tool.progress":
+                    for frame in frames:
+                        loop.call_later(0.5 / args.rate, broadcast, peers, frame)
     timeout_s = args.events / args.rate + 60
     procs: list[Proc] = []
+    mirror: asyncio.Task[None] | None = None
     try:
         async with serve(handler, "127.0.0.1", base_port, ping_interval=None):
             while not server.started:
                 await asyncio.sleep(0.05)
+            mirror = asyncio.create_task(same_frames()) if shape == "ag-ui" else None
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
                 call = {"name": "ticker", "arguments": {"events": args.events, "rate": args.rate}}
                 body = {
@@ -142,6 +163,8 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
                 sb = await results(sb_procs, timeout_s + 30)
                 base = await results(base_procs, timeout_s + 30)
     finally:
+        if mirror is not None:
+            mirror.cancel()
         for p in procs:
             await p.stop()
         server.should_exit = True
@@ -157,6 +180,8 @@ def line(name: str, r: dict[str, Any]) -> dict[str, float]:
         f"| {name:<11} | {len(lat):>9,} | {r['missing']:>7} | {out['p50']:8.2f} | {out['p99']:8.2f} "
         f"| {max(lat) if lat else math.nan:8.2f} | {r['closes'] or '-'}"
     )
+    slowest = sorted(range(len(r["worst"])), key=lambda i: -r["worst"][i])[:5]
+    print("|             | slowest updates (number: ms): " + ", ".join(f"{i}: {r['worst'][i]:.0f}" for i in slowest))
     return out
 
 

@@ -67,3 +67,26 @@ def test_streams_in_the_same_state_share_translations_and_a_state_change_is_seen
 def replay(log: list[Event]) -> list[Any]:
     translator = AguiTranslator(log[0].session_id)
     return [translator.translate(e) for e in log]
+
+
+def test_a_progress_updates_chat_items_make_no_agui_event_and_the_stream_stays_resumable():
+    pair = [
+        {"type": "function_call", "id": "i2", "call_id": "c1/update/2", "name": "t", "arguments": "{}"},
+        {"type": "function_call_output", "id": "i3", "call_id": "c1/update/2", "name": "t", "output": "50%"},
+    ]
+    log = events("upd")[:5]  # up to tool.started
+    log += [Event(seq=6 + k, session_id="upd", type="chat.item", data={"item": item}) for k, item in enumerate(pair)]
+    log.append(Event(seq=8, session_id="upd", type="tool.progress", data={"call_id": "c1", "message": "m"}))
+    first_call = {"type": "function_call", "id": "i1", "call_id": "c1", "name": "t", "arguments": "{}"}
+    log.append(Event(seq=9, session_id="upd", type="chat.item", data={"item": first_call}))
+    log += [Event(seq=10 + k, session_id="upd", type=t, data=d) for k, (t, d) in enumerate(LOG[6:])]
+    translator = AguiTranslator("upd")
+    out = [[e.type.value for e in translator.translate(ev)] for ev in log]
+    assert out[5] == out[6] == []  # the update's pair: its ACTIVITY_SNAPSHOT carries it
+    assert out[7] == ["ACTIVITY_SNAPSHOT"]
+    assert out[8] == ["CUSTOM"]  # any other tool item still does
+    assert encode_sse([], 6) == "" and encode_ws([], 6) == []
+    shared, fresh = SharedEncodings(), AguiTranslator("upd")
+    frames = [json.loads(f) for ev in log for f in shared.ws(fresh, ev)]
+    assert_valid_agui(frames, max_warnings=0)
+    assert [f["rawEvent"]["seq"] for f in frames if "rawEvent" in f] == [1, 2, 3, 4, 5, 8, 9, 10, 11, 12]

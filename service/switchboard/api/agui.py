@@ -5,8 +5,10 @@ is the run it has open and the tool calls started in that run: a run opens with 
 point and finishes at the next one (the agent back to `listening` with none of the run's tool calls running), so a
 turn with its tools, their background progress and results is one run. ``docs/ag-ui.md`` has the whole mapping.
 
-Every session event yields at least one AG-UI event, and the last one it yields completes it: a stream marks that
-one with the event's ``seq`` (the SSE ``id``), so resuming from an id never splits a session event.
+The last AG-UI event a session event yields completes it: a stream marks that one with the event's ``seq`` (the SSE
+``id``), so resuming from an id never splits a session event. The chat items of a progress update
+(``<call_id>/update/<n>``, the model's copy of it) yield none: the update's ``ACTIVITY_SNAPSHOT`` carries it, and a
+dashboard of a long tool would otherwise get three frames per update.
 
 >>> translator = AguiTranslator("s1")
 >>> [e.type.value for e in translator.translate(event)]
@@ -38,6 +40,7 @@ from ag_ui.core import (
     ToolCallStartEvent,
 )
 
+from ..runtime.chat import UPDATE_MARK
 from ..runtime.events import Event
 
 PROTOCOL_VERSION = "1.0"
@@ -88,7 +91,9 @@ class AguiTranslator:
         self._key = state
 
     def translate(self, event: Event) -> list[BaseEvent]:
-        """The AG-UI events for ``event`` (at least one), framed in a run."""
+        """The AG-UI events for ``event``, framed in a run (none for a progress update's chat items)."""
+        if _update_item(event):
+            return []
         self._key = None
         ts = int(event.at.timestamp() * 1000)
         out: list[BaseEvent] = []
@@ -192,6 +197,14 @@ class AguiTranslator:
         ]
 
 
+def _update_item(event: Event) -> bool:
+    """``event`` adds a chat item of a progress update's pair (its ``tool.progress`` follows)."""
+    if event.type != "chat.item":
+        return False
+    item = event.data.get("item") or {}
+    return UPDATE_MARK in str(item.get("call_id") or "")
+
+
 def _generic(translator: AguiTranslator, event: Event, ts: int) -> list[BaseEvent]:
     return _custom(event, ts)
 
@@ -248,6 +261,8 @@ SHARED = SharedEncodings()
 
 def encode_sse(events: list[BaseEvent], seq: int) -> str:
     """SSE frames for one session event's AG-UI events; the last carries ``id: <seq>``."""
+    if not events:
+        return ""
     frames = [f"data: {e.model_dump_json(by_alias=True)}\n\n" for e in events]
     frames[-1] = f"id: {seq}\n{frames[-1]}"
     return "".join(frames)
@@ -256,6 +271,8 @@ def encode_sse(events: list[BaseEvent], seq: int) -> str:
 def encode_ws(events: list[BaseEvent], seq: int) -> list[str]:
     """WebSocket frames for one session event's AG-UI events; the last carries ``rawEvent: {"seq": <seq>}``, the
     position to resume from (``since``)."""
+    if not events:
+        return []
     frames = [e.model_dump_json(by_alias=True) for e in events[:-1]]
     last = events[-1].model_copy(update={"raw_event": {"seq": seq}})
     frames.append(last.model_dump_json(by_alias=True))

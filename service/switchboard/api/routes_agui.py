@@ -159,7 +159,8 @@ class AguiStream(StreamingResponse):
             sends.since = None
 
         def frames(event: Event, text: str | None) -> list[str]:
-            return [SHARED.sse(translator, event)]
+            encoded = SHARED.sse(translator, event)
+            return [encoded] if encoded else []  # a progress update's chat items make no AG-UI event
 
         # as on the WebSocket: on every node the hub hands the subscription its session's events in order
         direct = DirectSend(send_text, sub, frames, resume, sends, TERMINAL_EVENTS)
@@ -175,7 +176,8 @@ class AguiStream(StreamingResponse):
                             continue
                         if item[0].seq <= resume[0]:
                             continue  # sent already: directly from the hub, or it reached this node twice
-                        await send_text(frames(item[0], None)[0])
+                        for frame in frames(item[0], None):
+                            await send_text(frame)
                         resume[0] = item[0].seq
             finally:
                 await direct.aclose()
