@@ -4,10 +4,11 @@
 two phases (other work on a shared machine) moves the ratio as much as the code does. Here one process serves both,
 on one event loop: the Switchboard app under uvicorn (SQLite in a temp dir) and a ``websockets`` server that
 broadcasts frames of the same shape. The session's ``ticker`` tool reports progress ``--rate`` times per second; the
-baseline broadcasts at the same rate, half a period later, so the two alternate and see the same load. An AG-UI stream also
-carries the turn's other events (its runs, state, the reply around the tool, the tool's end): the baseline
-broadcasts the same frames for each of them, translated as the stream translates them, half a period after the
-session published it, so both servers send the same frames in the same rhythm. Subscribers
+baseline broadcasts at the same rate, half a period later, so the two alternate and see the same load. An AG-UI
+stream also carries the turn's other events (its runs, state, the reply around the tool, the tool's end), in bursts:
+there the baseline follows the session's own events, half a period after each is published, broadcasting the same frames
+(translated as the stream translates them; a progress update as a frame of the same shape stamped at the broadcast),
+so both servers send the same frames, in the same order and rhythm. Subscribers
 (``--subscribers`` to each server) are ``ws_fanout.py`` client processes; latency = receipt time - the time stamped
 in the frame just before ``ctx.update()`` (Switchboard: through the durable writes, the hub and the sends) or just
 before ``broadcast()`` (baseline).
@@ -85,6 +86,7 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
     from switchboard.api.ws_protocol import EventStreamProtocol
     from switchboard.cli.main import GC_YOUNG_THRESHOLD
     from switchboard.control.settings import Settings
+    from switchboard.runtime.events import Event
 
     os.environ["SWITCHBOARD_AGENTS"] = "bench.ws_fanout:AGENTS"
     settings = Settings(
@@ -117,17 +119,22 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
     shape = "ag-ui" if args.stream.startswith("ag-ui") else "ws"
     loop = asyncio.get_running_loop()
 
+    def send_same(event: Event, frames: list[str]) -> None:
+        if event.type == "tool.progress":  # stamped now, as the baseline's progress frames are
+            frames = [baseline_frame(shape, json.loads(event.data["message"])["i"], args.events)]
+        for frame in frames:
+            broadcast(peers, frame)
+
     async def same_frames() -> None:
-        """The AG-UI stream's frames for every event but the progress updates (the baseline sends its own)."""
+        """The AG-UI stream's frames, each event's half a period after the session published it."""
         sub = app.state.services.host.hub.subscribe(session_ids=[SESSION_ID], maxsize=100_000)
         translator = AguiTranslator(SESSION_ID)
         with sub:
             while True:
                 _, event, _ = await sub.get()
                 frames = encode_ws(translator.translate(event), event.seq)
-                if event.type != "tool.progress":
-                    for frame in frames:
-                        loop.call_later(0.5 / args.rate, broadcast, peers, frame)
+                loop.call_later(0.5 / args.rate, send_same, event, frames)
+
     timeout_s = args.events / args.rate + 60
     procs: list[Proc] = []
     mirror: asyncio.Task[None] | None = None
@@ -155,7 +162,7 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
                 await asyncio.sleep(1.0)
                 start = time.time()
                 (await http.post(f"/v1/sessions/{SESSION_ID}/input", json={"text": "go"})).raise_for_status()
-                for i in range(args.events):  # half a period after each of the ticker's updates
+                for i in range(args.events if mirror is None else 0):  # half a period after each of the updates
                     delay = start + (i + 0.5) / args.rate - time.time()
                     if delay > 0:
                         await asyncio.sleep(delay)

@@ -23,7 +23,15 @@ from starlette.websockets import WebSocket
 from websockets.extensions.permessage_deflate import PerMessageDeflate
 from websockets.frames import Frame, Opcode
 
-from switchboard.api.ws_protocol import FRAMES, EventStreamProtocol, SharedFrames, encoding_key, shared_sender
+from switchboard.api.ws_protocol import (
+    FRAMES,
+    SHARED_FRAMES,
+    EventStreamProtocol,
+    SharedFrames,
+    encoding_key,
+    shared_sender,
+    text_sender,
+)
 
 from .server import free_port
 
@@ -129,3 +137,36 @@ async def test_a_connection_that_cannot_take_a_frame_at_once_refuses_it():
             with pytest.raises(websockets.ConnectionClosedOK):
                 await asyncio.wait_for(ws.recv(), 10)
     assert results == [False]
+
+
+async def test_a_send_that_waits_for_a_full_socket_still_writes_the_shared_frame():
+    # two clients that stop reading: the server's sockets fill and its sends wait; once the clients read again,
+    # every message arrives, in order, and was still encoded once for both (not compressed per connection)
+    texts = [f'{{"i": {i}, "pad": "{str(i) * 100_000}"}}' for i in range(50)]
+    waited: list[bool] = []
+
+    async def endpoint(ws: WebSocket) -> None:
+        await ws.accept()
+        send = text_sender(ws)
+        protocol = ws.scope["extensions"][SHARED_FRAMES].__self__
+        for text in texts:
+            waited.append(not protocol.writable.is_set())
+            await send(text)
+        await ws.receive()
+
+    app = Starlette(routes=[WebSocketRoute("/ws", endpoint)])
+    async with serving(app) as port:
+        url = f"ws://127.0.0.1:{port}/ws"
+        before = FRAMES.encoded
+        async with contextlib.AsyncExitStack() as stack:
+            # max_queue=1: a client that does not call recv() stops reading its socket
+            clients = [
+                await stack.enter_async_context(websockets.connect(url, compression=None, max_queue=1, max_size=None))
+                for _ in range(2)
+            ]
+            await asyncio.sleep(1.0)
+            assert any(waited)  # the sockets did fill up
+            for ws in clients:
+                for text in texts:
+                    assert await asyncio.wait_for(ws.recv(), 10) == text
+            assert FRAMES.encoded - before == len(texts)  # each message encoded once, for both connections

@@ -27,7 +27,7 @@ from .agui import SHARED, AguiTranslator
 from .auth import AuthError, Principal, authenticate, bearer, check, url_token
 from .direct_send import DirectSend
 from .stream_slots import TooManyStreams
-from .ws_protocol import shared_sender
+from .ws_protocol import SendText, shared_sender, text_sender
 
 logger = logging.getLogger("switchboard.api.ws")
 router = APIRouter(tags=["events"])
@@ -167,13 +167,13 @@ class Sends:
         return self.since is not None and time.monotonic() - self.since > SEND_TIMEOUT_S
 
 
-async def _send(ws: WebSocket, text: str, sends: Sends | None = None) -> None:
+async def _send(send_text: SendText, text: str, sends: Sends | None = None) -> None:
     if sends is None:
         async with asyncio.timeout(SEND_TIMEOUT_S):
-            await ws.send_text(text)
+            await send_text(text)
         return
     sends.since = time.monotonic()
-    await ws.send_text(text)
+    await send_text(text)
     sends.since = None
 
 
@@ -191,7 +191,7 @@ async def _receive(ws: WebSocket) -> None:
         except ValueError:
             raise _Closed(CLOSE_BAD_REQUEST, "messages must be JSON") from None
         if isinstance(data, dict) and data.get("type") == "ping":
-            await _send(ws, json.dumps({"type": "pong"}))
+            await _send(ws.send_text, json.dumps({"type": "pong"}))
 
 
 async def fell_behind(sub: Subscription, sends: Sends) -> None:
@@ -356,7 +356,8 @@ async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] 
 
     # live events go out from the hub's publish while the pump waits idle (no task wakes per event), on every node:
     # in cluster mode too, the hub hands each subscription its session's events in order, none missing
-    direct = DirectSend(ws.send_text, sub, frames, resume, sends, TERMINAL_EVENTS, shared=shared_sender(ws))
+    send_text = text_sender(ws)
+    direct = DirectSend(send_text, sub, frames, resume, sends, TERMINAL_EVENTS, shared=shared_sender(ws))
     sub.direct = direct
 
     async def pump() -> None:
@@ -372,7 +373,7 @@ async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] 
                         # from the database while Redis was down, then published by its node once Redis was back)
                         continue
                     for frame in frames(event, text):
-                        await _send(ws, frame, sends)
+                        await _send(send_text, frame, sends)
                     resume[0] = event.seq
             raise _Closed(CLOSE_NORMAL, "session closed")
         finally:
@@ -415,6 +416,7 @@ async def _multi_stream(
     sub = services.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer, ordered=True)
     resume = [cursor]
     sends = Sends()
+    send_text = text_sender(ws)
 
     def frame(c: int, event: Event) -> str:
         return json.dumps({"cursor": c, **event.model_dump(mode="json")})
@@ -426,14 +428,14 @@ async def _multi_stream(
             for c, event in page:
                 last = resume[0] = c
                 if sub.matches(event.type):
-                    await _send(ws, frame(c, event), sends)
+                    await _send(send_text, frame(c, event), sends)
             if len(page) < REPLAY_PAGE:
                 break
         while True:
             c, event, _ = await sub.get()
             if c <= last:
                 continue
-            await _send(ws, frame(c, event), sends)
+            await _send(send_text, frame(c, event), sends)
             last = resume[0] = c
 
     await _run(ws, sub, pump(), resume, sends, key="cursor")

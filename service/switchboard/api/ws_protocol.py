@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any
 
 from starlette.websockets import WebSocket
@@ -29,11 +29,15 @@ from websockets.server import ServerProtocol
 
 #: The ASGI scope extension of a connection that can write a shared frame: ``send_shared(text) -> bool``.
 SHARED_FRAMES = "switchboard.shared_frames"
+#: ... and ``await send_shared_when_writable(text) -> bool``, which first waits as a send does for the socket to take
+#: more.
+SHARED_FRAMES_WHEN_WRITABLE = "switchboard.shared_frames_when_writable"
 SHARED_CACHE_SIZE = 64  # messages whose wire bytes are kept (one event may make a few AG-UI messages)
 WINDOW_BITS = 12  # uvicorn's (and the websockets library's) defaults
 COMPRESS_SETTINGS = {"memLevel": 5}
 
 SendShared = Callable[[str], bool]
+SendText = Callable[[str], Coroutine[Any, Any, None]]
 
 
 def encoding_key(extensions: Sequence[Extension]) -> Hashable | None:
@@ -98,6 +102,7 @@ class EventStreamProtocol(WebSocketsSansIOProtocol):
             if self._encoding is not None:
                 extensions: dict[str, Any] = self.scope["extensions"]
                 extensions[SHARED_FRAMES] = self.send_shared
+                extensions[SHARED_FRAMES_WHEN_WRITABLE] = self.send_shared_when_writable
 
     def send_shared(self, text: str) -> bool:
         """Write ``text`` as one text message, its bytes shared with every connection that encodes it alike. False
@@ -116,9 +121,31 @@ class EventStreamProtocol(WebSocketsSansIOProtocol):
         self.transport.write(FRAMES.wire(text, self._encoding, self.conn.extensions))
         return True
 
+    async def send_shared_when_writable(self, text: str) -> bool:
+        """``send_shared`` once the socket takes more data (as uvicorn's own send waits first): a stream that fell
+        behind for a moment still sends the shared bytes rather than compressing each message for itself."""
+        await self.writable.wait()  # set again when the connection is lost: ``send_shared`` then says False
+        return self.send_shared(text)
+
 
 def shared_sender(ws: WebSocket) -> SendShared | None:
     """The connection's ``send_shared``, when its server offers it."""
     extensions = ws.scope.get("extensions") or {}
     sender = extensions.get(SHARED_FRAMES)
     return sender if callable(sender) else None
+
+
+def text_sender(ws: WebSocket) -> SendText:
+    """How a stream sends a text message: as shared bytes when its server offers them (waiting, as a send does, for
+    the socket to take more), else (or once the connection is no longer open) the usual way, which raises as a send
+    does."""
+    extensions = ws.scope.get("extensions") or {}
+    when_writable = extensions.get(SHARED_FRAMES_WHEN_WRITABLE)
+    if not callable(when_writable):
+        return ws.send_text
+
+    async def send(text: str) -> None:
+        if not await when_writable(text):
+            await ws.send_text(text)
+
+    return send
