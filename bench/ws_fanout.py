@@ -19,7 +19,8 @@ Switchboard's p99 to the baseline's. Budget: Switchboard p99 <= 100 ms and ratio
 Run: ``.venv/bin/python bench/ws_fanout.py [--subscribers 1000] [--events 200] [--rate 10] [--procs 2]
 [--stream ws|ag-ui-ws|ag-ui-sse]``
 The script stops by itself (every wait is bounded), stops every process it started, and exits non-zero if a budget is
-missed. The other roles (``--role client|baseline``) are started by the script itself.
+missed. The other roles (``--role client|baseline|relay``) are started by the script itself (``relay``: a baseline fed
+its frames on stdin, for ``ws_fanout_same_process.py``).
 """
 
 from __future__ import annotations
@@ -288,6 +289,32 @@ async def baseline_main(port: int, events: int, rate: float, shape: str) -> None
         await loop.run_in_executor(None, sys.stdin.readline)  # STOP
 
 
+async def relay_main(port: int, events: int, shape: str) -> None:
+    """A plain ``websockets`` broadcast server fed by stdin: each line is a JSON list of frames to broadcast at once,
+    or ``{"progress": i}`` for progress update ``i`` (stamped now, as ``baseline_frame`` does); STOP ends it."""
+    from websockets.asyncio.server import ServerConnection, broadcast, serve
+
+    clients: set[ServerConnection] = set()
+
+    async def handler(ws: ServerConnection) -> None:
+        clients.add(ws)
+        try:
+            await ws.wait_closed()
+        finally:
+            clients.discard(ws)
+
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader(limit=2**24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    async with serve(handler, "127.0.0.1", port, ping_interval=None):
+        print("LISTENING", flush=True)
+        while (line := await stdin.readline()) and line.strip() != b"STOP":
+            message = json.loads(line)
+            frames = [baseline_frame(shape, message["progress"], events)] if "progress" in message else message
+            for frame in frames:
+                broadcast(clients, frame)
+
+
 # -- role: orchestrator ----------------------------------------------------------------------------------------------
 
 
@@ -492,7 +519,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--role", choices=("main", "client", "baseline"), default="main")
+    parser.add_argument("--role", choices=("main", "client", "baseline", "relay"), default="main")
     parser.add_argument("--subscribers", type=int, default=1000)
     parser.add_argument("--procs", type=int, default=2, help="client processes")
     parser.add_argument("--events", type=int, default=200, help="progress updates (20 s at 10/s)")
@@ -513,6 +540,10 @@ def main() -> int:
     if args.role == "client":
         raise_nofile(args.conns + 256)
         run_loop(client_main(args.url, args.conns, args.events, args.timeout_s))
+        return 0
+    if args.role == "relay":
+        raise_nofile(2 * 4096)
+        run_loop(relay_main(args.port, args.events, "ag-ui" if args.stream.startswith("ag-ui") else "ws"))
         return 0
     if args.role == "baseline":
         raise_nofile(2 * 4096)

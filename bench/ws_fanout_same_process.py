@@ -1,20 +1,26 @@
-"""WebSocket fan-out against a plain ``websockets`` broadcast served by the same process, interleaved in time.
+"""WebSocket fan-out against a plain ``websockets`` broadcast of the same frames, in the same run, interleaved.
 
 ``ws_fanout.py`` runs Switchboard and its baseline one after the other, so a machine whose load changes between the
-two phases (other work on a shared machine) moves the ratio as much as the code does. Here one process serves both,
-on one event loop: the Switchboard app under uvicorn (SQLite in a temp dir) and a ``websockets`` server that
-broadcasts frames of the same shape. The session's ``ticker`` tool reports progress ``--rate`` times per second; the
-baseline broadcasts at the same rate, half a period later, so the two alternate and see the same load. An AG-UI
-stream also carries the turn's other events (its runs, state, the reply around the tool, the tool's end), in bursts:
-there the baseline follows the session's own events, half a period after each is published, broadcasting the same frames
-(translated as the stream translates them; a progress update as a frame of the same shape stamped at the broadcast),
-so both servers send the same frames, in the same order and rhythm. Subscribers
-(``--subscribers`` to each server) are ``ws_fanout.py`` client processes; latency = receipt time - the time stamped
-in the frame just before ``ctx.update()`` (Switchboard: through the durable writes, the hub and the sends) or just
-before ``broadcast()`` (baseline).
+two phases (other work on a shared machine) moves the ratio as much as the code does. Here both serve at once: the
+Switchboard app under uvicorn in this process (SQLite in a temp dir), and a ``websockets`` broadcast server. The
+session's ``ticker`` tool reports progress ``--rate`` times per second. The baseline follows the session: half a
+period after the session publishes an event, it broadcasts the frames the stream sends for it (translated as the
+stream translates it; a progress update as a frame of the same shape and size, stamped at the broadcast), so the two
+servers send the same frames in the same order and rhythm, alternating. That matters for an AG-UI stream, which also
+carries the turn's other events (its runs, state, the reply around the tool, the tool's end) in bursts; the ``ws``
+stream reads ``types=tool.progress`` only.
+
+``--baseline process`` (the default) runs the baseline in a process of its own (``ws_fanout.py --role relay``, fed
+the frames through a pipe), so each server has an event loop to itself and they share only the machine;
+``--baseline loop`` runs it on this process's event loop, where a burst of either server delays the other.
+
+Subscribers (``--subscribers`` to each server) are ``ws_fanout.py`` client processes; latency = receipt time - the
+time stamped in the frame just before ``ctx.update()`` (Switchboard: through the durable writes, the hub and the
+sends) or just before the broadcast (baseline). Each table also names the updates with the slowest deliveries.
 
 Run: ``.venv/bin/python bench/ws_fanout_same_process.py [--subscribers 1000] [--events 200] [--rate 10]
-[--stream ws|ag-ui-ws|ag-ui-sse] [--runs 3]``; it stops by itself and stops every process it started.
+[--stream ws|ag-ui-ws|ag-ui-sse] [--baseline process|loop] [--runs 3]``; it stops by itself and stops every process
+it started.
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +91,6 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
     from switchboard.api.ws_protocol import EventStreamProtocol
     from switchboard.cli.main import GC_YOUNG_THRESHOLD
     from switchboard.control.settings import Settings
-    from switchboard.runtime.events import Event
 
     os.environ["SWITCHBOARD_AGENTS"] = "bench.ws_fanout:AGENTS"
     settings = Settings(
@@ -107,7 +111,10 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws=EventStreamProtocol)
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
+    shape = "ag-ui" if args.stream.startswith("ag-ui") else "ws"
+    loop = asyncio.get_running_loop()
     peers: set[ServerConnection] = set()
+    relay: Proc | None = None
 
     async def handler(ws: ServerConnection) -> None:
         peers.add(ws)
@@ -116,33 +123,49 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
         finally:
             peers.discard(ws)
 
-    shape = "ag-ui" if args.stream.startswith("ag-ui") else "ws"
-    loop = asyncio.get_running_loop()
-
-    def send_same(event: Event, frames: list[str]) -> None:
-        if event.type == "tool.progress":  # stamped now, as the baseline's progress frames are
-            frames = [baseline_frame(shape, json.loads(event.data["message"])["i"], args.events)]
+    def send_same(message: dict[str, int] | list[str]) -> None:
+        """Broadcast one event's frames (``{"progress": i}``: update i's, stamped now)."""
+        if relay is not None:
+            relay.say(json.dumps(message))
+            return
+        frames = [baseline_frame(shape, message["progress"], args.events)] if isinstance(message, dict) else message
         for frame in frames:
             broadcast(peers, frame)
 
-    async def same_frames() -> None:
-        """The AG-UI stream's frames, each event's half a period after the session published it."""
+    async def follow() -> None:
+        """The stream's frames for each of the session's events, half a period after the session published it."""
         sub = app.state.services.host.hub.subscribe(session_ids=[SESSION_ID], maxsize=100_000)
         translator = AguiTranslator(SESSION_ID)
         with sub:
             while True:
                 _, event, _ = await sub.get()
                 frames = encode_ws(translator.translate(event), event.seq)
-                loop.call_later(0.5 / args.rate, send_same, event, frames)
+                message: dict[str, int] | list[str]
+                if event.type == "tool.progress":
+                    message = {"progress": json.loads(event.data["message"])["i"]}
+                elif shape == "ag-ui" and frames:
+                    message = frames
+                else:
+                    continue  # the ``ws`` stream reads progress only
+                loop.call_later(0.5 / args.rate, send_same, message)
 
     timeout_s = args.events / args.rate + 60
     procs: list[Proc] = []
-    mirror: asyncio.Task[None] | None = None
+    following: asyncio.Task[None] | None = None
     try:
-        async with serve(handler, "127.0.0.1", base_port, ping_interval=None):
+        async with contextlib.AsyncExitStack() as stack:
+            if args.baseline == "process":
+                relay = await Proc.start(
+                    "relay", "--role", "relay", "--port", str(base_port), "--events", str(args.events),
+                    "--stream", args.stream,
+                )  # fmt: skip
+                procs.append(relay)
+                await relay.expect("LISTENING", 60)
+            else:
+                await stack.enter_async_context(serve(handler, "127.0.0.1", base_port, ping_interval=None))
             while not server.started:
                 await asyncio.sleep(0.05)
-            mirror = asyncio.create_task(same_frames()) if shape == "ag-ui" else None
+            following = asyncio.create_task(follow())
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
                 call = {"name": "ticker", "arguments": {"events": args.events, "rate": args.rate}}
                 body = {
@@ -156,22 +179,16 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
                 base_procs = await clients(
                     f"ws://127.0.0.1:{base_port}/", args.subscribers, args.procs, args.events, timeout_s
                 )
-                procs = sb_procs + base_procs
-                for p in procs:
+                procs += sb_procs + base_procs
+                for p in sb_procs + base_procs:
                     await p.expect("READY", 180)
                 await asyncio.sleep(1.0)
-                start = time.time()
                 (await http.post(f"/v1/sessions/{SESSION_ID}/input", json={"text": "go"})).raise_for_status()
-                for i in range(args.events if mirror is None else 0):  # half a period after each of the updates
-                    delay = start + (i + 0.5) / args.rate - time.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    broadcast(peers, baseline_frame(shape, i, args.events))
                 sb = await results(sb_procs, timeout_s + 30)
                 base = await results(base_procs, timeout_s + 30)
     finally:
-        if mirror is not None:
-            mirror.cancel()
+        if following is not None:
+            following.cancel()
         for p in procs:
             await p.stop()
         server.should_exit = True
@@ -197,7 +214,7 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"{os.cpu_count()} cpus; load average at start: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(
         f"{args.subscribers} {args.stream} subscribers to each server, {args.procs} client process(es) each; "
-        f"{args.events} updates at {args.rate:g}/s, interleaved; latencies in ms\n"
+        f"{args.events} updates at {args.rate:g}/s, interleaved; baseline on its own {args.baseline}; latencies in ms\n"
     )
     ratios = []
     for run in range(args.runs):
@@ -225,6 +242,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--rate", type=float, default=10.0)
     parser.add_argument("--stream", choices=("ws", "ag-ui-ws", "ag-ui-sse"), default="ws")
+    parser.add_argument("--baseline", choices=("process", "loop"), default="process")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per run")
     return int(run_loop(main_async(parser.parse_args())))
