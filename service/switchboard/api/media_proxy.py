@@ -176,9 +176,10 @@ class _Relay:
 
     async def _owner_closed(self) -> _End:
         """The owner's close (its frame as it was sent), or that it went away without one."""
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await self.upstream.wait_closed()
+        if self.upstream.protocol.close_rcvd is None:  # a send failed first: the connection may still be closing
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await self.upstream.wait_closed()
         rcvd: Close | None = self.upstream.protocol.close_rcvd
         if rcvd is None:
             return self._owner_gone()
