@@ -49,3 +49,44 @@ async def test_a_cluster_node_takes_a_forwarded_request_only_with_the_cluster_se
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guard), base_url="http://test") as client:
         r = await client.post("/v1/sessions/s/input", json={}, headers=headers)
     assert r.status_code == status, r.text
+
+
+@pytest.mark.parametrize(
+    ("cluster_mode", "sent", "passed"),
+    [
+        (True, SECRET, True),
+        (True, None, True),  # an edge connecting itself
+        (True, "", False),
+        (True, SECRET[:-1] + "x", False),
+        (False, SECRET, False),  # a node not in cluster mode takes no relayed connection
+    ],
+)
+async def test_a_relayed_websocket_is_taken_only_with_the_cluster_secret(
+    cluster_mode: bool, sent: str | None, passed: bool
+):
+    """A media edge relayed by another node carries the header too: without the secret the connection is accepted
+    and closed with 4403 before the route sees it."""
+    reached: list[str] = []
+
+    async def route(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+
+    sent_messages: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "websocket.connect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent_messages.append(message)
+
+    headers = [(FORWARDED_HEADER.encode(), sent.encode())] if sent is not None else []
+    scope = {"type": "websocket", "path": "/v1/sessions/s/media", "headers": headers, "client": ("10.0.0.9", 5000)}
+    await ForwardedGuard(route, cluster_mode=cluster_mode, secret=SECRET)(scope, receive, send)
+    if passed:
+        assert reached == ["/v1/sessions/s/media"] and sent_messages == []
+    else:
+        assert reached == []
+        assert sent_messages == [
+            {"type": "websocket.accept"},
+            {"type": "websocket.close", "code": 4403, "reason": "forward_unauthenticated"},
+        ]

@@ -258,33 +258,6 @@ async def _true(value: Any) -> bool:
     return bool(value)
 
 
-async def test_a_media_edge_is_sent_to_the_node_that_runs_its_session(
-    tmp_path: Path, database_url: str, redis: RedisServer
-):
-    from .edge_client import Edge
-
-    nodes = [
-        cluster_node(tmp_path, database_url, f"node-{n}", redis.url, SWITCHBOARD_CLUSTER_SECRET=SECRET) for n in "ab"
-    ]
-    await start_all(nodes)
-    a, b = nodes
-    try:
-        async with httpx.AsyncClient(timeout=20) as http:
-            sid = await _pinned(http, a, "node-a", [])
-            elsewhere = await Edge.connect(b.ws_url, sid)
-            code, reason = await elsewhere.wait_closed()
-            assert code == 4421 and "node-a" in reason and a.url in reason, (code, reason)
-            edge = await Edge.connect(a.ws_url, sid)
-            await edge.send({"type": "user.transcript", "text": "hello from the edge"})
-            start = await edge.wait_for("speech.start", timeout=15)
-            await edge.wait_for("speech.end", timeout=15)
-            assert edge.texts[start["speech_id"]] == "Noted."
-            await edge.close()
-    finally:
-        for node in nodes:
-            node.kill()
-
-
 async def _adopted(http: httpx.AsyncClient, node: Server, sid: str, owners: set[str]) -> bool:
     found = await _session(http, node, sid)
     return found["owner_node"] in owners and found["state"] == "active"

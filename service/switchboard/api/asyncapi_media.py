@@ -8,7 +8,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from ..runtime.media_frames import EDGE_FRAMES, SERVER_FRAMES, _Frame
-from .routes_media import CLOSE_CODES
+from .media_codes import CLOSE_CODES
 
 SCHEMAS = "#/components/schemas/"
 CHANNEL = "sessionMedia"
@@ -29,7 +29,11 @@ Edge -> server: `playback.started`, `playback.progress`, `playback.finished`, `u
 When the session is interrupted, the heard text is the last `playback.progress` received before the interruption and
 every wait is released at once; a later report changes nothing committed. When the edge leaves mid-speech, that speech
 ends interrupted at its last reported position and the session goes on with its configured playout (the simulated
-clock) until an edge connects again."""
+clock) until an edge connects again.
+
+In cluster mode any node takes the connection: one that does not run the session relays it to the node that does,
+frames and closes unchanged; when that node cannot be reached or goes away, the edge is closed with 4410 and connects
+again (to any node)."""
 
 
 def _message_name(model: type[_Frame]) -> str:

@@ -9,7 +9,8 @@ does not own answers 503 (retry) instead of forwarding it again, so a request ne
 The header is a privilege (a new session is placed where it arrives, a command is not forwarded again), so every node
 checks it (``ForwardedGuard``): a request that carries it with anything but this cluster's secret (or, on a cluster
 without one, which runs on loopback only, the loopback marker) is refused with 403 ``forward_unauthenticated``, as
-is any forwarded request to a node that is not in cluster mode.
+is any forwarded request to a node that is not in cluster mode. A WebSocket (a media edge relayed by another node,
+``media_proxy``) is held to the same rule: accepted and closed with 4403.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _REQUEST_HEADERS = ("authorization", "content-type", "accept", "idempotency-key"
 _RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", "location")
 READ_TIMEOUT_S = 2.0  # a read the owner does not answer by then is answered from the database
 LOOPBACK_SECRET = "loopback"  # the header's value when no secret is set (cluster mode on loopback only)
+CLOSE_FORBIDDEN = 4403  # a WebSocket that claims to be relayed by another node without the secret
 
 
 class SessionElsewhere(Exception):
@@ -113,20 +115,27 @@ class ForwardedGuard:
         self.expected = forwarded_secret(secret).encode() if cluster_mode else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] in ("http", "websocket"):
             given = next((v for k, v in scope.get("headers") or () if k == FORWARDED_HEADER.encode()), None)
             if given is not None and (self.expected is None or not hmac.compare_digest(bytes(given), self.expected)):
                 logger.warning(
                     "refused a forwarded %s %s from %s: wrong or missing cluster secret",
-                    scope.get("method"),
+                    scope.get("method", "WebSocket"),
                     scope.get("path"),
                     (scope.get("client") or ("?",))[0],
                 )
-                why = "this node is not in cluster mode" if self.expected is None else "wrong cluster secret"
-                answer = problem_response(403, "forward_unauthenticated", f"Forwarded request refused: {why}.")
-                await answer(scope, receive, send)
+                await self._refuse(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        why = "this node is not in cluster mode" if self.expected is None else "wrong cluster secret"
+        if scope["type"] == "http":
+            answer = problem_response(403, "forward_unauthenticated", f"Forwarded request refused: {why}.")
+            await answer(scope, receive, send)
+        elif (await receive())["type"] == "websocket.connect":  # a relayed media edge: accepted, closed like a refusal
+            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.close", "code": CLOSE_FORBIDDEN, "reason": "forward_unauthenticated"})
 
 
 async def read_from_owner(

@@ -3,6 +3,8 @@
 One edge per session: it plays the session's speeches and reports their playback, and sends the user's barge-ins and
 transcripts. The protocol lives in ``runtime/media.py``; this is its transport. Three pumps per connection — frames
 in, frames out, and a watch (session gone, edge replaced, outbox overflowed) — whichever ends first ends the others.
+In cluster mode an edge that reaches a node that does not run its session is relayed to the one that does
+(``media_proxy``).
 """
 
 from __future__ import annotations
@@ -32,53 +34,32 @@ from ..runtime.session import AgentSession, SessionClosed
 from ..runtime.status import SessionStatus
 from . import deps
 from .auth import AuthError, authenticate, bearer, check, url_token
+from .forward import FORWARDED_HEADER, SessionElsewhere
+from .media_codes import (
+    CLOSE_FORBIDDEN,
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_MESSAGE_TOO_BIG,
+    CLOSE_NORMAL,
+    CLOSE_NOT_ACTIVE,
+    CLOSE_NOT_FOUND,
+    CLOSE_REPLACED,
+    CLOSE_SLOW_CONSUMER,
+    CLOSE_TOO_MANY_FRAMES,
+    CLOSE_UNAUTHENTICATED,
+    CLOSE_UNSUPPORTED_DATA,
+    OUTBOX_FRAMES,
+    SEND_TIMEOUT_S,
+)
+from .media_proxy import relay
 from .routes_events import _close
 
 logger = logging.getLogger("switchboard.api.media")
 router = APIRouter(tags=["media"])
 
 SCOPE = "media:connect"
-OUTBOX_FRAMES = 4096  # frames queued for a slow edge before it is closed (4008)
-SEND_TIMEOUT_S = 10.0
 WATCH_INTERVAL_S = 0.25  # how often a connection checks that its session still runs here
 FRAME_OVERHEAD_CHARS = 1024  # a transcript frame's JSON around its text
 STOP_PREFIX = SpeechStopFrame(speech_id="").to_json().partition(",")[0]  # how a speech.stop frame begins
-
-CLOSE_NORMAL = 1000
-CLOSE_UNSUPPORTED_DATA = 1003
-CLOSE_MESSAGE_TOO_BIG = 1009
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_SLOW_CONSUMER = 4008
-CLOSE_UNAUTHENTICATED = 4401
-CLOSE_FORBIDDEN = 4403
-CLOSE_NOT_FOUND = 4404
-CLOSE_REPLACED = 4409
-CLOSE_NOT_ACTIVE = 4410
-CLOSE_ELSEWHERE = 4421
-CLOSE_TOO_MANY_FRAMES = 4429
-
-#: Every close code of the media edge and what it means to the edge (published in the AsyncAPI document).
-CLOSE_CODES: dict[int, str] = {
-    CLOSE_NORMAL: "The session ended (closed or failed), or the edge left.",
-    CLOSE_UNSUPPORTED_DATA: "The edge sent a binary message; only JSON text frames are accepted.",
-    CLOSE_MESSAGE_TOO_BIG: "The edge sent a frame larger than the server accepts (the session's text limit, "
-    "`SWITCHBOARD_MAX_TEXT_CHARS`, plus 1 KiB).",
-    CLOSE_INTERNAL_ERROR: "The server failed, or the edge did not answer its keepalive pings: reconnect.",
-    CLOSE_SLOW_CONSUMER: f"Too slow: more than {OUTBOX_FRAMES} frames waited for the edge, or a send stalled for "
-    f"{SEND_TIMEOUT_S:.0f} s. The speech it was playing ends interrupted; reconnect.",
-    CLOSE_UNAUTHENTICATED: "No valid credential (an API key as a Bearer header, or a session token as `token` or a "
-    "Bearer header).",
-    CLOSE_FORBIDDEN: "The credential lacks the `media:connect` scope, or is a session token of another session.",
-    CLOSE_NOT_FOUND: "No such session.",
-    CLOSE_REPLACED: "Another edge connected to this session and replaced this one. The speech this one was playing "
-    "ended interrupted at its last reported position.",
-    CLOSE_NOT_ACTIVE: "The session is not active here: it ended (at connection time), is being recovered, was "
-    "suspended by a shutdown or moved to another node. Connect again in a moment (4421 then names its node).",
-    CLOSE_ELSEWHERE: "Cluster mode: another node runs this session; the reason names it (`session runs on node N at "
-    "URL`). Connect there.",
-    CLOSE_TOO_MANY_FRAMES: "Too many frames per second (`SWITCHBOARD_MEDIA_MAX_FRAMES_PER_S`, default 100, over a "
-    "burst of twice as many).",
-}
 
 
 class _Closed(Exception):
@@ -119,7 +100,8 @@ def _authorize(ws: WebSocket, sid: str) -> None:
 
 
 async def _live_session(ws: WebSocket, sid: str) -> AgentSession:
-    """The session, live here and active; else why not, as a close."""
+    """The session, live here and active; ``SessionElsewhere`` when another live node runs it (cluster mode: the
+    edge is relayed there); else why not, as a close."""
     services = deps.services(ws)
     host = services.host
     view = await host.find(sid)
@@ -132,7 +114,13 @@ async def _live_session(ws: WebSocket, sid: str) -> AgentSession:
     elsewhere = services.settings.cluster_mode and owner is not None and owner != host.node_id
     if live is None and elsewhere and owner is not None and SessionStatus(view.state).live:
         url = await host.store.nodes.live_url(owner)
-        raise _Closed(CLOSE_ELSEWHERE, f"session runs on node {owner} at {url or 'an unknown URL'}")
+        if url is None:
+            services.metrics.on_media_relay("not_live")
+            raise _Closed(CLOSE_NOT_ACTIVE, f"node {owner} runs this session and is not live; connect again")
+        if FORWARDED_HEADER in ws.headers:  # relayed here by a node that saw this one as the owner: no further
+            services.metrics.on_media_relay("loop")
+            raise _Closed(CLOSE_NOT_ACTIVE, f"session moved to node {owner}; connect again")
+        raise SessionElsewhere(sid, owner, url)
     raise _Closed(CLOSE_NOT_ACTIVE, f"session is {view.state}")
 
 
@@ -140,19 +128,28 @@ async def _live_session(ws: WebSocket, sid: str) -> AgentSession:
 async def media_edge(ws: WebSocket, sid: str) -> None:
     """Connect as the session's media edge: speeches are sent here to be played (`speech.*`), and the edge reports
     playback (`playback.*`) and the user (`user.*`). A second edge replaces the first (closed with 4409). Needs the
-    `media:connect` scope (docs/media-edge.md)."""
+    `media:connect` scope (docs/media-edge.md). In cluster mode any node takes it: it is relayed to the session's
+    node."""
     await ws.accept()
+    services = deps.services(ws)
     try:
         _authorize(ws, sid)
         session = await _live_session(ws, sid)
     except _Closed as closed:
         await _close(ws, closed.code, closed.reason)
         return
+    except SessionElsewhere as elsewhere:
+        settings = services.settings
+        max_frame_chars = settings.max_text_chars + FRAME_OVERHEAD_CHARS
+        await relay(
+            ws, elsewhere, secret=settings.cluster_secret, max_frame_chars=max_frame_chars, metrics=services.metrics
+        )
+        return
     playout = session.playout
     if not isinstance(playout, EdgePlayout):  # pragma: no cover - every hosted session plays through one
         await _close(ws, CLOSE_INTERNAL_ERROR, "this session cannot take a media edge")
         return
-    await _EdgeConnection(ws, session, playout, deps.services(ws).settings).run()
+    await _EdgeConnection(ws, session, playout, services.settings).run()
 
 
 class _EdgeConnection:

@@ -39,7 +39,6 @@ RETRY_CODES = frozenset({1006, 1011, 1012, 4008, 4410})
 CLOSE_NOTES = {
     4409: "Another edge connected to this session and replaced this one.",
     4410: "The session is not active.",
-    4421: "Another node runs this session: connect to it (the reason names it).",
     4429: "The edge sent too many frames per second.",
 }
 

@@ -13,7 +13,6 @@ const CLOSE_NOTES = {
   4404: "No such session.",
   4409: "Another edge connected to this session and replaced this browser.",
   4410: "The session is not active here (ended, being recovered or moved): connect again in a moment.",
-  4421: "Another node runs this session: open the console on that node.",
   4429: "This browser sent too many frames per second.",
 };
 

@@ -174,6 +174,17 @@ class Metrics:
         self.media_edges = Gauge(
             "switchboard_media_edges", "Connected media edges (one per session at most)", registry=r
         )
+        self.media_relays = Counter(
+            "switchboard_node_media_relays",
+            "Media edges for a session another node runs, relayed to it, by outcome: connected (the owner took the "
+            "connection), unreachable (it did not; the edge is closed with 4410), lost (it went away mid-stream: "
+            "4410), not_live (no live owner: 4410), loop (received relayed for a session this node does not run: 4410)",
+            ["outcome"],
+            registry=r,
+        )
+        self.media_relays_open = Gauge(
+            "switchboard_node_media_relays_open", "Media edges relayed to another node right now", registry=r
+        )
         self.media_barge_in = Histogram(
             "switchboard_media_barge_in_seconds",
             "A media edge's barge-in (user.speech_started) read -> speech.stop written to its socket",
@@ -192,6 +203,9 @@ class Metrics:
         self.forwards.labels(outcome=outcome).inc()
         if seconds is not None:
             self.forward_latency.observe(seconds)
+
+    def on_media_relay(self, outcome: str) -> None:
+        self.media_relays.labels(outcome=outcome).inc()
 
     def bind_node(self, host: SessionHost) -> None:
         self.registry.register(_Node(host))

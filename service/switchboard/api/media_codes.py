@@ -1,0 +1,42 @@
+"""The media edge's close codes and the limits they name (``routes_media``, ``media_proxy``; published in the
+AsyncAPI document)."""
+
+from __future__ import annotations
+
+OUTBOX_FRAMES = 4096  # frames queued for a slow edge before it is closed (4008)
+SEND_TIMEOUT_S = 10.0
+
+CLOSE_NORMAL = 1000
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_MESSAGE_TOO_BIG = 1009
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_SLOW_CONSUMER = 4008
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+CLOSE_REPLACED = 4409
+CLOSE_NOT_ACTIVE = 4410
+CLOSE_TOO_MANY_FRAMES = 4429
+
+#: Every close code of the media edge and what it means to the edge (published in the AsyncAPI document).
+CLOSE_CODES: dict[int, str] = {
+    CLOSE_NORMAL: "The session ended (closed or failed), or the edge left.",
+    CLOSE_UNSUPPORTED_DATA: "The edge sent a binary message; only JSON text frames are accepted.",
+    CLOSE_MESSAGE_TOO_BIG: "The edge sent a frame larger than the server accepts (the session's text limit, "
+    "`SWITCHBOARD_MAX_TEXT_CHARS`, plus 1 KiB).",
+    CLOSE_INTERNAL_ERROR: "The server failed, or the edge did not answer its keepalive pings: reconnect.",
+    CLOSE_SLOW_CONSUMER: f"Too slow: more than {OUTBOX_FRAMES} frames waited for the edge, or a send stalled for "
+    f"{SEND_TIMEOUT_S:.0f} s. The speech it was playing ends interrupted; reconnect.",
+    CLOSE_UNAUTHENTICATED: "No valid credential (an API key as a Bearer header, or a session token as `token` or a "
+    "Bearer header).",
+    CLOSE_FORBIDDEN: "The credential lacks the `media:connect` scope, or is a session token of another session. "
+    "Cluster mode: also a connection that claims to come from another node without the cluster secret.",
+    CLOSE_NOT_FOUND: "No such session.",
+    CLOSE_REPLACED: "Another edge connected to this session and replaced this one. The speech this one was playing "
+    "ended interrupted at its last reported position.",
+    CLOSE_NOT_ACTIVE: "The session is not active here: it ended (at connection time), is being recovered, was "
+    "suspended by a shutdown or moved to another node; in cluster mode also: the node that runs it could not be "
+    "reached, or went away (failover). Connect again in a moment, to any node.",
+    CLOSE_TOO_MANY_FRAMES: "Too many frames per second (`SWITCHBOARD_MEDIA_MAX_FRAMES_PER_S`, default 100, over a "
+    "burst of twice as many).",
+}
