@@ -94,11 +94,12 @@ async def test_every_client_reads_the_shared_frame_encoded_once_per_encoding():
         await go.wait()
         send = shared_sender(ws)
         assert send is not None
-        sent.append(send(TEXT))
-        await ws.send_text("done")  # the usual way, after it
+        sent.append(send(TEXT, SECOND))  # two messages, one write
+        await ws.send_text("done")  # the usual way, after them
         await ws.receive()
 
     TEXT = '{"type": "tool.progress", "data": {"message": "half way", "progress": 0.5}}'
+    SECOND = '{"type": "tool.progress", "data": {"message": "done", "progress": 1.0}}'
     app = Starlette(routes=[WebSocketRoute("/ws", endpoint)])
     async with serving(app) as port:
         url = f"ws://127.0.0.1:{port}/ws"
@@ -113,9 +114,10 @@ async def test_every_client_reads_the_shared_frame_encoded_once_per_encoding():
             go.set()
             for ws in deflating + plain:
                 assert await asyncio.wait_for(ws.recv(), 10) == TEXT
+                assert await asyncio.wait_for(ws.recv(), 10) == SECOND
                 assert await asyncio.wait_for(ws.recv(), 10) == "done"
             assert sent == [True] * 5
-            assert FRAMES.encoded - before == 2  # once compressed, once plain: not once per connection
+            assert FRAMES.encoded - before == 4  # each once compressed, once plain: not once per connection
 
 
 async def test_a_connection_that_cannot_take_a_frame_at_once_refuses_it():

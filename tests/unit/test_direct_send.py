@@ -91,15 +91,15 @@ async def test_a_failed_direct_send_ends_the_readers_wait():
     sub.close()
 
 
-async def test_a_shared_frame_goes_first_and_a_refused_one_through_send_text():
+async def test_the_events_of_one_publish_are_written_together_or_go_through_send_text():
     hub, socket = EventHub(), Socket()
     sub = hub.subscribe(session_ids=["s"], maxsize=100)
-    shared: list[str] = []
-    takes = [True, False]  # the connection takes the first frame at once, not the second (its buffer is full)
+    writes: list[tuple[str, ...]] = []
+    takes = [True, False]  # the connection takes the first publish at once, not the second (its buffer is full)
 
-    def send_shared(text: str) -> bool:
+    def send_shared(*texts: str) -> bool:
         if takes.pop(0):
-            shared.append(text)
+            writes.append(texts)
             return True
         return False
 
@@ -110,8 +110,29 @@ async def test_a_shared_frame_goes_first_and_a_refused_one_through_send_text():
     sub.direct = direct
     waiting = asyncio.create_task(sub.get())
     await asyncio.sleep(0)
-    hub.publish([(1, event(1))])
-    assert shared == ["1a"] and socket.sent == ["1b"] and resume == [1]  # in order, nothing twice
+    hub.publish([(1, event(1)), (2, event(2))])
+    assert writes == [("1a", "1b", "2a", "2b")] and socket.sent == [] and resume == [2]  # one write for both
+    hub.publish([(3, event(3))])
+    assert writes == [("1a", "1b", "2a", "2b")] and socket.sent == ["3a", "3b"] and resume == [3]  # in order, once
     waiting.cancel()
+    await direct.aclose()
+    sub.close()
+
+
+async def test_a_publish_with_a_terminal_event_leaves_it_and_what_follows_to_the_reader():
+    hub, socket = EventHub(), Socket()
+    sub = hub.subscribe(session_ids=["s"], maxsize=100)
+    resume = [0]
+    joined: list[str] = []
+    direct = DirectSend(
+        socket.send_text, sub, lambda e, t: [f"{e.seq};"], resume, Clock(), ["session.closed"], joined=True
+    )
+    sub.direct = direct
+    waiting = asyncio.create_task(sub.get())
+    await asyncio.sleep(0)
+    hub.publish([(1, event(1)), (2, event(2)), (3, event(3, "session.closed")), (4, event(4))])
+    joined += socket.sent
+    assert joined == ["1;2;"] and resume == [2]  # joined: one send for the byte stream
+    assert (await asyncio.wait_for(waiting, 1))[1].seq == 3 and sub.pending() == 1  # the reader ends the stream
     await direct.aclose()
     sub.close()

@@ -5,8 +5,12 @@ sends themselves and spreads one event's delivery over the whole round. While a 
 next event, ``DirectSend`` sends that event at once instead, in the publishing call: an ASGI send (a WebSocket
 message, an HTTP body chunk) whose socket accepts more data completes without suspending. A send that does suspend
 (the client's socket is full) is finished by a task, and the pump waits for that task before its own next send, so
-frames stay in order. A WebSocket that offers ``send_shared`` (``ws_protocol``) writes the frame's bytes, encoded
+frames stay in order. A WebSocket that offers ``send_shared`` (``ws_protocol``) writes the frames' bytes, encoded
 once for every subscriber.
+
+The events of one publish (a commit's events: a progress update, a turn's start) are written together, in one write
+to the socket: a socket write costs about as much as everything else a subscriber's event costs, and a burst of events
+to a thousand subscribers would otherwise pay it for every frame.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
-from ..control.hub import Subscription
+from ..control.hub import Item, Subscription
 from ..runtime.events import Event
 from .ws_protocol import SendShared
 
@@ -54,6 +58,7 @@ class DirectSend:
         terminal: Sequence[str],
         *,
         shared: SendShared | None = None,
+        joined: bool = False,
     ) -> None:
         self.send_text = send_text
         self.sub = sub
@@ -62,30 +67,43 @@ class DirectSend:
         self.sends = sends
         self.terminal = frozenset(terminal)
         self.pending: asyncio.Task[None] | None = None
-        self.shared = shared  # False: this frame goes through ``send_text``
+        self.shared = shared  # writes frames at once, together, or says False: they go through ``send_text``
+        self.joined = joined  # frames are parts of one byte stream (SSE): written together as one ``send_text``
 
-    def __call__(self, item: tuple[int, Event, str]) -> bool:
-        _, event, text = item
-        if self.pending is not None or self.sub.error is not None or event.type in self.terminal:
-            return False  # the pump sends it (and ends the stream after a terminal event)
+    def __call__(self, items: Sequence[Item]) -> int:
+        """Send the events of one publish, from the first up to a terminal one; how many were taken."""
+        if self.pending is not None or self.sub.error is not None:
+            return 0  # the pump sends them
+        frames: list[str] = []
+        taken = 0
+        for _, event, text in items:
+            if event.type in self.terminal:
+                break  # the pump sends it, and ends the stream
+            frames += self.frames(event, text)
+            taken += 1
+        if taken == 0:
+            return 0
+        seq = items[taken - 1][1].seq
+        if self.joined and len(frames) > 1:
+            frames = ["".join(frames)]
         try:
-            frames = self.frames(event, text)
+            if not frames or (self.shared is not None and self.shared(*frames)):
+                self.resume[0] = seq
+                return taken
             for i, frame in enumerate(frames):
-                if self.shared is not None and self.shared(frame):
-                    continue
                 coro = self.send_text(frame)
                 try:
                     yielded = coro.send(None)
                 except StopIteration:
                     continue
                 self.sends.since = time.monotonic()
-                self.pending = asyncio.ensure_future(self._finish(coro, yielded, frames[i + 1 :], event.seq))
-                return True
+                self.pending = asyncio.ensure_future(self._finish(coro, yielded, frames[i + 1 :], seq))
+                return taken
         except Exception as err:  # a failed send ends the stream, through its pump
             self.sub.fail(err)
-            return True
-        self.resume[0] = event.seq
-        return True
+            return taken
+        self.resume[0] = seq
+        return taken
 
     async def _finish(self, coro: Coroutine[Any, Any, None], yielded: Any, rest: Sequence[str], seq: int) -> None:
         try:

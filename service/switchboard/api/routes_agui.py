@@ -163,7 +163,7 @@ class AguiStream(StreamingResponse):
             return [encoded] if encoded else []  # a progress update's chat items make no AG-UI event
 
         # as on the WebSocket: on every node the hub hands the subscription its session's events in order
-        direct = DirectSend(send_text, sub, frames, resume, sends, TERMINAL_EVENTS)
+        direct = DirectSend(send_text, sub, frames, resume, sends, TERMINAL_EVENTS, joined=True)
         sub.direct = direct
 
         async def pump() -> None:

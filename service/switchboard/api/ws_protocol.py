@@ -27,7 +27,7 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-#: The ASGI scope extension of a connection that can write a shared frame: ``send_shared(text) -> bool``.
+#: The ASGI scope extension of a connection that can write shared frames: ``send_shared(*texts) -> bool``.
 SHARED_FRAMES = "switchboard.shared_frames"
 #: ... and ``await send_shared_when_writable(text) -> bool``, which first waits as a send does for the socket to take
 #: more.
@@ -36,7 +36,7 @@ SHARED_CACHE_SIZE = 64  # messages whose wire bytes are kept (one event may make
 WINDOW_BITS = 12  # uvicorn's (and the websockets library's) defaults
 COMPRESS_SETTINGS = {"memLevel": 5}
 
-SendShared = Callable[[str], bool]
+SendShared = Callable[..., bool]  # (*texts: str) -> bool
 SendText = Callable[[str], Coroutine[Any, Any, None]]
 
 
@@ -104,10 +104,10 @@ class EventStreamProtocol(WebSocketsSansIOProtocol):
                 extensions[SHARED_FRAMES] = self.send_shared
                 extensions[SHARED_FRAMES_WHEN_WRITABLE] = self.send_shared_when_writable
 
-    def send_shared(self, text: str) -> bool:
-        """Write ``text`` as one text message, its bytes shared with every connection that encodes it alike. False
-        when this connection cannot take it at once (not open, or its socket buffer full): send it the usual way,
-        which waits or raises as a send does."""
+    def send_shared(self, *texts: str) -> bool:
+        """Write each of ``texts`` as a text message, their bytes shared with every connection that encodes them
+        alike, in one write. False when this connection cannot take them at once (not open, or its socket buffer
+        full): nothing was written; send them the usual way, which waits or raises as a send does."""
         if (
             self._encoding is None
             or not self.handshake_complete
@@ -118,7 +118,11 @@ class EventStreamProtocol(WebSocketsSansIOProtocol):
             or self.transport.is_closing()
         ):
             return False
-        self.transport.write(FRAMES.wire(text, self._encoding, self.conn.extensions))
+        encoding, extensions = self._encoding, self.conn.extensions
+        if len(texts) == 1:
+            self.transport.write(FRAMES.wire(texts[0], encoding, extensions))
+        else:
+            self.transport.write(b"".join([FRAMES.wire(text, encoding, extensions) for text in texts]))
         return True
 
     async def send_shared_when_writable(self, text: str) -> bool:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Protocol
 
 from ..runtime.events import Event, type_matcher
+
+Item = tuple[int, Event, str]  # (cursor, event, the event as JSON)
 
 
 class SubscriberOverflow(Exception):
@@ -45,15 +47,16 @@ class Subscription:
         # an ordered (multi-session) subscription with a session filter: it is offered every event, in cursor order
         self.only: frozenset[str] | None = None
         self._matches: Callable[[str], bool] = type_matcher(types)
-        self._buffer: deque[tuple[int, Event, str]] = deque()
+        self._buffer: deque[Item] = deque()
         self.overflow_ev = asyncio.Event()
         self._maxsize = maxsize
         self._ready = asyncio.Event()
         self.overflowed = False
         self.closed = False
-        #: A stream that can send an event at once sets this: offered each live event while its reader waits idle in
-        #: ``get``, it returns True once it has taken the event (no task wakes for it), False to have it buffered.
-        self.direct: Callable[[tuple[int, Event, str]], bool] | None = None
+        #: A stream that can send events at once sets this: offered the live events of each publish (in order) while
+        #: its reader waits idle in ``get``, it returns how many of them it has taken, from the first (no task wakes
+        #: for them; a stream can write them together); the rest are buffered.
+        self.direct: Callable[[Sequence[Item]], int] | None = None
         self.error: BaseException | None = None  # raised by ``get``: the stream's direct send failed
         self._waiting = False
 
@@ -61,17 +64,23 @@ class Subscription:
         """Whether this subscription's type filter takes events of ``event_type``."""
         return self._matches(event_type)
 
-    def _offer(self, item: tuple[int, Event, str]) -> None:
-        if self.overflowed or self.closed or not self._matches(item[1].type):
+    def _offer(self, items: Sequence[Item]) -> None:
+        """Take the events of one publish, in order (those this subscription wants)."""
+        if self.overflowed or self.closed:
             return
-        if self.only is not None and item[1].session_id not in self.only:
+        only, matches = self.only, self._matches
+        mine = [it for it in items if matches(it[1].type) and (only is None or it[1].session_id in only)]
+        if not mine:
             return
-        if self.direct is not None and self._waiting and not self._buffer and self.direct(item):
-            return
-        if len(self._buffer) >= self._maxsize:
+        if self.direct is not None and self._waiting and not self._buffer:
+            taken = self.direct(mine)
+            if taken == len(mine):
+                return
+            mine = mine[taken:]
+        if len(self._buffer) + len(mine) > self._maxsize:
             self.overflow()
         else:
-            self._buffer.append(item)
+            self._buffer.extend(mine)
         self._ready.set()
 
     def overflow(self) -> None:
@@ -83,7 +92,7 @@ class Subscription:
         self.overflow_ev.set()
         self._ready.set()
 
-    async def get(self) -> tuple[int, Event, str]:
+    async def get(self) -> Item:
         """Next (cursor, event, event as JSON). Raises ``SubscriberOverflow`` once the buffer overflowed."""
         while not self._buffer:
             if self.overflowed:
@@ -204,11 +213,11 @@ class EventHub:
 
     def publish_ordered(self, events: Iterable[tuple[int, Event]]) -> None:
         """Cluster mode: events in cursor order, for the ordered subscriptions."""
-        for cursor, event in events:
-            if self._global:
-                item = (cursor, event, event.model_dump_json())
-                for sub in self._global:
-                    sub._offer(item)
+        if not self._global:
+            return
+        items = [(cursor, event, event.model_dump_json()) for cursor, event in events]
+        for sub in self._global:
+            sub._offer(items)
 
     def publish_sessions(self, events: Iterable[tuple[int, Event]]) -> None:
         """Cluster mode: events for the session subscriptions, as they reach this node (through ``sequencer``)."""
@@ -221,14 +230,21 @@ class EventHub:
         """Events in order per session (from ``sequencer``), for the session subscriptions."""
         self._deliver(events, ())
 
-    def _deliver(self, events: Iterable[tuple[int, Event]], others: Iterable[Subscription]) -> None:
+    def _deliver(self, events: Iterable[tuple[int, Event]], others: Collection[Subscription]) -> None:
+        """Offer each subscription the events of this publish it may want, together: a stream writes them at once."""
+        by_session: dict[str, list[Item]] = {}
+        everything: list[Item] = []
         for cursor, event in events:
-            subs = self._by_session.get(event.session_id)
-            if not subs and not others:
+            if not others and event.session_id not in self._by_session:
                 continue
             # serialised once; one tuple shared by every subscriber (no per-subscriber allocation to collect)
             item = (cursor, event, event.model_dump_json())
-            for sub in subs or ():
-                sub._offer(item)
+            by_session.setdefault(event.session_id, []).append(item)
+            if others:
+                everything.append(item)
+        for sid, items in by_session.items():
+            for sub in self._by_session.get(sid, ()):
+                sub._offer(items)
+        if everything:
             for sub in others:
-                sub._offer(item)
+                sub._offer(everything)
