@@ -8,9 +8,10 @@ redis-server of the benchmark's own. One session on node-1 runs the ``ticker`` t
 ``--subscribers`` WebSockets stream the session's ``tool.progress`` events, spread evenly over the nodes, from one
 client process per node (``ws_fanout.py --role client``). A subscriber on node-1 gets each event from node-1's hub; one
 on another node gets it through Redis (published by node-1 once durable, handed to that node's hub). Latency =
-receipt time - the stamp (same machine clock), per event per subscriber. Reported per run and over all runs: p50/p99
-for the owner's subscribers and for the other nodes', missing frames; the medians of the per-run p99. Load average
-stated.
+receipt time - the stamp (same machine clock), per event per subscriber. A subscriber whose stream closes (other than
+normally) resumes after the last seq it received, as a dashboard does; frames received twice are counted. Reported per
+run and over all runs: p50/p99 for the owner's subscribers and for the other nodes', missing frames, resumes and
+duplicates; the medians of the per-run p99. Load average stated.
 """
 
 from __future__ import annotations
@@ -75,13 +76,20 @@ async def one_run(nodes: list[Node], args: argparse.Namespace, run: int) -> dict
                 await c.stop()
         await client.delete(f"{nodes[0].url}/v1/sessions/{sid}")
     owner, others = results[0], results[1:]
+    return {"owner": merged([owner]), "other nodes": merged(others)}
+
+
+def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+    closes: dict[str, int] = {}
+    for r in results:
+        for k, v in r["closes"].items():
+            closes[k] = closes.get(k, 0) + v
     return {
-        "owner": {"latencies": owner["latencies"], "missing": owner["missing"], "closes": owner["closes"]},
-        "other nodes": {
-            "latencies": [v for r in others for v in r["latencies"]],
-            "missing": sum(r["missing"] for r in others),
-            "closes": {k: v for r in others for k, v in r["closes"].items()},
-        },
+        "latencies": [v for r in results for v in r["latencies"]],
+        "missing": sum(r["missing"] for r in results),
+        "closes": closes,
+        "resumes": sum(r.get("resumes", 0) for r in results),
+        "duplicates": sum(r.get("duplicates", 0) for r in results),
     }
 
 
@@ -101,7 +109,7 @@ async def main(args: argparse.Namespace) -> int:
             runs.append(result)
             line = ", ".join(
                 f"{where}: p50 {pct(r['latencies'], 50):.1f} ms p99 {pct(r['latencies'], 99):.1f} ms "
-                f"missing {r['missing']} closed {r['closes'] or '-'}"
+                f"missing {r['missing']} closed {r['closes'] or '-'} resumed {r['resumes']} twice {r['duplicates']}"
                 for where, r in result.items()
             )
             print(f"run {run + 1}: {line} (load {loadavg()})", flush=True)

@@ -47,6 +47,7 @@ BUDGET_P99_MS = 100.0
 BUDGET_RATIO = 1.2
 SESSION_ID = "fanout-bench"
 CONNECT_CONCURRENCY = 50
+MAX_RESUMES = 5  # per subscriber
 
 
 class Ticker(Agent):
@@ -104,6 +105,17 @@ def pct(values: list[float], q: float) -> float:
 # -- role: client ----------------------------------------------------------------------------------------------------
 
 
+def position(frame: dict[str, Any], stream: Any) -> int:
+    """The seq a frame completes (0 if none): a Switchboard frame's ``seq``, an AG-UI frame's ``rawEvent.seq``, the
+    SSE ``id:`` before it."""
+    if isinstance(frame.get("seq"), int):
+        return int(frame["seq"])
+    raw = frame.get("rawEvent")
+    if isinstance(raw, dict) and isinstance(raw.get("seq"), int):
+        return int(raw["seq"])
+    return int(getattr(stream, "last_id", 0) or 0)
+
+
 def stamp(frame: dict[str, Any]) -> tuple[int, float] | None:
     """The update number and send timestamp a progress frame carries (Switchboard or AG-UI shape), None for any
     other frame."""
@@ -123,6 +135,7 @@ class SseConnection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
         self.close_code: int | None = None
+        self.last_id = 0  # the last ``id:`` read
 
     @classmethod
     async def open(cls, url: str) -> SseConnection:
@@ -146,7 +159,9 @@ class SseConnection:
             line = await self.reader.readline()
             if not line:
                 raise StopAsyncIteration
-            if line.startswith(b"data: "):  # chunk-size lines and the rest of the framing are skipped
+            if line.startswith(b"id: "):
+                self.last_id = int(line[4:])
+            elif line.startswith(b"data: "):  # chunk-size lines and the rest of the framing are skipped
                 return line[6:].decode()
 
     async def close(self) -> None:
@@ -167,46 +182,70 @@ async def client_main(url: str, conns: int, expect: int, timeout_s: float) -> No
     first_last = [math.inf, 0.0]
     all_done = asyncio.Event()
     finished = [0]
+    resumes, duplicates = [0], [0]
     sem = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+    resumable = "/v1/sessions/" in url  # a Switchboard session stream; the baseline's cannot resume
+
+    async def open_stream(since: int) -> Any:
+        at = url if not since else f"{url}{'&' if '?' in url else '?'}since={since}"
+        if sse:
+            return await SseConnection.open(at)
+        return await connect(at, ping_interval=None, max_queue=None, open_timeout=60)
 
     async def one(k: int, ready: asyncio.Future[Any]) -> None:
         try:
             async with sem:
-                ws: Any = (
-                    await SseConnection.open(url)
-                    if sse
-                    else await connect(url, ping_interval=None, max_queue=None, open_timeout=60)
-                )
+                ws: Any = await open_stream(0)
         except Exception as err:
             ready.set_exception(err)
             return
         ready.set_result(None)
-        try:
-            async for raw in ws:
-                now = time.time()
-                stamped = stamp(json.loads(raw))
-                if stamped is None:
-                    continue  # an AG-UI stream's other frames (runs, tool call start and end)
-                i, sent = stamped
-                latency = (now - sent) * 1000
-                latencies.append(latency)
-                if 0 <= i < expect:
-                    worst[i] = max(worst[i], latency)
-                first_last[0] = min(first_last[0], now)
-                first_last[1] = max(first_last[1], now)
-                counts[k] += 1
-                if counts[k] == expect:
-                    finished[0] += 1
-                    if finished[0] == conns:
-                        all_done.set()
-                    break
-        except Exception as err:
-            closes[type(err).__name__] = closes.get(type(err).__name__, 0) + 1
-        finally:
-            if ws.close_code not in (None, 1000):
-                closes[f"code {ws.close_code}"] = closes.get(f"code {ws.close_code}", 0) + 1
-            with contextlib.suppress(Exception):
-                await ws.close()
+        seen: set[int] = set()
+        last_seq = 0
+        for attempt in range(MAX_RESUMES + 1):
+            if attempt:  # as a dashboard does after any close but a normal one: resume after the last seq
+                resumes[0] += 1
+                try:
+                    ws = await open_stream(last_seq)
+                except Exception as err:
+                    key = f"resume failed: {type(err).__name__}"
+                    closes[key] = closes.get(key, 0) + 1
+                    return
+            try:
+                async for raw in ws:
+                    now = time.time()
+                    frame = json.loads(raw)
+                    last_seq = max(last_seq, position(frame, ws))
+                    stamped = stamp(frame)
+                    if stamped is None:
+                        continue  # an AG-UI stream's other frames (runs, tool call start and end)
+                    i, sent = stamped
+                    if i in seen:
+                        duplicates[0] += 1
+                        continue
+                    seen.add(i)
+                    latency = (now - sent) * 1000
+                    latencies.append(latency)
+                    if 0 <= i < expect:
+                        worst[i] = max(worst[i], latency)
+                    first_last[0] = min(first_last[0], now)
+                    first_last[1] = max(first_last[1], now)
+                    counts[k] += 1
+                    if counts[k] == expect:
+                        finished[0] += 1
+                        if finished[0] == conns:
+                            all_done.set()
+                        return
+            except Exception as err:
+                closes[type(err).__name__] = closes.get(type(err).__name__, 0) + 1
+            finally:
+                if getattr(ws, "close_code", None) not in (None, 1000):
+                    closes[f"code {ws.close_code}"] = closes.get(f"code {ws.close_code}", 0) + 1
+                with contextlib.suppress(Exception):
+                    await ws.close()
+            if not resumable:
+                return
 
     loop = asyncio.get_running_loop()
     readies = [loop.create_future() for _ in range(conns)]
@@ -226,6 +265,8 @@ async def client_main(url: str, conns: int, expect: int, timeout_s: float) -> No
         "received": sum(counts),
         "missing": sum(max(0, expect - c) for c in counts),
         "closes": closes,
+        "resumes": resumes[0],
+        "duplicates": duplicates[0],
         "first": first_last[0],
         "last": first_last[1],
     }

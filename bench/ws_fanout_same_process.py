@@ -4,11 +4,11 @@
 two phases (other work on a shared machine) moves the ratio as much as the code does. Here both serve at once: the
 Switchboard app under uvicorn in this process (SQLite in a temp dir), and a ``websockets`` broadcast server. The
 session's ``ticker`` tool reports progress ``--rate`` times per second. The baseline follows the session: half a
-period after the session publishes an event, it broadcasts the frames the stream sends for it (translated as the
-stream translates it; a progress update as a frame of the same shape and size, stamped at the broadcast), so the two
-servers send the same frames in the same order and rhythm, alternating. That matters for an AG-UI stream, which also
-carries the turn's other events (its runs, state, the reply around the tool, the tool's end) in bursts; the ``ws``
-stream reads ``types=tool.progress`` only.
+period after the session emitted an event (a progress update: after the tool reported it), it broadcasts the frames
+the stream sends for it (translated as the stream translates it; a progress update as a frame of the same shape and
+size, stamped at the broadcast), so the two servers send the same frames in the same order and rhythm, alternating.
+That matters for an AG-UI stream, which also carries the turn's other events (its runs, state, the reply around the
+tool, the tool's end) in bursts; the ``ws`` stream reads ``types=tool.progress`` only.
 
 ``--baseline process`` (the default) runs the baseline in a process of its own (``ws_fanout.py --role relay``, fed
 the frames through a pipe), so each server has an event loop to itself and they share only the machine;
@@ -35,6 +35,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +70,15 @@ async def clients(url: str, n: int, procs: int, events: int, timeout_s: float) -
 
 
 async def results(procs: list[Proc], timeout_s: float) -> dict[str, Any]:
-    merged: dict[str, Any] = {"latencies": [], "missing": 0, "closes": {}, "worst": []}
+    merged: dict[str, Any] = {"latencies": [], "missing": 0, "closes": {}, "worst": [], "resumes": 0, "duplicates": 0}
     for p in procs:
         r = json.loads(await p.expect("RESULT", timeout_s))
         merged["latencies"] += r["latencies"]
         worst = r.get("worst", [])
         merged["worst"] = [max(a, b) for a, b in zip(merged["worst"] or worst, worst, strict=True)]
         merged["missing"] += r["missing"]
+        merged["resumes"] += r.get("resumes", 0)
+        merged["duplicates"] += r.get("duplicates", 0)
         for k, v in r["closes"].items():
             merged["closes"][k] = merged["closes"].get(k, 0) + v
     return merged
@@ -112,7 +115,6 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
     shape = "ag-ui" if args.stream.startswith("ag-ui") else "ws"
-    loop = asyncio.get_running_loop()
     peers: set[ServerConnection] = set()
     relay: Proc | None = None
 
@@ -133,7 +135,8 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
             broadcast(peers, frame)
 
     async def follow() -> None:
-        """The stream's frames for each of the session's events, half a period after the session published it."""
+        """The stream's frames for each of the session's events, half a period after the session emitted it (a
+        progress update: after the tool reported it)."""
         sub = app.state.services.host.hub.subscribe(session_ids=[SESSION_ID], maxsize=100_000)
         translator = AguiTranslator(SESSION_ID)
         with sub:
@@ -141,17 +144,28 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
                 _, event, _ = await sub.get()
                 frames = encode_ws(translator.translate(event), event.seq)
                 message: dict[str, int] | list[str]
+                emitted = event.at.timestamp()
                 if event.type == "tool.progress":
-                    message = {"progress": json.loads(event.data["message"])["i"]}
+                    progress = json.loads(event.data["message"])
+                    message, emitted = {"progress": progress["i"]}, progress["t"]
                 elif shape == "ag-ui" and frames:
                     message = frames
                 else:
                     continue  # the ``ws`` stream reads progress only
-                loop.call_later(0.5 / args.rate, send_same, message)
+                outbox.put_nowait((emitted + 0.5 / args.rate, message))
 
+    async def send_in_rhythm() -> None:
+        """Each event's frames at their time, in the session's order."""
+        while True:
+            at, message = await outbox.get()
+            if (delay := at - time.time()) > 0:
+                await asyncio.sleep(delay)
+            send_same(message)
+
+    outbox: asyncio.Queue[tuple[float, dict[str, int] | list[str]]] = asyncio.Queue()
     timeout_s = args.events / args.rate + 60
     procs: list[Proc] = []
-    following: asyncio.Task[None] | None = None
+    following: list[asyncio.Task[None]] = []
     try:
         async with contextlib.AsyncExitStack() as stack:
             if args.baseline == "process":
@@ -165,7 +179,7 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
                 await stack.enter_async_context(serve(handler, "127.0.0.1", base_port, ping_interval=None))
             while not server.started:
                 await asyncio.sleep(0.05)
-            following = asyncio.create_task(follow())
+            following = [asyncio.create_task(follow()), asyncio.create_task(send_in_rhythm())]
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
                 call = {"name": "ticker", "arguments": {"events": args.events, "rate": args.rate}}
                 body = {
@@ -187,8 +201,8 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
                 sb = await results(sb_procs, timeout_s + 30)
                 base = await results(base_procs, timeout_s + 30)
     finally:
-        if following is not None:
-            following.cancel()
+        for task in following:
+            task.cancel()
         for p in procs:
             await p.stop()
         server.should_exit = True
@@ -206,6 +220,8 @@ def line(name: str, r: dict[str, Any]) -> dict[str, float]:
     )
     slowest = sorted(range(len(r["worst"])), key=lambda i: -r["worst"][i])[:5]
     print("|             | slowest updates (number: ms): " + ", ".join(f"{i}: {r['worst'][i]:.0f}" for i in slowest))
+    if r["resumes"] or r["duplicates"]:
+        print(f"|             | resumed {r['resumes']} time(s) after a close; {r['duplicates']} frame(s) twice")
     return out
 
 
