@@ -276,9 +276,9 @@ async def client_main(url: str, conns: int, expect: int, timeout_s: float) -> No
 # -- role: baseline server -------------------------------------------------------------------------------------------
 
 
-def baseline_frame(shape: str, i: int, events: int) -> str:
-    """A frame of the shape and size the Switchboard stream sends for progress update ``i``."""
-    message = json.dumps({"i": i, "t": time.time()})
+def baseline_frame(shape: str, i: int, events: int, at: float | None = None) -> str:
+    """A frame of the shape and size the Switchboard stream sends for progress update ``i``, stamped ``at`` (now)."""
+    message = json.dumps({"i": i, "t": time.time() if at is None else at})
     if shape == "ag-ui":
         frame: dict[str, Any] = {
             "type": "ACTIVITY_SNAPSHOT",
@@ -330,10 +330,38 @@ async def baseline_main(port: int, events: int, rate: float, shape: str) -> None
         await loop.run_in_executor(None, sys.stdin.readline)  # STOP
 
 
+class Rhythm:
+    """Broadcasts the frames of a session's events at their times, in order. Each message is ``{"at": <wall time>,
+    "frames": [...]}`` or ``{"at": ..., "progress": i}``. A progress frame is stamped with its due time, or with the
+    time its message arrived if that was later: its latency includes any wait behind earlier frames, as a Switchboard
+    update's includes its wait behind earlier events, but not a late message."""
+
+    def __init__(self, clients: Any, shape: str, events: int) -> None:
+        self.clients, self.shape, self.events = clients, shape, events
+        self.queue: asyncio.Queue[tuple[float, dict[str, Any]]] = asyncio.Queue()
+
+    def put(self, message: dict[str, Any]) -> None:
+        self.queue.put_nowait((time.time(), message))
+
+    async def run(self) -> None:
+        from websockets.asyncio.server import broadcast
+
+        while True:
+            arrived, message = await self.queue.get()
+            if (delay := message["at"] - time.time()) > 0:
+                await asyncio.sleep(delay)
+            if "progress" in message:
+                at = max(message["at"], arrived)
+                frames = [baseline_frame(self.shape, message["progress"], self.events, at)]
+            else:
+                frames = message["frames"]
+            for frame in frames:
+                broadcast(self.clients, frame)
+
+
 async def relay_main(port: int, events: int, shape: str) -> None:
-    """A plain ``websockets`` broadcast server fed by stdin: each line is a JSON list of frames to broadcast at once,
-    or ``{"progress": i}`` for progress update ``i`` (stamped now, as ``baseline_frame`` does); STOP ends it."""
-    from websockets.asyncio.server import ServerConnection, broadcast, serve
+    """A plain ``websockets`` broadcast server fed by stdin: each line is a ``Rhythm`` message; STOP ends it."""
+    from websockets.asyncio.server import ServerConnection, serve
 
     clients: set[ServerConnection] = set()
 
@@ -347,13 +375,13 @@ async def relay_main(port: int, events: int, shape: str) -> None:
     loop = asyncio.get_running_loop()
     stdin = asyncio.StreamReader(limit=2**24)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    rhythm = Rhythm(clients, shape, events)
     async with serve(handler, "127.0.0.1", port, ping_interval=None):
+        sending = asyncio.create_task(rhythm.run())
         print("LISTENING", flush=True)
         while (line := await stdin.readline()) and line.strip() != b"STOP":
-            message = json.loads(line)
-            frames = [baseline_frame(shape, message["progress"], events)] if "progress" in message else message
-            for frame in frames:
-                broadcast(clients, frame)
+            rhythm.put(json.loads(line))
+        sending.cancel()
 
 
 # -- role: orchestrator ----------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ Switchboard app under uvicorn in this process (SQLite in a temp dir), and a ``we
 session's ``ticker`` tool reports progress ``--rate`` times per second. The baseline follows the session: half a
 period after the session emitted an event (a progress update: after the tool reported it), it broadcasts the frames
 the stream sends for it (translated as the stream translates it; a progress update as a frame of the same shape and
-size, stamped at the broadcast), so the two servers send the same frames in the same order and rhythm, alternating.
+size, stamped with the time it was due: ``ws_fanout.Rhythm``), so the two servers send the same frames in the same
+order and rhythm, alternating, and each one's latency includes its wait behind the frames before.
 That matters for an AG-UI stream, which also carries the turn's other events (its runs, state, the reply around the
 tool, the tool's end) in bursts; the ``ws`` stream reads ``types=tool.progress`` only.
 
@@ -35,7 +36,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from bench.ws_fanout import (  # noqa: E402
     SESSION_ID,
     Proc,
-    baseline_frame,
+    Rhythm,
     pct,
     raise_nofile,
     run_loop,
@@ -87,7 +87,7 @@ async def results(procs: list[Proc], timeout_s: float) -> dict[str, Any]:
 async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
     import httpx
     import uvicorn
-    from websockets.asyncio.server import ServerConnection, broadcast, serve
+    from websockets.asyncio.server import ServerConnection, serve
 
     from switchboard.api.agui import AguiTranslator, encode_ws
     from switchboard.api.app import create_app
@@ -125,44 +125,30 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
         finally:
             peers.discard(ws)
 
-    def send_same(message: dict[str, int] | list[str]) -> None:
-        """Broadcast one event's frames (``{"progress": i}``: update i's, stamped now)."""
-        if relay is not None:
-            relay.say(json.dumps(message))
-            return
-        frames = [baseline_frame(shape, message["progress"], args.events)] if isinstance(message, dict) else message
-        for frame in frames:
-            broadcast(peers, frame)
+    rhythm = Rhythm(peers, shape, args.events)
 
     async def follow() -> None:
-        """The stream's frames for each of the session's events, half a period after the session emitted it (a
-        progress update: after the tool reported it)."""
+        """Hand the baseline each of the session's events as the stream's frames, due half a period after the
+        session emitted it (a progress update: after the tool reported it)."""
         sub = app.state.services.host.hub.subscribe(session_ids=[SESSION_ID], maxsize=100_000)
         translator = AguiTranslator(SESSION_ID)
         with sub:
             while True:
                 _, event, _ = await sub.get()
                 frames = encode_ws(translator.translate(event), event.seq)
-                message: dict[str, int] | list[str]
-                emitted = event.at.timestamp()
+                message: dict[str, Any]
                 if event.type == "tool.progress":
                     progress = json.loads(event.data["message"])
-                    message, emitted = {"progress": progress["i"]}, progress["t"]
+                    message = {"at": progress["t"] + 0.5 / args.rate, "progress": progress["i"]}
                 elif shape == "ag-ui" and frames:
-                    message = frames
+                    message = {"at": event.at.timestamp() + 0.5 / args.rate, "frames": frames}
                 else:
                     continue  # the ``ws`` stream reads progress only
-                outbox.put_nowait((emitted + 0.5 / args.rate, message))
+                if relay is not None:
+                    relay.say(json.dumps(message))
+                else:
+                    rhythm.put(message)
 
-    async def send_in_rhythm() -> None:
-        """Each event's frames at their time, in the session's order."""
-        while True:
-            at, message = await outbox.get()
-            if (delay := at - time.time()) > 0:
-                await asyncio.sleep(delay)
-            send_same(message)
-
-    outbox: asyncio.Queue[tuple[float, dict[str, int] | list[str]]] = asyncio.Queue()
     timeout_s = args.events / args.rate + 60
     procs: list[Proc] = []
     following: list[asyncio.Task[None]] = []
@@ -179,7 +165,9 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
                 await stack.enter_async_context(serve(handler, "127.0.0.1", base_port, ping_interval=None))
             while not server.started:
                 await asyncio.sleep(0.05)
-            following = [asyncio.create_task(follow()), asyncio.create_task(send_in_rhythm())]
+            following = [asyncio.create_task(follow())]
+            if relay is None:
+                following.append(asyncio.create_task(rhythm.run()))
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
                 call = {"name": "ticker", "arguments": {"events": args.events, "rate": args.rate}}
                 body = {
