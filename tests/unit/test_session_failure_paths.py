@@ -55,7 +55,7 @@ class Faulty(MemoryStore):
 def harness(turns: list[dict] | None = None, **options: object) -> Harness:
     h = Harness(Plain(), turns, **options)
     h.store = Faulty()
-    h.session._store = h.store
+    h.session.writes.store = h.store
     return h
 
 

@@ -13,8 +13,9 @@ from pydantic import BaseModel, Field
 
 from . import event_types as ev
 from .agent import Agent, complete_user_turn
-from .aio import cancel_and_wait, resolve, spawn
+from .aio import cancel_and_wait, spawn
 from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id, order_items
+from .commit import CommitPipeline
 from .event_types import InputRole as Role
 from .events import EventLog, EventSink
 from .executor import RunningCall, ToolExecutor
@@ -41,12 +42,6 @@ logger = logging.getLogger("switchboard.runtime.session")
 SUSPEND_SPEECH_TIMEOUT_S = 2.0
 SUSPEND_FLUSH_TIMEOUT_S = 5.0  # a shutdown waits this long at most for a session's writes and events to be durable
 KEEP_SPEECHES = 500
-# A speech's end is written again when the store rejects it, after each of these pauses: the rejection may belong to
-# a write that shared its transaction, and a speech left unfinished in the store would disagree with the live session
-# (I8). The attempts after the first SPEECH_END_FULL_ATTEMPTS write it without its text, in case the text is what the
-# store refuses (the assistant message keeps what was heard).
-SPEECH_END_RETRY_BACKOFF_S = (0.1, 0.4, 1.6)
-SPEECH_END_FULL_ATTEMPTS = 2
 
 T = TypeVar("T")
 
@@ -130,16 +125,14 @@ class AgentSession:
         self.events = EventLog(session_id, events, last_seq=last_seq)
         self.state = SessionStatus.INITIALIZING
         self.agent_state: AgentState = "initializing"
-        self._store = store
-        self._writes: set[asyncio.Task[Any]] = set()
+        self.writes = CommitPipeline(session_id, store=store, events=self.events)
         self.handoff = HandoffStep(self)
         self._hooks: set[asyncio.Task[Any]] = set()  # the agents' on_enter / on_exit, each in a task of its own
-        self.write_failures = 0  # writes the store refused for good (an operator should know)
         self.executor = ToolExecutor(
             session_id,
             chat=self.chat,
             events=self.events,
-            commit=self.commit,
+            commit=self.writes.commit,
             on_ended=self._on_call_ended,
             on_handoff=self.handoff.request,
             cancel_grace_s=self.options.tool_cancel_grace_s,
@@ -155,7 +148,7 @@ class AgentSession:
             enabled=self.options.preemptive_generation,
             request_for=self._speculative_request,
             tool_running=self._foreground_tool_running,
-            tasks=self._writes,
+            tasks=self.writes.tasks,
         )
         self._speeches: dict[str, SpeechHandle] = {}
         # commands, close and suspend take turns: a command runs fully before a close, or finds the session closed
@@ -163,8 +156,6 @@ class AgentSession:
         self._commands: set[asyncio.Task[Any]] = set()
         self._closing: asyncio.Task[None] | None = None
         self._suspending: asyncio.Task[None] | None = None
-        # resolved once the last write submitted has been applied (or has failed): writes are applied in order
-        self._last_write: asyncio.Future[None] | None = None
         self._deferred_scheduling: asyncio.Task[None] | None = None
         # speech id -> the chat version a step of it must see to answer the background results that landed during it
         self._unanswered: dict[str, int] = {}
@@ -229,13 +220,12 @@ class AgentSession:
         await self.executor.abandon()
         await self.llm.aclose()
         if not tool_grace:  # fenced: nothing of this session can be written here any more
-            if self._writes:
-                await asyncio.gather(*self._writes, return_exceptions=True)
+            await self.writes.landed()
             return
         # every write under way lands and every event reported so far is durable before the process goes; bounded
         # (the store may be going away: recovery then emits the events a durable change lacks), and never cancelling
         # a write that is still under way
-        settled = self._track(self._writes_settled(), f"settle:{self.id}")
+        settled = self._track(self.writes.settled(), f"settle:{self.id}")
         done, _ = await asyncio.wait({settled}, timeout=SUSPEND_FLUSH_TIMEOUT_S)
         if not done:
             logger.warning("session %s: suspended before its last writes and events were durable", self.id)
@@ -280,21 +270,12 @@ class AgentSession:
         if self.handoff.tasks:  # each has ended its call by now (or finds it ended by the teardown)
             await asyncio.gather(*self.handoff.tasks, return_exceptions=True)
         await self.llm.aclose()
-        await self._writes_settled()
+        await self.writes.settled()
         self.state = SessionStatus.CLOSED
         self.set_agent_state("listening")
         await self.commit(Commit(session=self.snapshot()))
         await self.events.emit(ev.SessionClosed(reason=reason) if reason else ev.SessionClosed())
-        if self._writes:
-            await asyncio.gather(*self._writes, return_exceptions=True)
-
-    async def _writes_settled(self) -> None:
-        """Wait until every write under way has landed (a speech's end written again after a store error, a state
-        write) and every event reported so far is durable. A closed session is never recovered: what is written or
-        reported after its close would stay unreported (I6)."""
-        while pending := [task for task in self._writes if not task.done()]:
-            await asyncio.gather(*pending, return_exceptions=True)
-        await self.events.flushed()
+        await self.writes.landed()
 
     async def _grace_for_uncancellable(self) -> None:
         """A deploy is not a crash: a call that cannot be cancelled (a booking) gets a bounded while to end and
@@ -325,7 +306,12 @@ class AgentSession:
     @property
     def pending_writes(self) -> int:
         """Writes (and their events) still on their way to the store."""
-        return len(self._writes)
+        return self.writes.pending
+
+    @property
+    def write_failures(self) -> int:
+        """Writes the store refused for good (an operator should know)."""
+        return self.writes.failures
 
     def speech(self, speech_id: str) -> SpeechHandle | None:
         return self._speeches.get(speech_id)
@@ -494,47 +480,9 @@ class AgentSession:
     # -- persistence ----------------------------------------------------------------------------------------
 
     async def commit(self, commit: Commit, *, then: Callable[[], None] | None = None) -> None:
-        """Write ``commit`` durably, in order with this session's other writes, then run ``then`` (which applies the
-        change to the live session and reports it): the two are one unit that a cancelled caller cannot split.
-
-        The store rides out an outage itself (see ``ChatStore``); an error it raises is permanent for that write:
-        it is logged and raised to the caller, never retried, so it cannot hold up the session's later writes.
-        The write runs in its own task, so a caller that is cancelled (a forced speech cancel, say) does not abort
-        it.
-
-        Writes are pipelined: each is handed to the store at once, without waiting for the ones before it to be
-        durable (the store keeps a session's commits in call order, so they share a group commit), and each is
-        applied only after the one before it, so the live session sees changes in the order they were made.
-        """
-        previous, applied = self._last_write, asyncio.get_running_loop().create_future()
-        self._last_write = applied
-        task = asyncio.create_task(self._write(commit, then, previous, applied), name=f"commit:{self.id}")
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-        await asyncio.shield(task)
-
-    async def _write(
-        self,
-        commit: Commit,
-        then: Callable[[], None] | None,
-        previous: asyncio.Future[None] | None,
-        applied: asyncio.Future[None],
-    ) -> None:
-        try:
-            try:
-                await self._store.commit(self.id, commit)  # the first step of this task: call order is store order
-            except Exception:
-                self.write_failures += 1
-                logger.exception("session %s: commit failed for good", self.id, extra={"session_id": self.id})
-                if previous is not None:
-                    await previous
-                raise
-            if previous is not None:
-                await previous
-            if then is not None:
-                then()
-        finally:
-            resolve(applied, None)
+        """Write ``commit`` durably, in order with this session's other writes, then run ``then`` (one unit; see
+        ``CommitPipeline.commit``)."""
+        await self.writes.commit(commit, then=then)
 
     # -- scheduling -----------------------------------------------------------------------------------------
 
@@ -612,36 +560,7 @@ class AgentSession:
         if self._unanswered.pop(speech.id, None) is not None and self.state == SessionStatus.ACTIVE:
             self._schedule_deferred_reply()  # background results that landed during it and no step of it saw
         # in its own task: a caller cancelled meanwhile (the scheduler, at close) must not lose the commit and event
-        task = asyncio.create_task(self._speech_done(speech), name=f"speech-done:{speech.id}")
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-        await asyncio.shield(task)
-
-    async def _speech_done(self, speech: SpeechHandle) -> None:
-        """Never raises: a speech that cannot be ended in the store still ends in memory (its scheduler goes on to
-        the next one); ``speech.done`` is reported only once the end is durable (I6)."""
-        full = speech.info()
-        attempts = len(SPEECH_END_RETRY_BACKOFF_S) + 1
-        for attempt in range(1, attempts + 1):
-            if attempt > 1:
-                await asyncio.sleep(SPEECH_END_RETRY_BACKOFF_S[attempt - 2])
-            info = (
-                full if attempt <= SPEECH_END_FULL_ATTEMPTS else full.model_copy(update={"text": "", "played_text": ""})
-            )
-            try:
-                await self.commit(Commit(speeches=[info]))
-            except Exception:
-                logger.error(
-                    "session %s: the end of speech %s could not be written (attempt %d of %d)",
-                    self.id,
-                    speech.id,
-                    attempt,
-                    attempts,
-                    extra={"session_id": self.id, "speech_id": speech.id},
-                )
-                continue
-            self.events.emit(ev.SpeechDone(speech_id=speech.id, interrupted=speech.interrupted))
-            return
+        await asyncio.shield(self.writes.background(self.writes.end_speech(speech), name=f"speech-done:{speech.id}"))
 
     @property
     def model_error_line(self) -> str | None:
@@ -735,9 +654,7 @@ class AgentSession:
     def start_generation(self, request: LLMRequest) -> Generation:
         gen = Generation(self.llm, request)
         # the scripted model's position moved: persist it in the background, in order with other writes
-        task = asyncio.create_task(self.commit(Commit(session=self.snapshot())), name=f"state:{self.id}")
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        self.writes.background(self.commit(Commit(session=self.snapshot())), name=f"state:{self.id}")
         return gen
 
     # -- preemptive generation (I2) -------------------------------------------------------------------------
@@ -776,10 +693,7 @@ class AgentSession:
         if self._deferred_scheduling is not None or self._scheduler.queued_from("deferred_reply"):
             return
         job = self._new_job("reply", source="deferred_reply")
-        task = asyncio.create_task(self._enqueue_durable(job), name=f"deferred:{self.id}")
-        self._deferred_scheduling = task
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        self._deferred_scheduling = self.writes.background(self._enqueue_durable(job), name=f"deferred:{self.id}")
 
     async def _enqueue_durable(self, job: ReplyJob) -> None:
         # speech.created is published only once the speech is durable (I6)
