@@ -11,7 +11,7 @@ from switchboard import Agent, RunContext, function_tool
 from switchboard.runtime.events import Event
 from switchboard.runtime.memory import MemoryEventLog, MemoryStore
 from switchboard.runtime.ports import Commit
-from switchboard.runtime.session import SessionClosed
+from switchboard.runtime.status import SessionClosed
 
 from .harness import Harness
 

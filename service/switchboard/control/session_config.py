@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ..runtime.session import SessionOptions
+from ..runtime.options import SessionOptions
 from ..store import SessionRecord
 
 

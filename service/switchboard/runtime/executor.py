@@ -508,6 +508,13 @@ class ToolExecutor:
         task.add_done_callback(self._abandoned.discard)
         resolve(rc.abandoned_fut, None)
 
+    async def grace_for_uncancellable(self, grace_s: float) -> None:
+        """A deploy is not a crash: a call that cannot be cancelled (a booking) gets up to ``grace_s`` to end and
+        commit its pair before the process lets go of it (recovery then ends whatever is still running)."""
+        pending = [rc.ended_fut for rc in self.running() if not rc.info.cancellable]
+        if pending and grace_s > 0:
+            await asyncio.wait(pending, timeout=grace_s)
+
     async def abandon(self) -> None:
         """Stop every running call without recording an end (service shutdown; recovery ends or re-runs them)."""
         self._abandoning = True

@@ -7,13 +7,11 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
-
-from pydantic import BaseModel, Field
+from typing import Any, TypeVar
 
 from . import event_types as ev
 from .agent import Agent, complete_user_turn
-from .aio import cancel_and_wait, spawn
+from .aio import cancel_and_wait, forget_when_done, spawn
 from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id, order_items
 from .commit import CommitPipeline
 from .event_types import InputRole as Role
@@ -22,67 +20,27 @@ from .executor import RunningCall, ToolExecutor
 from .generation import Generation
 from .handoff import HandoffStep
 from .llm.base import LLM, LLMRequest
+from .options import SessionOptions
 from .playout import Playout
 from .ports import ChatStore, Commit, SessionState
 from .reply import ReplyJob, run_job
-from .scheduler import SpeechScheduler
 from .speculative import Speculation
 from .speech import (
-    INTERRUPT_FORCE_TIMEOUT_S,
     SPEECH_PRIORITY_NORMAL,
     NotInterruptible,
     SpeechHandle,
     SpeechSource,
 )
-from .status import AgentState, SessionStatus
+from .speeches import Speeches
+from .status import AgentState, SessionClosed, SessionStatus, SessionSuspended
 from .tools import FunctionTool, ToolCallInfo, ToolStatus
 
 logger = logging.getLogger("switchboard.runtime.session")
 
 SUSPEND_SPEECH_TIMEOUT_S = 2.0
 SUSPEND_FLUSH_TIMEOUT_S = 5.0  # a shutdown waits this long at most for a session's writes and events to be durable
-KEEP_SPEECHES = 500
 
 T = TypeVar("T")
-
-
-def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
-    def done(task: asyncio.Task[Any]) -> None:
-        tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved here too: a caller that was cut off never will
-
-    return done
-
-
-class SessionOptions(BaseModel):
-    max_tool_steps: int = Field(default=3, ge=0, le=20)
-    # set by the server, never by a session: calls of one model turn past it end in an error without running
-    max_tool_calls_per_turn: int = Field(default=16, ge=1)
-    # and the calls of the whole session past this one (restarts included) end `rejected` without running
-    max_tool_calls_per_session: int = Field(default=1000, ge=1)
-    # Keep the ids a model gives its calls. Off (the default), the session names every call itself: a model or a
-    # script never picks the id that backends, reports and the API use, and ids never collide across sessions. On
-    # only for tests whose scripts name their calls.
-    trust_model_call_ids: bool = False
-    preemptive_generation: bool = False
-    allow_interruptions: bool = True
-    interrupt_force_timeout_s: float = Field(default=INTERRUPT_FORCE_TIMEOUT_S, gt=0)
-    tool_cancel_grace_s: float = Field(default=1.0, ge=0)
-    close_timeout_s: float = Field(default=30.0, gt=0)
-    # at shutdown, how long calls that cannot be cancelled get to end on their own before they are abandoned
-    shutdown_tool_grace_s: float = Field(default=10.0, ge=0)
-    # an agent's on_user_turn_completed past this is abandoned and the turn handled unchanged (input is never dropped)
-    user_turn_hook_timeout_s: float = Field(default=5.0, gt=0)
-
-
-class SessionClosed(Exception):
-    pass
-
-
-class SessionSuspended(SessionClosed):
-    """The session is suspended here (its process is stopping, or another one took it over): it carries on
-    elsewhere, so a command for it is to be retried."""
 
 
 @dataclass(frozen=True)
@@ -138,9 +96,18 @@ class AgentSession:
             cancel_grace_s=self.options.tool_cancel_grace_s,
             session=self,
         )
-        self._scheduler = SpeechScheduler(
-            session_id, play=self._play, finish=self.finish_speech, after_speech=self._after_speech
+        self.speeches = Speeches(
+            session_id,
+            writes=self.writes,
+            events=self.events,
+            chat=self.chat,
+            state=lambda: self.state,
+            play=self._play,
+            after_speech=self._after_speech,
+            allow_interruptions=self.options.allow_interruptions,
+            force_timeout_s=self.options.interrupt_force_timeout_s,
         )
+        self._scheduler = self.speeches.scheduler
         self.speculation = Speculation(
             llm=llm,
             events=self.events,
@@ -150,15 +117,11 @@ class AgentSession:
             tool_running=self._foreground_tool_running,
             tasks=self.writes.tasks,
         )
-        self._speeches: dict[str, SpeechHandle] = {}
         # commands, close and suspend take turns: a command runs fully before a close, or finds the session closed
         self._op_lock = asyncio.Lock()
         self._commands: set[asyncio.Task[Any]] = set()
         self._closing: asyncio.Task[None] | None = None
         self._suspending: asyncio.Task[None] | None = None
-        self._deferred_scheduling: asyncio.Task[None] | None = None
-        # speech id -> the chat version a step of it must see to answer the background results that landed during it
-        self._unanswered: dict[str, int] = {}
         agent.attach(self)
 
     def __repr__(self) -> str:
@@ -216,7 +179,7 @@ class AgentSession:
                 await job.preemptive.aclose()
         await cancel_and_wait(*self.handoff.tasks)  # a handoff not committed yet is not done; recovery ends its call
         if tool_grace:
-            await self._grace_for_uncancellable()
+            await self.executor.grace_for_uncancellable(self.options.shutdown_tool_grace_s)
         await self.executor.abandon()
         await self.llm.aclose()
         if not tool_grace:  # fenced: nothing of this session can be written here any more
@@ -256,8 +219,8 @@ class AgentSession:
             self.state = SessionStatus.CLOSING
         await self.speculation.discard()
         await cancel_and_wait(*self._hooks)
-        if self._deferred_scheduling is not None:  # a deferred reply being committed: queue it, then close it
-            await asyncio.shield(self._deferred_scheduling)
+        if self.speeches.deferring is not None:  # a deferred reply being committed: queue it, then close it
+            await asyncio.shield(self.speeches.deferring)
         for job in self._scheduler.queued:
             job.speech.interrupt(force=True)
         current = self._scheduler.current
@@ -276,13 +239,6 @@ class AgentSession:
         await self.commit(Commit(session=self.snapshot()))
         await self.events.emit(ev.SessionClosed(reason=reason) if reason else ev.SessionClosed())
         await self.writes.landed()
-
-    async def _grace_for_uncancellable(self) -> None:
-        """A deploy is not a crash: a call that cannot be cancelled (a booking) gets a bounded while to end and
-        commit its pair before the process lets go of it (recovery then ends whatever is still running)."""
-        pending = [rc.ended_fut for rc in self.executor.running() if not rc.info.cancellable]
-        if pending and self.options.shutdown_tool_grace_s > 0:
-            await asyncio.wait(pending, timeout=self.options.shutdown_tool_grace_s)
 
     def snapshot(self) -> SessionState:
         return SessionState(
@@ -314,7 +270,7 @@ class AgentSession:
         return self.writes.failures
 
     def speech(self, speech_id: str) -> SpeechHandle | None:
-        return self._speeches.get(speech_id)
+        return self.speeches.get(speech_id)
 
     def tool_calls(self, status: ToolStatus | None = None) -> list[ToolCallInfo]:
         return [rc.info for rc in self.executor.calls() if status is None or rc.info.status == status]
@@ -362,7 +318,7 @@ class AgentSession:
         spec = self.speculation.take()
         if interrupt:
             try:
-                await self._interrupt_current(force=force)
+                await self.speeches.interrupt_current(force=force)
             except NotInterruptible:
                 pass
         extra: list[ChatMessage] = []
@@ -377,7 +333,7 @@ class AgentSession:
         # only now: the interruption may have changed the context the speculative reply was made from
         spec = await self.speculation.use_or_drop(spec, text=text, role=role)
         item = ChatMessage(id=new_id("item"), role=role, text=text)
-        job = self._new_job("reply", preemptive=spec, turn_messages=extra) if reply else None
+        job = self.speeches.new_job("reply", preemptive=spec, turn_messages=extra) if reply else None
 
         def apply() -> None:
             self.chat.append(item)
@@ -385,7 +341,7 @@ class AgentSession:
             self.events.emit(ev.ChatItemAdded(item=item))
             if job is not None:
                 job.context_version = self.chat.version  # what a speculative reply must still match when used
-                self._enqueue(job)
+                self.speeches.enqueue(job)
 
         try:
             await self.commit(Commit(items=[item], speeches=[job.speech.info()] if job else []), then=apply)
@@ -408,18 +364,18 @@ class AgentSession:
         ``allow_interruptions=False`` makes it a barrier: an interrupt stops before it, so it and everything
         queued after it play (``force`` still interrupts it)."""
         self._check_open()
-        job = self._new_job(
+        job = self.speeches.new_job(
             "say", text=text, add_to_chat=add_to_chat, allow_interruptions=allow_interruptions, priority=priority
         )
-        return await self._command(lambda: self._queue_durably(job), "say")
+        return await self._command(lambda: self.speeches.queue_durably(job), "say")
 
     async def generate_reply(
         self, *, instructions: str | None = None, priority: int = SPEECH_PRIORITY_NORMAL
     ) -> SpeechHandle:
         """Queue a reply from the model; ``instructions`` are added for this reply only."""
         self._check_open()
-        job = self._new_job("reply", instructions=instructions, priority=priority)
-        return await self._command(lambda: self._queue_durably(job), "reply")
+        job = self.speeches.new_job("reply", instructions=instructions, priority=priority)
+        return await self._command(lambda: self.speeches.queue_durably(job), "reply")
 
     async def interrupt(self, *, force: bool = False) -> SpeechHandle | None:
         """Interrupt the current speech and every queued one after it, stopping at the first queued speech that
@@ -430,11 +386,7 @@ class AgentSession:
         when the current speech does not allow interruptions (then nothing is interrupted).
         """
         self._check_open()
-        return await self._command(lambda: self._interrupt_current(force=force), "interrupt")
-
-    async def _queue_durably(self, job: ReplyJob) -> SpeechHandle:
-        await self.commit(Commit(speeches=[job.speech.info()]), then=lambda: self._enqueue(job))
-        return job.speech
+        return await self._command(lambda: self.speeches.interrupt_current(force=force), "interrupt")
 
     async def _command(self, body: Callable[[], Awaitable[T]], what: str) -> T:
         """Run one operator command to its end, whatever happens to its caller.
@@ -456,7 +408,7 @@ class AgentSession:
         # the caller receives the task's outcome; when it was cut off, the outcome is already logged where it arose
         task = asyncio.create_task(coro, name=name)
         self._commands.add(task)
-        task.add_done_callback(_forget(self._commands))
+        task.add_done_callback(forget_when_done(self._commands))
         return task
 
     async def cancel_tool(
@@ -466,16 +418,6 @@ class AgentSession:
         ``NotInterruptible`` while the speech that made it does not allow interruptions, unless ``force``.
         ``reason`` says who cancelled it, in its output and in the notice a webhook backend gets."""
         return await self.executor.cancel(call_id, force=force, reason=reason)
-
-    async def _interrupt_current(self, *, force: bool) -> SpeechHandle | None:
-        speech = self._scheduler.current
-        if speech is not None and not speech.done and not (speech.allow_interruptions or force):
-            raise NotInterruptible(f"speech {speech.id} does not allow interruptions")
-        self._scheduler.interrupt_chain(force=force)
-        if speech is None or speech.done or not speech.interrupted:
-            return None
-        await speech.wait_done()
-        return speech
 
     # -- persistence ----------------------------------------------------------------------------------------
 
@@ -491,48 +433,6 @@ class AgentSession:
             raise SessionSuspended(f"session {self.id} is being handed over to another node")
         if self.state != SessionStatus.ACTIVE:
             raise SessionClosed(f"session {self.id} is {self.state}")
-
-    def _new_job(
-        self,
-        kind: Literal["reply", "say"],
-        *,
-        source: SpeechSource | None = None,
-        text: str = "",
-        instructions: str | None = None,
-        add_to_chat: bool = True,
-        allow_interruptions: bool | None = None,
-        preemptive: Generation | None = None,
-        speech_id: str | None = None,
-        priority: int = SPEECH_PRIORITY_NORMAL,
-        turn_messages: list[ChatMessage] | None = None,
-    ) -> ReplyJob:
-        speech = SpeechHandle(
-            speech_id=speech_id,
-            source=source or ("say" if kind == "say" else "reply"),
-            allow_interruptions=self.options.allow_interruptions
-            if allow_interruptions is None
-            else allow_interruptions,
-            force_timeout_s=self.options.interrupt_force_timeout_s,
-            priority=priority,
-        )
-        self._speeches[speech.id] = speech
-        if len(self._speeches) > KEEP_SPEECHES:
-            for old_id in list(self._speeches)[: len(self._speeches) - KEEP_SPEECHES]:
-                if self._speeches[old_id].done:
-                    del self._speeches[old_id]
-        return ReplyJob(
-            speech=speech,
-            kind=kind,
-            text=text,
-            instructions=instructions,
-            add_to_chat=add_to_chat,
-            preemptive=preemptive,
-            turn_messages=tuple(turn_messages or ()),
-        )
-
-    def _enqueue(self, job: ReplyJob) -> None:
-        self._scheduler.push(job)
-        self.events.emit(ev.SpeechCreated(speech_id=job.speech.id, source=job.speech.source))
 
     async def _play(self, job: ReplyJob) -> None:
         await run_job(self, job)
@@ -554,13 +454,7 @@ class AgentSession:
             self.set_agent_state("listening")
 
     async def finish_speech(self, speech: SpeechHandle) -> None:
-        if speech.done:
-            return
-        speech.mark_done()
-        if self._unanswered.pop(speech.id, None) is not None and self.state == SessionStatus.ACTIVE:
-            self._schedule_deferred_reply()  # background results that landed during it and no step of it saw
-        # in its own task: a caller cancelled meanwhile (the scheduler, at close) must not lose the commit and event
-        await asyncio.shield(self.writes.background(self.writes.end_speech(speech), name=f"speech-done:{speech.id}"))
+        await self.speeches.finish(speech)
 
     @property
     def model_error_line(self) -> str | None:
@@ -629,8 +523,7 @@ class AgentSession:
     ) -> LLMRequest:
         """The model's view (I2): placeholders for calls still running, never a call without its output.
         ``turn_messages`` (added by ``on_user_turn_completed``) are shown in their place, never persisted."""
-        if speech is not None and self._unanswered.get(speech.id, self.chat.version + 1) <= self.chat.version:
-            del self._unanswered[speech.id]  # this step sees the background results that landed during the speech
+        self.speeches.step_sees_results(speech)
         tools = self.model_tools()
         running: list[FunctionCall] = [rc.item for rc in self.executor.running() if rc.foreground]
         items = self.chat.for_llm(running)
@@ -673,45 +566,13 @@ class AgentSession:
     def _on_call_ended(self, rc: RunningCall) -> None:
         if self.state != SessionStatus.ACTIVE:
             return
-        # a result that arrives outside of any reply (background, or re-run after a restart) gets a deferred reply
-        detached = rc.info.background or rc.speech is None
-        if detached and rc.needs_reply and rc.cancel_reason not in ("agent handoff", "session closed"):
-            if rc.speech is not None and not rc.speech.done:
-                self._answer_after(rc.speech)
-            else:
-                self._schedule_deferred_reply()
+        self.speeches.on_tool_result(rc)
         self._start_pending_speculative()
-
-    def _answer_after(self, speech: SpeechHandle) -> None:
-        """A background result that lands while the speech that made the call is still going on is answered by
-        that speech's next step, which sees it; a deferred reply is queued (when the speech ends) only if no later
-        step of it does."""
-        self._unanswered[speech.id] = self.chat.version
-
-    def _schedule_deferred_reply(self) -> None:
-        # one queued (or being queued) deferred reply covers every result that arrives before it starts
-        if self._deferred_scheduling is not None or self._scheduler.queued_from("deferred_reply"):
-            return
-        job = self._new_job("reply", source="deferred_reply")
-        self._deferred_scheduling = self.writes.background(self._enqueue_durable(job), name=f"deferred:{self.id}")
-
-    async def _enqueue_durable(self, job: ReplyJob) -> None:
-        # speech.created is published only once the speech is durable (I6)
-        def apply() -> None:
-            if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
-                job.speech.interrupt(force=True)  # queued only to be ended by the close, never started
-            self._enqueue(job)
-
-        try:
-            await self.commit(Commit(speeches=[job.speech.info()]), then=apply)
-        finally:
-            self._deferred_scheduling = None
 
     def requeue_reply(self, speech_id: str, source: SpeechSource) -> None:
         """Queue again a reply that was accepted (durable, ``scheduled``) but never started before a restart: the
         user is still waiting for it. It keeps its id; its ``speech.created`` was reported when it was accepted."""
-        job = self._new_job("reply", source=source, speech_id=speech_id)
-        self._scheduler.push(job)
+        self.speeches.requeue_reply(speech_id, source)
 
     # -- the agents' hooks ------------------------------------------------------------------------------------
 
@@ -729,4 +590,4 @@ class AgentSession:
         spawn(coro, name=f"{name}:{self.id}", tasks=self._hooks)
 
 
-__all__ = ["AgentSession", "InputResult", "SessionClosed", "SessionOptions", "SessionSuspended"]
+__all__ = ["AgentSession", "InputResult"]
