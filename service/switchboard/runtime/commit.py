@@ -18,7 +18,7 @@ from .events import EventLog
 from .ports import ChatStore, Commit
 from .speech import SpeechHandle
 
-logger = logging.getLogger("switchboard.runtime.session")
+logger = logging.getLogger("switchboard.runtime.session")  # a session's write failures are logged as the session's
 
 # A speech's end is written again when the store rejects it, after each of these pauses: the rejection may belong to
 # a write that shared its transaction, and a speech left unfinished in the store would disagree with the live session

@@ -107,7 +107,6 @@ class AgentSession:
             allow_interruptions=self.options.allow_interruptions,
             force_timeout_s=self.options.interrupt_force_timeout_s,
         )
-        self._scheduler = self.speeches.scheduler
         self.speculation = Speculation(
             llm=llm,
             events=self.events,
@@ -130,7 +129,7 @@ class AgentSession:
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def start(self, *, recovered: bool = False, **event_data: Any) -> None:
-        if self._scheduler.started:
+        if self.speeches.scheduler.started:
             return
         self.state = SessionStatus.ACTIVE
         await self.commit(Commit(session=self.snapshot()))
@@ -140,7 +139,7 @@ class AgentSession:
             else ev.SessionStarted(agent=self.agent.name, **event_data)
         )
         self.set_agent_state("listening")
-        self._scheduler.start()
+        self.speeches.scheduler.start()
         if not recovered:  # a recovered session's agent had entered already: it does not greet twice
             self._run_hook(self.agent.on_enter(), f"on_enter:{self.agent.name}")
 
@@ -166,15 +165,15 @@ class AgentSession:
             self.state = SessionStatus.SUSPENDED
         await self.speculation.abandon()
         await cancel_and_wait(*self._hooks)
-        current = self._scheduler.current
+        current = self.speeches.scheduler.current
         if current is not None and not current.done:
             # what the user heard is committed, as with any interruption; bounded, the store may be going away
             current.interrupt(force=True)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(SUSPEND_SPEECH_TIMEOUT_S):
                     await current.wait_done()
-        await self._scheduler.stop()
-        for job in self._scheduler.queued:
+        await self.speeches.scheduler.stop()
+        for job in self.speeches.scheduler.queued:
             if job.preemptive is not None:
                 await job.preemptive.aclose()
         await cancel_and_wait(*self.handoff.tasks)  # a handoff not committed yet is not done; recovery ends its call
@@ -221,14 +220,14 @@ class AgentSession:
         await cancel_and_wait(*self._hooks)
         if self.speeches.deferring is not None:  # a deferred reply being committed: queue it, then close it
             await asyncio.shield(self.speeches.deferring)
-        for job in self._scheduler.queued:
+        for job in self.speeches.scheduler.queued:
             job.speech.interrupt(force=True)
-        current = self._scheduler.current
+        current = self.speeches.scheduler.current
         if current is not None:
             current.interrupt(force=True)
             await current.wait_done()
-        await self._scheduler.stop()
-        await self._scheduler.end_queued()
+        await self.speeches.scheduler.stop()
+        await self.speeches.scheduler.end_queued()
         await self.executor.aclose(timeout_s=self.options.close_timeout_s)
         if self.handoff.tasks:  # each has ended its call by now (or finds it ended by the teardown)
             await asyncio.gather(*self.handoff.tasks, return_exceptions=True)
@@ -245,19 +244,19 @@ class AgentSession:
             agent=self.agent.name,
             state=self.state,
             llm_state=self.llm.save_state(),
-            current_speech_id=self._scheduler.current.id if self._scheduler.current else None,
+            current_speech_id=self.speeches.scheduler.current.id if self.speeches.scheduler.current else None,
         )
 
     # -- queries --------------------------------------------------------------------------------------------
 
     @property
     def current_speech(self) -> SpeechHandle | None:
-        return self._scheduler.current
+        return self.speeches.scheduler.current
 
     @property
     def idle(self) -> bool:
         """No speech playing and none queued."""
-        return self._scheduler.idle
+        return self.speeches.scheduler.idle
 
     @property
     def pending_writes(self) -> int:
@@ -426,7 +425,7 @@ class AgentSession:
         ``CommitPipeline.commit``)."""
         await self.writes.commit(commit, then=then)
 
-    # -- scheduling -----------------------------------------------------------------------------------------
+    # -- speeches -------------------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self.state == SessionStatus.SUSPENDED:
@@ -450,10 +449,11 @@ class AgentSession:
 
     def _after_speech(self) -> None:
         self._start_pending_speculative()
-        if not self._scheduler.has_queued:
+        if not self.speeches.scheduler.has_queued:
             self.set_agent_state("listening")
 
     async def finish_speech(self, speech: SpeechHandle) -> None:
+        """Mark ``speech`` done and write its end (``Speeches.finish``)."""
         await self.speeches.finish(speech)
 
     @property
@@ -559,7 +559,7 @@ class AgentSession:
         return any(rc.foreground for rc in self.executor.running())
 
     def _start_pending_speculative(self) -> None:
-        self.speculation.start_pending(quiet=self.state == SessionStatus.ACTIVE and self._scheduler.idle)
+        self.speculation.start_pending(quiet=self.state == SessionStatus.ACTIVE and self.speeches.scheduler.idle)
 
     # -- tool hooks -----------------------------------------------------------------------------------------
 
