@@ -1,7 +1,8 @@
 """Switchboard: a control plane for live AI agent sessions."""
 
 from .runtime.agent import Agent, AgentRegistry
-from .runtime.session import AgentSession, SessionOptions
+from .runtime.options import SessionOptions
+from .runtime.session import AgentSession
 from .runtime.speech import SpeechHandle, SpeechInterrupted
 from .runtime.tools import RunContext, StopResponse, ToolCancelled, ToolError, function_tool
 

@@ -305,7 +305,7 @@ async def test_an_input_cut_off_by_the_deadline_in_a_stalled_database_is_applied
     await quick.client.post("/v1/sessions", json={"agent": "tester"})  # warm-up: the first build may miss 0.3 s
     sid = (await quick.create())["id"]
     session = quick.app.state.services.host.live(sid)
-    chat_store = session._store
+    chat_store = session.writes.store
     real_commit = chat_store.commit
     stalls = [True]
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from switchboard.api.app import create_app
-from switchboard.runtime.session import SessionClosed
+from switchboard.runtime.status import SessionClosed
 
 from .conftest import Api, make_settings
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from tests.espeak_support import require_espeak
 
 from .console_support import create_session, wait_until
 from .media_support import KEY, KEYS, NO_MEDIA_KEY
@@ -33,12 +34,8 @@ HEARD_WORDS = 4  # of LONG's 40 when the speech is cut
 
 
 @pytest.fixture(autouse=True)
-def require_espeak() -> None:
-    """Skip without espeak-ng on a developer machine; fail under CI, where .ci/run installs it."""
-    if shutil.which("espeak-ng") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("espeak-ng is missing: .ci/run installs it")
-        pytest.skip("needs espeak-ng (apt-get install espeak-ng)")
+def espeak_installed() -> None:
+    require_espeak()
 
 
 class EdgeProcess:

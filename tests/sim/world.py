@@ -17,11 +17,13 @@ from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.chat import FunctionCallOutput, validate
 from switchboard.runtime.llm.base import LLMChunk, LLMRequest
 from switchboard.runtime.llm.scripted import ScriptedLLM, Turn
+from switchboard.runtime.options import SessionOptions
 from switchboard.runtime.playout import SimulatedPlayout
 from switchboard.runtime.ports import Reported
 from switchboard.runtime.recovery import recover
-from switchboard.runtime.session import AgentSession, SessionClosed, SessionOptions
+from switchboard.runtime.session import AgentSession
 from switchboard.runtime.speech import NotInterruptible, SpeechHandle
+from switchboard.runtime.status import SessionClosed
 
 from .faults import Durable, FaultyStore, PermanentStoreError
 from .vloop import VirtualTimeLoop

@@ -18,8 +18,9 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from switchboard import Agent, RunContext, function_tool
-from switchboard.control.host import PlayoutSettings, SessionConfig, SessionHost
+from switchboard.control.host import SessionHost
 from switchboard.control.hub import EventHub
+from switchboard.control.session_config import PlayoutSettings, SessionConfig
 from switchboard.control.settings import Settings
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.events import Event, EventSink

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from switchboard import Agent, RunContext, function_tool
-from switchboard.control.host import PlayoutSettings, SessionConfig, SessionHost
+from switchboard.control.host import SessionHost
 from switchboard.control.hub import EventHub
+from switchboard.control.session_config import PlayoutSettings, SessionConfig
 from switchboard.control.settings import Settings
 from switchboard.runtime.agent import AgentFactory, AgentRegistry
 from switchboard.runtime.chat import ChatMessage, FunctionCall, FunctionCallOutput, validate

@@ -12,8 +12,9 @@ from switchboard.runtime.events import Event
 from switchboard.runtime.llm.base import LLM
 from switchboard.runtime.llm.scripted import ScriptedLLM, Turn
 from switchboard.runtime.memory import MemoryEventLog, MemoryStore
+from switchboard.runtime.options import SessionOptions
 from switchboard.runtime.playout import Playout, SimulatedPlayout
-from switchboard.runtime.session import AgentSession, SessionOptions
+from switchboard.runtime.session import AgentSession
 from switchboard.runtime.tools import TERMINAL_STATUSES
 
 WPS = 100.0  # 10 ms per word

@@ -65,7 +65,7 @@ async def test_the_session_never_retries_a_failed_commit():
     # only the store knows whether a failed attempt landed: retrying is its job (the ChatStore port), not the caller's
     h = Harness(Plain())
     h.store = Unreachable()
-    h.session._store = h.store
+    h.session.writes.store = h.store
     async with h:
         h.store.down = True
         with pytest.raises(ConnectionError):
@@ -77,7 +77,7 @@ async def test_the_session_never_retries_a_failed_commit():
 async def test_a_permanent_store_error_is_raised_and_does_not_hold_up_later_writes(caplog: pytest.LogCaptureFixture):
     h = Harness(Plain())
     h.store = BrokenOnce()
-    h.session._store = h.store
+    h.session.writes.store = h.store
     async with h:
         h.store.reject_next = 1
         with pytest.raises(ValueError, match="rejected"):
@@ -146,7 +146,7 @@ async def test_overlapping_commits_reach_the_store_at_once_and_are_applied_in_or
     # a session pipelines its writes: the second reaches the store while the first is not durable yet (they can share
     # a group commit), and the live session applies them in the order they were made
     h = Harness(Plain())
-    h.store = h.session._store = store = Gated()
+    h.store = h.session.writes.store = store = Gated()
     async with h:
         store.hold = "first"
         applied, first, second = two_writes(h, "first", "second")
@@ -162,7 +162,7 @@ async def test_overlapping_commits_reach_the_store_at_once_and_are_applied_in_or
 
 async def test_a_refused_commit_does_not_hold_up_or_reorder_the_next_one(caplog: pytest.LogCaptureFixture):
     h = Harness(Plain())
-    h.store = h.session._store = store = Gated()
+    h.store = h.session.writes.store = store = Gated()
     async with h:
         store.hold, store.refuse = "refused", "refused"
         applied, refused, later = two_writes(h, "refused", "later")
@@ -178,7 +178,7 @@ async def test_a_refused_commit_does_not_hold_up_or_reorder_the_next_one(caplog:
 
 async def test_a_caller_cancelled_while_an_earlier_write_is_pending_still_has_its_write_applied():
     h = Harness(Plain())
-    h.store = h.session._store = store = Gated()
+    h.store = h.session.writes.store = store = Gated()
     async with h:
         store.hold = "first"
         applied, first, second = two_writes(h, "first", "second")

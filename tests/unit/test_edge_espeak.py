@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import time
 from pathlib import Path
@@ -12,14 +11,7 @@ import pytest
 
 from switchboard.cli.edge_audio import DeviceSink, SpeechRecord, file_stem, find_player
 from switchboard.cli.espeak import MAX_CHUNK_CHARS, Chunker, Clause, Espeak, SynthesisError, wav_pcm
-
-
-def require_espeak() -> None:
-    """Skip without espeak-ng on a developer machine; fail under CI, where .ci/run installs it."""
-    if shutil.which("espeak-ng") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("espeak-ng is missing (apt-get install espeak-ng)")
-        pytest.skip("needs espeak-ng")
+from tests.espeak_support import require_espeak
 
 
 def test_clauses_are_cut_as_soon_as_they_are_complete_and_cover_the_text() -> None:

@@ -11,7 +11,7 @@ from switchboard import Agent, RunContext, function_tool
 from switchboard.runtime.events import Event
 from switchboard.runtime.memory import MemoryEventLog, MemoryStore
 from switchboard.runtime.ports import Commit
-from switchboard.runtime.session import SessionClosed
+from switchboard.runtime.status import SessionClosed
 
 from .harness import Harness
 
@@ -160,7 +160,7 @@ async def test_close_while_a_deferred_reply_is_being_scheduled():
     turns = [{"text": "Starting.", "tool_calls": [{"name": "report", "id": "r1"}]}, {"text": "It runs."}]
     h = Harness(agent, turns)
     h.store = SlowDeferredStore()
-    h.session._store = h.store
+    h.session.writes.store = h.store
     await h.session.start()
     try:
         await h.session.input("report")

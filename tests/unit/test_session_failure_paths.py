@@ -12,11 +12,13 @@ from switchboard import Agent, RunContext, function_tool
 from switchboard.runtime.chat import ChatMessage
 from switchboard.runtime.events import Event
 from switchboard.runtime.memory import MemoryEventLog, MemoryStore
+from switchboard.runtime.options import SessionOptions
 from switchboard.runtime.playout import SimulatedPlayout
 from switchboard.runtime.ports import Commit
 from switchboard.runtime.recovery import recover
-from switchboard.runtime.session import AgentSession, SessionClosed, SessionOptions
+from switchboard.runtime.session import AgentSession
 from switchboard.runtime.speech import SpeechHandle, SpeechState
+from switchboard.runtime.status import SessionClosed
 
 from .harness import WPS, Harness
 
@@ -55,7 +57,7 @@ class Faulty(MemoryStore):
 def harness(turns: list[dict] | None = None, **options: object) -> Harness:
     h = Harness(Plain(), turns, **options)
     h.store = Faulty()
-    h.session._store = h.store
+    h.session.writes.store = h.store
     return h
 
 

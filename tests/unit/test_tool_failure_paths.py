@@ -48,7 +48,7 @@ class PickyStore(MemoryStore):
 def picky(h: Harness) -> PickyStore:
     store = PickyStore()
     h.store = store
-    h.session._store = store
+    h.session.writes.store = store
     return store
 
 

@@ -24,8 +24,8 @@ from ..control.host import (
 from ..control.ownership import NodeDeposed, NodeDraining
 from ..runtime.agent import UnknownAgent
 from ..runtime.executor import AlreadyEnded, NotCancellable, ToolCallNotFound
-from ..runtime.session import SessionClosed, SessionSuspended
 from ..runtime.speech import NotInterruptible
+from ..runtime.status import SessionClosed, SessionSuspended
 from ..store import DATABASE_ERRORS, SessionFenced, is_transient
 from .headers import problem_headers
 

@@ -30,8 +30,8 @@ from ..runtime.media_frames import (
     _Frame,
     parse_edge_frame,
 )
-from ..runtime.session import AgentSession, SessionClosed
-from ..runtime.status import SessionStatus
+from ..runtime.session import AgentSession
+from ..runtime.status import SessionClosed, SessionStatus
 from . import deps
 from .auth import AuthError, authenticate, bearer, check, url_token
 from .forward import FORWARDED_HEADER, SessionElsewhere

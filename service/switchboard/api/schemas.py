@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validat
 
 from ..control.attention import AttentionCode
 from ..control.catalog import AgentDescription, ModelSummary
-from ..control.host import PlayoutSettings, SessionConfig
+from ..control.session_config import PlayoutSettings, SessionConfig
 from ..runtime.chat import ChatItem
 from ..runtime.llm.scripted import ScriptConfig
 from ..runtime.text import valid_json

@@ -12,8 +12,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from ..integrations.model_profiles import ModelProfiles
 from ..runtime.agent import AgentRegistry
 from ..runtime.chat import ChatContext, ChatItem, new_id, utcnow
@@ -24,7 +22,7 @@ from ..runtime.media import EdgePlayout
 from ..runtime.playout import SimulatedPlayout
 from ..runtime.ports import EventSink
 from ..runtime.recovery import end_orphaned_calls, recover, report_missing
-from ..runtime.session import AgentSession, SessionOptions
+from ..runtime.session import AgentSession
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo, ToolStatus
@@ -34,6 +32,7 @@ from .catalog import AgentCatalog, ModelSummary, summarize_model
 from .hub import EventHub
 from .model_meter import MeteredLLM, ModelObserver, model_label
 from .ownership import NodeLease
+from .session_config import SessionConfig
 from .settings import Settings
 
 logger = logging.getLogger("switchboard.control.host")
@@ -80,50 +79,6 @@ class InvalidSessionConfig(ValueError):
 
 class ModelNotConfigured(InvalidSessionConfig):
     """The session's model needs something the service's configuration lacks (an API key's variable)."""
-
-
-class PlayoutSettings(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    words_per_second: float | None = None
-    first_audio_ms: int | None = None
-
-
-class SessionConfig(BaseModel):
-    """How a session runs, as it was created; stored as the session's ``config`` (JSON) and read back on recovery.
-
-    ``agent`` is the agent the session started with (a handoff changes the running agent, not this).
-    ``llm`` is opaque here: the provider that ``build_llm`` picks validates it.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    id: str | None = None
-    agent: str
-    llm: dict[str, Any] | None = None
-    playout: PlayoutSettings | None = None
-    preemptive_generation: bool | None = None
-    allow_interruptions: bool | None = None
-    max_tool_steps: int | None = None
-    # who created it (a digest of the API key; None with auth off): its live sessions count against that key's quota
-    owner: str | None = None
-
-    @classmethod
-    def from_record(cls, rec: SessionRecord) -> SessionConfig:
-        """The configuration of a stored session (rows written without an ``agent`` in it run ``rec.agent``)."""
-        return cls.model_validate({"agent": rec.agent, **rec.config, "id": rec.id})
-
-    def stored(self) -> dict[str, Any]:
-        """The JSON kept in the session row: only what was given, so equal bodies give equal rows."""
-        return self.model_dump(mode="json", exclude_none=True)
-
-    def options(self) -> SessionOptions:
-        given = {
-            "max_tool_steps": self.max_tool_steps,
-            "preemptive_generation": self.preemptive_generation,
-            "allow_interruptions": self.allow_interruptions,
-        }
-        return SessionOptions(**{key: value for key, value in given.items() if value is not None})
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -55,6 +55,18 @@ async def first_of(aw: Awaitable[T], *stops: asyncio.Future[Any]) -> tuple[bool,
     if owned:
         await cancel_and_wait(fut)
     return False, None
+
+
+def forget_when_done(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    """A done callback that drops a task from ``tasks`` and retrieves its outcome: whoever awaited it may have been
+    cut off, and the outcome is logged where it arose."""
+
+    def done(task: asyncio.Task[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved here too: a caller that was cut off never will
+
+    return done
 
 
 def spawn(coro: Coroutine[Any, Any, T], *, name: str, tasks: set[asyncio.Task[Any]]) -> asyncio.Task[T]:

@@ -8,13 +8,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from pydantic import ValidationError
-
 from . import event_types as ev
 from .aio import cancel_and_wait, resolve
-from .arguments import canonical, nulls_to_defaults
 from .chat import ChatContext, FunctionCall, new_id, utcnow
 from .companions import COMPANION_TOOLS, companion_tools
+from .duplicates import duplicate_verdict, validate_arguments
 from .events import EventLog
 from .ports import Commit
 from .speech import NotInterruptible, SpeechHandle
@@ -30,19 +28,11 @@ from .tool_call import (
     end_record,
     outcome_of,
     progress_pair,
+    protected_by_speech,
     stopped_outcome,
     without_handoff,
 )
-from .tools import (
-    CONFIRM_FIELD,
-    FunctionTool,
-    ProgressUpdate,
-    RunContext,
-    SessionControl,
-    ToolCallInfo,
-    ToolStatus,
-    format_validation_error,
-)
+from .tools import FunctionTool, ProgressUpdate, RunContext, SessionControl, ToolCallInfo, ToolStatus
 
 logger = logging.getLogger("switchboard.runtime.tools")
 
@@ -157,7 +147,7 @@ class ToolExecutor:
         )
         rc = RunningCall(self, item, info, tool, speech, step, arguments_error=arguments_error, refusal=refusal)
         if tool is not None and arguments_error is None and refusal is None:
-            _validate(rc, tool)  # now, in call order: a later duplicate compares against it
+            validate_arguments(rc, tool)  # now, in call order: a later duplicate compares against it
         self._calls[item.call_id] = rc
         available = sorted({*tools, *(self._companions() if self.has_cancellable(tools) else {})})
         rc.task = asyncio.create_task(self._run(rc, available), name=f"tool:{item.name}:{item.call_id}")
@@ -278,49 +268,12 @@ class ToolExecutor:
         return outcome_of(rc, self.session_id)
 
     async def _apply_duplicate_policy(self, rc: RunningCall, args: dict[str, Any]) -> Outcome | None:
-        tool = rc.tool
-        assert tool is not None
-        if tool.policy.on_duplicate == "allow" or rc.info.name in COMPANION_TOOLS:
-            return None
         # only calls started before this one count: duplicates started together must not refuse (or cancel) each other
         calls = list(self._calls.values())
-        same = [
-            other
-            for other in calls[: calls.index(rc)]
-            if not other.ended
-            and other.info.name == rc.info.name
-            and (tool.policy.duplicate_scope == "name" or other.args_key == rc.args_key)
-        ]
-        if not same:
-            return None
-        ids = ", ".join(o.info.call_id for o in same)
-        if tool.policy.on_duplicate == "reject":
-            return Outcome(
-                ToolStatus.REJECTED,
-                f"Not started: {tool.name} is already running (call {ids}). Wait for its result.",
-                is_error=True,
-            )
-        if tool.policy.on_duplicate == "confirm":
-            if args.get(CONFIRM_FIELD):
-                return None
-            return Outcome(
-                ToolStatus.REJECTED,
-                f"Not started: {tool.name} is already running (call {ids}). Ask the user to confirm they want "
-                f"it run again; if they do, call it again with {CONFIRM_FIELD}=true.",
-                is_error=True,
-            )
-        # replace: the running duplicates are cancelled (the tool's author opted into this), then this one runs;
-        # but a call that cannot be cancelled now is never replaced: the new call is refused instead
-        kept = [o for o in same if self.cancel_refusal(o) is not None]
-        if kept:
-            return Outcome(
-                ToolStatus.REJECTED,
-                f"Not started: {tool.name} is already running (call {', '.join(o.info.call_id for o in kept)}) "
-                f"and {self.cancel_refusal(kept[0])}, so it was not replaced. Wait for its result.",
-                is_error=True,
-            )
-        await asyncio.gather(*(self._cancel(o, f"replaced by {rc.info.call_id}") for o in same))
-        return None
+        verdict = duplicate_verdict(rc, args, calls[: calls.index(rc)])
+        if verdict.refusal is None and verdict.replaces:
+            await asyncio.gather(*(self._cancel(o, f"replaced by {rc.info.call_id}") for o in verdict.replaces))
+        return verdict.refusal
 
     async def end_with_handoff(self, rc: RunningCall, handoff: Handoff) -> bool:
         """End a held call with its handoff, committed together with its pair. False when the call had ended
@@ -469,7 +422,7 @@ class ToolExecutor:
             raise AlreadyEnded(rc.info)
         if not rc.info.cancellable:
             raise NotCancellable(f"tool call {call_id} ({rc.info.name}) does not allow cancellation")
-        if not force and _protected_by_speech(rc):
+        if not force and protected_by_speech(rc):
             assert rc.speech is not None
             raise NotInterruptible(
                 f"tool call {call_id} ({rc.info.name}) belongs to speech {rc.speech.id}, which does not allow "
@@ -479,15 +432,6 @@ class ToolExecutor:
         if rc.info.status is not ToolStatus.CANCELLED:
             raise AlreadyEnded(rc.info)
         return rc.info
-
-    @staticmethod
-    def cancel_refusal(rc: RunningCall) -> str | None:
-        """Why ``rc`` cannot be cancelled now (without force), or None when it can."""
-        if not rc.info.cancellable:
-            return "that call cannot be cancelled"
-        if _protected_by_speech(rc):
-            return "the speech it belongs to does not allow interruptions"
-        return None
 
     async def _cancel(self, rc: RunningCall, reason: str) -> None:
         if rc.ended:
@@ -564,6 +508,13 @@ class ToolExecutor:
         task.add_done_callback(self._abandoned.discard)
         resolve(rc.abandoned_fut, None)
 
+    async def grace_for_uncancellable(self, grace_s: float) -> None:
+        """A deploy is not a crash: a call that cannot be cancelled (a booking) gets up to ``grace_s`` to end and
+        commit its pair before the process lets go of it (recovery then ends whatever is still running)."""
+        pending = [rc.ended_fut for rc in self.running() if not rc.info.cancellable]
+        if pending and grace_s > 0:
+            await asyncio.wait(pending, timeout=grace_s)
+
     async def abandon(self) -> None:
         """Stop every running call without recording an end (service shutdown; recovery ends or re-runs them)."""
         self._abandoning = True
@@ -575,25 +526,6 @@ class ToolExecutor:
         if self._companion_tools is None:
             self._companion_tools = companion_tools(self)
         return self._companion_tools
-
-
-def _strip_confirm(arguments: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in arguments.items() if k != CONFIRM_FIELD}
-
-
-def _protected_by_speech(rc: RunningCall) -> bool:
-    return rc.speech is not None and not rc.speech.allow_interruptions and not rc.speech.done
-
-
-def _validate(rc: RunningCall, tool: FunctionTool) -> None:
-    """Validate the call's arguments as a real model writes them (a ``null`` for a parameter with a default is
-    that default) and key it on what they mean, for ``duplicate_scope="name_and_args"``."""
-    try:
-        rc.args = tool.parse_arguments(nulls_to_defaults(tool.args_model, rc.item.arguments))
-    except ValidationError as err:
-        rc.invalid = format_validation_error(rc.info.name, err)
-        return
-    rc.args_key = canonical(_strip_confirm(rc.args))
 
 
 __all__ = [

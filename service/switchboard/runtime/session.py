@@ -7,87 +7,40 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
-
-from pydantic import BaseModel, Field
+from typing import Any, TypeVar
 
 from . import event_types as ev
 from .agent import Agent, complete_user_turn
-from .aio import cancel_and_wait, resolve, spawn
+from .aio import cancel_and_wait, forget_when_done, spawn
 from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id, order_items
+from .commit import CommitPipeline
 from .event_types import InputRole as Role
 from .events import EventLog, EventSink
 from .executor import RunningCall, ToolExecutor
 from .generation import Generation
 from .handoff import HandoffStep
 from .llm.base import LLM, LLMRequest
+from .options import SessionOptions
 from .playout import Playout
 from .ports import ChatStore, Commit, SessionState
 from .reply import ReplyJob, run_job
-from .scheduler import SpeechScheduler
 from .speculative import Speculation
 from .speech import (
-    INTERRUPT_FORCE_TIMEOUT_S,
     SPEECH_PRIORITY_NORMAL,
     NotInterruptible,
     SpeechHandle,
     SpeechSource,
 )
-from .status import AgentState, SessionStatus
+from .speeches import Speeches
+from .status import AgentState, SessionClosed, SessionStatus, SessionSuspended
 from .tools import FunctionTool, ToolCallInfo, ToolStatus
 
 logger = logging.getLogger("switchboard.runtime.session")
 
 SUSPEND_SPEECH_TIMEOUT_S = 2.0
 SUSPEND_FLUSH_TIMEOUT_S = 5.0  # a shutdown waits this long at most for a session's writes and events to be durable
-KEEP_SPEECHES = 500
-# A speech's end is written again when the store rejects it, after each of these pauses: the rejection may belong to
-# a write that shared its transaction, and a speech left unfinished in the store would disagree with the live session
-# (I8). The attempts after the first SPEECH_END_FULL_ATTEMPTS write it without its text, in case the text is what the
-# store refuses (the assistant message keeps what was heard).
-SPEECH_END_RETRY_BACKOFF_S = (0.1, 0.4, 1.6)
-SPEECH_END_FULL_ATTEMPTS = 2
 
 T = TypeVar("T")
-
-
-def _forget(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
-    def done(task: asyncio.Task[Any]) -> None:
-        tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved here too: a caller that was cut off never will
-
-    return done
-
-
-class SessionOptions(BaseModel):
-    max_tool_steps: int = Field(default=3, ge=0, le=20)
-    # set by the server, never by a session: calls of one model turn past it end in an error without running
-    max_tool_calls_per_turn: int = Field(default=16, ge=1)
-    # and the calls of the whole session past this one (restarts included) end `rejected` without running
-    max_tool_calls_per_session: int = Field(default=1000, ge=1)
-    # Keep the ids a model gives its calls. Off (the default), the session names every call itself: a model or a
-    # script never picks the id that backends, reports and the API use, and ids never collide across sessions. On
-    # only for tests whose scripts name their calls.
-    trust_model_call_ids: bool = False
-    preemptive_generation: bool = False
-    allow_interruptions: bool = True
-    interrupt_force_timeout_s: float = Field(default=INTERRUPT_FORCE_TIMEOUT_S, gt=0)
-    tool_cancel_grace_s: float = Field(default=1.0, ge=0)
-    close_timeout_s: float = Field(default=30.0, gt=0)
-    # at shutdown, how long calls that cannot be cancelled get to end on their own before they are abandoned
-    shutdown_tool_grace_s: float = Field(default=10.0, ge=0)
-    # an agent's on_user_turn_completed past this is abandoned and the turn handled unchanged (input is never dropped)
-    user_turn_hook_timeout_s: float = Field(default=5.0, gt=0)
-
-
-class SessionClosed(Exception):
-    pass
-
-
-class SessionSuspended(SessionClosed):
-    """The session is suspended here (its process is stopping, or another one took it over): it carries on
-    elsewhere, so a command for it is to be retried."""
 
 
 @dataclass(frozen=True)
@@ -130,23 +83,29 @@ class AgentSession:
         self.events = EventLog(session_id, events, last_seq=last_seq)
         self.state = SessionStatus.INITIALIZING
         self.agent_state: AgentState = "initializing"
-        self._store = store
-        self._writes: set[asyncio.Task[Any]] = set()
+        self.writes = CommitPipeline(session_id, store=store, events=self.events)
         self.handoff = HandoffStep(self)
         self._hooks: set[asyncio.Task[Any]] = set()  # the agents' on_enter / on_exit, each in a task of its own
-        self.write_failures = 0  # writes the store refused for good (an operator should know)
         self.executor = ToolExecutor(
             session_id,
             chat=self.chat,
             events=self.events,
-            commit=self.commit,
+            commit=self.writes.commit,
             on_ended=self._on_call_ended,
             on_handoff=self.handoff.request,
             cancel_grace_s=self.options.tool_cancel_grace_s,
             session=self,
         )
-        self._scheduler = SpeechScheduler(
-            session_id, play=self._play, finish=self.finish_speech, after_speech=self._after_speech
+        self.speeches = Speeches(
+            session_id,
+            writes=self.writes,
+            events=self.events,
+            chat=self.chat,
+            state=lambda: self.state,
+            play=self._play,
+            after_speech=self._after_speech,
+            allow_interruptions=self.options.allow_interruptions,
+            force_timeout_s=self.options.interrupt_force_timeout_s,
         )
         self.speculation = Speculation(
             llm=llm,
@@ -155,19 +114,13 @@ class AgentSession:
             enabled=self.options.preemptive_generation,
             request_for=self._speculative_request,
             tool_running=self._foreground_tool_running,
-            tasks=self._writes,
+            tasks=self.writes.tasks,
         )
-        self._speeches: dict[str, SpeechHandle] = {}
         # commands, close and suspend take turns: a command runs fully before a close, or finds the session closed
         self._op_lock = asyncio.Lock()
         self._commands: set[asyncio.Task[Any]] = set()
         self._closing: asyncio.Task[None] | None = None
         self._suspending: asyncio.Task[None] | None = None
-        # resolved once the last write submitted has been applied (or has failed): writes are applied in order
-        self._last_write: asyncio.Future[None] | None = None
-        self._deferred_scheduling: asyncio.Task[None] | None = None
-        # speech id -> the chat version a step of it must see to answer the background results that landed during it
-        self._unanswered: dict[str, int] = {}
         agent.attach(self)
 
     def __repr__(self) -> str:
@@ -176,7 +129,7 @@ class AgentSession:
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def start(self, *, recovered: bool = False, **event_data: Any) -> None:
-        if self._scheduler.started:
+        if self.speeches.scheduler.started:
             return
         self.state = SessionStatus.ACTIVE
         await self.commit(Commit(session=self.snapshot()))
@@ -186,7 +139,7 @@ class AgentSession:
             else ev.SessionStarted(agent=self.agent.name, **event_data)
         )
         self.set_agent_state("listening")
-        self._scheduler.start()
+        self.speeches.scheduler.start()
         if not recovered:  # a recovered session's agent had entered already: it does not greet twice
             self._run_hook(self.agent.on_enter(), f"on_enter:{self.agent.name}")
 
@@ -212,30 +165,29 @@ class AgentSession:
             self.state = SessionStatus.SUSPENDED
         await self.speculation.abandon()
         await cancel_and_wait(*self._hooks)
-        current = self._scheduler.current
+        current = self.speeches.scheduler.current
         if current is not None and not current.done:
             # what the user heard is committed, as with any interruption; bounded, the store may be going away
             current.interrupt(force=True)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(SUSPEND_SPEECH_TIMEOUT_S):
                     await current.wait_done()
-        await self._scheduler.stop()
-        for job in self._scheduler.queued:
+        await self.speeches.scheduler.stop()
+        for job in self.speeches.scheduler.queued:
             if job.preemptive is not None:
                 await job.preemptive.aclose()
         await cancel_and_wait(*self.handoff.tasks)  # a handoff not committed yet is not done; recovery ends its call
         if tool_grace:
-            await self._grace_for_uncancellable()
+            await self.executor.grace_for_uncancellable(self.options.shutdown_tool_grace_s)
         await self.executor.abandon()
         await self.llm.aclose()
         if not tool_grace:  # fenced: nothing of this session can be written here any more
-            if self._writes:
-                await asyncio.gather(*self._writes, return_exceptions=True)
+            await self.writes.landed()
             return
         # every write under way lands and every event reported so far is durable before the process goes; bounded
         # (the store may be going away: recovery then emits the events a durable change lacks), and never cancelling
         # a write that is still under way
-        settled = self._track(self._writes_settled(), f"settle:{self.id}")
+        settled = self._track(self.writes.settled(), f"settle:{self.id}")
         done, _ = await asyncio.wait({settled}, timeout=SUSPEND_FLUSH_TIMEOUT_S)
         if not done:
             logger.warning("session %s: suspended before its last writes and events were durable", self.id)
@@ -266,69 +218,58 @@ class AgentSession:
             self.state = SessionStatus.CLOSING
         await self.speculation.discard()
         await cancel_and_wait(*self._hooks)
-        if self._deferred_scheduling is not None:  # a deferred reply being committed: queue it, then close it
-            await asyncio.shield(self._deferred_scheduling)
-        for job in self._scheduler.queued:
+        if self.speeches.deferring is not None:  # a deferred reply being committed: queue it, then close it
+            await asyncio.shield(self.speeches.deferring)
+        for job in self.speeches.scheduler.queued:
             job.speech.interrupt(force=True)
-        current = self._scheduler.current
+        current = self.speeches.scheduler.current
         if current is not None:
             current.interrupt(force=True)
             await current.wait_done()
-        await self._scheduler.stop()
-        await self._scheduler.end_queued()
+        await self.speeches.scheduler.stop()
+        await self.speeches.scheduler.end_queued()
         await self.executor.aclose(timeout_s=self.options.close_timeout_s)
         if self.handoff.tasks:  # each has ended its call by now (or finds it ended by the teardown)
             await asyncio.gather(*self.handoff.tasks, return_exceptions=True)
         await self.llm.aclose()
-        await self._writes_settled()
+        await self.writes.settled()
         self.state = SessionStatus.CLOSED
         self.set_agent_state("listening")
         await self.commit(Commit(session=self.snapshot()))
         await self.events.emit(ev.SessionClosed(reason=reason) if reason else ev.SessionClosed())
-        if self._writes:
-            await asyncio.gather(*self._writes, return_exceptions=True)
-
-    async def _writes_settled(self) -> None:
-        """Wait until every write under way has landed (a speech's end written again after a store error, a state
-        write) and every event reported so far is durable. A closed session is never recovered: what is written or
-        reported after its close would stay unreported (I6)."""
-        while pending := [task for task in self._writes if not task.done()]:
-            await asyncio.gather(*pending, return_exceptions=True)
-        await self.events.flushed()
-
-    async def _grace_for_uncancellable(self) -> None:
-        """A deploy is not a crash: a call that cannot be cancelled (a booking) gets a bounded while to end and
-        commit its pair before the process lets go of it (recovery then ends whatever is still running)."""
-        pending = [rc.ended_fut for rc in self.executor.running() if not rc.info.cancellable]
-        if pending and self.options.shutdown_tool_grace_s > 0:
-            await asyncio.wait(pending, timeout=self.options.shutdown_tool_grace_s)
+        await self.writes.landed()
 
     def snapshot(self) -> SessionState:
         return SessionState(
             agent=self.agent.name,
             state=self.state,
             llm_state=self.llm.save_state(),
-            current_speech_id=self._scheduler.current.id if self._scheduler.current else None,
+            current_speech_id=self.speeches.scheduler.current.id if self.speeches.scheduler.current else None,
         )
 
     # -- queries --------------------------------------------------------------------------------------------
 
     @property
     def current_speech(self) -> SpeechHandle | None:
-        return self._scheduler.current
+        return self.speeches.scheduler.current
 
     @property
     def idle(self) -> bool:
         """No speech playing and none queued."""
-        return self._scheduler.idle
+        return self.speeches.scheduler.idle
 
     @property
     def pending_writes(self) -> int:
         """Writes (and their events) still on their way to the store."""
-        return len(self._writes)
+        return self.writes.pending
+
+    @property
+    def write_failures(self) -> int:
+        """Writes the store refused for good (an operator should know)."""
+        return self.writes.failures
 
     def speech(self, speech_id: str) -> SpeechHandle | None:
-        return self._speeches.get(speech_id)
+        return self.speeches.get(speech_id)
 
     def tool_calls(self, status: ToolStatus | None = None) -> list[ToolCallInfo]:
         return [rc.info for rc in self.executor.calls() if status is None or rc.info.status == status]
@@ -376,7 +317,7 @@ class AgentSession:
         spec = self.speculation.take()
         if interrupt:
             try:
-                await self._interrupt_current(force=force)
+                await self.speeches.interrupt_current(force=force)
             except NotInterruptible:
                 pass
         extra: list[ChatMessage] = []
@@ -391,7 +332,7 @@ class AgentSession:
         # only now: the interruption may have changed the context the speculative reply was made from
         spec = await self.speculation.use_or_drop(spec, text=text, role=role)
         item = ChatMessage(id=new_id("item"), role=role, text=text)
-        job = self._new_job("reply", preemptive=spec, turn_messages=extra) if reply else None
+        job = self.speeches.new_job("reply", preemptive=spec, turn_messages=extra) if reply else None
 
         def apply() -> None:
             self.chat.append(item)
@@ -399,7 +340,7 @@ class AgentSession:
             self.events.emit(ev.ChatItemAdded(item=item))
             if job is not None:
                 job.context_version = self.chat.version  # what a speculative reply must still match when used
-                self._enqueue(job)
+                self.speeches.enqueue(job)
 
         try:
             await self.commit(Commit(items=[item], speeches=[job.speech.info()] if job else []), then=apply)
@@ -422,18 +363,18 @@ class AgentSession:
         ``allow_interruptions=False`` makes it a barrier: an interrupt stops before it, so it and everything
         queued after it play (``force`` still interrupts it)."""
         self._check_open()
-        job = self._new_job(
+        job = self.speeches.new_job(
             "say", text=text, add_to_chat=add_to_chat, allow_interruptions=allow_interruptions, priority=priority
         )
-        return await self._command(lambda: self._queue_durably(job), "say")
+        return await self._command(lambda: self.speeches.queue_durably(job), "say")
 
     async def generate_reply(
         self, *, instructions: str | None = None, priority: int = SPEECH_PRIORITY_NORMAL
     ) -> SpeechHandle:
         """Queue a reply from the model; ``instructions`` are added for this reply only."""
         self._check_open()
-        job = self._new_job("reply", instructions=instructions, priority=priority)
-        return await self._command(lambda: self._queue_durably(job), "reply")
+        job = self.speeches.new_job("reply", instructions=instructions, priority=priority)
+        return await self._command(lambda: self.speeches.queue_durably(job), "reply")
 
     async def interrupt(self, *, force: bool = False) -> SpeechHandle | None:
         """Interrupt the current speech and every queued one after it, stopping at the first queued speech that
@@ -444,11 +385,7 @@ class AgentSession:
         when the current speech does not allow interruptions (then nothing is interrupted).
         """
         self._check_open()
-        return await self._command(lambda: self._interrupt_current(force=force), "interrupt")
-
-    async def _queue_durably(self, job: ReplyJob) -> SpeechHandle:
-        await self.commit(Commit(speeches=[job.speech.info()]), then=lambda: self._enqueue(job))
-        return job.speech
+        return await self._command(lambda: self.speeches.interrupt_current(force=force), "interrupt")
 
     async def _command(self, body: Callable[[], Awaitable[T]], what: str) -> T:
         """Run one operator command to its end, whatever happens to its caller.
@@ -470,7 +407,7 @@ class AgentSession:
         # the caller receives the task's outcome; when it was cut off, the outcome is already logged where it arose
         task = asyncio.create_task(coro, name=name)
         self._commands.add(task)
-        task.add_done_callback(_forget(self._commands))
+        task.add_done_callback(forget_when_done(self._commands))
         return task
 
     async def cancel_tool(
@@ -481,110 +418,20 @@ class AgentSession:
         ``reason`` says who cancelled it, in its output and in the notice a webhook backend gets."""
         return await self.executor.cancel(call_id, force=force, reason=reason)
 
-    async def _interrupt_current(self, *, force: bool) -> SpeechHandle | None:
-        speech = self._scheduler.current
-        if speech is not None and not speech.done and not (speech.allow_interruptions or force):
-            raise NotInterruptible(f"speech {speech.id} does not allow interruptions")
-        self._scheduler.interrupt_chain(force=force)
-        if speech is None or speech.done or not speech.interrupted:
-            return None
-        await speech.wait_done()
-        return speech
-
     # -- persistence ----------------------------------------------------------------------------------------
 
     async def commit(self, commit: Commit, *, then: Callable[[], None] | None = None) -> None:
-        """Write ``commit`` durably, in order with this session's other writes, then run ``then`` (which applies the
-        change to the live session and reports it): the two are one unit that a cancelled caller cannot split.
+        """Write ``commit`` durably, in order with this session's other writes, then run ``then`` (one unit; see
+        ``CommitPipeline.commit``)."""
+        await self.writes.commit(commit, then=then)
 
-        The store rides out an outage itself (see ``ChatStore``); an error it raises is permanent for that write:
-        it is logged and raised to the caller, never retried, so it cannot hold up the session's later writes.
-        The write runs in its own task, so a caller that is cancelled (a forced speech cancel, say) does not abort
-        it.
-
-        Writes are pipelined: each is handed to the store at once, without waiting for the ones before it to be
-        durable (the store keeps a session's commits in call order, so they share a group commit), and each is
-        applied only after the one before it, so the live session sees changes in the order they were made.
-        """
-        previous, applied = self._last_write, asyncio.get_running_loop().create_future()
-        self._last_write = applied
-        task = asyncio.create_task(self._write(commit, then, previous, applied), name=f"commit:{self.id}")
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-        await asyncio.shield(task)
-
-    async def _write(
-        self,
-        commit: Commit,
-        then: Callable[[], None] | None,
-        previous: asyncio.Future[None] | None,
-        applied: asyncio.Future[None],
-    ) -> None:
-        try:
-            try:
-                await self._store.commit(self.id, commit)  # the first step of this task: call order is store order
-            except Exception:
-                self.write_failures += 1
-                logger.exception("session %s: commit failed for good", self.id, extra={"session_id": self.id})
-                if previous is not None:
-                    await previous
-                raise
-            if previous is not None:
-                await previous
-            if then is not None:
-                then()
-        finally:
-            resolve(applied, None)
-
-    # -- scheduling -----------------------------------------------------------------------------------------
+    # -- speeches -------------------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self.state == SessionStatus.SUSPENDED:
             raise SessionSuspended(f"session {self.id} is being handed over to another node")
         if self.state != SessionStatus.ACTIVE:
             raise SessionClosed(f"session {self.id} is {self.state}")
-
-    def _new_job(
-        self,
-        kind: Literal["reply", "say"],
-        *,
-        source: SpeechSource | None = None,
-        text: str = "",
-        instructions: str | None = None,
-        add_to_chat: bool = True,
-        allow_interruptions: bool | None = None,
-        preemptive: Generation | None = None,
-        speech_id: str | None = None,
-        priority: int = SPEECH_PRIORITY_NORMAL,
-        turn_messages: list[ChatMessage] | None = None,
-    ) -> ReplyJob:
-        speech = SpeechHandle(
-            speech_id=speech_id,
-            source=source or ("say" if kind == "say" else "reply"),
-            allow_interruptions=self.options.allow_interruptions
-            if allow_interruptions is None
-            else allow_interruptions,
-            force_timeout_s=self.options.interrupt_force_timeout_s,
-            priority=priority,
-        )
-        self._speeches[speech.id] = speech
-        if len(self._speeches) > KEEP_SPEECHES:
-            for old_id in list(self._speeches)[: len(self._speeches) - KEEP_SPEECHES]:
-                if self._speeches[old_id].done:
-                    del self._speeches[old_id]
-        return ReplyJob(
-            speech=speech,
-            kind=kind,
-            text=text,
-            instructions=instructions,
-            add_to_chat=add_to_chat,
-            preemptive=preemptive,
-            turn_messages=tuple(turn_messages or ()),
-        )
-
-    def _enqueue(self, job: ReplyJob) -> None:
-        self._scheduler.push(job)
-        self.events.emit(ev.SpeechCreated(speech_id=job.speech.id, source=job.speech.source))
 
     async def _play(self, job: ReplyJob) -> None:
         await run_job(self, job)
@@ -602,46 +449,12 @@ class AgentSession:
 
     def _after_speech(self) -> None:
         self._start_pending_speculative()
-        if not self._scheduler.has_queued:
+        if not self.speeches.scheduler.has_queued:
             self.set_agent_state("listening")
 
     async def finish_speech(self, speech: SpeechHandle) -> None:
-        if speech.done:
-            return
-        speech.mark_done()
-        if self._unanswered.pop(speech.id, None) is not None and self.state == SessionStatus.ACTIVE:
-            self._schedule_deferred_reply()  # background results that landed during it and no step of it saw
-        # in its own task: a caller cancelled meanwhile (the scheduler, at close) must not lose the commit and event
-        task = asyncio.create_task(self._speech_done(speech), name=f"speech-done:{speech.id}")
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-        await asyncio.shield(task)
-
-    async def _speech_done(self, speech: SpeechHandle) -> None:
-        """Never raises: a speech that cannot be ended in the store still ends in memory (its scheduler goes on to
-        the next one); ``speech.done`` is reported only once the end is durable (I6)."""
-        full = speech.info()
-        attempts = len(SPEECH_END_RETRY_BACKOFF_S) + 1
-        for attempt in range(1, attempts + 1):
-            if attempt > 1:
-                await asyncio.sleep(SPEECH_END_RETRY_BACKOFF_S[attempt - 2])
-            info = (
-                full if attempt <= SPEECH_END_FULL_ATTEMPTS else full.model_copy(update={"text": "", "played_text": ""})
-            )
-            try:
-                await self.commit(Commit(speeches=[info]))
-            except Exception:
-                logger.error(
-                    "session %s: the end of speech %s could not be written (attempt %d of %d)",
-                    self.id,
-                    speech.id,
-                    attempt,
-                    attempts,
-                    extra={"session_id": self.id, "speech_id": speech.id},
-                )
-                continue
-            self.events.emit(ev.SpeechDone(speech_id=speech.id, interrupted=speech.interrupted))
-            return
+        """Mark ``speech`` done and write its end (``Speeches.finish``)."""
+        await self.speeches.finish(speech)
 
     @property
     def model_error_line(self) -> str | None:
@@ -710,8 +523,7 @@ class AgentSession:
     ) -> LLMRequest:
         """The model's view (I2): placeholders for calls still running, never a call without its output.
         ``turn_messages`` (added by ``on_user_turn_completed``) are shown in their place, never persisted."""
-        if speech is not None and self._unanswered.get(speech.id, self.chat.version + 1) <= self.chat.version:
-            del self._unanswered[speech.id]  # this step sees the background results that landed during the speech
+        self.speeches.step_sees_results(speech)
         tools = self.model_tools()
         running: list[FunctionCall] = [rc.item for rc in self.executor.running() if rc.foreground]
         items = self.chat.for_llm(running)
@@ -735,9 +547,7 @@ class AgentSession:
     def start_generation(self, request: LLMRequest) -> Generation:
         gen = Generation(self.llm, request)
         # the scripted model's position moved: persist it in the background, in order with other writes
-        task = asyncio.create_task(self.commit(Commit(session=self.snapshot())), name=f"state:{self.id}")
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        self.writes.background(self.commit(Commit(session=self.snapshot())), name=f"state:{self.id}")
         return gen
 
     # -- preemptive generation (I2) -------------------------------------------------------------------------
@@ -749,55 +559,20 @@ class AgentSession:
         return any(rc.foreground for rc in self.executor.running())
 
     def _start_pending_speculative(self) -> None:
-        self.speculation.start_pending(quiet=self.state == SessionStatus.ACTIVE and self._scheduler.idle)
+        self.speculation.start_pending(quiet=self.state == SessionStatus.ACTIVE and self.speeches.scheduler.idle)
 
     # -- tool hooks -----------------------------------------------------------------------------------------
 
     def _on_call_ended(self, rc: RunningCall) -> None:
         if self.state != SessionStatus.ACTIVE:
             return
-        # a result that arrives outside of any reply (background, or re-run after a restart) gets a deferred reply
-        detached = rc.info.background or rc.speech is None
-        if detached and rc.needs_reply and rc.cancel_reason not in ("agent handoff", "session closed"):
-            if rc.speech is not None and not rc.speech.done:
-                self._answer_after(rc.speech)
-            else:
-                self._schedule_deferred_reply()
+        self.speeches.on_tool_result(rc)
         self._start_pending_speculative()
-
-    def _answer_after(self, speech: SpeechHandle) -> None:
-        """A background result that lands while the speech that made the call is still going on is answered by
-        that speech's next step, which sees it; a deferred reply is queued (when the speech ends) only if no later
-        step of it does."""
-        self._unanswered[speech.id] = self.chat.version
-
-    def _schedule_deferred_reply(self) -> None:
-        # one queued (or being queued) deferred reply covers every result that arrives before it starts
-        if self._deferred_scheduling is not None or self._scheduler.queued_from("deferred_reply"):
-            return
-        job = self._new_job("reply", source="deferred_reply")
-        task = asyncio.create_task(self._enqueue_durable(job), name=f"deferred:{self.id}")
-        self._deferred_scheduling = task
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-
-    async def _enqueue_durable(self, job: ReplyJob) -> None:
-        # speech.created is published only once the speech is durable (I6)
-        def apply() -> None:
-            if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
-                job.speech.interrupt(force=True)  # queued only to be ended by the close, never started
-            self._enqueue(job)
-
-        try:
-            await self.commit(Commit(speeches=[job.speech.info()]), then=apply)
-        finally:
-            self._deferred_scheduling = None
 
     def requeue_reply(self, speech_id: str, source: SpeechSource) -> None:
         """Queue again a reply that was accepted (durable, ``scheduled``) but never started before a restart: the
         user is still waiting for it. It keeps its id; its ``speech.created`` was reported when it was accepted."""
-        job = self._new_job("reply", source=source, speech_id=speech_id)
-        self._scheduler.push(job)
+        self.speeches.requeue_reply(speech_id, source)
 
     # -- the agents' hooks ------------------------------------------------------------------------------------
 
@@ -815,4 +590,4 @@ class AgentSession:
         spawn(coro, name=f"{name}:{self.id}", tasks=self._hooks)
 
 
-__all__ = ["AgentSession", "InputResult", "SessionClosed", "SessionOptions", "SessionSuspended"]
+__all__ = ["AgentSession", "InputResult"]

@@ -33,7 +33,16 @@ class SessionStatus(StrEnum):
         return self in ENDED_STATUSES
 
 
+class SessionClosed(Exception):
+    """The session is not active (closing, closed or not started): a command for it is refused."""
+
+
+class SessionSuspended(SessionClosed):
+    """The session is suspended here (its process is stopping, or another one took it over): it carries on
+    elsewhere, so a command for it is to be retried."""
+
+
 LIVE_STATUSES = frozenset({SessionStatus.INITIALIZING, SessionStatus.ACTIVE, SessionStatus.CLOSING})
 ENDED_STATUSES = frozenset({SessionStatus.CLOSED, SessionStatus.FAILED})
 
-__all__ = ["ENDED_STATUSES", "LIVE_STATUSES", "AgentState", "SessionStatus"]
+__all__ = ["ENDED_STATUSES", "LIVE_STATUSES", "AgentState", "SessionClosed", "SessionStatus", "SessionSuspended"]

@@ -167,6 +167,20 @@ class RunningCall:
             await self.speech.wait_for_step(self.step)
 
 
+def protected_by_speech(rc: RunningCall) -> bool:
+    """The speech that made the call is still going on and does not allow interruptions."""
+    return rc.speech is not None and not rc.speech.allow_interruptions and not rc.speech.done
+
+
+def cancel_refusal(rc: RunningCall) -> str | None:
+    """Why ``rc`` cannot be cancelled now (without force), or None when it can."""
+    if not rc.info.cancellable:
+        return "that call cannot be cancelled"
+    if protected_by_speech(rc):
+        return "the speech it belongs to does not allow interruptions"
+    return None
+
+
 def end_record(rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> EndRecord:
     """The pair (a ``<call_id>/final`` pair for a call in the background) and the final record of ``rc``."""
     now = utcnow()

@@ -1,0 +1,179 @@
+"""Speeches: a session's speeches from the job that makes one to its durable end, and the deferred replies.
+
+A speech is queued only once it is durable (``speech.created`` reports what is, I6), plays in turn through the
+``SpeechScheduler`` and ends durably (``CommitPipeline.end_speech``). A tool result that lands outside of any reply
+(a background call's, or one re-run after a restart) gets a deferred reply of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal
+
+from . import event_types as ev
+from .chat import ChatContext, ChatMessage
+from .commit import CommitPipeline
+from .events import EventLog
+from .executor import RunningCall
+from .generation import Generation
+from .ports import Commit
+from .reply import ReplyJob
+from .scheduler import SpeechScheduler
+from .speech import SPEECH_PRIORITY_NORMAL, NotInterruptible, SpeechHandle, SpeechSource
+from .status import SessionStatus
+
+KEEP_SPEECHES = 500
+
+
+class Speeches:
+    """The speeches of one session: ``new_job`` makes one, ``queue_durably`` queues it, ``scheduler`` plays the
+    queue and ``finish`` ends each one.
+
+    >>> speeches = Speeches("s1", writes=writes, events=log, chat=chat, state=lambda: session.state,
+    ...                     play=play, after_speech=after_speech, allow_interruptions=True, force_timeout_s=5.0)
+    >>> speech = await speeches.queue_durably(speeches.new_job("say", text="One moment."))
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        writes: CommitPipeline,
+        events: EventLog,
+        chat: ChatContext,
+        state: Callable[[], SessionStatus],
+        play: Callable[[ReplyJob], Coroutine[Any, Any, None]],
+        after_speech: Callable[[], None],
+        allow_interruptions: bool,
+        force_timeout_s: float,
+    ) -> None:
+        self.session_id = session_id
+        self._writes = writes
+        self._events = events
+        self._chat = chat
+        self._state = state
+        self._allow_interruptions = allow_interruptions
+        self._force_timeout_s = force_timeout_s
+        self.scheduler = SpeechScheduler(session_id, play=play, finish=self.finish, after_speech=after_speech)
+        self._handles: dict[str, SpeechHandle] = {}
+        # speech id -> the chat version a step of it must see to answer the background results that landed during it
+        self._unanswered: dict[str, int] = {}
+        self.deferring: asyncio.Task[None] | None = None  # a deferred reply being committed, then queued
+
+    def get(self, speech_id: str) -> SpeechHandle | None:
+        return self._handles.get(speech_id)
+
+    def new_job(
+        self,
+        kind: Literal["reply", "say"],
+        *,
+        source: SpeechSource | None = None,
+        text: str = "",
+        instructions: str | None = None,
+        add_to_chat: bool = True,
+        allow_interruptions: bool | None = None,
+        preemptive: Generation | None = None,
+        speech_id: str | None = None,
+        priority: int = SPEECH_PRIORITY_NORMAL,
+        turn_messages: list[ChatMessage] | None = None,
+    ) -> ReplyJob:
+        speech = SpeechHandle(
+            speech_id=speech_id,
+            source=source or ("say" if kind == "say" else "reply"),
+            allow_interruptions=self._allow_interruptions if allow_interruptions is None else allow_interruptions,
+            force_timeout_s=self._force_timeout_s,
+            priority=priority,
+        )
+        self._handles[speech.id] = speech
+        if len(self._handles) > KEEP_SPEECHES:
+            for old_id in list(self._handles)[: len(self._handles) - KEEP_SPEECHES]:
+                if self._handles[old_id].done:
+                    del self._handles[old_id]
+        return ReplyJob(
+            speech=speech,
+            kind=kind,
+            text=text,
+            instructions=instructions,
+            add_to_chat=add_to_chat,
+            preemptive=preemptive,
+            turn_messages=tuple(turn_messages or ()),
+        )
+
+    def enqueue(self, job: ReplyJob) -> None:
+        """Queue a job whose speech is durable, and report it."""
+        self.scheduler.push(job)
+        self._events.emit(ev.SpeechCreated(speech_id=job.speech.id, source=job.speech.source))
+
+    async def queue_durably(self, job: ReplyJob) -> SpeechHandle:
+        await self._writes.commit(Commit(speeches=[job.speech.info()]), then=lambda: self.enqueue(job))
+        return job.speech
+
+    def requeue_reply(self, speech_id: str, source: SpeechSource) -> None:
+        """Queue again a reply that was accepted (durable, ``scheduled``) but never started before a restart: the
+        user is still waiting for it. It keeps its id; its ``speech.created`` was reported when it was accepted."""
+        self.scheduler.push(self.new_job("reply", source=source, speech_id=speech_id))
+
+    async def interrupt_current(self, *, force: bool) -> SpeechHandle | None:
+        """Interrupt the current speech and the queued ones after it (see ``SpeechScheduler.interrupt_chain``);
+        returns the current speech once it has ended interrupted, else None."""
+        speech = self.scheduler.current
+        if speech is not None and not speech.done and not (speech.allow_interruptions or force):
+            raise NotInterruptible(f"speech {speech.id} does not allow interruptions")
+        self.scheduler.interrupt_chain(force=force)
+        if speech is None or speech.done or not speech.interrupted:
+            return None
+        await speech.wait_done()
+        return speech
+
+    async def finish(self, speech: SpeechHandle) -> None:
+        """Mark ``speech`` done and write its end; ``speech.done`` is reported once the end is durable (I6)."""
+        if speech.done:
+            return
+        speech.mark_done()
+        if self._unanswered.pop(speech.id, None) is not None and self._state() == SessionStatus.ACTIVE:
+            self.schedule_deferred_reply()  # background results that landed during it and no step of it saw
+        # in its own task: a caller cancelled meanwhile (the scheduler, at close) must not lose the commit and event
+        await asyncio.shield(self._writes.background(self._writes.end_speech(speech), name=f"speech-done:{speech.id}"))
+
+    # -- deferred replies -----------------------------------------------------------------------------------
+
+    def on_tool_result(self, rc: RunningCall) -> None:
+        """A call has ended while the session is active: a result that arrives outside of any reply (background,
+        or re-run after a restart) gets a deferred reply.
+
+        One that lands while the speech that made the call is still going on is answered by that speech's next
+        step, which sees it; a deferred reply is queued (when the speech ends) only if no later step of it does."""
+        detached = rc.info.background or rc.speech is None
+        if detached and rc.needs_reply and rc.cancel_reason not in ("agent handoff", "session closed"):
+            if rc.speech is not None and not rc.speech.done:
+                self._unanswered[rc.speech.id] = self._chat.version
+            else:
+                self.schedule_deferred_reply()
+
+    def step_sees_results(self, speech: SpeechHandle | None) -> None:
+        """A step of ``speech`` is about to be generated from the chat as it is now."""
+        if speech is not None and self._unanswered.get(speech.id, self._chat.version + 1) <= self._chat.version:
+            del self._unanswered[speech.id]  # this step sees the background results that landed during the speech
+
+    def schedule_deferred_reply(self) -> None:
+        # one queued (or being queued) deferred reply covers every result that arrives before it starts
+        if self.deferring is not None or self.scheduler.queued_from("deferred_reply"):
+            return
+        job = self.new_job("reply", source="deferred_reply")
+        self.deferring = self._writes.background(self._enqueue_durable(job), name=f"deferred:{self.session_id}")
+
+    async def _enqueue_durable(self, job: ReplyJob) -> None:
+        # speech.created is published only once the speech is durable (I6)
+        def apply() -> None:
+            if self._state() in (SessionStatus.CLOSING, SessionStatus.CLOSED):
+                job.speech.interrupt(force=True)  # queued only to be ended by the close, never started
+            self.enqueue(job)
+
+        try:
+            await self._writes.commit(Commit(speeches=[job.speech.info()]), then=apply)
+        finally:
+            self.deferring = None
+
+
+__all__ = ["KEEP_SPEECHES", "Speeches"]
