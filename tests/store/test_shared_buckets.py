@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
-from switchboard.api.rate_limit import WriteRateLimiter
+from switchboard.api.rate_limit import SHARED_RETRY_S, SharedWriteLimits, WriteRateLimiter
 from switchboard.control.shared_buckets import SharedBuckets, SharedBucketsUnavailable, key_prefix
+from tests.e2e.cluster_support import RedisServer
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 T0 = 1_800_000_000.0  # an epoch-sized clock: the script keeps microseconds at this size
@@ -112,3 +114,32 @@ def test_clusters_sharing_a_redis_have_buckets_of_their_own():
     one = key_prefix("postgresql+asyncpg://u@db:5432/one")
     assert one == "switchboard:rate:db:5432/one:"
     assert one != key_prefix("postgresql+asyncpg://u@db:5432/two")
+
+
+async def test_a_node_limits_on_its_own_while_redis_is_away_and_shares_again_once_it_is_back(tmp_path: Path):
+    """Never open: with Redis gone the node's own buckets apply (counted), and Redis is asked again a moment later."""
+    server = RedisServer(tmp_path)
+    server.start()
+    now = [0.0]
+    fallbacks: list[None] = []
+    shared = SharedBuckets(server.url, rate_per_s=0.01, burst=2, prefix="test:rate:", timeout_s=1.0)
+    limits = SharedWriteLimits(shared, on_fallback=lambda: fallbacks.append(None), clock=lambda: now[0])
+    try:
+        assert [await limits.acquire("key:a") for _ in range(2)] == [None, None]
+        assert await limits.acquire("key:a") == pytest.approx(100.0, abs=0.1)
+        assert fallbacks == [] and limits.shared_available
+
+        server.stop()
+        assert [await limits.acquire("key:a") for _ in range(2)] == [None, None]  # this node's own bucket
+        assert await limits.acquire("key:a") == pytest.approx(100.0)
+        assert len(fallbacks) == 3 and not limits.shared_available
+
+        server.start()  # empty: a fresh bucket in Redis
+        assert await limits.acquire("key:b") is None
+        assert len(fallbacks) == 4  # not asked again yet
+        now[0] += SHARED_RETRY_S
+        assert await limits.acquire("key:b") is None
+        assert len(fallbacks) == 4 and limits.shared_available
+    finally:
+        await limits.aclose()
+        server.stop()
