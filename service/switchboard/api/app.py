@@ -26,6 +26,7 @@ from ..control.hub import EventHub
 from ..control.metrics import Metrics
 from ..control.ownership import AnotherInstanceRunning, NodeLease
 from ..control.settings import Settings
+from ..control.shared_buckets import SharedBuckets, key_prefix
 from ..integrations.agents_file import load_agents_file
 from ..integrations.demo import AGENTS as DEMO_AGENTS
 from ..integrations.demo import DEFAULT_LLMS as DEMO_LLMS
@@ -52,7 +53,7 @@ from .deps import Services, services
 from .forward import ForwardedGuard, SessionElsewhere, forward
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
-from .rate_limit import WriteRateLimiter
+from .rate_limit import SharedWriteLimits, WriteRateLimiter
 from .stream_slots import StreamSlots
 from .traces import CommandSpans
 
@@ -99,6 +100,19 @@ async def _expire_sessions(host: SessionHost, store: Store, settings: Settings) 
                     logger.info("deleted %d session(s) ended before %s", len(purged), cutoff.isoformat())
         except Exception:
             logger.exception("session housekeeping failed; will retry")
+
+
+def _write_limits(settings: Settings, metrics: Metrics) -> WriteRateLimiter:
+    """Each node's own buckets; in cluster mode the cluster's, in Redis (the node's own while Redis is away)."""
+    if not settings.redis_url or settings.write_rate_per_s <= 0:
+        return WriteRateLimiter(rate_per_s=settings.write_rate_per_s, burst=settings.write_burst)
+    shared = SharedBuckets(
+        settings.redis_url,
+        rate_per_s=settings.write_rate_per_s,
+        burst=settings.write_burst,
+        prefix=key_prefix(settings.database_url),
+    )
+    return SharedWriteLimits(shared, on_fallback=metrics.rate_limit_fallbacks.inc)
 
 
 def create_app(
@@ -172,6 +186,7 @@ def create_app(
             model_observer=metrics,
             wrap_sink=traces.sink if traces is not None else None,
         )
+        writes = _write_limits(settings, metrics)
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
         metrics.bind_node(host)
         app.state.services = Services(
@@ -184,7 +199,7 @@ def create_app(
             streams=StreamSlots(
                 per_process=settings.ws_max_streams, per_credential=settings.ws_max_streams_per_credential
             ),
-            writes=WriteRateLimiter(rate_per_s=settings.write_rate_per_s, burst=settings.write_burst),
+            writes=writes,
             forwarder=forwarder,
             fanout=fanout,
         )
@@ -213,6 +228,8 @@ def create_app(
             await host.aclose()
             await webhooks.aclose()
             await forwarder.aclose()
+            if isinstance(writes, SharedWriteLimits):
+                await writes.aclose()
             if feed is not None:
                 await feed.aclose()
             if fanout is not None:

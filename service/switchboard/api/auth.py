@@ -15,6 +15,7 @@ from fastapi import Request
 
 from ..control.settings import Settings
 from .deps import SettingsDep, services
+from .forward import FORWARDED_HEADER
 from .problems import ProblemError
 from .rate_limit import COMMAND_METHODS, WriteRateLimiter
 
@@ -202,8 +203,10 @@ class Require:
         except AuthError as err:
             headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
             raise ProblemError(err.status, err.code, err.detail, headers=headers) from None
-        if request.method in COMMAND_METHODS and principal is not ANONYMOUS:
-            wait_s = services(request).writes.take(principal.identity)
+        # a command another node forwarded (its header checked by ForwardedGuard) was charged where it arrived
+        charged = request.method in COMMAND_METHODS and FORWARDED_HEADER not in request.headers
+        if charged and principal is not ANONYMOUS:
+            wait_s = await services(request).writes.acquire(principal.identity)
             if wait_s is not None:
                 raise ProblemError(
                     429,

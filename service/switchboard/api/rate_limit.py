@@ -4,16 +4,27 @@ Every write (``POST``, ``PUT``, ``PATCH``, ``DELETE``) by a credential takes one
 at most ``burst`` tokens and refills at ``rate_per_s``. An empty bucket answers 429 ``rate_limited`` with
 ``Retry-After`` (whole seconds until a token is back). Reads and streams are not counted here (streams have their own
 caps). With auth off there is one caller, the operator, and nothing is limited.
+
+A command another node forwarded here (``X-Switchboard-Forwarded``, checked by ``ForwardedGuard``) was charged where
+it arrived and is not charged again. In cluster mode the buckets are the cluster's, in Redis (``SharedWriteLimits``):
+a caller spreading its commands over the nodes gets its limit once. When Redis does not answer in time a command is
+charged to the node's own buckets (never let through uncounted), and Redis is tried again a moment later.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..control.shared_buckets import SharedBuckets, SharedBucketsUnavailable
+
+logger = logging.getLogger("switchboard.api.rate_limit")
+
 COMMAND_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+SHARED_RETRY_S = 1.0  # after Redis failed to answer, the node's own buckets are used this long before trying again
 
 
 @dataclass(slots=True)
@@ -36,6 +47,10 @@ class WriteRateLimiter:
     def enabled(self) -> bool:
         return self.rate_per_s > 0
 
+    async def acquire(self, subject: str) -> float | None:
+        """``take``, as the cluster's limiter is called."""
+        return self.take(subject)
+
     def take(self, subject: str) -> float | None:
         """Spend one token of ``subject``: None when allowed, else the seconds until a token is back."""
         if not self.enabled:
@@ -54,3 +69,43 @@ class WriteRateLimiter:
     @staticmethod
     def retry_after(wait_s: float) -> str:
         return str(max(1, math.ceil(wait_s)))
+
+
+class SharedWriteLimits(WriteRateLimiter):
+    """Cluster mode: the cluster's buckets in Redis, and this node's own (the base class) whenever Redis does not
+    answer in time. ``on_fallback()`` counts each command charged locally for that reason."""
+
+    def __init__(
+        self,
+        shared: SharedBuckets,
+        *,
+        on_fallback: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(rate_per_s=shared.rate_per_s, burst=shared.burst, clock=clock)
+        self.shared = shared
+        self.on_fallback = on_fallback
+        self.shared_available = True
+        self._retry_at = 0.0
+
+    async def acquire(self, subject: str) -> float | None:
+        if not self.enabled:
+            return None
+        if self._clock() >= self._retry_at:
+            try:
+                wait_s = await self.shared.take(subject)
+            except SharedBucketsUnavailable as err:
+                if self.shared_available:
+                    logger.warning("rate limits: Redis unavailable (%s); each node limits on its own meanwhile", err)
+                self.shared_available = False
+                self._retry_at = self._clock() + SHARED_RETRY_S
+            else:
+                if not self.shared_available:
+                    logger.info("rate limits: Redis is back; limits are the cluster's again")
+                self.shared_available = True
+                return wait_s
+        self.on_fallback()
+        return self.take(subject)
+
+    async def aclose(self) -> None:
+        await self.shared.aclose()

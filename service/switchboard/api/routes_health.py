@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .deps import ServicesDep
+from .rate_limit import SharedWriteLimits
 from .schemas import Health
 
 router = APIRouter(tags=["health"])
@@ -29,7 +30,7 @@ async def healthz() -> Health:
 async def readyz(services: ServicesDep) -> Response:
     """The service can reach its database and still owns its sessions (a node that another instance took over
     answers 503 with why; a cluster node that is stopping answers 503 `draining`). In cluster mode, while Redis is
-    down it answers 200 with a `detail` saying so (degraded: streams read the database)."""
+    down it answers 200 with a `detail` saying so (degraded: streams read the database, rate limits are per node)."""
     lease = services.host.lease
     if lease is not None and lease.deposed is not None:
         body = Health(status="fenced", detail=lease.deposed).model_dump(exclude_none=True)
@@ -38,12 +39,14 @@ async def readyz(services: ServicesDep) -> Response:
         draining = Health(status="draining", detail="stopping: handing its sessions to the other nodes")
         return JSONResponse(draining.model_dump(exclude_none=True), status_code=503, headers={"Retry-After": "1"})
     if await services.store.ping():
-        fanout = services.fanout
+        fanout, writes = services.fanout, services.writes
         degraded = (
             "degraded: redis unavailable; event streams read other nodes' events from the database (a little late), "
-            "commands are unaffected, nothing is lost"
+            "rate limits are each node's own, commands are unaffected, nothing is lost"
         )
-        detail = degraded if fanout is not None and not fanout.available else None
+        redis_down = fanout is not None and not fanout.available
+        redis_down = redis_down or (isinstance(writes, SharedWriteLimits) and not writes.shared_available)
+        detail = degraded if redis_down else None
         return JSONResponse(Health(status="ok", detail=detail).model_dump(exclude_none=True))
     body = Health(status="unavailable", detail="database unreachable").model_dump(exclude_none=True)
     return JSONResponse(body, status_code=503, headers={"Retry-After": "2"})

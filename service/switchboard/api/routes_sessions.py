@@ -12,6 +12,13 @@ from ..control.settings import Settings
 from ..store import InvalidCursor
 from . import audit, deps
 from .auth import Require, issue_token, principal_of, seal_token, token_scopes, unseal_token
+from .cluster_attention import (
+    ATTENTION_TIMEOUT_S,
+    MISSING_NODES_DESCRIPTION,
+    MISSING_NODES_HEADER,
+    ClusterAttention,
+    merged,
+)
 from .deps import HostDep, KnownSession, ServicesDep, SettingsDep
 from .idempotency import idempotent, idempotent_sealed
 from .problems import POST_ERRORS, ProblemError, not_found, problem_responses
@@ -82,27 +89,46 @@ async def create_session(
     "",
     operation_id="listSessions",
     response_model=SessionList,
+    responses={
+        200: {
+            "description": "Successful Response",
+            "headers": {MISSING_NODES_HEADER: {"description": MISSING_NODES_DESCRIPTION, "schema": {"type": "string"}}},
+        }
+    },
     dependencies=[Depends(Require("sessions:read"))],
 )
 async def list_sessions(
-    host: HostDep,
+    services: ServicesDep,
+    request: Request,
+    response: Response,
+    forwarded: deps.Forwarded,
     state: Annotated[SessionStateFilter | None, Query()] = None,
     agent: Annotated[str | None, Query(min_length=1, max_length=100, description="The agent it started with.")] = None,
     attention: Annotated[
         bool,
         Query(
             description="Only the sessions that need an operator (each with its `attention` reasons), the longest "
-            "waiting first, in one page: live sessions of this process and the sessions that failed since it started."
+            "waiting first, in one page: the live sessions and those that failed since their node started. In "
+            f"cluster mode, every node's (a node that does not answer within {ATTENTION_TIMEOUT_S:g} s is left out "
+            "and named in "
+            f"`{MISSING_NODES_HEADER}`)."
         ),
     ] = False,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_SESSIONS_PAGE)] = 50,
 ) -> SessionList:
     """List sessions, newest first, optionally by `state` (active, closed, failed) and `agent`; or, with
-    `attention=true`, the sessions that need an operator."""
+    `attention=true`, the sessions that need an operator (in cluster mode, on every node)."""
+    host = services.host
     if attention:
         views = await host.needing_attention(agent=agent)
-        return SessionList(items=[deps.session_read(view, host) for view in views[:limit]], next_cursor=None)
+        items = [deps.session_read(view, host) for view in views]
+        if services.settings.cluster_mode and not forwarded:  # forwarded: a node gathering the cluster's list
+            cluster = ClusterAttention(services, request)
+            items = merged(items, await cluster.others(agent))
+            if cluster.missing:
+                response.headers[MISSING_NODES_HEADER] = ",".join(cluster.missing)
+        return SessionList(items=items[:limit], next_cursor=None)
     try:
         views, next_cursor = await host.list_sessions(state=state, agent=agent, cursor=cursor, limit=limit)
     except InvalidCursor:

@@ -171,6 +171,12 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
             registry=r,
         )
+        self.rate_limit_fallbacks = Counter(
+            "switchboard_rate_limit_local_fallbacks",
+            "Commands charged to this node's own rate-limit buckets because the cluster's (in Redis) did not answer "
+            "in time",
+            registry=r,
+        )
         self.media_edges = Gauge(
             "switchboard_media_edges", "Connected media edges (one per session at most)", registry=r
         )

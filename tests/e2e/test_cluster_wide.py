@@ -1,0 +1,190 @@
+"""What a cluster does as one, with three real nodes on loopback, PostgreSQL and a Redis of the tests' own: a key's
+write rate limit holds across the nodes (a command forwarded to its session's node costs one token, where it
+arrived), and falls back to each node's own buckets while Redis is down; the attention list is every node's, from
+any node, and a node that does not answer in time is named."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from switchboard.api.cluster_attention import ATTENTION_TIMEOUT_S, MISSING_NODES_HEADER
+
+from .cluster_support import FORWARDED, SECRET, RedisServer, cluster_node, start_all, until
+from .server import Server
+from .test_faults import PG_URL, pg_database
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
+
+SCOPES = ["sessions:read", "sessions:write", "sessions:control", "metrics:read"]
+SETUP, SPREAD, ALONE = ("setup-key-" + "s" * 16, "spread-key-" + "p" * 16, "alone-key-" + "a" * 16)
+KEYS = json.dumps([{"key": key, "scopes": SCOPES} for key in (SETUP, SPREAD, ALONE)])
+BURST = 4
+LIMITS = {"SWITCHBOARD_WRITE_RATE_PER_S": "0.01", "SWITCHBOARD_WRITE_BURST": str(BURST)}  # no refill in a test
+
+
+@pytest.fixture
+async def database_url() -> AsyncIterator[str]:
+    async with pg_database() as name:
+        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _nodes(tmp_path: Path, database_url: str, redis: RedisServer, **env: str) -> list[Server]:
+    return [
+        cluster_node(
+            tmp_path,
+            database_url,
+            f"node-{x}",
+            redis.url,
+            SWITCHBOARD_CLUSTER_SECRET=SECRET,
+            SWITCHBOARD_API_KEYS=KEYS,
+            **env,
+        )
+        for x in "abc"
+    ]
+
+
+def _auth(key: str, **headers: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}", **headers}
+
+
+async def _pinned(http: httpx.AsyncClient, node: Server, node_id: str, turns: list[dict[str, Any]]) -> str:
+    """A session on ``node``: a request forwarded by a node is placed where it arrives (and was charged there)."""
+    llm = {"provider": "scripted", "turns": turns, "fallback": {"text": "Noted."}}
+    body = {"agent": "tester", "llm": llm}
+    r = await http.post(f"{node.url}/v1/sessions", json=body, headers=_auth(SETUP, **{FORWARDED: SECRET}))
+    assert r.status_code == 201, r.text
+    assert r.json()["owner_node"] == node_id
+    return str(r.json()["id"])
+
+
+async def _say(http: httpx.AsyncClient, node: Server, sid: str, key: str) -> httpx.Response:
+    return await http.post(f"{node.url}/v1/sessions/{sid}/say", json={"text": "Hi."}, headers=_auth(key))
+
+
+def _limited(r: httpx.Response) -> bool:
+    return r.status_code == 429 and r.json()["code"] == "rate_limited" and 1 <= int(r.headers["retry-after"]) <= 100
+
+
+async def _metric(http: httpx.AsyncClient, node: Server, name: str) -> float:
+    text = (await http.get(f"{node.url}/metrics", headers=_auth(SETUP))).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+async def test_a_key_is_limited_once_across_the_nodes_and_per_node_while_redis_is_down(
+    tmp_path: Path, database_url: str, redis: RedisServer
+):
+    """A key's burst spread over three nodes is spent once: `burst` commands in all, whichever node they reach and
+    whether or not they are forwarded to the session's node (charged where they arrive, not again there). With
+    Redis gone each node limits on its own, still charging a forwarded command once."""
+    nodes = _nodes(tmp_path, database_url, redis, **LIMITS)
+    a, b, c = nodes
+    try:
+        await start_all(nodes)
+        async with httpx.AsyncClient(timeout=30) as http:
+            on_a = await _pinned(http, a, "node-a", [])
+            on_b = await _pinned(http, b, "node-b", [])
+            # forwarded (b -> a, c -> a), at the owner (a, b): one token each, from the one bucket
+            spread = [(b, on_a), (c, on_a), (a, on_a), (b, on_b)]
+            answers = [await _say(http, node, sid, SPREAD) for node, sid in spread]
+            assert [r.status_code for r in answers] == [202] * BURST, [r.text for r in answers]
+            for node, sid in [(c, on_b), (a, on_a), (b, on_b), (c, on_a)]:
+                r = await _say(http, node, sid, SPREAD)
+                assert _limited(r), r.text
+            assert await _metric(http, a, "switchboard_rate_limit_local_fallbacks_total") == 0
+
+            redis.stop()  # the test's own redis-server
+            # each node on its own: b's bucket pays for what b forwards to a, and a's is untouched by it
+            answers = [await _say(http, b, on_a, ALONE) for _ in range(BURST)]
+            assert [r.status_code for r in answers] == [202] * BURST, [r.text for r in answers]
+            assert _limited(await _say(http, b, on_a, ALONE))
+            answers = [await _say(http, a, on_a, ALONE) for _ in range(BURST)]
+            assert [r.status_code for r in answers] == [202] * BURST, [r.text for r in answers]
+            assert _limited(await _say(http, a, on_a, ALONE))
+            assert (await _say(http, c, on_a, SPREAD)).status_code == 202  # c's own bucket: per node now
+            assert await _metric(http, a, "switchboard_rate_limit_local_fallbacks_total") >= BURST
+            ready = (await http.get(f"{a.url}/readyz")).json()
+            assert ready["status"] == "ok" and "rate limits are each node's own" in ready["detail"], ready
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+async def _attention(http: httpx.AsyncClient, node: Server, **params: str) -> httpx.Response:
+    r = await http.get(f"{node.url}/v1/sessions", params={"attention": "true", **params}, headers=_auth(SETUP))
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _ids(r: httpx.Response) -> list[str]:
+    return [s["id"] for s in r.json()["items"]]
+
+
+async def test_every_node_answers_the_attention_list_of_the_whole_cluster(
+    tmp_path: Path, database_url: str, redis: RedisServer
+):
+    """Sessions that need an operator on two nodes are listed by each of the three, the longest waiting first; a
+    node frozen (SIGSTOP) is left out within the timeout and named in the answer."""
+    nodes = _nodes(tmp_path, database_url, redis)
+    a, b, c = nodes
+    try:
+        await start_all(nodes)
+        async with httpx.AsyncClient(timeout=30) as http:
+            failing = [{"error": "upstream 502"}]
+            first = await _pinned(http, a, "node-a", failing)
+            second = await _pinned(http, b, "node-b", failing)
+            await _pinned(http, c, "node-c", [])  # calm
+            for sid in (first, second):  # through another node each: forwarded to the owner
+                r = await http.post(f"{c.url}/v1/sessions/{sid}/input", json={"text": "hi"}, headers=_auth(SETUP))
+                assert r.status_code == 202, r.text
+
+                async def listed(sid: str = sid) -> bool:
+                    return sid in _ids(await _attention(http, c))
+
+                await until(listed)
+            for node in nodes:
+                r = await _attention(http, node)
+                assert _ids(r) == [first, second], (node.url, r.text)
+                assert MISSING_NODES_HEADER.lower() not in r.headers
+                assert [s["owner_node"] for s in r.json()["items"]] == ["node-a", "node-b"]
+                assert r.json()["items"][0]["attention"][0]["code"] == "generation_failed"
+            assert _ids(await _attention(http, a, agent="tester", limit="1")) == [first]
+            assert _ids(await _attention(http, b, agent="someone-else")) == []
+
+            assert b.proc is not None
+            b.proc.send_signal(signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                r = await _attention(http, c)
+                took = time.monotonic() - started
+                assert _ids(r) == [first] and r.headers[MISSING_NODES_HEADER] == "node-b", (r.headers, r.text)
+                assert took < ATTENTION_TIMEOUT_S + 1.5, took
+            finally:
+                b.proc.send_signal(signal.SIGCONT)
+
+            async def whole() -> bool:
+                r = await _attention(http, a)
+                return _ids(r) == [first, second] and MISSING_NODES_HEADER.lower() not in r.headers
+
+            await until(whole)
+    finally:
+        for node in nodes:
+            node.stop()

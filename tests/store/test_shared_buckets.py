@@ -1,0 +1,145 @@
+"""The cluster's rate-limit buckets: the GCRA script against a real Redis, on an explicit clock (seconds), each test
+under a key prefix of its own."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from switchboard.api.rate_limit import SHARED_RETRY_S, SharedWriteLimits, WriteRateLimiter
+from switchboard.control.shared_buckets import SharedBuckets, SharedBucketsUnavailable, key_prefix
+from tests.e2e.cluster_support import RedisServer
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+T0 = 1_800_000_000.0  # an epoch-sized clock: the script keeps microseconds at this size
+
+
+async def _reachable() -> bool:
+    client = aioredis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
+    try:
+        return bool(await client.ping())
+    except (aioredis.RedisError, OSError):
+        return False
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def prefix() -> AsyncIterator[str]:
+    if not await _reachable():
+        pytest.skip("Redis at 127.0.0.1:6379 is unreachable")
+    name = f"test:rate:{uuid.uuid4().hex}:"
+    yield name
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        keys = [key async for key in client.scan_iter(match=f"{name}*")]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def buckets(prefix: str) -> AsyncIterator[SharedBuckets]:
+    shared = SharedBuckets(REDIS_URL, rate_per_s=2.0, burst=4, prefix=prefix, timeout_s=1.0)
+    yield shared
+    await shared.aclose()
+
+
+async def test_a_full_bucket_allows_its_burst_then_says_when_a_token_is_back(buckets: SharedBuckets):
+    assert [await buckets.take("key:a", now=T0) for _ in range(4)] == [None] * 4
+    assert await buckets.take("key:a", now=T0) == pytest.approx(0.5)  # one token at 2/s
+    assert await buckets.take("key:a", now=T0 + 0.2) == pytest.approx(0.3)
+    assert WriteRateLimiter.retry_after(0.3) == "1"
+    # another credential has a bucket of its own
+    assert await buckets.take("key:b", now=T0) is None
+
+
+async def test_refused_commands_spend_nothing_and_the_bucket_refills_at_its_rate(buckets: SharedBuckets):
+    for _ in range(4):
+        assert await buckets.take("key:a", now=T0) is None
+    for _ in range(10):  # refusals do not push the next token further away
+        assert await buckets.take("key:a", now=T0) == pytest.approx(0.5)
+    assert await buckets.take("key:a", now=T0 + 0.5) is None
+    assert await buckets.take("key:a", now=T0 + 0.5) == pytest.approx(0.5)
+    # 1.5 s later: three tokens back, not more
+    assert [await buckets.take("key:a", now=T0 + 2.0) for _ in range(3)] == [None] * 3
+    assert await buckets.take("key:a", now=T0 + 2.0) == pytest.approx(0.5)
+    # idle long enough to be full again: the burst, and no more than the burst
+    later = T0 + 100.0
+    assert [await buckets.take("key:a", now=later) for _ in range(4)] == [None] * 4
+    assert await buckets.take("key:a", now=later) == pytest.approx(0.5)
+
+
+async def test_the_bucket_matches_a_node_s_own_buckets_step_by_step(buckets: SharedBuckets):
+    now = [T0]
+    local = WriteRateLimiter(rate_per_s=2.0, burst=4, clock=lambda: now[0])
+    for step in (0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.3, 0.05, 0.7, 0.0, 0.0, 2.5, 0.0, 0.0, 0.0, 0.0, 0.0):
+        now[0] += step
+        shared, own = await buckets.take("key:a", now=now[0]), local.take("key:a")
+        assert (shared is None) == (own is None), (now[0] - T0, shared, own)
+        if own is not None:
+            assert shared == pytest.approx(own, abs=1e-5)
+
+
+async def test_the_key_is_a_digest_that_vanishes_once_the_bucket_is_full_again(buckets: SharedBuckets, prefix: str):
+    subject = "key:0123456789abcdef01234567"
+    await buckets.take(subject)  # Redis's own clock
+    await buckets.take(subject)
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        keys = [key.decode() async for key in client.scan_iter(match=f"{prefix}*")]
+        assert keys == [buckets.key(subject)] and subject not in keys[0]
+        # two tokens spent at 2/s: full again within 1 s, and the key goes then
+        ttl_ms = await client.pttl(keys[0])
+        assert 0 < ttl_ms <= 1000
+    finally:
+        await client.aclose()
+
+
+async def test_an_unreachable_redis_is_reported_within_the_timeout(prefix: str):
+    shared = SharedBuckets("redis://127.0.0.1:1/0", rate_per_s=2.0, burst=4, prefix=prefix, timeout_s=0.05)
+    try:
+        with pytest.raises(SharedBucketsUnavailable):
+            await shared.take("key:a")
+    finally:
+        await shared.aclose()
+
+
+def test_clusters_sharing_a_redis_have_buckets_of_their_own():
+    one = key_prefix("postgresql+asyncpg://u@db:5432/one")
+    assert one == "switchboard:rate:db:5432/one:"
+    assert one != key_prefix("postgresql+asyncpg://u@db:5432/two")
+
+
+async def test_a_node_limits_on_its_own_while_redis_is_away_and_shares_again_once_it_is_back(tmp_path: Path):
+    """Never open: with Redis gone the node's own buckets apply (counted), and Redis is asked again a moment later."""
+    server = RedisServer(tmp_path)
+    server.start()
+    now = [0.0]
+    fallbacks: list[None] = []
+    shared = SharedBuckets(server.url, rate_per_s=0.01, burst=2, prefix="test:rate:", timeout_s=1.0)
+    limits = SharedWriteLimits(shared, on_fallback=lambda: fallbacks.append(None), clock=lambda: now[0])
+    try:
+        assert [await limits.acquire("key:a") for _ in range(2)] == [None, None]
+        assert await limits.acquire("key:a") == pytest.approx(100.0, abs=0.1)
+        assert fallbacks == [] and limits.shared_available
+
+        server.stop()
+        assert [await limits.acquire("key:a") for _ in range(2)] == [None, None]  # this node's own bucket
+        assert await limits.acquire("key:a") == pytest.approx(100.0)
+        assert len(fallbacks) == 3 and not limits.shared_available
+
+        server.start()  # empty: a fresh bucket in Redis
+        assert await limits.acquire("key:b") is None
+        assert len(fallbacks) == 4  # not asked again yet
+        now[0] += SHARED_RETRY_S
+        assert await limits.acquire("key:b") is None
+        assert len(fallbacks) == 4 and limits.shared_available
+    finally:
+        await limits.aclose()
+        server.stop()
