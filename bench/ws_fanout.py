@@ -176,6 +176,7 @@ async def client_main(url: str, conns: int, expect: int, timeout_s: float) -> No
     sse = "/ag-ui" in url
 
     latencies: list[float] = []
+    updates: list[int] = []  # the update each latency is of
     worst = [0.0] * expect  # per update: its slowest delivery (which updates make the tail)
     counts = [0] * conns
     closes: dict[str, int] = {}
@@ -227,6 +228,7 @@ async def client_main(url: str, conns: int, expect: int, timeout_s: float) -> No
                     seen.add(i)
                     latency = (now - sent) * 1000
                     latencies.append(latency)
+                    updates.append(i)
                     if 0 <= i < expect:
                         worst[i] = max(worst[i], latency)
                     first_last[0] = min(first_last[0], now)
@@ -261,6 +263,7 @@ async def client_main(url: str, conns: int, expect: int, timeout_s: float) -> No
     await asyncio.gather(*tasks, return_exceptions=True)
     result = {
         "latencies": [round(v, 3) for v in latencies],
+        "updates": updates,
         "worst": [round(v, 1) for v in worst],
         "received": sum(counts),
         "missing": sum(max(0, expect - c) for c in counts),
