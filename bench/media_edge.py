@@ -20,7 +20,13 @@ A round interrupts every session once (then each gets a new input, so the next r
 ``--rounds 5`` with 200 sessions is 1,000 interrupts. Prints p50/p90/p99/max per round and overall, the load average,
 and exits non-zero if the p99 budget is missed or any heard text differs.
 
-Run: ``.venv/bin/python bench/media_edge.py [--sessions 200] [--rounds 5] [--period-ms 20] [--progress-ms 300]``
+With ``--nodes N`` (2 or more) the sessions run on a cluster instead (``N`` nodes on a fresh PostgreSQL database and
+a redis-server of the benchmark's own, as ``cluster_common.py`` starts them): half the edges connect to the node that
+runs their session, the other half to another node, which relays them (``api/media_proxy.py``), and both halves are
+reported side by side, measured in the same rounds.
+
+Run: ``.venv/bin/python bench/media_edge.py [--sessions 200] [--rounds 5] [--period-ms 20] [--progress-ms 300]
+[--nodes N]``
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from websockets.asyncio.client import ClientConnection
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.cluster_common import cluster  # noqa: E402
 from tests.e2e.server import Server  # noqa: E402
 
 from switchboard import Agent, RunContext, SpeechInterrupted, function_tool  # noqa: E402
@@ -83,6 +90,7 @@ def pct(values: list[float], q: float) -> float:
 @dataclass
 class Interrupt:
     sid: str
+    relayed: bool
     speech_id: str
     text: str
     played_chars: int
@@ -100,6 +108,7 @@ class EdgeConn:
     sid: str
     ws: ClientConnection
     progress_s: float
+    relayed: bool = False  # connected to a node that does not run the session (cluster mode)
     speech_id: str | None = None
     text: str = ""
     ended: bool = False
@@ -155,7 +164,9 @@ class EdgeConn:
             self.playing_ev.clear()  # no progress after the barge-in
             waiter: asyncio.Future[float] = asyncio.get_running_loop().create_future()
             self.stop_waiters[self.speech_id] = waiter
-            it = Interrupt(self.sid, self.speech_id, self.text, self.played_chars, time.perf_counter(), time.time())
+            it = Interrupt(
+                self.sid, self.relayed, self.speech_id, self.text, self.played_chars, time.perf_counter(), time.time()
+            )
             await self.ws.send('{"type": "user.speech_started"}')
         async with asyncio.timeout(WAIT_S):
             stopped = await waiter
@@ -248,35 +259,57 @@ async def _round(client: httpx.AsyncClient, edges: list[EdgeConn], period_s: flo
 
 async def run(args: argparse.Namespace) -> int:
     random.seed(args.seed)
+    env = {
+        "SWITCHBOARD_AGENTS": "bench.media_edge:AGENTS",
+        "SWITCHBOARD_MAX_SESSIONS": str(args.sessions + 10),
+        "SWITCHBOARD_IDLE_TIMEOUT_S": "0",
+    }
+    if args.nodes >= 2:
+        async with cluster(args.nodes, **env) as nodes:
+            return await _bench(list(nodes), args)
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(
-            Path(tmp),
-            SWITCHBOARD_AGENTS="bench.media_edge:AGENTS",
-            SWITCHBOARD_MAX_SESSIONS=str(args.sessions + 10),
-            SWITCHBOARD_IDLE_TIMEOUT_S="0",
-        ).start()
+        server = Server(Path(tmp), **env).start()
         try:
-            return await _bench(server, args)
+            return await _bench([server], args)
         finally:
             server.stop()
 
 
-async def _bench(server: Server, args: argparse.Namespace) -> int:
+async def _edges(client: httpx.AsyncClient, servers: list[Server], args: argparse.Namespace) -> list[EdgeConn]:
+    """The sessions and an edge for each: on a cluster, every other one connected through a node that does not run
+    its session."""
+    ws_url = {getattr(s, "node_id", None): s.ws_url for s in servers}
+    edges = []
+    for k in range(args.sessions):
+        llm = {"provider": "scripted", "turns": [], "fallback": TURN}
+        r = await client.post("/v1/sessions", json={"agent": "edge_bench", "llm": llm})
+        r.raise_for_status()
+        sid, owner = r.json()["id"], r.json().get("owner_node")
+        relayed = len(servers) > 1 and k % 2 == 1
+        target = next(u for node, u in ws_url.items() if node != owner) if relayed else ws_url.get(owner)
+        ws = await websockets.connect(f"{target or servers[0].ws_url}/v1/sessions/{sid}/media", max_queue=None)
+        edges.append(EdgeConn(sid, ws, args.progress_ms / 1000, relayed))
+    return edges
+
+
+def _lines(its: list[Interrupt], relayed_too: bool) -> None:
+    groups = [("", its)]
+    if relayed_too:
+        groups += [(" (owner)", [it for it in its if not it.relayed]), (" (relayed)", [it for it in its if it.relayed])]
+    for label, group in groups:
+        print(_line(f"speech.stop{label}", [it.stop_ms or 0.0 for it in group]))
+        print(_line(f"wait released{label}", [it.released_ms or 0.0 for it in group]))
+
+
+async def _bench(servers: list[Server], args: argparse.Namespace) -> int:
     limits = httpx.Limits(max_connections=50)
-    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S, limits=limits) as client:
-        sids = []
-        for _ in range(args.sessions):
-            llm = {"provider": "scripted", "turns": [], "fallback": TURN}
-            r = await client.post("/v1/sessions", json={"agent": "edge_bench", "llm": llm})
-            r.raise_for_status()
-            sids.append(r.json()["id"])
-        edges = []
-        for sid in sids:
-            ws = await websockets.connect(f"{server.ws_url}/v1/sessions/{sid}/media", max_queue=None)
-            edges.append(EdgeConn(sid, ws, args.progress_ms / 1000))
+    relayed_too = len(servers) > 1
+    async with httpx.AsyncClient(base_url=servers[0].url, timeout=WAIT_S, limits=limits) as client:
+        edges = await _edges(client, servers, args)
         for edge in edges:
             edge.start()
-        print(f"{args.sessions} sessions, each with an edge connected; progress every {args.progress_ms} ms")
+        where = f"on {len(servers)} nodes, half of the edges relayed" if relayed_too else "on one server"
+        print(f"{args.sessions} sessions {where}, each with an edge connected; progress every {args.progress_ms} ms")
         all_its: list[Interrupt] = []
         gate = asyncio.Semaphore(20)  # inputs between rounds, not measured: no need to flood the server
         for n in range(args.rounds):
@@ -286,8 +319,7 @@ async def _bench(server: Server, args: argparse.Namespace) -> int:
             its = await _round(client, edges, args.period_ms / 1000)
             all_its += its
             print(f"round {n + 1}  (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")
-            print(_line("speech.stop", [it.stop_ms or 0.0 for it in its]))
-            print(_line("wait released", [it.released_ms or 0.0 for it in its]))
+            _lines(its, relayed_too)
         server_side = _server_histogram((await _request(client, "GET", "/metrics")).text)
         for edge in edges:
             await edge.close()
@@ -297,8 +329,7 @@ async def _bench(server: Server, args: argparse.Namespace) -> int:
     stops = [it.stop_ms or 0.0 for it in all_its]
     released = [it.released_ms or 0.0 for it in all_its]
     print(f"overall ({len(all_its)} interrupts)")
-    print(_line("speech.stop", stops))
-    print(_line("wait released", released))
+    _lines(all_its, relayed_too)
     print(f"heard-text accuracy: {len(all_its) - len(wrong)}/{len(all_its)} committed == last reported progress")
     print(f"error frames: {len(errors)}")
     for it in wrong[:5]:
@@ -317,6 +348,7 @@ def main() -> int:
     parser.add_argument("--period-ms", type=float, default=20.0)
     parser.add_argument("--progress-ms", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--nodes", type=int, default=0, help="run on a cluster of this many nodes (2 or more)")
     return asyncio.run(run(parser.parse_args()))
 
 
