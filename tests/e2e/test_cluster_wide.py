@@ -5,8 +5,12 @@ any node, and a node that does not answer in time is named."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +21,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from switchboard.api.cluster_attention import ATTENTION_TIMEOUT_S, MISSING_NODES_HEADER
+from switchboard.client import AsyncClient
 
 from .cluster_support import FORWARDED, SECRET, RedisServer, cluster_node, start_all, until
 from .server import Server
@@ -142,7 +147,8 @@ async def test_every_node_answers_the_attention_list_of_the_whole_cluster(
     tmp_path: Path, database_url: str, redis: RedisServer
 ):
     """Sessions that need an operator on two nodes are listed by each of the three, the longest waiting first; a
-    node frozen (SIGSTOP) is left out within the timeout and named in the answer."""
+    node frozen (SIGSTOP) is left out within the timeout and named in the answer, by the typed client (the page's
+    ``missing_nodes``) and by ``switchboard attention`` (a warning on stderr)."""
     nodes = _nodes(tmp_path, database_url, redis)
     a, b, c = nodes
     try:
@@ -177,6 +183,13 @@ async def test_every_node_answers_the_attention_list_of_the_whole_cluster(
                 took = time.monotonic() - started
                 assert _ids(r) == [first] and r.headers[MISSING_NODES_HEADER] == "node-b", (r.headers, r.text)
                 assert took < ATTENTION_TIMEOUT_S + 1.5, took
+                # the typed client and the CLI say so too, at once (the frozen node's lease lasts a few seconds)
+                async with AsyncClient(c.url, api_key=SETUP) as sb:
+                    page, cli = await asyncio.gather(sb.list_sessions(attention=True), _attention_cli(c))
+                assert [s.id for s in page.items] == [first] and page.missing_nodes == ["node-b"]
+                assert cli.returncode == 0 and cli.stdout.startswith("SESSION"), cli.stderr
+                assert first in cli.stdout and second not in cli.stdout
+                assert cli.stderr == "switchboard: not answering: node-b — their sessions are not listed\n"
             finally:
                 b.proc.send_signal(signal.SIGCONT)
 
@@ -185,6 +198,18 @@ async def test_every_node_answers_the_attention_list_of_the_whole_cluster(
                 return _ids(r) == [first, second] and MISSING_NODES_HEADER.lower() not in r.headers
 
             await until(whole)
+            async with AsyncClient(a.url, api_key=SETUP) as sb:
+                assert (await sb.list_sessions(attention=True)).missing_nodes == []
+            cli = await _attention_cli(a)
+            assert cli.returncode == 0 and cli.stderr == "" and second in cli.stdout
     finally:
         for node in nodes:
             node.stop()
+
+
+async def _attention_cli(node: Server) -> subprocess.CompletedProcess[str]:
+    """``switchboard attention`` against ``node``, as an operator runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+    env.update(SWITCHBOARD_URL=node.url, SWITCHBOARD_KEY=SETUP)
+    cmd = [sys.executable, "-m", "switchboard.cli", "attention"]
+    return await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=30)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,7 +13,7 @@ import pytest
 from websockets.sync.client import connect
 
 from .console_support import checked_page, create_session, wait_until
-from .media_support import KEY
+from .media_support import KEY, KEYS
 from .server import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -32,6 +34,22 @@ def page(browser: Any) -> Iterator[Any]:
     init = f"sessionStorage.setItem('switchboard.apiKey', {json.dumps(KEY)})"
     with checked_page(browser, timeout_ms=15000, init_script=init, viewport={"width": 1400, "height": 1000}) as pg:
         yield pg
+
+
+def talk_states(page: Any) -> list[list[str]]:
+    """Every [state, text] the Talk panel's status has shown since this call, in order (recorded in the page)."""
+    return page.evaluate("() => window.talkStates")  # type: ignore[no-any-return]
+
+
+def record_talk_states(page: Any) -> None:
+    page.evaluate(
+        """() => {
+            const el = document.querySelector('#talk-state');
+            window.talkStates = [[el.dataset.state, el.textContent]];
+            new MutationObserver(() => window.talkStates.push([el.dataset.state, el.textContent]))
+                .observe(el, { attributes: true, childList: true, characterData: true, subtree: true });
+        }"""
+    )
 
 
 def media_frames(page: Any) -> list[dict[str, Any]]:
@@ -117,3 +135,89 @@ def test_another_edge_replaces_the_browser_which_says_so(
         assert "replaced this browser" in page.inner_text("#talk-state")
         assert page.is_disabled("#talk-barge") and page.is_disabled("#talk-text")
         assert page.inner_text("#talk-connect") == "Connect audio"
+
+
+def test_talk_reconnects_by_itself_after_a_graceful_restart_and_speaks_again(tmp_path: Path, page: Any) -> None:
+    """A graceful restart suspends the session and closes its edge (1012 or 4410): the panel reconnects by itself (a new
+    token each attempt, including the ones made while the service is down) once the service is back on the same
+    address and has recovered the session, and the agent is heard there again."""
+    srv = Server(tmp_path, SWITCHBOARD_API_KEYS=KEYS).start()
+    try:
+        with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=10) as client:
+            sid = create_session(client, [{"text": ANSWER}])
+        urls: list[str] = []
+        page.on("websocket", lambda ws: "/media" in ws.url and urls.append(ws.url))
+        page.goto(f"{srv.url}/console/#session={sid}")
+        page.click("#talk-connect")
+        page.wait_for_selector('#talk-state[data-state="connected"]')
+        record_talk_states(page)
+
+        srv.stop()  # SIGTERM: the session is suspended, the edge closed with 4410
+        page.wait_for_selector('#talk-state[data-state="reconnecting"]')
+        assert page.inner_text("#talk-connect") == "Disconnect audio" and page.is_disabled("#talk-text")
+        srv.start()  # the same port and database: the session is recovered
+        page.wait_for_selector('#talk-state[data-state="connected"]', timeout=20000)
+
+        states = talk_states(page)
+        first = states.index(next(s for s in states if s[0] == "reconnecting"))
+        # uvicorn says "service restart" (1012) before the suspended session's own 4410 can: either starts it
+        reason = states[first][1]
+        assert "attempt 1 of 5" in reason and ("restarting" in reason or "not active here" in reason), states
+        assert states[-1][0] == "connected" and "failed" not in [s[0] for s in states], states
+        tokens = [u.split("token=", 1)[1] for u in urls]
+        assert len(tokens) >= 2 and len(set(tokens)) == len(tokens), urls
+
+        page.fill("#talk-text", "Are you still there?")
+        page.press("#talk-text", "Enter")
+        entry = page.wait_for_selector(".talk-log li.agent[data-speech-id]", timeout=20000)
+        assert entry.query_selector(".heard").inner_text().strip() == ANSWER
+    finally:
+        srv.stop()
+
+
+def test_a_replaced_browser_does_not_reconnect(media_srv: Server, media_client: httpx.Client, page: Any) -> None:
+    """Only a 4410 reconnects: replaced by another edge (4409), the panel stays failed and opens nothing more."""
+    sid = create_session(media_client, [])
+    urls: list[str] = []
+    page.on("websocket", lambda ws: "/media" in ws.url and urls.append(ws.url))
+    page.goto(f"{media_srv.url}/console/#session={sid}")
+    page.click("#talk-connect")
+    page.wait_for_selector('#talk-state[data-state="connected"]')
+    record_talk_states(page)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with connect(f"{media_srv.ws_url}/v1/sessions/{sid}/media", additional_headers=headers):
+        page.wait_for_selector('#talk-state[data-state="failed"]')
+        time.sleep(2.5)  # longer than the first two pauses of a reconnection
+        assert [s[0] for s in talk_states(page)] == ["connected", "failed"]
+        assert len(urls) == 1
+
+
+def test_not_active_reconnects_a_bounded_number_of_times_and_disconnect_cancels(
+    media_srv: Server, media_client: httpx.Client, page: Any
+) -> None:
+    """A closed session's media endpoint answers 4410 every time: the panel reconnects five times with a pause (each
+    with a fresh token), then gives up and says so; the operator's Disconnect cancels a pending reconnection."""
+    sid = create_session(media_client, [])
+    assert media_client.delete(f"/v1/sessions/{sid}").status_code == 204
+    urls: list[str] = []
+    page.on("websocket", lambda ws: "/media" in ws.url and urls.append(ws.url))
+    page.goto(f"{media_srv.url}/console/#session={sid}")
+
+    page.click("#talk-connect")
+    page.wait_for_selector('#talk-state[data-state="reconnecting"][data-attempt="2"]')
+    assert "not active here" in page.inner_text("#talk-state")
+    page.click("#talk-connect")  # "Disconnect audio" while reconnecting
+    assert page.get_attribute("#talk-state", "data-state") == "idle"
+    opened = len(urls)
+    time.sleep(3)  # past the pending pause (1 s) and the next one (2 s)
+    assert len(urls) == opened == 2 and page.get_attribute("#talk-state", "data-state") == "idle"
+
+    record_talk_states(page)
+    page.click("#talk-connect")
+    page.wait_for_selector('#talk-state[data-state="failed"]', timeout=30000)
+    assert "Gave up reconnecting after 5 attempts" in page.inner_text("#talk-state")
+    assert page.inner_text("#talk-connect") == "Connect audio"
+    attempts = [int(m) for s in talk_states(page) if (m := s[1].partition("(attempt ")[2][:1])]
+    assert sorted(set(attempts)) == [1, 2, 3, 4, 5]
+    tokens = [u.split("token=", 1)[1] for u in urls]
+    assert len(urls) == 2 + 6 and len(set(tokens)) == len(tokens), urls

@@ -87,7 +87,11 @@ def cmd_agents(args: argparse.Namespace) -> int:
 
 def cmd_attention(args: argparse.Namespace) -> int:
     with _client(args) as sb:
-        sessions = sb.list_sessions(attention=True, agent=args.agent, limit=200).items
+        page = sb.list_sessions(attention=True, agent=args.agent, limit=200)
+    sessions = page.items
+    if page.missing_nodes:
+        missing = ", ".join(page.missing_nodes)
+        print(f"switchboard: not answering: {missing} — their sessions are not listed", file=sys.stderr)
     if args.json:
         print(json.dumps([s.model_dump(mode="json") for s in sessions], indent=2))
         return 0

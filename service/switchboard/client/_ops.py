@@ -31,6 +31,7 @@ from .models import (
 
 M = TypeVar("M", bound=BaseModel)
 REPORT_TOKEN_HEADER = "X-Switchboard-Report-Token"  # the webhook delivery's report_token goes here
+MISSING_NODES_HEADER = "Switchboard-Missing-Nodes"  # cluster mode: the nodes left out of an attention list
 Role = Literal["user", "system", "developer"]
 
 
@@ -100,7 +101,13 @@ def list_sessions(
         "attention": "true" if attention else None,
     }
     params = {k: v for k, v in given.items() if v is not None}
-    return Call("GET", "/v1/sessions", _model(SessionList), params=params)
+    return Call("GET", "/v1/sessions", _session_list, params=params)
+
+
+def _session_list(r: httpx.Response) -> SessionList:
+    page = SessionList.model_validate_json(r.content)
+    missing = [node.strip() for node in r.headers.get(MISSING_NODES_HEADER, "").split(",") if node.strip()]
+    return page.model_copy(update={"missing_nodes": missing}) if missing else page
 
 
 def _agents(r: httpx.Response) -> list[AgentInfo]:

@@ -117,7 +117,8 @@ class AsyncClient:
         limit: int | None = None,
     ) -> SessionList:
         """One page of sessions, newest first; pass ``next_cursor`` back as ``cursor`` for the next. ``agent``: only
-        sessions of that agent; ``attention``: only the sessions that need an operator (in one page)."""
+        sessions of that agent; ``attention``: only the sessions that need an operator (in one page; in cluster mode
+        the nodes that did not answer in time are in ``missing_nodes``)."""
         return await self._send(_ops.list_sessions(state, cursor, limit, agent=agent, attention=attention))
 
     async def list_agents(self) -> list[AgentInfo]:

@@ -84,8 +84,12 @@ class AgentList(_Model):
 
 
 class SessionList(_Model):
+    """One page of sessions. ``missing_nodes``: in cluster mode, the nodes that did not answer an attention list in
+    time (the service's ``Switchboard-Missing-Nodes`` header); their sessions are not in ``items``."""
+
     items: list[Session]
     next_cursor: str | None = None
+    missing_nodes: list[str] = Field(default_factory=list)
 
 
 class ChatMessage(_Model):

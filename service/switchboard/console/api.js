@@ -85,7 +85,8 @@ export class Api {
     return Boolean(this.token);
   }
 
-  async request(method, path, { body, idempotencyKey, retries = RETRIES } = {}) {
+  /** The answer's JSON body; with `withHeaders`, `{body, headers}` (the response's Headers) instead. */
+  async request(method, path, { body, idempotencyKey, retries = RETRIES, withHeaders = false } = {}) {
     const headers = { Accept: "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (this.credential) headers.Authorization = `Bearer ${this.credential}`;
@@ -113,7 +114,7 @@ export class Api {
         await sleep(Math.min(after, 5) * 1000);
         continue;
       }
-      if (res.status === 204) return null;
+      if (res.status === 204) return withHeaders ? { body: null, headers: res.headers } : null;
       let payload = null;
       try {
         payload = await res.json();
@@ -125,7 +126,7 @@ export class Api {
         if (res.status === 401 && this.onUnauthorized) this.onUnauthorized(err);
         throw err;
       }
-      return payload;
+      return withHeaders ? { body: payload, headers: res.headers } : payload;
     }
   }
 

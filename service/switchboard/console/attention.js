@@ -1,10 +1,12 @@
 // The attention queue: sessions that need an operator now (GET /v1/sessions?attention=true), each with its reasons
 // and how long ago each began. It refreshes every POLL_MS over REST (with or without auth) and clears an entry when
-// the service no longer reports it.
+// the service no longer reports it. In cluster mode a node that did not answer in time is named in the response's
+// Switchboard-Missing-Nodes header: the queue says so, since that node's sessions are missing from it.
 
 import { formatAge, h } from "./dom.js";
 
 const POLL_MS = 2000;
+const MISSING_NODES_HEADER = "Switchboard-Missing-Nodes";
 
 export const REASON_LABELS = {
   generation_failed: "Model failed",
@@ -17,10 +19,11 @@ export const REASON_LABELS = {
 };
 
 export class AttentionQueue {
-  constructor({ api, list, empty, count, onError }) {
+  constructor({ api, list, empty, missing, count, onError }) {
     this.api = api;
     this.list = list;
     this.empty = empty;
+    this.missing = missing;
     this.count = count;
     this.onError = onError;
     this.items = [];
@@ -46,15 +49,28 @@ export class AttentionQueue {
   }
 
   async refresh() {
-    let page;
+    let answer;
     try {
-      page = await this.api.get("/v1/sessions?attention=true&limit=200");
+      answer = await this.api.request("GET", "/v1/sessions?attention=true&limit=200", { withHeaders: true });
     } catch (err) {
       if (err.status !== 401) this.onError(err, "Loading the attention queue failed");
       return;
     }
-    this.items = page.items;
+    this.items = answer.body.items;
     this._render();
+    this._missing(answer.headers.get(MISSING_NODES_HEADER));
+  }
+
+  /** Name the nodes that did not answer (a comma-separated header value), or hide the note when none is missing. */
+  _missing(header) {
+    const nodes = (header || "")
+      .split(",")
+      .map((id) => id.trim())
+      .filter(Boolean);
+    this.missing.hidden = nodes.length === 0;
+    this.missing.dataset.nodes = nodes.join(",");
+    const names = nodes.join(", ");
+    this.missing.textContent = nodes.length ? `Not answering: ${names} — their sessions are not listed.` : "";
   }
 
   _render() {

@@ -98,6 +98,7 @@ const attentionParts = {
   api,
   list: $("attention"),
   empty: $("attention-empty"),
+  missing: $("attention-missing"),
   count: $("attention-count"),
   onError,
 };

@@ -2,6 +2,11 @@
 // agent's speeches (Web Speech API, or timed progress without a voice) and reports playback.started / progress /
 // finished; the operator types (or, where the browser recognises speech, speaks) as the user, and "User starts
 // talking" barges in. Connecting replaces any other edge of the session, so it happens only on request.
+//
+// A 4410 ("not active here") is what an edge gets during a drain or a failover, and a 1012 ("service restart") when
+// the service stops gracefully: the session goes on in a moment, here or on another node. The panel then connects
+// again by itself, a few times with a growing pause (a fresh token each time), and says so; any other close code
+// ends the connection as before, and the operator connects again if they want to.
 
 import { h } from "./dom.js";
 import { Chunker, codePoints, Speaker } from "./speaker.js";
@@ -14,7 +19,15 @@ const CLOSE_NOTES = {
   4409: "Another edge connected to this session and replaced this browser.",
   4410: "The session is not active here (ended, being recovered or moved): connect again in a moment.",
   4429: "This browser sent too many frames per second.",
+  1006: "The connection to the service was lost or could not be made.",
+  1012: "The service is restarting.",
 };
+const RECONNECT_CODES = new Set([4410, 1012]);
+// the close codes that end a reconnection too: the session, the credential or this edge's place is gone for good
+const FINAL_CODES = new Set([1000, 4401, 4403, 4404, 4409, 4429]);
+const RETRY_DELAYS_MS = [500, 1000, 2000, 4000, 4000]; // ~11.5 s of pauses: a restart or a failover takes a few
+// a connection that stayed open this long held: a later 4410 starts a fresh round of attempts
+const HELD_MS = 10000;
 
 /** One speech (or one segment of it, after a tool step): its text as it arrives, its clauses, what was heard. */
 class Playback {
@@ -71,6 +84,9 @@ export class TalkPanel {
     this.queue = [];
     this.current = null;
     this._pumping = false;
+    this._epoch = 0; // bumped by a disconnect: a connection attempt of an older epoch gives up when it resumes
+    this._retry = null; // {attempt, timer} while reconnecting after a 4410
+    this._openedAt = null;
     this.speaker = new Speaker({ onMode: (mode, note) => this._voiceNote(mode, note) });
     this.element = this._render();
   }
@@ -82,36 +98,49 @@ export class TalkPanel {
   // -- connection ------------------------------------------------------------------------------------------------
 
   async connect() {
-    if (this.ws) return;
+    if (this.ws || this._retry) return;
+    const epoch = this._epoch;
     this.connectButton.disabled = true;
     this._state("connecting", "Connecting…");
     await this.speaker.ready();
-    let token = null;
-    try {
-      token = await this._token();
-    } catch (err) {
-      this.connectButton.disabled = false;
-      return this._state("failed", `Could not connect: ${err.message}`);
-    }
-    const query = token ? `?${new URLSearchParams({ token })}` : "";
-    const ws = new WebSocket(this.api.wsUrl(`/v1/sessions/${encodeURIComponent(this.sid)}/media${query}`));
-    this.ws = ws;
-    ws.onopen = () => {
-      if (this.ws !== ws) return;
-      this._state("connected", "Connected: the agent speaks here.");
-      this._setConnected(true);
-    };
-    ws.onmessage = (msg) => this.ws === ws && this._onFrame(msg.data);
-    ws.onclose = (ev) => this.ws === ws && this._closed(ev);
+    if (epoch === this._epoch) this._open(epoch);
   }
 
   disconnect() {
     const ws = this.ws;
     this.ws = null;
+    this._epoch += 1;
+    this._cancelRetry();
     this._silence();
     if (ws) ws.close(1000, "bye");
     this._setConnected(false);
     this._state("idle", "Not connected.");
+  }
+
+  async _open(epoch) {
+    this._openedAt = null;
+    let token = null;
+    try {
+      token = await this._token();
+    } catch (err) {
+      if (epoch !== this._epoch) return;
+      const why = `Could not connect: ${err.message}`;
+      // the service unreachable or unavailable is part of a restart: keep trying; a refused credential is not
+      if (this._retry && (err.status === 0 || err.status >= 500)) return this._again(why);
+      return this._failed("failed", why);
+    }
+    if (epoch !== this._epoch) return;
+    const query = token ? `?${new URLSearchParams({ token })}` : "";
+    const ws = new WebSocket(this.api.wsUrl(`/v1/sessions/${encodeURIComponent(this.sid)}/media${query}`));
+    this.ws = ws;
+    ws.onopen = () => {
+      if (this.ws !== ws) return;
+      this._openedAt = performance.now();
+      this._state("connected", "Connected: the agent speaks here.");
+      this._setConnected(true);
+    };
+    ws.onmessage = (msg) => this.ws === ws && this._onFrame(msg.data);
+    ws.onclose = (ev) => this.ws === ws && this._closed(ev);
   }
 
   async _token() {
@@ -123,9 +152,41 @@ export class TalkPanel {
   _closed(ev) {
     this.ws = null;
     this._silence();
-    this._setConnected(false);
     const why = CLOSE_NOTES[ev.code] || `Disconnected (${ev.code}${ev.reason ? `: ${ev.reason}` : ""}).`;
-    this._state(ev.code === 1000 ? "idle" : "failed", why);
+    if (this._openedAt !== null && performance.now() - this._openedAt >= HELD_MS) this._retry = null;
+    // a 4410 or 1012 starts reconnecting; then only a final code stops it (an unreachable service does not)
+    if (RECONNECT_CODES.has(ev.code) || (this._retry && !FINAL_CODES.has(ev.code))) return this._again(why);
+    this._failed(ev.code === 1000 ? "idle" : "failed", why);
+  }
+
+  /** The next reconnection after a pause, or the end of them after the last attempt. */
+  _again(why) {
+    const attempt = (this._retry?.attempt ?? 0) + 1;
+    const last = RETRY_DELAYS_MS.length;
+    if (attempt > last) return this._failed("failed", `${why} Gave up reconnecting after ${last} attempts.`);
+    const delay = RETRY_DELAYS_MS[attempt - 1];
+    const epoch = this._epoch;
+    const timer = setTimeout(() => {
+      if (epoch !== this._epoch) return;
+      this._retry.timer = null;
+      this._state("reconnecting", `Reconnecting (attempt ${attempt} of ${last})… ${why}`);
+      this._open(epoch);
+    }, delay);
+    this._retry = { attempt, timer };
+    this._setConnected(false, true);
+    this._state("reconnecting", `Reconnecting in ${delay / 1000} s (attempt ${attempt} of ${last}). ${why}`);
+    this.status.dataset.attempt = String(attempt);
+  }
+
+  _cancelRetry() {
+    if (this._retry?.timer) clearTimeout(this._retry.timer);
+    this._retry = null;
+  }
+
+  _failed(state, why) {
+    this._cancelRetry();
+    this._setConnected(false);
+    this._state(state, why);
   }
 
   _send(frame) {
@@ -276,7 +337,7 @@ export class TalkPanel {
 
   _render() {
     this.connectButton = h("button", { type: "button", id: "talk-connect", text: "Connect audio" });
-    this.connectButton.addEventListener("click", () => (this.ws ? this.disconnect() : this.connect()));
+    this.connectButton.addEventListener("click", () => (this.ws || this._retry ? this.disconnect() : this.connect()));
     this.status = h("span", { id: "talk-state", class: "conn", role: "status", "aria-live": "polite" });
     this.voice = h("p", { id: "talk-voice", class: "muted small" });
     this.speech = h("p", { id: "talk-speech", class: "talk-speech", "aria-live": "off" });
@@ -323,13 +384,15 @@ export class TalkPanel {
     );
   }
 
-  _setConnected(on) {
-    this.connectButton.textContent = on ? "Disconnect audio" : "Connect audio";
+  /** `retrying`: not connected, but a reconnection is on its way (the button cancels it). */
+  _setConnected(on, retrying = false) {
+    this.connectButton.textContent = on || retrying ? "Disconnect audio" : "Connect audio";
     this.connectButton.disabled = false;
     for (const el of [this.input, this.sendButton, this.bargeButton, this.micButton]) el.disabled = !on;
   }
 
   _state(state, text) {
+    if (state !== "reconnecting") delete this.status.dataset.attempt;
     this.status.dataset.state = state;
     this.status.textContent = text;
   }
