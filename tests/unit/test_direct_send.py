@@ -136,3 +136,28 @@ async def test_a_publish_with_a_terminal_event_leaves_it_and_what_follows_to_the
     assert (await asyncio.wait_for(waiting, 1))[1].seq == 3 and sub.pending() == 1  # the reader ends the stream
     await direct.aclose()
     sub.close()
+
+
+async def test_a_frame_that_cannot_be_made_ends_that_stream_and_not_the_publish():
+    hub, socket = EventHub(), Socket()
+    broken, fine = hub.subscribe(session_ids=["s"], maxsize=100), hub.subscribe(session_ids=["s"], maxsize=100)
+
+    def cannot(event: Event, text: str) -> list[str]:
+        raise ValueError("no translation")
+
+    broken.direct = DirectSend(socket.send_text, broken, cannot, [0], Clock(), [])
+    resume = [0]
+    fine.direct = DirectSend(socket.send_text, fine, lambda e, t: [f"{e.seq}"], resume, Clock(), [])
+    waiting = [asyncio.create_task(broken.get()), asyncio.create_task(fine.get())]
+    await asyncio.sleep(0)
+    hub.publish([(1, event(1))])  # whichever subscription is offered first, the other still gets the event
+    assert socket.sent == ["1"] and resume == [1]
+    try:
+        await asyncio.wait_for(waiting[0], 1)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("the broken stream's reader did not hear why")
+    waiting[1].cancel()
+    broken.close()
+    fine.close()

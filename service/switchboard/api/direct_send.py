@@ -76,11 +76,15 @@ class DirectSend:
             return 0  # the pump sends them
         frames: list[str] = []
         taken = 0
-        for _, event, text in items:
-            if event.type in self.terminal:
-                break  # the pump sends it, and ends the stream
-            frames += self.frames(event, text)
-            taken += 1
+        try:
+            for _, event, text in items:
+                if event.type in self.terminal:
+                    break  # the pump sends it, and ends the stream
+                frames += self.frames(event, text)
+                taken += 1
+        except Exception as err:  # a frame that cannot be made ends this stream (its pump raises), not the publish
+            self.sub.fail(err)
+            return len(items)
         if taken == 0:
             return 0
         seq = items[taken - 1][1].seq
