@@ -36,6 +36,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -306,9 +307,10 @@ def baseline_frame(shape: str, i: int, events: int, at: float | None = None) -> 
     return json.dumps(frame)
 
 
-async def baseline_main(port: int, events: int, rate: float, shape: str) -> None:
-    """A plain ``websockets`` broadcast server: waits for GO on stdin, then broadcasts ``events`` frames at ``rate``."""
-    from websockets.asyncio.server import ServerConnection, broadcast, serve
+@contextlib.asynccontextmanager
+async def broadcast_server(port: int) -> AsyncIterator[set[Any]]:
+    """A plain ``websockets`` server on ``port`` that only keeps its connections: the set it yields."""
+    from websockets.asyncio.server import ServerConnection, serve
 
     clients: set[ServerConnection] = set()
 
@@ -319,8 +321,16 @@ async def baseline_main(port: int, events: int, rate: float, shape: str) -> None
         finally:
             clients.discard(ws)
 
-    loop = asyncio.get_running_loop()
     async with serve(handler, "127.0.0.1", port, ping_interval=None):
+        yield clients
+
+
+async def baseline_main(port: int, events: int, rate: float, shape: str) -> None:
+    """A plain ``websockets`` broadcast server: waits for GO on stdin, then broadcasts ``events`` frames at ``rate``."""
+    from websockets.asyncio.server import broadcast
+
+    loop = asyncio.get_running_loop()
+    async with broadcast_server(port) as clients:
         print("LISTENING", flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)  # GO
         start = time.time()
@@ -364,22 +374,11 @@ class Rhythm:
 
 async def relay_main(port: int, events: int, shape: str) -> None:
     """A plain ``websockets`` broadcast server fed by stdin: each line is a ``Rhythm`` message; STOP ends it."""
-    from websockets.asyncio.server import ServerConnection, serve
-
-    clients: set[ServerConnection] = set()
-
-    async def handler(ws: ServerConnection) -> None:
-        clients.add(ws)
-        try:
-            await ws.wait_closed()
-        finally:
-            clients.discard(ws)
-
     loop = asyncio.get_running_loop()
     stdin = asyncio.StreamReader(limit=2**24)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
-    rhythm = Rhythm(clients, shape, events)
-    async with serve(handler, "127.0.0.1", port, ping_interval=None):
+    async with broadcast_server(port) as clients:
+        rhythm = Rhythm(clients, shape, events)
         sending = asyncio.create_task(rhythm.run())
         print("LISTENING", flush=True)
         while (line := await stdin.readline()) and line.strip() != b"STOP":

@@ -46,6 +46,7 @@ from bench.ws_fanout import (  # noqa: E402
     SESSION_ID,
     Proc,
     Rhythm,
+    broadcast_server,
     pct,
     raise_nofile,
     run_loop,
@@ -90,7 +91,6 @@ async def results(procs: list[Proc], timeout_s: float) -> dict[str, Any]:
 async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, Any]]:
     import httpx
     import uvicorn
-    from websockets.asyncio.server import ServerConnection, serve
 
     from switchboard.api.agui import AguiTranslator, encode_ws
     from switchboard.api.app import create_app
@@ -118,17 +118,9 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
     shape = "ag-ui" if args.stream.startswith("ag-ui") else "ws"
-    peers: set[ServerConnection] = set()
     relay: Proc | None = None
 
-    async def handler(ws: ServerConnection) -> None:
-        peers.add(ws)
-        try:
-            await ws.wait_closed()
-        finally:
-            peers.discard(ws)
-
-    rhythm = Rhythm(peers, shape, args.events)
+    rhythm = Rhythm(set(), shape, args.events)  # its clients: the baseline's connections (``--baseline loop``)
 
     async def follow() -> None:
         """Hand the baseline each of the session's events as the stream's frames, due half a period after the
@@ -165,7 +157,7 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
                 procs.append(relay)
                 await relay.expect("LISTENING", 60)
             else:
-                await stack.enter_async_context(serve(handler, "127.0.0.1", base_port, ping_interval=None))
+                rhythm.clients = await stack.enter_async_context(broadcast_server(base_port))
             while not server.started:
                 await asyncio.sleep(0.05)
             following = [asyncio.create_task(follow())]

@@ -10,14 +10,12 @@ import json
 import random
 import signal
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import websockets
-from sqlalchemy.engine import make_url
 
 from switchboard.runtime.recovery import RESTART_OUTPUT
 
@@ -36,25 +34,8 @@ from .cluster_support import (
     up,
 )
 from .server import EventStream, Server
-from .test_faults import PG_URL, pg_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-async def database_url() -> AsyncIterator[str]:
-    async with pg_database() as name:
-        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 LONG = " ".join(["word"] * 300)  # six seconds of speech at the tests' 50 words per second

@@ -17,7 +17,6 @@ import websockets
 from .cluster_support import FORWARDED, LEASE_S, SECRET, RedisServer, cluster_node, start_all, until, up
 from .edge_client import Edge
 from .server import EventStream, Server
-from .test_cluster import database_url, redis  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
 
@@ -62,8 +61,8 @@ async def _pong(edge: Edge) -> None:
 
 async def test_an_edge_on_any_node_plays_its_sessions_speeches_through_the_owner(
     tmp_path: Path,
-    database_url: str,  # noqa: F811
-    redis: RedisServer,  # noqa: F811
+    database_url: str,
+    redis: RedisServer,
 ) -> None:
     """The edge reaches node-b, the session runs on node-a: speeches arrive, playback reports and a barge-in reach the
     session (the heard text is what the edge reported), an edge that leaves leaves the owner too, and the owner's
@@ -146,8 +145,8 @@ async def _no_relays(http: httpx.AsyncClient, nodes: list[Server]) -> bool:
 
 async def test_an_owner_killed_under_a_relayed_edge_closes_it_to_reconnect_anywhere(
     tmp_path: Path,
-    database_url: str,  # noqa: F811
-    redis: RedisServer,  # noqa: F811
+    database_url: str,
+    redis: RedisServer,
 ) -> None:
     """SIGKILL the owner while an edge relayed through node-b plays a speech: the edge is closed with 4410 at once
     (not left hanging on a dead node); connecting again to any node is answered 4410 until the session is adopted,

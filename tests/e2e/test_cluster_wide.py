@@ -12,20 +12,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy.engine import make_url
 
 from switchboard.api.cluster_attention import ATTENTION_TIMEOUT_S, MISSING_NODES_HEADER
 from switchboard.client import AsyncClient
 
 from .cluster_support import FORWARDED, SECRET, RedisServer, cluster_node, start_all, until
 from .server import Server
-from .test_faults import PG_URL, pg_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
 
@@ -34,22 +31,6 @@ SETUP, SPREAD, ALONE = ("setup-key-" + "s" * 16, "spread-key-" + "p" * 16, "alon
 KEYS = json.dumps([{"key": key, "scopes": SCOPES} for key in (SETUP, SPREAD, ALONE)])
 BURST = 4
 LIMITS = {"SWITCHBOARD_WRITE_RATE_PER_S": "0.01", "SWITCHBOARD_WRITE_BURST": str(BURST)}  # no refill in a test
-
-
-@pytest.fixture
-async def database_url() -> AsyncIterator[str]:
-    async with pg_database() as name:
-        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _nodes(tmp_path: Path, database_url: str, redis: RedisServer, **env: str) -> list[Server]:

@@ -14,9 +14,7 @@ import pytest
 
 from .cluster_support import RedisServer, start_all, until
 from .console_support import CHROMIUM, CHROMIUM_ARGS, require_chromium
-from .test_cluster_wide import SETUP, _attention, _auth, _ids, _nodes, _pinned, database_url, redis
-
-__all__ = ["database_url", "redis"]  # the same PostgreSQL database and Redis as the other cluster tests
+from .test_cluster_wide import SETUP, _attention, _auth, _ids, _nodes, _pinned
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.browser, pytest.mark.timeout(240)]
 
