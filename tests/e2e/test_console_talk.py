@@ -192,32 +192,50 @@ def test_a_replaced_browser_does_not_reconnect(media_srv: Server, media_client: 
         assert len(urls) == 1
 
 
-def test_not_active_reconnects_a_bounded_number_of_times_and_disconnect_cancels(
-    media_srv: Server, media_client: httpx.Client, page: Any
-) -> None:
-    """A closed session's media endpoint answers 4410 every time: the panel reconnects five times with a pause (each
-    with a fresh token), then gives up and says so; the operator's Disconnect cancels a pending reconnection."""
+def test_a_closed_session_is_not_reconnected_to(media_srv: Server, media_client: httpx.Client, page: Any) -> None:
+    """A session that has ended answers 1000 (`session closed`) at connect, not 4410: the panel says the session has
+    closed and opens nothing more."""
     sid = create_session(media_client, [])
     assert media_client.delete(f"/v1/sessions/{sid}").status_code == 204
     urls: list[str] = []
     page.on("websocket", lambda ws: "/media" in ws.url and urls.append(ws.url))
     page.goto(f"{media_srv.url}/console/#session={sid}")
-
-    page.click("#talk-connect")
-    page.wait_for_selector('#talk-state[data-state="reconnecting"][data-attempt="2"]')
-    assert "not active here" in page.inner_text("#talk-state")
-    page.click("#talk-connect")  # "Disconnect audio" while reconnecting
-    assert page.get_attribute("#talk-state", "data-state") == "idle"
-    opened = len(urls)
-    time.sleep(3)  # past the pending pause (1 s) and the next one (2 s)
-    assert len(urls) == opened == 2 and page.get_attribute("#talk-state", "data-state") == "idle"
-
+    page.wait_for_selector("#talk-state")
     record_talk_states(page)
     page.click("#talk-connect")
-    page.wait_for_selector('#talk-state[data-state="failed"]', timeout=30000)
-    assert "Gave up reconnecting after 5 attempts" in page.inner_text("#talk-state")
-    assert page.inner_text("#talk-connect") == "Connect audio"
-    attempts = [int(m) for s in talk_states(page) if (m := s[1].partition("(attempt ")[2][:1])]
-    assert sorted(set(attempts)) == [1, 2, 3, 4, 5]
-    tokens = [u.split("token=", 1)[1] for u in urls]
-    assert len(urls) == 2 + 6 and len(set(tokens)) == len(tokens), urls
+    page.wait_for_selector('#talk-state:has-text("The session has closed.")')
+    time.sleep(2.5)  # longer than the first two pauses of a reconnection
+    assert "reconnecting" not in [s[0] for s in talk_states(page)] and len(urls) == 1, (talk_states(page), urls)
+
+
+def test_reconnecting_is_bounded_and_disconnect_cancels_it(tmp_path: Path, page: Any) -> None:
+    """While the service is away, the panel tries five times with a pause, then gives up and says so; the operator's
+    Disconnect cancels a pending attempt."""
+    srv = Server(tmp_path, SWITCHBOARD_API_KEYS=KEYS).start()
+    try:
+        with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=10) as client:
+            sid = create_session(client, [])
+        page.goto(f"{srv.url}/console/#session={sid}")
+        page.click("#talk-connect")
+        page.wait_for_selector('#talk-state[data-state="connected"]')
+
+        srv.stop()  # a graceful stop (1012, or the suspended session's 4410), and the service stays away
+        page.wait_for_selector('#talk-state[data-state="reconnecting"]')
+        page.click("#talk-connect")  # "Disconnect audio" while reconnecting
+        assert page.get_attribute("#talk-state", "data-state") == "idle"
+        record_talk_states(page)
+        time.sleep(3)  # past the pending pause (0.5 s) and the next ones (1 s, 2 s)
+        assert [s[0] for s in talk_states(page)] == ["idle"], talk_states(page)  # nothing attempted since
+
+        srv.start()
+        page.click("#talk-connect")
+        page.wait_for_selector('#talk-state[data-state="connected"]')
+        record_talk_states(page)
+        srv.stop()
+        page.wait_for_selector('#talk-state[data-state="failed"]', timeout=30000)
+        assert "Gave up reconnecting after 5 attempts" in page.inner_text("#talk-state")
+        assert page.inner_text("#talk-connect") == "Connect audio"
+        attempts = [int(m) for s in talk_states(page) if (m := s[1].partition("(attempt ")[2][:1])]
+        assert sorted(set(attempts)) == [1, 2, 3, 4, 5]
+    finally:
+        srv.stop()

@@ -232,8 +232,8 @@ async def test_unknown_sessions_and_ended_sessions_are_refused(server: Server) -
         await edge.wait_for("pong")
         assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
         assert (await edge.wait_closed())[0] == 1000
-        edge = await Edge.connect(server.ws_url, sid)
-        assert (await edge.wait_closed())[0] == 4410
+        edge = await Edge.connect(server.ws_url, sid)  # ended for good: 1000, not 4410 (which has an edge retry)
+        assert await edge.wait_closed() == (1000, "session closed")
 
 
 async def test_media_connect_scope_from_a_key_or_a_minted_token(tmp_path: Any) -> None:

@@ -20,7 +20,8 @@ CLOSE_TOO_MANY_FRAMES = 4429
 
 #: Every close code of the media edge and what it means to the edge (published in the AsyncAPI document).
 CLOSE_CODES: dict[int, str] = {
-    CLOSE_NORMAL: "The session ended (closed or failed), or the edge left.",
+    CLOSE_NORMAL: "The session ended (closed or failed; also when it had ended before the edge connected: the "
+    "reason says `session closed` or `session failed`), or the edge left. Do not connect again.",
     CLOSE_UNSUPPORTED_DATA: "The edge sent a binary message; only JSON text frames are accepted.",
     CLOSE_MESSAGE_TOO_BIG: "The edge sent a frame larger than the server accepts (the session's text limit, "
     "`SWITCHBOARD_MAX_TEXT_CHARS`, plus 1 KiB).",
@@ -34,8 +35,8 @@ CLOSE_CODES: dict[int, str] = {
     CLOSE_NOT_FOUND: "No such session.",
     CLOSE_REPLACED: "Another edge connected to this session and replaced this one. The speech this one was playing "
     "ended interrupted at its last reported position.",
-    CLOSE_NOT_ACTIVE: "The session is not active here: it ended (at connection time), is being recovered, was "
-    "suspended by a shutdown or moved to another node; in cluster mode also: the node that runs it could not be "
+    CLOSE_NOT_ACTIVE: "The session is not active here: it is being recovered, was suspended by a shutdown or moved "
+    "to another node; in cluster mode also: the node that runs it could not be "
     "reached, or went away (failover). Connect again in a moment, to any node.",
     CLOSE_TOO_MANY_FRAMES: "Too many frames per second (`SWITCHBOARD_MEDIA_MAX_FRAMES_PER_S`, default 100, over a "
     "burst of twice as many).",

@@ -110,6 +110,8 @@ async def _live_session(ws: WebSocket, sid: str) -> AgentSession:
     live = host.live(sid)
     if live is not None and live.state == SessionStatus.ACTIVE:
         return live
+    if SessionStatus(view.state).ended:  # for good: nothing to connect again to (4410 would have the edge retry)
+        raise _Closed(CLOSE_NORMAL, f"session {view.state}")
     owner = view.record.owner_node
     elsewhere = services.settings.cluster_mode and owner is not None and owner != host.node_id
     if live is None and elsewhere and owner is not None and SessionStatus(view.state).live:
