@@ -47,6 +47,7 @@ class Subscription:
         # an ordered (multi-session) subscription with a session filter: it is offered every event, in cursor order
         self.only: frozenset[str] | None = None
         self._matches: Callable[[str], bool] = type_matcher(types)
+        self._filtered = any(p.strip() for p in types or ())  # False: every type (no per-publish filtering)
         self._buffer: deque[Item] = deque()
         self.overflow_ev = asyncio.Event()
         self._maxsize = maxsize
@@ -69,7 +70,11 @@ class Subscription:
         if self.overflowed or self.closed:
             return
         only, matches = self.only, self._matches
-        mine = [it for it in items if matches(it[1].type) and (only is None or it[1].session_id in only)]
+        mine = (
+            [it for it in items if matches(it[1].type) and (only is None or it[1].session_id in only)]
+            if self._filtered or only is not None
+            else items  # the common case (an AG-UI stream, a dashboard): no list per subscriber per publish
+        )
         if not mine:
             return
         if self.direct is not None and self._waiting and not self._buffer:
