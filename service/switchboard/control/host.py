@@ -26,7 +26,7 @@ from ..runtime.session import AgentSession
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo, ToolStatus
-from ..store import SessionData, SessionExists, SessionRecord, Store
+from ..store import QuotaFull, SessionData, SessionExists, SessionRecord, Store
 from .attention import AttentionReason, AttentionTracker, Thresholds
 from .catalog import AgentCatalog, ModelSummary, summarize_model
 from .hub import EventHub
@@ -297,7 +297,9 @@ class SessionHost:
                 self.lease.check_serving()
             if len(self.sessions) >= self.settings.max_sessions:
                 raise TooManySessions(f"this server hosts at most {self.settings.max_sessions} live sessions")
-            self._check_quota(config.owner)
+            shared_quota = self._shared_quota(config.owner)
+            if shared_quota is None:
+                self._check_quota(config.owner)
             now = utcnow()
             rec = SessionRecord(
                 id=sid,
@@ -319,9 +321,11 @@ class SessionHost:
             except ValueError as err:
                 raise InvalidSessionConfig(str(err)) from err
             try:
-                await self.store.create_session(rec)
+                await self.store.create_session(rec, owner_quota=shared_quota)
             except SessionExists:
                 raise SessionConflict(sid) from None
+            except QuotaFull:
+                raise self._quota_exceeded() from None
             if self.lease is not None:
                 self.lease.claim_new(sid)
             self.sessions[sid] = session
@@ -329,13 +333,24 @@ class SessionHost:
         await session.start()
         return SessionView(rec, session, self.store), True
 
+    def _shared_quota(self, owner: str | None) -> int | None:
+        """Cluster mode: the quota of ``owner`` is counted in the database, where every node's sessions are, as the
+        session is inserted (``Store.create_session``). On a single node this process runs every live session, so it
+        counts its own, without a round trip."""
+        if owner is None or not self.settings.cluster_mode:
+            return None
+        return self.settings.session_quota
+
     def _check_quota(self, owner: str | None) -> None:
         """One credential cannot fill the server: it runs at most ``session_quota`` live sessions at once."""
         if owner is None:
             return
+        if sum(1 for rec in self.records.values() if rec.config.get("owner") == owner) >= self.settings.session_quota:
+            raise self._quota_exceeded()
+
+    def _quota_exceeded(self) -> SessionQuotaExceeded:
         quota = self.settings.session_quota
-        if sum(1 for rec in self.records.values() if rec.config.get("owner") == owner) >= quota:
-            raise SessionQuotaExceeded(f"one API key runs at most {quota} live sessions at once; close some first")
+        return SessionQuotaExceeded(f"one API key runs at most {quota} live sessions at once; close some first")
 
     async def close_idle(self, idle_timeout_s: float) -> list[str]:
         """Close every session that has been idle (``AgentSession.dormant``, no event) for ``idle_timeout_s``; each
