@@ -186,6 +186,7 @@ class SessionHost:
         self.fenced: dict[str, str] = {}  # session id -> why this node lost it (the latest FENCED_REMEMBERED)
         self.adopted = 0
         self._unrecovered: set[str] = set()  # claimed, recovery failed: tried again on the next round
+        self._uncertain: set[str] = set()  # created, but whether the row landed is unknown: settled on the next round
         self._adopt_ev = asyncio.Event()  # another node handed sessions over: adopt now, not at the next round
         self._drops: set[asyncio.Task[None]] = set()
 
@@ -326,6 +327,9 @@ class SessionHost:
                 raise SessionConflict(sid) from None
             except QuotaFull:
                 raise self._quota_exceeded() from None
+            except BaseException:
+                self._uncertain.add(sid)
+                raise
             if self.lease is not None:
                 self.lease.claim_new(sid)
             self.sessions[sid] = session
@@ -434,6 +438,7 @@ class SessionHost:
         A node recovers the sessions it claims (those no live node owns: ``NodeLease.claim_orphans``) and those it
         still owns whose recovery failed on an earlier round (``claim=False``: only those). A session whose recovery
         fails (a write error, lost meanwhile) does not stop the others: it is logged, and tried again if still owned."""
+        await self._settle_uncertain()
         retry, self._unrecovered = self._unrecovered, set()
         if self.lease is not None:
             retry = {sid for sid in retry if self.lease.fence.owns(sid)}
@@ -456,6 +461,26 @@ class SessionHost:
             await asyncio.gather(*(one(rec) for rec in records))
         outcomes = (len(self.recovered), len(self.failed), len(self._unrecovered))
         logger.info("recovered %d session(s); %d failed, %d to retry", *outcomes)
+
+    async def _settle_uncertain(self) -> None:
+        """Creates that failed while their row may have been committed (the connection lost, or the caller gone, in
+        the commit): a row that landed is this node's session, recovered with the others of the round, so it neither
+        lingers unrun nor holds a place of its key's quota for nothing; one that did not land is forgotten. Under the
+        create lock: a create of the same id meanwhile finds the row, or inserts it itself."""
+        if not self._uncertain:
+            return
+        async with self._create_lock:
+            for sid in sorted(self._uncertain):
+                rec = None if sid in self.sessions else await self.store.get_session(sid)
+                self._uncertain.discard(sid)
+                if rec is not None and SessionStatus(rec.state).live and self._inserted_here(rec):
+                    if self.lease is not None:
+                        self.lease.claim_new(sid)
+                    self._unrecovered.add(sid)
+
+    def _inserted_here(self, rec: SessionRecord) -> bool:
+        """Still as this node inserted it: no other node took it over since."""
+        return rec.owner_node == self.node_id and (self.lease is None or rec.owner_epoch == 1)
 
     async def _records_to_recover(self, claim: bool, retry: set[str]) -> list[SessionRecord]:
         """The sessions of this round; ``retry`` gains those claimed now (a failure past this point retries them)."""
@@ -530,7 +555,7 @@ class SessionHost:
                 async with asyncio.timeout(wait_s):
                     await self._adopt_ev.wait()
             self._adopt_ev.clear()
-            if not claim and not self._unrecovered:
+            if not claim and not self._unrecovered and not self._uncertain:
                 continue
             try:
                 await self.recover_all(claim=claim)
