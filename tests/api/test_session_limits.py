@@ -129,3 +129,39 @@ async def test_ended_sessions_are_deleted_after_their_retention(served: Any):
 
     await until(deleted)
     assert (await client.get(f"/v1/sessions/{kept}")).json()["state"] == "active"
+
+
+@pytest.mark.parametrize("served", [{"api_keys": KEYS, "max_sessions_per_key": 1}], indirect=True)
+async def test_a_create_cut_off_in_its_commit_runs_if_its_row_landed_and_is_forgotten_if_not(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+):
+    """The connection lost while the insert commits: the caller gets a 503, and the row may be there or not. One that
+    landed is run by the next recovery round (not left unrun, holding its key's place for nothing); one that did
+    not is forgotten, and its id can be created."""
+    app, client = served
+    host = app.state.services.host
+    store = host.store
+    insert = store.create_session
+
+    async def lost_after_commit(rec: Any, **kw: Any) -> None:
+        await insert(rec, **kw)
+        raise OSError("connection reset while committing")
+
+    async def lost_before_commit(rec: Any, **kw: Any) -> None:
+        raise OSError("connection reset while committing")
+
+    monkeypatch.setattr(store, "create_session", lost_after_commit)
+    r = await _create(client, WRITER, id="landed")
+    assert r.status_code == 503 and r.json()["code"] == "database_unavailable", r.text
+    monkeypatch.setattr(store, "create_session", lost_before_commit)
+    r = await _create(client, NEIGHBOUR, id="not-landed")
+    assert r.status_code == 503 and r.json()["code"] == "database_unavailable", r.text
+    monkeypatch.setattr(store, "create_session", insert)
+
+    await host.recover_all(claim=False)  # the round each node runs every half lease
+    assert host.live("landed") is not None
+    found = (await client.get("/v1/sessions/landed", headers=bearer(WRITER))).json()
+    assert found["state"] == "active", found
+    assert (await _create(client, WRITER)).json()["code"] == "session_quota_exceeded"
+    assert host.live("not-landed") is None and not host.lease.fence.owns("not-landed")
+    assert (await _create(client, NEIGHBOUR, id="not-landed")).status_code == 201

@@ -1,7 +1,8 @@
-"""What a cluster does as one, with three real nodes on loopback, PostgreSQL and a Redis of the tests' own: a key's
+"""What a cluster does as one, with real nodes on loopback, PostgreSQL and a Redis of the tests' own: a key's
 write rate limit holds across the nodes (a command forwarded to its session's node costs one token, where it
-arrived), and falls back to each node's own buckets while Redis is down; the attention list is every node's, from
-any node, and a node that does not answer in time is named."""
+arrived), and falls back to each node's own buckets while Redis is down; a key's session quota is counted once for
+the whole cluster; the attention list is every node's, from any node, and a node that does not answer in time is
+named."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from switchboard.api.cluster_attention import ATTENTION_TIMEOUT_S, MISSING_NODES_HEADER
 from switchboard.client import AsyncClient
 
-from .cluster_support import FORWARDED, SECRET, RedisServer, cluster_node, start_all, until
+from .cluster_support import FORWARDED, LEASE_S, SECRET, RedisServer, cluster_node, start_all, until
 from .server import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -33,7 +34,7 @@ BURST = 4
 LIMITS = {"SWITCHBOARD_WRITE_RATE_PER_S": "0.01", "SWITCHBOARD_WRITE_BURST": str(BURST)}  # no refill in a test
 
 
-def _nodes(tmp_path: Path, database_url: str, redis: RedisServer, **env: str) -> list[Server]:
+def _nodes(tmp_path: Path, database_url: str, redis: RedisServer, names: str = "abc", **env: str) -> list[Server]:
     return [
         cluster_node(
             tmp_path,
@@ -44,7 +45,7 @@ def _nodes(tmp_path: Path, database_url: str, redis: RedisServer, **env: str) ->
             SWITCHBOARD_API_KEYS=KEYS,
             **env,
         )
-        for x in "abc"
+        for x in names
     ]
 
 
@@ -112,6 +113,85 @@ async def test_a_key_is_limited_once_across_the_nodes_and_per_node_while_redis_i
     finally:
         for node in nodes:
             node.stop()
+
+
+QUOTA = 3
+
+
+async def _create_on(http: httpx.AsyncClient, node: Server, key: str) -> httpx.Response:
+    """A create placed on ``node`` (as forwarded there: the least-loaded node would otherwise be chosen)."""
+    body = {"agent": "tester", "llm": {"provider": "scripted", "turns": []}}
+    return await http.post(f"{node.url}/v1/sessions", json=body, headers=_auth(key, **{FORWARDED: SECRET}))
+
+
+def _over_quota(r: httpx.Response) -> bool:
+    return r.status_code == 429 and r.json()["code"] == "session_quota_exceeded" and "retry-after" in r.headers
+
+
+async def _created(http: httpx.AsyncClient, nodes: list[Server], key: str) -> list[str]:
+    """One create by ``key`` on each of ``nodes`` in turn: the ids of the sessions made."""
+    made = []
+    for node in nodes:
+        r = await _create_on(http, node, key)
+        assert r.status_code == 201, r.text
+        made.append(str(r.json()["id"]))
+    return made
+
+
+async def _close_all(http: httpx.AsyncClient, node: Server, sids: list[str]) -> None:
+    for sid in sids:  # through one node: forwarded to each session's own
+        r = await http.delete(f"{node.url}/v1/sessions/{sid}", headers=_auth(SPREAD))
+        assert r.status_code == 204, r.text
+
+
+async def test_a_key_runs_its_session_quota_once_across_the_nodes(
+    tmp_path: Path, database_url: str, redis: RedisServer
+):
+    """A key's `MAX_SESSIONS_PER_KEY` live sessions are counted over the whole cluster, not on each node: creates
+    spread over two nodes stop at the quota, and so do creates fired at both nodes at once. A closed session frees
+    its place on any node, another key has its own quota, and the sessions of a killed node, adopted by the other,
+    still count once."""
+    nodes = _nodes(tmp_path, database_url, redis, "ab", SWITCHBOARD_MAX_SESSIONS_PER_KEY=str(QUOTA))
+    a, b = nodes
+    try:
+        await start_all(nodes)
+        async with httpx.AsyncClient(timeout=30) as http:
+            spread = await _created(http, [a, b, a], SPREAD)
+            for node in (b, a):
+                r = await _create_on(http, node, SPREAD)
+                assert _over_quota(r), r.text
+            assert (await _create_on(http, b, ALONE)).status_code == 201  # its own quota
+
+            await _close_all(http, b, spread[:1])  # a's session, closed through b
+            spread[:1] = await _created(http, [b], SPREAD)
+            assert _over_quota(await _create_on(http, a, SPREAD))
+
+            for _ in range(3):  # fired at both nodes at once: the quota, not the quota on each
+                await _close_all(http, a, spread)
+                answers = await asyncio.gather(*(_create_on(http, node, SPREAD) for node in [a, b] * 2 * QUOTA))
+                made = [r for r in answers if r.status_code == 201]
+                assert len(made) == QUOTA, [(r.status_code, r.text) for r in answers]
+                assert all(_over_quota(r) for r in answers if r.status_code != 201), [r.text for r in answers]
+                spread = [str(r.json()["id"]) for r in made]
+
+            await _close_all(http, a, spread)
+            on_a = await _created(http, [a, a], SPREAD)
+            spread = on_a + await _created(http, [b], SPREAD)
+            a.kill()
+            for sid in on_a:
+                await until(lambda sid=sid: _owned_by(http, b, sid, "node-b"), timeout_s=LEASE_S + 40)
+            assert _over_quota(await _create_on(http, b, SPREAD))  # adopted: still counted, once
+            await _close_all(http, b, spread[:1])
+            assert (await _create_on(http, b, SPREAD)).status_code == 201
+            assert _over_quota(await _create_on(http, b, SPREAD))
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+async def _owned_by(http: httpx.AsyncClient, node: Server, sid: str, owner: str) -> bool:
+    found = (await http.get(f"{node.url}/v1/sessions/{sid}", headers=_auth(SPREAD))).json()
+    return bool(found["owner_node"] == owner and found["state"] == "active")
 
 
 async def _attention(http: httpx.AsyncClient, node: Server, **params: str) -> httpx.Response:

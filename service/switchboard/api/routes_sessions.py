@@ -73,7 +73,7 @@ async def create_session(
 ) -> SessionRead:
     """Create a live session running `agent`. Creating the same `id` again with the same body returns it (200);
     with a different body it is a conflict (409). In cluster mode it runs on the least-loaded node. One API key runs
-    at most `SWITCHBOARD_MAX_SESSIONS_PER_KEY` live sessions (429 `session_quota_exceeded`)."""
+    at most `SWITCHBOARD_MAX_SESSIONS_PER_KEY` live sessions, on all nodes together (429 `session_quota_exceeded`)."""
     await deps.place_new_session(host, forwarded)
     # the creator's live sessions count against its key's quota (with auth off there is one caller: no quota)
     owner = principal_of(request).identity if settings.auth_enabled else None

@@ -26,7 +26,7 @@ from ..runtime.session import AgentSession
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo, ToolStatus
-from ..store import SessionData, SessionExists, SessionRecord, Store
+from ..store import QuotaFull, SessionData, SessionExists, SessionRecord, Store
 from .attention import AttentionReason, AttentionTracker, Thresholds
 from .catalog import AgentCatalog, ModelSummary, summarize_model
 from .hub import EventHub
@@ -186,6 +186,7 @@ class SessionHost:
         self.fenced: dict[str, str] = {}  # session id -> why this node lost it (the latest FENCED_REMEMBERED)
         self.adopted = 0
         self._unrecovered: set[str] = set()  # claimed, recovery failed: tried again on the next round
+        self._uncertain: set[str] = set()  # created, but whether the row landed is unknown: settled on the next round
         self._adopt_ev = asyncio.Event()  # another node handed sessions over: adopt now, not at the next round
         self._drops: set[asyncio.Task[None]] = set()
 
@@ -297,7 +298,9 @@ class SessionHost:
                 self.lease.check_serving()
             if len(self.sessions) >= self.settings.max_sessions:
                 raise TooManySessions(f"this server hosts at most {self.settings.max_sessions} live sessions")
-            self._check_quota(config.owner)
+            shared_quota = self._shared_quota(config.owner)
+            if shared_quota is None:
+                self._check_quota(config.owner)
             now = utcnow()
             rec = SessionRecord(
                 id=sid,
@@ -319,9 +322,14 @@ class SessionHost:
             except ValueError as err:
                 raise InvalidSessionConfig(str(err)) from err
             try:
-                await self.store.create_session(rec)
+                await self.store.create_session(rec, owner_quota=shared_quota)
             except SessionExists:
                 raise SessionConflict(sid) from None
+            except QuotaFull:
+                raise self._quota_exceeded() from None
+            except BaseException:
+                self._uncertain.add(sid)
+                raise
             if self.lease is not None:
                 self.lease.claim_new(sid)
             self.sessions[sid] = session
@@ -329,13 +337,24 @@ class SessionHost:
         await session.start()
         return SessionView(rec, session, self.store), True
 
+    def _shared_quota(self, owner: str | None) -> int | None:
+        """Cluster mode: the quota of ``owner`` is counted in the database, where every node's sessions are, as the
+        session is inserted (``Store.create_session``). On a single node this process runs every live session, so it
+        counts its own, without a round trip."""
+        if owner is None or not self.settings.cluster_mode:
+            return None
+        return self.settings.session_quota
+
     def _check_quota(self, owner: str | None) -> None:
         """One credential cannot fill the server: it runs at most ``session_quota`` live sessions at once."""
         if owner is None:
             return
+        if sum(1 for rec in self.records.values() if rec.config.get("owner") == owner) >= self.settings.session_quota:
+            raise self._quota_exceeded()
+
+    def _quota_exceeded(self) -> SessionQuotaExceeded:
         quota = self.settings.session_quota
-        if sum(1 for rec in self.records.values() if rec.config.get("owner") == owner) >= quota:
-            raise SessionQuotaExceeded(f"one API key runs at most {quota} live sessions at once; close some first")
+        return SessionQuotaExceeded(f"one API key runs at most {quota} live sessions at once; close some first")
 
     async def close_idle(self, idle_timeout_s: float) -> list[str]:
         """Close every session that has been idle (``AgentSession.dormant``, no event) for ``idle_timeout_s``; each
@@ -419,6 +438,7 @@ class SessionHost:
         A node recovers the sessions it claims (those no live node owns: ``NodeLease.claim_orphans``) and those it
         still owns whose recovery failed on an earlier round (``claim=False``: only those). A session whose recovery
         fails (a write error, lost meanwhile) does not stop the others: it is logged, and tried again if still owned."""
+        await self._settle_uncertain()
         retry, self._unrecovered = self._unrecovered, set()
         if self.lease is not None:
             retry = {sid for sid in retry if self.lease.fence.owns(sid)}
@@ -441,6 +461,26 @@ class SessionHost:
             await asyncio.gather(*(one(rec) for rec in records))
         outcomes = (len(self.recovered), len(self.failed), len(self._unrecovered))
         logger.info("recovered %d session(s); %d failed, %d to retry", *outcomes)
+
+    async def _settle_uncertain(self) -> None:
+        """Creates that failed while their row may have been committed (the connection lost, or the caller gone, in
+        the commit): a row that landed is this node's session, recovered with the others of the round, so it neither
+        lingers unrun nor holds a place of its key's quota for nothing; one that did not land is forgotten. Under the
+        create lock: a create of the same id meanwhile finds the row, or inserts it itself."""
+        if not self._uncertain:
+            return
+        async with self._create_lock:
+            for sid in sorted(self._uncertain):
+                rec = None if sid in self.sessions else await self.store.get_session(sid)
+                self._uncertain.discard(sid)
+                if rec is not None and SessionStatus(rec.state).live and self._inserted_here(rec):
+                    if self.lease is not None:
+                        self.lease.claim_new(sid)
+                    self._unrecovered.add(sid)
+
+    def _inserted_here(self, rec: SessionRecord) -> bool:
+        """Still as this node inserted it: no other node took it over since."""
+        return rec.owner_node == self.node_id and (self.lease is None or rec.owner_epoch == 1)
 
     async def _records_to_recover(self, claim: bool, retry: set[str]) -> list[SessionRecord]:
         """The sessions of this round; ``retry`` gains those claimed now (a failure past this point retries them)."""
@@ -515,7 +555,7 @@ class SessionHost:
                 async with asyncio.timeout(wait_s):
                     await self._adopt_ev.wait()
             self._adopt_ev.clear()
-            if not claim and not self._unrecovered:
+            if not claim and not self._unrecovered and not self._uncertain:
                 continue
             try:
                 await self.recover_all(claim=claim)

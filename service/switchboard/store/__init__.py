@@ -8,6 +8,7 @@ from .migrate import downgrade, upgrade
 from .ownership import Fence, NodeMode, NodeRecord, Nodes, NodeState
 from .records import (
     IdempotencyRecord,
+    QuotaFull,
     ReadError,
     SessionData,
     SessionExists,
@@ -28,6 +29,7 @@ __all__ = [
     "NodeRecord",
     "NodeState",
     "Nodes",
+    "QuotaFull",
     "ReadError",
     "SessionData",
     "SessionExists",

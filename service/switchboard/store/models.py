@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
+from ..runtime.status import LIVE_STATUSES
 from .text import String, Text
 
 
@@ -77,6 +78,12 @@ sessions = sa.Table(
     sa.Index(None, "created_at", "id"),
     sa.Index(None, "owner_node"),
 )
+# Who created a session (``config.owner``) as PostgreSQL reads it, and the live states, both in literals: a query
+# made of them matches the index below in any plan, a generic one included.
+SESSION_OWNER = sessions.c.config.op("->>", return_type=sa.Text())(sa.literal_column("'owner'"))
+SESSION_LIVE = sessions.c.state.in_([sa.literal_column(f"'{state.value}'") for state in sorted(LIVE_STATUSES)])
+# The live sessions of each creator, which a quota counted in the database reads (cluster mode: PostgreSQL only).
+sa.Index("ix_sessions_live_owner", SESSION_OWNER, postgresql_where=SESSION_LIVE)
 
 # The running instances (nodes) and their leases. A node renews ``lease_until`` while it is alive; one whose lease has
 # passed is dead to the others, and its sessions may be taken over (their epoch incremented).

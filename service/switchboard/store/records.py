@@ -76,6 +76,10 @@ class SessionExists(StoreError):
     """``create_session`` with an id that is already taken."""
 
 
+class QuotaFull(StoreError):
+    """``create_session`` for an owner that already has as many live sessions as its quota allows."""
+
+
 class StoreClosed(StoreError):
     """The store was closed (or closed before this write could be made durable)."""
 

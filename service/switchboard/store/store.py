@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import itertools
 import json
 import logging
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..runtime.chat import ChatItem, order_items
 from ..runtime.events import Event
@@ -34,7 +35,15 @@ from . import models as m
 from .engine import make_engine
 from .migrate import upgrade_engine
 from .ownership import Fence, Nodes
-from .records import IdempotencyRecord, ReadError, SessionData, SessionExists, SessionRecord, StoreError
+from .records import (
+    IdempotencyRecord,
+    QuotaFull,
+    ReadError,
+    SessionData,
+    SessionExists,
+    SessionRecord,
+    StoreError,
+)
 from .rows import (
     BadRow,
     event_from_row,
@@ -65,6 +74,12 @@ _REPORTED = sa.select(
 ).where(m.events.c.subject.is_not(None))
 # Chat item data read as JSON text: ``item_from_row`` parses and validates it in one step.
 ITEM_DATA = sa.cast(m.chat_items.c.data, JSONText).label("data")
+# One owner's quota-checked creates take the transaction-scoped advisory lock (OWNER_LOCK_SPACE, a hash of the owner):
+# on every node, each counts the owner's sessions only once the previous one committed. A pair of keys, so a space
+# apart from the single-key locks (``ownership.NODES_LOCK_KEY``, ``writes.EVENT_ORDER_LOCK_KEY``); two owners whose
+# hashes meet only wait for each other.
+OWNER_LOCK_SPACE = 0x5357_5154  # "SWQT"
+_OWNER_LOCK = sa.text("SELECT pg_advisory_xact_lock(:space, :key)")
 BULK_CHUNK = 500  # sessions per query in load_sessions_bulk (bound parameters stay far below the limits)
 PING_TIMEOUT_S = 2.0
 
@@ -183,15 +198,34 @@ class Store:
 
     # -- sessions ---------------------------------------------------------------------------------------------
 
-    async def create_session(self, rec: SessionRecord) -> None:
-        """Insert a session row; raises ``SessionExists`` if the id is taken."""
+    async def create_session(self, rec: SessionRecord, *, owner_quota: int | None = None) -> None:
+        """Insert a session row; raises ``SessionExists`` if the id is taken.
+
+        With ``owner_quota``, the row is inserted only while its owner (``config["owner"]``) has fewer live sessions
+        than that in the database, else ``QuotaFull``: counted and inserted in one transaction holding the owner's
+        lock (PostgreSQL), so creates for one owner on several nodes at once cannot both pass the count. A create
+        that fails leaves nothing counted."""
+        owner = rec.config.get("owner")
         try:
             async with self.engine.begin() as conn:
+                if owner_quota is not None and owner is not None:
+                    await self._check_owner_quota(conn, str(owner), owner_quota)
                 await conn.execute(sa.insert(m.sessions), [session_row(rec)])
         except sa_exc.IntegrityError as err:
             if await self.get_session(rec.id) is not None:
                 raise SessionExists(rec.id) from err
             raise
+
+    async def _check_owner_quota(self, conn: AsyncConnection, owner: str, quota: int) -> None:
+        if conn.dialect.name == "postgresql":
+            await conn.execute(_OWNER_LOCK, {"space": OWNER_LOCK_SPACE, "key": _owner_lock_key(owner)})
+        if await self._live_sessions_of(conn, owner) >= quota:
+            raise QuotaFull(f"{owner} has {quota} live sessions")
+
+    async def _live_sessions_of(self, conn: AsyncConnection, owner: str) -> int:
+        owner_of = m.SESSION_OWNER if conn.dialect.name == "postgresql" else m.sessions.c.config["owner"].as_string()
+        stmt = sa.select(sa.func.count()).select_from(m.sessions).where(m.SESSION_LIVE, owner_of == owner)
+        return int((await conn.execute(stmt)).scalar_one())
 
     async def get_session(self, sid: str) -> SessionRecord | None:
         rows = await self._fetch(sa.select(m.sessions).where(m.sessions.c.id == sid))
@@ -436,6 +470,10 @@ class Store:
             err,
             extra={"session_id": sid},
         )
+
+
+def _owner_lock_key(owner: str) -> int:
+    return int.from_bytes(hashlib.blake2b(owner.encode(), digest_size=4).digest(), "big", signed=True)
 
 
 def _type_filter(column: sa.ColumnElement[str], patterns: list[str] | None) -> sa.ColumnElement[bool] | None:
