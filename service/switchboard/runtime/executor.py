@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
@@ -221,11 +222,14 @@ class ToolExecutor:
         """Cancel the tool's body and wait for it, at most ``TOOL_ABANDON_GRACE_S``; a body that ignores
         cancellation is abandoned (still running, never awaited) so that no teardown waits on it forever."""
         task = rc.tool_task
-        if task is None or task.done():
+        if task is None:
             return
-        task.cancel()
-        await asyncio.wait({task}, timeout=TOOL_ABANDON_GRACE_S)
         if not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=TOOL_ABANDON_GRACE_S)
+        if task.done():
+            self._body_ended_unheard(rc, task)
+        else:
             self._abandon_body(rc)
 
     async def _hold_for_handoff(self, rc: RunningCall, outcome: Outcome) -> None:
@@ -506,7 +510,21 @@ class ToolExecutor:
         )
         self._abandoned.add(task)  # a reference until it ends (if it ever does); nothing awaits it
         task.add_done_callback(self._abandoned.discard)
+        task.add_done_callback(functools.partial(self._body_ended_unheard, rc))
         resolve(rc.abandoned_fut, None)
+
+    def _body_ended_unheard(self, rc: RunningCall, task: asyncio.Task[Any]) -> None:
+        # a body stopped at a teardown or abandoned does not decide how its call ends: what it raised is only logged
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        logger.warning(
+            "tool %s raised after it was stopped; call %s ends without its result: %r",
+            rc.info.name,
+            rc.call_id,
+            error,
+            exc_info=error,
+            extra={"session_id": self.session_id, "call_id": rc.call_id},
+        )
 
     async def grace_for_uncancellable(self, grace_s: float) -> None:
         """A deploy is not a crash: a call that cannot be cancelled (a booking) gets up to ``grace_s`` to end and
