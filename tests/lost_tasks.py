@@ -38,19 +38,12 @@ class LostTasks(logging.Handler):
 
 
 LOST = LostTasks()
+logging.getLogger("asyncio").addHandler(LOST)  # from the import on: a test that checks itself needs no plugin
 
 
 def lost_tasks() -> list[str]:
     """What asyncio reported about lost tasks since the last check (each test is checked when it ends)."""
     return LOST.take()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    logging.getLogger("asyncio").addHandler(LOST)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    logging.getLogger("asyncio").removeHandler(LOST)
 
 
 @pytest.hookimpl(trylast=True)
