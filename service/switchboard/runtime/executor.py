@@ -16,7 +16,7 @@ from .companions import COMPANION_TOOLS, companion_tools
 from .duplicates import duplicate_verdict, validate_arguments
 from .events import EventLog
 from .ports import Commit
-from .speech import NotInterruptible, SpeechHandle
+from .speech import NotInterruptible, SpeechHandle, SpeechInterrupted
 from .tool_call import (
     INTERNAL_ERROR_OUTPUT,
     AlreadyEnded,
@@ -33,7 +33,16 @@ from .tool_call import (
     stopped_outcome,
     without_handoff,
 )
-from .tools import FunctionTool, ProgressUpdate, RunContext, SessionControl, ToolCallInfo, ToolStatus
+from .tools import (
+    FunctionTool,
+    ProgressUpdate,
+    RunContext,
+    SessionControl,
+    StopResponse,
+    ToolCallInfo,
+    ToolCancelled,
+    ToolStatus,
+)
 
 logger = logging.getLogger("switchboard.runtime.tools")
 
@@ -47,6 +56,7 @@ END_FULL_ATTEMPTS = 2
 STORE_ERROR_OUTPUT = "The tool call ended ({status}), but its output could not be stored."
 KEEP_ENDED_CALLS = 1000  # ended calls kept in memory per session (the store keeps every one)
 PROGRESS_KEPT = 50  # progress updates kept on a tool call's record
+STOPPING_ERRORS = (ToolCancelled, SpeechInterrupted, StopResponse)
 
 
 class ToolExecutor:
@@ -515,7 +525,8 @@ class ToolExecutor:
 
     def _body_ended_unheard(self, rc: RunningCall, task: asyncio.Task[Any]) -> None:
         # a body stopped at a teardown or abandoned does not decide how its call ends: what it raised is only logged
-        if task.cancelled() or (error := task.exception()) is None:
+        # (unless it is how a tool says it stopped)
+        if task.cancelled() or (error := task.exception()) is None or isinstance(error, STOPPING_ERRORS):
             return
         logger.warning(
             "tool %s raised after it was stopped; call %s ends without its result: %r",
