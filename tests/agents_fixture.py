@@ -87,3 +87,21 @@ AGENTS = {"tester": Tester, "other": Other}
 # Registered on a first server only (SWITCHBOARD_AGENTS=...,tests.agents_fixture:RETIRED_AGENTS): on a second server
 # over the same database their sessions cannot be recovered and end `session.failed`.
 RETIRED_AGENTS = {"retired": Other}
+
+
+class Stubborn(Agent):
+    def __init__(self) -> None:
+        super().__init__(instructions="You run a badly written tool.")
+
+    @function_tool(allow_cancellation=True)
+    async def deaf(self, ctx: RunContext) -> str:
+        """Work for an hour, ignoring every request to stop."""
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue
+
+
+# Registered only by the tests of a tool that ignores cancellation (SWITCHBOARD_AGENTS=...,:STUBBORN_AGENTS)
+STUBBORN_AGENTS = {"stubborn": Stubborn}

@@ -1,4 +1,5 @@
-"""Shared fixtures: every test fails if it leaks asyncio tasks or fires the forced-interrupt safety net."""
+"""Shared fixtures: every test fails if it leaks or loses asyncio tasks (``tests.lost_tasks``) or fires the
+forced-interrupt safety net."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import pytest
 
 from switchboard.runtime.speech import SpeechHandle
+
+pytest_plugins = ("pytester", "tests.lost_tasks")
 
 
 @pytest.fixture(autouse=True)

@@ -3,14 +3,13 @@ and a failure shrinks to a minimal schedule that Hypothesis prints as the steps 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from .schedules import DURATIONS_MS, OUT_KEYS
-from .vloop import VirtualTimeLoop, new_loop
+from .vloop import VirtualTimeLoop, check_nothing_lost, close_loop, new_loop
 from .workload import DEAF_SWALLOWS, TOOL_NAMES
 from .world import TEXTS, Op, World
 
@@ -124,5 +123,5 @@ class SessionMachine(RuleBasedStateMachine):
 
                 self.run(finish())
         finally:
-            asyncio.set_event_loop(None)
-            self.loop.close()
+            close_loop(self.loop)
+        check_nothing_lost(self.loop)

@@ -9,7 +9,7 @@ Hypothesis drives the same world in ``test_simulation.py`` (and shrinks what it 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import gc
 import logging
 import random
 import sys
@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from .vloop import Livelock, Stalled, new_loop
+from .vloop import Livelock, LostTask, Stalled, check_nothing_lost, close_loop, new_loop
 from .workload import DEAF_SWALLOWS, OUTPUTS, TOOL_NAMES
 from .world import TEXTS, Op, Violation, World
 
@@ -133,8 +133,8 @@ def run_schedule(turns: list[dict[str, Any]], ops: list[Op], options: dict[str, 
     try:
         loop.run_until_complete(play(turns, ops, options or {}, loop))
     finally:
-        asyncio.set_event_loop(None)
-        loop.close()
+        close_loop(loop)
+    check_nothing_lost(loop)
 
 
 def classify(err: BaseException) -> str:
@@ -144,6 +144,8 @@ def classify(err: BaseException) -> str:
         return "liveness-stalled"
     if isinstance(err, Livelock):
         return "liveness-livelock"
+    if isinstance(err, LostTask):
+        return "lifecycle-lost-task"
     return f"crash-{type(err).__name__}"
 
 
@@ -155,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.CRITICAL)
+    gc.freeze()  # the imports live for the whole run: each schedule's check for lost tasks collects only its own
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
     kinds: Counter[str] = Counter()
     first: dict[str, int] = {}

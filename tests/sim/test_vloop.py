@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from .vloop import new_loop
+import pytest
+
+from tests.lost_tasks import lost_tasks
+
+from .vloop import LostTask, check_nothing_lost, close_loop, new_loop
 
 
 def test_sleeping_until_an_instant_a_hair_ahead_reaches_it_while_other_tasks_are_busy() -> None:
@@ -34,3 +38,34 @@ def test_sleeping_until_an_instant_a_hair_ahead_reaches_it_while_other_tasks_are
     finally:
         asyncio.set_event_loop(None)
         loop.close()
+
+
+def test_a_schedule_loses_no_task_to_the_loop_closing_and_reports_one_it_lost() -> None:
+    """What still runs when a schedule ends (a tool that ignores cancellation) is run to its end before the loop
+    closes, not dropped pending; a task that failed with nobody retrieving why is a finding (``LostTask``)."""
+    loop = new_loop()
+    ended: list[str] = []
+
+    async def deaf() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(60)  # swallows the cancel and works on
+        ended.append("deaf")
+
+    async def fails() -> None:
+        raise RuntimeError("nobody looks")
+
+    async def main() -> None:
+        loop.create_task(deaf())
+        loop.create_task(fails())
+        await asyncio.sleep(1)
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        close_loop(loop)
+    assert ended == ["deaf"]
+    with pytest.raises(LostTask, match="nobody looks"):
+        check_nothing_lost(loop)
+    assert len(lost_tasks()) == 1  # the suite's own check saw it too; lost on purpose here

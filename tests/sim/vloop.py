@@ -12,10 +12,13 @@ hang, and it is reported (``Stalled``) instead of blocking forever.
 from __future__ import annotations
 
 import asyncio
+import gc
 import heapq
 import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from tests.lost_tasks import LOST_TASK_MESSAGES
 
 T = TypeVar("T")
 
@@ -33,12 +36,26 @@ class Livelock(RuntimeError):
     """Tasks keep running without the schedule ever finishing (a busy loop)."""
 
 
+class LostTask(RuntimeError):
+    """asyncio lost a task of the schedule: one destroyed while still pending, or one that failed with nobody
+    retrieving why (a close, cancel or crash path left work behind)."""
+
+
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         super().__init__()
         self._now = 0.0
         self._clock_resolution = 1e-9
         self._real_deadline = time.monotonic() + REAL_TIME_LIMIT_S
+        self.lost: list[str] = []  # what asyncio reported about lost tasks (also once the loop is closed)
+        self.set_exception_handler(self._on_exception)
+
+    def _on_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message = context.get("message", "")
+        if any(lost in message for lost in LOST_TASK_MESSAGES):
+            what = context.get("task") or context.get("future")
+            self.lost.append(f"{message} {what!r} exception={context.get('exception')!r}")
+        self.default_exception_handler(context)
 
     def time(self) -> float:
         return self._now
@@ -73,3 +90,25 @@ def new_loop() -> VirtualTimeLoop:
 
 def run(loop: VirtualTimeLoop, coro: Coroutine[Any, Any, T]) -> T:
     return loop.run_until_complete(coro)
+
+
+def close_loop(loop: VirtualTimeLoop) -> None:
+    """Close ``loop`` the way ``asyncio.run`` closes its own: what still runs (the tasks of a crashed process, a tool
+    that ignores cancellation) is cancelled and run to its end first, so that no task is dropped unfinished."""
+    try:
+        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def check_nothing_lost(loop: VirtualTimeLoop) -> None:
+    """Raise ``LostTask`` if asyncio lost a task of this (closed) loop."""
+    gc.collect()  # a lost task is reported when it is collected
+    if loop.lost:
+        raise LostTask("\n".join(loop.lost))

@@ -16,6 +16,7 @@ from ..control import logs
 from ..control.settings import Settings
 from .edge import add_edge_command
 from .operator import add_client_commands
+from .runner import run_bounded
 from .session_commands import add_session_commands
 
 GC_YOUNG_THRESHOLD = 10_000  # CPython's default is 700 allocations
@@ -101,7 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     server = _draining_server_class()(config)
-    server.run()
+    run_bounded(server.serve(), loop_factory=config.get_loop_factory())
     # a lifespan that failed to start (another instance on the database, say) has logged why
     return 0 if server.started else 3
 

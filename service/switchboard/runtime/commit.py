@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from . import event_types as ev
-from .aio import resolve
+from .aio import forget_when_done, resolve
 from .events import EventLog
 from .ports import ChatStore, Commit
 from .speech import SpeechHandle
@@ -91,16 +91,28 @@ class CommitPipeline:
             if previous is not None:
                 await previous
             if then is not None:
-                then()
+                self._apply(then)
         finally:
             resolve(applied, None)
 
+    def _apply(self, then: Callable[[], None]) -> None:
+        try:
+            then()
+        except Exception:
+            logger.exception(
+                "session %s: a durable change could not be applied",
+                self.session_id,
+                extra={"session_id": self.session_id},
+            )
+            raise
+
     def background(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
         """Run a write (or a step that ends in one) in a task of its own, counted among the writes under way: a
-        caller cancelled meanwhile does not lose it, and ``settled`` waits for it."""
+        caller cancelled meanwhile does not lose it, and ``settled`` waits for it. A failure is logged where it arose
+        and raised to whoever awaits the task; it is retrieved here too, for a caller that was cut off never will."""
         task = asyncio.create_task(coro, name=name)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(forget_when_done(self.tasks))
         return task
 
     async def end_speech(self, speech: SpeechHandle) -> None:

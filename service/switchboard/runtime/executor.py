@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
@@ -15,7 +16,7 @@ from .companions import COMPANION_TOOLS, companion_tools
 from .duplicates import duplicate_verdict, validate_arguments
 from .events import EventLog
 from .ports import Commit
-from .speech import NotInterruptible, SpeechHandle
+from .speech import NotInterruptible, SpeechHandle, SpeechInterrupted
 from .tool_call import (
     INTERNAL_ERROR_OUTPUT,
     AlreadyEnded,
@@ -32,7 +33,16 @@ from .tool_call import (
     stopped_outcome,
     without_handoff,
 )
-from .tools import FunctionTool, ProgressUpdate, RunContext, SessionControl, ToolCallInfo, ToolStatus
+from .tools import (
+    FunctionTool,
+    ProgressUpdate,
+    RunContext,
+    SessionControl,
+    StopResponse,
+    ToolCallInfo,
+    ToolCancelled,
+    ToolStatus,
+)
 
 logger = logging.getLogger("switchboard.runtime.tools")
 
@@ -46,6 +56,7 @@ END_FULL_ATTEMPTS = 2
 STORE_ERROR_OUTPUT = "The tool call ended ({status}), but its output could not be stored."
 KEEP_ENDED_CALLS = 1000  # ended calls kept in memory per session (the store keeps every one)
 PROGRESS_KEPT = 50  # progress updates kept on a tool call's record
+STOPPING_ERRORS = (ToolCancelled, SpeechInterrupted, StopResponse)
 
 
 class ToolExecutor:
@@ -221,11 +232,14 @@ class ToolExecutor:
         """Cancel the tool's body and wait for it, at most ``TOOL_ABANDON_GRACE_S``; a body that ignores
         cancellation is abandoned (still running, never awaited) so that no teardown waits on it forever."""
         task = rc.tool_task
-        if task is None or task.done():
+        if task is None:
             return
-        task.cancel()
-        await asyncio.wait({task}, timeout=TOOL_ABANDON_GRACE_S)
         if not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=TOOL_ABANDON_GRACE_S)
+        if task.done():
+            self._body_ended_unheard(rc, task)
+        else:
             self._abandon_body(rc)
 
     async def _hold_for_handoff(self, rc: RunningCall, outcome: Outcome) -> None:
@@ -506,7 +520,22 @@ class ToolExecutor:
         )
         self._abandoned.add(task)  # a reference until it ends (if it ever does); nothing awaits it
         task.add_done_callback(self._abandoned.discard)
+        task.add_done_callback(functools.partial(self._body_ended_unheard, rc))
         resolve(rc.abandoned_fut, None)
+
+    def _body_ended_unheard(self, rc: RunningCall, task: asyncio.Task[Any]) -> None:
+        # a body stopped at a teardown or abandoned does not decide how its call ends: what it raised is only logged
+        # (unless it is how a tool says it stopped)
+        if task.cancelled() or (error := task.exception()) is None or isinstance(error, STOPPING_ERRORS):
+            return
+        logger.warning(
+            "tool %s raised after it was stopped; call %s ends without its result: %r",
+            rc.info.name,
+            rc.call_id,
+            error,
+            exc_info=error,
+            extra={"session_id": self.session_id, "call_id": rc.call_id},
+        )
 
     async def grace_for_uncancellable(self, grace_s: float) -> None:
         """A deploy is not a crash: a call that cannot be cancelled (a booking) gets up to ``grace_s`` to end and

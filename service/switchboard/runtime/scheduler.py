@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -122,6 +123,8 @@ class SpeechScheduler:
                 continue
             self.current = job.speech
             task = asyncio.create_task(self._play(job), name=f"speech:{job.speech.id}")
+            # reported by the task itself: a close that stops this loop while it ends the speech must not hide it
+            task.add_done_callback(functools.partial(self._report_failure, job.speech))
             job.speech.attach_task(task)
             try:
                 await asyncio.wait({task})
@@ -132,11 +135,10 @@ class SpeechScheduler:
                 if not job.speech.done:  # forced cancel (logged by the speech): still end it properly
                     await self._finish_safely(job.speech)
                 self.current = None
-            if not task.cancelled() and task.exception() is not None:
-                logger.error(
-                    "speech %s failed",
-                    job.speech.id,
-                    exc_info=task.exception(),
-                    extra={"session_id": self.session_id},
-                )
             self._after_speech()
+
+    def _report_failure(self, speech: SpeechHandle, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "speech %s failed", speech.id, exc_info=task.exception(), extra={"session_id": self.session_id}
+            )
