@@ -106,6 +106,8 @@ def test_the_sound_device_gets_the_samples_ahead_and_a_cut_stops_it_at_once(
     assert find_player() == "aplay"
 
     sink = DeviceSink("aplay", 22050)
+    drained = sink._proc
+    assert drained is not None
     sink.ahead(b"\x01\x00" * 100)
     sink.played(b"\x02\x00" * 100)  # a device is fed ahead only: nothing more reaches it
     sink.close(cut=False)
@@ -118,6 +120,10 @@ def test_the_sound_device_gets_the_samples_ahead_and_a_cut_stops_it_at_once(
     while not (tmp_path / "argv").exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert (tmp_path / "argv").read_text().split() == ["-q", "-t", "raw", "-f", "S16_LE", "-c", "1", "-r", "22050", "-"]
+    deadline = time.monotonic() + 10
+    while drained.returncode is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert drained.returncode == 0  # reaped once it played out: an edge leaves no zombie per speech
 
     cut = DeviceSink("aplay", 22050)
     proc = cut._proc
@@ -125,3 +131,4 @@ def test_the_sound_device_gets_the_samples_ahead_and_a_cut_stops_it_at_once(
     cut.ahead(b"\x03\x00" * 100)
     cut.close(cut=True)
     assert proc.returncode == -9  # killed, not drained: the audio stops now
+    assert proc.stdin is not None and proc.stdin.closed

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import subprocess
+import threading
 import wave
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,12 +97,15 @@ class DeviceSink:
             return
         if cut:
             proc.kill()
-            proc.wait()
-        elif proc.stdin is not None:
+        if proc.stdin is not None:
             try:
-                proc.stdin.close()  # it plays what it holds and exits
+                proc.stdin.close()  # uncut, it plays what it holds and exits
             except OSError:
                 pass
+        if cut:
+            proc.wait()
+        else:  # reaped once it has played out, however long that takes: no zombie left per speech
+            threading.Thread(target=proc.wait, name=f"player-{proc.pid}", daemon=True).start()
 
 
 @dataclass
