@@ -377,6 +377,37 @@ async def test_handoff_is_refused_when_its_speech_is_interrupted_while_the_other
         h.check_invariants()
 
 
+class Watching(Front):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = asyncio.Event()
+
+    @function_tool(allow_cancellation=True)
+    async def watch(self, ctx: RunContext) -> str:
+        """Watches the account; an agent-scoped call a handoff would cancel."""
+        await ctx.wait_if_not_cancelled(self.seen.wait())
+        return "Nothing new."
+
+
+@on_virtual_clock
+async def test_a_handoff_refused_by_an_interruption_leaves_the_agents_other_calls_running() -> None:
+    agent = Watching()
+    calls = [{"name": "watch", "id": "w1"}, {"name": "refund", "id": "r1"}]
+    async with Harness(agent, [{"text": LONG, "tool_calls": calls}]) as h:
+        await h.session.input("refund me, then billing")
+        await h.wait_for("tool.started", lambda e: e.data["call_id"] == "r1")
+        await asyncio.sleep(0.1)  # the refund has returned; its handoff waits for the preamble
+        await h.session.interrupt()
+        await h.wait_for("tool.ended", lambda e: e.data["call_id"] == "r1")
+        assert h.session.agent.name == "front" and agent.log == []
+        assert h.session.tool_call("w1").status == "running", "nothing is drained for a handoff that is not done"  # type: ignore[union-attr]
+        agent.seen.set()
+        await h.tools_done()
+        await h.idle()
+        assert h.session.tool_call("w1").status == "completed"  # type: ignore[union-attr]
+        h.check_invariants()
+
+
 @on_virtual_clock
 async def test_bare_handoff_answers_with_an_empty_output_and_the_new_agent_speaks_from_on_enter() -> None:
     agent = Front(greet=True)
@@ -454,6 +485,8 @@ class Careful(Agent):
         if self.behaviour == "edit":
             new_message.text = new_message.text.replace("4111 1111", "[card number]")
             turn_ctx.add_message(role="system", text="The caller is a gold member.")
+        elif self.behaviour == "context":
+            turn_ctx.add_message(role="system", text="The caller is a gold member.")
         elif self.behaviour == "stop" and new_message.text == "thanks, bye":
             raise StopResponse()
         elif self.behaviour == "fail":
@@ -470,6 +503,20 @@ async def test_on_user_turn_completed_may_edit_the_turn() -> None:
         assert h.summary() == [("user", "my card is [card number]"), ("assistant", "Thank you.")]
         shown = [(it.role, it.text) for it in h.llm.requests[0].items if isinstance(it, ChatMessage)]
         assert shown == [("system", "The caller is a gold member."), ("user", "my card is [card number]")]
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_speculative_reply_made_before_the_hook_added_context_is_dropped() -> None:
+    async with Harness(Careful("context"), [{"text": "Welcome back."}], preemptive_generation=True) as h:
+        await h.session.input("hello", final=False)
+        await asyncio.sleep(0.1)  # the speculative reply is made without the hook's message
+        await h.session.input("hello")
+        await h.idle()
+        assert [e.data["state"] for e in h.of_type("generation.speculative")] == ["started", "discarded"]
+        shown = [(it.role, it.text) for it in h.llm.requests[-1].items if isinstance(it, ChatMessage)]
+        assert shown == [("system", "The caller is a gold member."), ("user", "hello")]
+        assert h.summary() == [("user", "hello"), ("assistant", "Welcome back.")]
         h.check_invariants()
 
 

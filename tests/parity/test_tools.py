@@ -15,6 +15,8 @@ from switchboard import Agent, RunContext, ToolError, function_tool
 from switchboard.runtime.chat import FunctionCall, FunctionCallOutput, validate
 from switchboard.runtime.executor import INTERNAL_ERROR_OUTPUT
 from switchboard.runtime.speech import NotInterruptible
+from switchboard.runtime.tool_call import MAX_ERROR_CHARS
+from switchboard.runtime.tools import TRUNCATION_MARKER
 
 from ..unit.harness import Harness
 from .clock import on_virtual_clock
@@ -29,6 +31,7 @@ class Other(Agent):
 class Preferences(BaseModel):
     color: str = "red"
     note: str | None = None
+    nickname: str | None = "guest"
 
 
 class Seat(BaseModel):
@@ -71,6 +74,11 @@ class Shop(Agent):
         raise RuntimeError("upstream said 401 for Authorization: Bearer sk-live-123 at /v1/x?token=abc")
 
     @function_tool
+    async def explode_at_length(self) -> str:
+        """Fails unexpectedly with a very long message."""
+        raise RuntimeError("x" * 5_000)
+
+    @function_tool
     async def refuse(self) -> str:
         """Fails expectedly."""
         raise ToolError("No tables left.")
@@ -110,6 +118,13 @@ class Shop(Agent):
         self.runs.append(("book", table))
         await self.gate.wait()
         return f"booked {table}"
+
+    @function_tool(on_duplicate="replace", allow_cancellation=True)
+    async def hold(self, ctx: RunContext, table: int) -> str:
+        """Hold a table (can be cancelled; a new call replaces a running one)."""
+        self.runs.append(("hold", table))
+        await ctx.wait_if_not_cancelled(self.gate.wait())
+        return f"held {table}"
 
     @function_tool(allow_cancellation=True)
     async def lookup(self, ctx: RunContext, topic: str) -> str:
@@ -232,13 +247,18 @@ async def test_null_for_a_parameter_with_a_default_uses_the_default_in_nested_mo
     agent = Shop()
     calls = [
         call("repeat", "n1", {"word": "hi", "count": None}),
-        call("set_prefs", "n2", {"prefs": {"color": None, "note": None}, "seats": [{"row": None, "window": True}]}),
+        call(
+            "set_prefs",
+            "n2",
+            {"prefs": {"color": None, "note": None, "nickname": None}, "seats": [{"row": None, "window": True}]},
+        ),
         call("repeat", "n3", {"word": None}),  # null for a required parameter stays an error
     ]
     h = await run_turn(agent, calls)
     assert ("repeat", ("hi", 5)) in agent.runs
     prefs = next(args for name, args in agent.runs if name == "set_prefs")
-    assert prefs == (Preferences(color="red", note=None), [Seat(row=1, window=True)])
+    # a null the parameter accepts is kept: it is a value (nickname), not "use the default"
+    assert prefs == (Preferences(color="red", note=None, nickname=None), [Seat(row=1, window=True)])
     out = outputs(h)
     assert out["n3"].is_error and "word" in out["n3"].output
 
@@ -282,6 +302,18 @@ async def test_replace_against_a_call_that_cannot_be_cancelled_refuses_the_new_c
     assert result["b2"]["status"] == "rejected" and "not replaced" in result["b2"]["output"]
     assert "cannot be cancelled" in result["b2"]["output"]
     assert [args for name, args in agent.runs if name == "book"] == [1], "the booking ran once, never cancelled"
+
+
+@on_virtual_clock
+async def test_replace_is_refused_while_the_old_calls_speech_disallows_interruptions() -> None:
+    agent = Shop()
+    calls = [call("hold", "t1", {"table": 1}), call("hold", "t2", {"table": 2})]
+    h = await run_turn(agent, calls, allow_interruptions=False)
+    result = ended(h)
+    assert result["t1"]["status"] == "completed" and result["t1"]["output"] == "held 1"
+    assert result["t2"]["status"] == "rejected" and "not replaced" in result["t2"]["output"]
+    assert "does not allow interruptions" in result["t2"]["output"]
+    assert [args for name, args in agent.runs if name == "hold"] == [1]
 
 
 # -- 9. cancelling a call whose speech does not allow interruptions --------------------------------------------
@@ -349,7 +381,8 @@ async def test_cancel_is_allowed_once_the_protected_speech_is_done() -> None:
 @on_virtual_clock
 async def test_observers_see_why_a_tool_failed_redacted_while_the_model_gets_the_generic_text() -> None:
     agent = Shop()
-    h = await run_turn(agent, [call("explode", "e1"), call("refuse", "e2"), call("repeat", "e3", {"word": "a"})])
+    calls = [call("explode", "e1"), call("refuse", "e2"), call("repeat", "e3", {"word": "a"})]
+    h = await run_turn(agent, [*calls, call("explode_at_length", "e4")])
     out, done = outputs(h), ended(h)
     assert out["e1"].output == INTERNAL_ERROR_OUTPUT, "the model gets the generic text"
     for seen in (done["e1"]["error"], h.session.tool_call("e1").error, h.store.tool_calls[h.sid]["e1"].error):
@@ -357,6 +390,10 @@ async def test_observers_see_why_a_tool_failed_redacted_while_the_model_gets_the
         assert "sk-live-123" not in seen and "abc" not in seen and "[redacted]" in seen
     assert done["e2"]["error"] == "ToolError: No tables left." and out["e2"].output == "No tables left."
     assert done["e3"]["error"] is None
+    long = done["e4"]["error"]  # the first 2,000 characters, and how much was cut
+    assert long == "RuntimeError: " + "x" * (MAX_ERROR_CHARS - len("RuntimeError: ")) + TRUNCATION_MARKER.format(
+        dropped=len("RuntimeError: ") + 5_000 - MAX_ERROR_CHARS
+    )
 
 
 # -- 11. every ctx.update() reaches the model ------------------------------------------------------------------
