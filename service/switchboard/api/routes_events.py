@@ -136,7 +136,7 @@ def _admit(ws: WebSocket, principal: Principal) -> Callable[[], None]:
 def _authorize(ws: WebSocket, session_id: str | None) -> Principal:
     settings = deps.services(ws).settings
     try:
-        credential = url_token(ws.query_params.get("token")) or bearer(None, ws.headers.get("authorization"))
+        credential = url_token(ws.query_params.getlist("token")) or bearer(None, ws.headers.get("authorization"))
         principal = authenticate(settings, credential)
         check(principal, "events:read", session_id)
         if session_id is None and principal.session_id is not None:
