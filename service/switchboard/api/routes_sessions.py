@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
+from ..control.host import SessionView
 from ..control.settings import Settings
 from ..store import InvalidCursor
 from . import audit, deps
@@ -290,6 +292,18 @@ async def get_speech(sid: str, speech_id: str, services: ServicesDep, request: R
     return SpeechRead(**info.model_dump(exclude={"heard_text"}), heard_text=heard)
 
 
+def _token_ttl_s(settings: Settings, session: SessionView, asked: int | None) -> int:
+    """A token's lifetime: the one asked for (else the default), but never past its session's deletion. Once an
+    ended session is deleted (``CLOSED_RETENTION_S`` after it ended) its id is free again, and a token still valid
+    would read whichever session takes that id next. A live session ends now at the earliest."""
+    ttl_s = asked or settings.token_ttl_s
+    if settings.closed_retention_s <= 0:  # ended sessions are kept: an id is never taken twice
+        return ttl_s
+    ended_at = session.record.updated_at.timestamp() if session.ended else time.time()
+    deleted_in_s = ended_at + settings.closed_retention_s - time.time()
+    return max(1, min(ttl_s, math.floor(deleted_in_s)))
+
+
 @router.post(
     "/{sid}/tokens",
     operation_id="createSessionToken",
@@ -307,7 +321,7 @@ async def create_token(
     token cannot create tokens."""
     body = body or TokenCreate()
     scopes = token_scopes(principal_of(request), list(body.scopes) if body.scopes else None)
-    token, expires = issue_token(settings, session.id, body.ttl_s, scopes)
+    token, expires = issue_token(settings, session.id, _token_ttl_s(settings, session, body.ttl_s), scopes)
     return TokenRead(
         token=token,
         session_id=session.id,
