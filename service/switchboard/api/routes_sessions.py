@@ -185,14 +185,10 @@ async def get_chat(
     `next_cursor` is where the next page starts (null on the last). The cursor names the last item returned, so a
     page never repeats an item; an output that arrives later for a call on an earlier page appears on that page when
     it is read again."""
-    items = await session.chat()
-    start = 0
-    if cursor is not None:
-        start = next((i + 1 for i, item in enumerate(items) if item.id == cursor), -1)
-        if start < 0:
-            raise ProblemError(422, "invalid_cursor", "The cursor is not an item of this chat.")
-    page = items[start : start + limit]
-    more = start + limit < len(items)
+    try:
+        page, more = await session.chat_page(cursor, limit)
+    except KeyError:
+        raise ProblemError(422, "invalid_cursor", "The cursor is not an item of this chat.") from None
     return ChatRead(items=page, next_cursor=page[-1].id if more and page else None)
 
 
