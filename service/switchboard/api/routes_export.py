@@ -111,8 +111,9 @@ async def _document(view: SessionView, host: SessionHost) -> AsyncIterator[bytes
 )
 async def export_session(session: KnownSession, host: HostDep) -> StreamingResponse:
     """The whole session as one JSON document: the session resource, its chat context, its tool calls and its
-    event log (operator actions included), for live, closed and failed sessions alike. The log is streamed a page
-    at a time, so a long session costs the service no more memory than a short one."""
+    event log (operator actions included), for live, closed and failed sessions alike. The log, and the chat of a
+    session that ended, are read a page at a time, so a long session costs the service no more memory than a short
+    one."""
     filename = f"session-{session.id}.json"
     return StreamingResponse(
         _document(session, host),
