@@ -182,7 +182,7 @@ async def test_docs_and_metrics_public_or_private_as_configured(
     app = create_app(settings, registry=registry)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
-            for path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):
+            for path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect", "/asyncapi.json"):
                 r = await client.get(path)
                 assert r.status_code == (200 if public_docs else 401), path
                 assert (await client.get(path, headers=bearer(METRICS))).status_code == 200  # any key

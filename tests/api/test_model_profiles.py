@@ -53,8 +53,19 @@ async def _client(app: Any) -> httpx.AsyncClient:
         {"profile": "fast", "base_url": "{url}"},
         {"profile": "fast", "api_key_env": SECRET_ENV},
         {"profile": "fast", "model": "other", "timeout_s": 600},
+        {"provider": ["openai"], "model": "m", "base_url": "{url}", "api_key_env": SECRET_ENV},
+        {"provider": {"name": "openai"}, "model": "m", "base_url": "{url}"},
     ],
-    ids=["url-and-variable", "url", "variable", "profile-plus-url", "profile-plus-variable", "profile-plus-limits"],
+    ids=[
+        "url-and-variable",
+        "url",
+        "variable",
+        "profile-plus-url",
+        "profile-plus-variable",
+        "profile-plus-limits",
+        "provider-as-a-list",
+        "provider-as-an-object",
+    ],
 )
 async def test_a_session_cannot_aim_the_model_at_its_own_url_or_variable(
     tmp_path: Path, registry: AgentRegistry, listener: FakeOpenAI, llm: dict[str, Any]

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
 import pytest
 
+from switchboard.api import routes_export
 from switchboard.api.app import create_app
 from switchboard.api.routes_export import EXPORT_EVENTS_PAGE
 from switchboard.runtime.agent import AgentRegistry
+from switchboard.runtime.chat import ChatItem
+from switchboard.store import store as store_module
+from switchboard.store.rows import items_from_texts
 
 from .conftest import Api, make_settings
 from .test_attention import until
@@ -157,6 +161,34 @@ async def test_export_streams_a_log_longer_than_a_page(api: Api) -> None:
     log = await events(api, "long")
     assert len(log) > EXPORT_EVENTS_PAGE
     assert [e["seq"] for e in log] == list(range(1, len(log) + 1))
+
+
+async def test_export_of_an_ended_session_reads_its_chat_a_page_at_a_time(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The export read an ended session's whole chat at once: each export of a long chat held all of it."""
+    monkeypatch.setattr(routes_export, "EXPORT_CHAT_PAGE", 7)
+    await api.create(id="chatty", llm={"provider": "scripted", "turns": []})
+    for i in range(30):
+        r = await api.client.post("/v1/sessions/chatty/say", json={"text": f"line {i}", "add_to_chat": True})
+        assert r.is_success
+
+    async def all_said() -> bool:
+        return len((await api.client.get("/v1/sessions/chatty/chat")).json()["items"]) == 30
+
+    await until(all_said, timeout=20)
+    chat = (await api.client.get("/v1/sessions/chatty/chat")).json()["items"]
+    assert (await api.client.delete("/v1/sessions/chatty")).status_code == 204
+    parsed: list[int] = []
+
+    def counted(texts: Sequence[str]) -> list[ChatItem]:
+        parsed.append(len(texts))
+        return items_from_texts(texts)
+
+    monkeypatch.setattr(store_module, "items_from_texts", counted)
+    doc = json.loads((await api.client.get("/v1/sessions/chatty/export")).content)
+    assert doc["chat"] == chat
+    assert parsed and max(parsed) <= 7, parsed
 
 
 async def test_export_needs_the_read_scope(tmp_path: Any, registry: AgentRegistry) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +166,32 @@ async def test_a_create_cut_off_in_its_commit_runs_if_its_row_landed_and_is_forg
     assert (await _create(client, WRITER)).json()["code"] == "session_quota_exceeded"
     assert host.live("not-landed") is None and not host.lease.fence.owns("not-landed")
     assert (await _create(client, NEIGHBOUR, id="not-landed")).status_code == 201
+
+
+@pytest.mark.parametrize(
+    "served",
+    [{"api_keys": KEYS, "closed_retention_s": 2, "housekeeping_interval_s": 0.05, "idle_timeout_s": 0}],
+    indirect=True,
+)
+async def test_a_session_token_never_outlives_its_session(served: Any):
+    """A 7-day token for "support-42" read the next session to take that id, once the first had been deleted."""
+    _, client = served
+    week = 7 * 24 * 3600
+    assert (await _create(client, WRITER, id="support-42", metadata={"customer": "alice"})).status_code == 201
+    r = await client.post("/v1/sessions/support-42/tokens", json={"ttl_s": week}, headers=bearer(WRITER))
+    assert r.status_code == 201, r.text
+    token, expires_at = r.json()["token"], datetime.fromisoformat(r.json()["expires_at"])
+    assert expires_at <= datetime.now(UTC) + timedelta(seconds=2)  # deleted 2 s after it ends, at the earliest
+    assert (await client.get("/v1/sessions/support-42", headers=bearer(token))).status_code == 200
+    assert (await client.delete("/v1/sessions/support-42", headers=bearer(WRITER))).status_code == 204
+    ended = datetime.now(UTC)
+    r = await client.post("/v1/sessions/support-42/tokens", json={"ttl_s": week}, headers=bearer(WRITER))
+    assert datetime.fromisoformat(r.json()["expires_at"]) <= ended + timedelta(seconds=2)  # minted once it ended
+
+    async def deleted() -> bool:
+        return (await client.get("/v1/sessions/support-42", headers=bearer(WRITER))).status_code == 404
+
+    await until(deleted, timeout=10)
+    assert (await _create(client, NEIGHBOUR, id="support-42", metadata={"customer": "bob"})).status_code == 201
+    r = await client.get("/v1/sessions/support-42", headers=bearer(token))
+    assert r.status_code == 401 and r.json()["code"] == "token_expired", r.text

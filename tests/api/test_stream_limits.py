@@ -16,7 +16,13 @@ import httpx
 import pytest
 
 from switchboard.api.app import create_app
-from switchboard.api.routes_events import MAX_TYPE_GLOBS, REPLAY_PAGE
+from switchboard.api.routes_events import (
+    MAX_TYPE_CHARS,
+    MAX_TYPE_GLOB_CHARS,
+    MAX_TYPE_GLOBS,
+    MAX_TYPE_WILDCARDS,
+    REPLAY_PAGE,
+)
 from switchboard.control.settings import ALL_SCOPES, ApiKey
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.events import type_matcher
@@ -86,6 +92,13 @@ async def test_filters_are_bounded(service: tuple[Any, str], stream: str) -> Non
     long = "tool." + "*a" * 200
     code, reason = await AsgiWebSocket(app, path, f"types={long}", headers=_auth(READER)).closed()
     assert code == 4400 and "characters" in reason, (code, reason)
+    # within those, a filter whose compiling took ~45 ms of the event loop, for every connection with a new one
+    costly = ",".join(("*a" * 50)[: MAX_TYPE_GLOB_CHARS - 2] + f"{i:02d}" for i in range(MAX_TYPE_GLOBS))
+    code, reason = await AsgiWebSocket(app, path, f"types={costly}", headers=_auth(READER)).closed()
+    assert code == 4400 and f"{MAX_TYPE_CHARS} characters in all" in reason, (code, reason)
+    starry = ",".join("*" * 20 for _ in range(4))
+    code, reason = await AsgiWebSocket(app, path, f"types={starry}", headers=_auth(READER)).closed()
+    assert code == 4400 and f"{MAX_TYPE_WILDCARDS} wildcards" in reason, (code, reason)
     ok = ",".join(f"tool.x{i}*" for i in range(MAX_TYPE_GLOBS))
     ws = await _open(app, path, READER, f"types={ok}")
     assert ws.accepted and ws.close is None

@@ -15,6 +15,7 @@ import yaml
 from switchboard.api.app import create_app
 from switchboard.integrations.webhooks import REPORT_TOKEN_HEADER
 from switchboard.runtime.agent import AgentRegistry
+from switchboard.runtime.tools import MAX_PROGRESS_CHARS
 from tests.agents_fixture import AGENTS as TEST_AGENTS
 from tests.webhook_backend import FakeBackend
 
@@ -468,6 +469,21 @@ async def test_lone_surrogates_from_a_backend_answer_and_reports_become_the_repl
 
 
 # -- answers too big to take -----------------------------------------------------------------------------------------
+
+
+async def test_a_progress_message_is_cut_to_its_limit_with_a_marker(hooks: Hooks):
+    """A report's message reaches the call's record (its latest 50), the events, the chat and the model: 60,000
+    characters a report once went everywhere whole (5.8 MB of tool calls after 96 reports)."""
+    hooks.backend.answers["refund"] = [(202, None)]
+    sid = await hooks.session(call_turn("refund", "Refunding."), {"text": "Started."})
+    call_id = (await hooks.backend.next("call"))["call_id"]
+    for _ in range(2):  # the first update moves the call to the background, each later one is a pair of its own
+        assert (await hooks.progress(sid, call_id, "p" * 60_000)).status_code == 200
+    marker = f"[output truncated: {60_000 - MAX_PROGRESS_CHARS} more characters not shown]"
+    messages = [p["message"] for p in (await hooks.call(sid, "refund"))["progress"]]
+    assert messages == [messages[0]] * 2 and messages[0] == "p" * MAX_PROGRESS_CHARS + "\n" + marker
+    outputs = [i["output"] for i in await hooks.chat(sid) if i["type"] == "function_call_output"]
+    assert len(outputs) == 2 and all(len(o) < MAX_PROGRESS_CHARS + 300 and marker in o for o in outputs)
 
 
 async def test_an_answer_bigger_than_the_cap_fails_the_call_unread(hooks: Hooks):

@@ -189,7 +189,13 @@ async def test_credentials_never_reach_the_server_log(server: Server):
     await refused(f"{server.ws_url}/v1/events?token={token}")
     await refused(f"{server.ws_url}/v1/sessions/{sid}/events?token={expired}")
     await refused(f"{server.ws_url}/v1/sessions/{sid}/events?token={NO_EVENTS}")
+    # a key in the wrong place is still a key: beside a session token, under another name, in a path
+    both = f"{server.ws_url}/v1/sessions/{sid}/events?token={READER}&token={token}"
+    assert await refused(both) == (4401, "key_in_url")
+    await refused(f"{server.ws_url}/v1/events?api_key={ADMIN}")
     async with httpx.AsyncClient(base_url=server.url) as client:
+        assert (await client.get(f"/v1/sessions?key={READER}")).status_code == 401
+        assert (await client.get(f"/v1/sessions/{NO_EVENTS}", headers=bearer(ADMIN))).status_code == 404
         assert (await client.get(f"/v1/sessions/{sid}", headers=bearer(token))).status_code == 200
         assert (
             await client.get(f"/v1/sessions/{sid}", params={"token": ADMIN}, headers=bearer(READER))

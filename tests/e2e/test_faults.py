@@ -461,3 +461,42 @@ async def test_malformed_websocket_frames_are_closed_and_the_server_stays_health
     # the service logs no error and no request failed
     logs = server.logs()
     assert " ERROR switchboard" not in logs and "Exception in ASGI application" not in logs, logs[-3000:]
+
+
+def _upgrade(path: str, extra_headers: str = "") -> bytes:
+    return (
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra_headers}\r\n"
+    ).encode()
+
+
+def _answer_until_closed(port: int, request: bytes, timeout_s: float = 5.0) -> bytes:
+    """What the server answers ``request`` before it closes the connection (a TimeoutError if it never does)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+async def test_a_websocket_handshake_too_large_to_read_is_answered_and_closed(tmp_path: Path):
+    """A handshake the WebSocket parser cannot read (a request line or a header over 8 KiB, too many headers) got no
+    answer and its connection stayed open for good (one file descriptor each, before any credential is checked);
+    at shutdown the server then failed on it and ended with a traceback."""
+    server = Server(tmp_path, SWITCHBOARD_API_KEYS=json.dumps([{"key": "k" * 32, "scopes": ["events:read"]}]))
+    await asyncio.to_thread(server.start)
+    try:
+        too_large = {
+            b"414": _upgrade("/v1/events?session_ids=" + "x" * 9000),
+            b"431": _upgrade("/v1/events", f"X-Pad: {'x' * 9000}\r\n"),
+            b"431 ": _upgrade("/v1/events", "".join(f"X-Pad-{i}: x\r\n" for i in range(200))),
+        }
+        for status, request in too_large.items():
+            answer = await asyncio.to_thread(_answer_until_closed, server.port, request)
+            assert answer.startswith(b"HTTP/1.1 " + status.strip()), answer[:200]
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            assert (await client.get("/healthz")).status_code == 200
+    finally:
+        await asyncio.to_thread(server.stop)
+    assert "Traceback" not in server.logs(), server.logs()[-3000:]

@@ -270,7 +270,7 @@ def create_app(
     app.include_router(routes_media.router)
     app.include_router(routes_agui.router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_health.router)
-    app.include_router(asyncapi.router)  # GET /asyncapi.json, like /openapi.json: public, outside the schema
+    app.include_router(asyncapi.router)  # GET /asyncapi.json, like /openapi.json: outside the schema
     # the operator console: static ES modules, a pure client of the public API (/console redirects to /console/)
     app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
     # added first, so inside BodyLimit: the deadline counts handling time, not the time the body takes to arrive

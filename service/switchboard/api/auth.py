@@ -8,6 +8,7 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,12 +167,13 @@ def bearer(request_headers: dict[str, str] | None, header: str | None) -> str | 
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
-def url_token(value: str | None) -> str | None:
-    """A credential passed in a URL (``?token=``): session tokens only. URLs end up in access logs, proxy logs and
-    browser history, so an API key there is refused (and so is never accepted from a page that can only set a URL)."""
-    if value and not value.startswith(TOKEN_PREFIX):
+def url_token(values: Sequence[str]) -> str | None:
+    """The credential passed in a URL (every ``?token=`` of it; the last one counts): session tokens only. URLs end
+    up in access logs, proxy logs and browser history, so an API key there is refused, also beside a session token
+    (and so is never accepted from a page that can only set a URL)."""
+    if any(value and not value.startswith(TOKEN_PREFIX) for value in values):
         raise AuthError(401, "key_in_url", "API keys are not accepted in URLs: send 'Authorization: Bearer <key>'.")
-    return value
+    return values[-1] if values else None
 
 
 def refuse_session_token(principal: Principal) -> None:

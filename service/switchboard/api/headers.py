@@ -4,7 +4,10 @@ the unexpected-error handler (``problems``), which answers from outside every mi
 
 from __future__ import annotations
 
-DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+# the documents describe the API, the pages show them: public, or for any credential (``PUBLIC_DOCS``)
+DOCS_DOCUMENTS = frozenset({"/openapi.json", "/asyncapi.json"})
+DOCS_PAGES = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc"})
+DOCS_PATHS = DOCS_PAGES | DOCS_DOCUMENTS
 
 # The console is static ES modules and a stylesheet from its own origin; its streams are same-origin WebSockets.
 CONSOLE_CSP = (
@@ -24,7 +27,7 @@ COMMON_HEADERS = (
 def csp_for(path: str) -> str:
     if path == "/console" or path.startswith("/console/"):
         return CONSOLE_CSP
-    if path in DOCS_PATHS and path != "/openapi.json":
+    if path in DOCS_PAGES:
         return DOCS_CSP
     return API_CSP
 

@@ -95,7 +95,8 @@ async def stream_session_agui(
     services = deps.services(request)
     try:
         principal = authenticate(
-            services.settings, url_token(token) or bearer(None, request.headers.get("authorization"))
+            services.settings,
+            url_token(request.query_params.getlist("token")) or bearer(None, request.headers.get("authorization")),
         )
         check(principal, "events:read", sid)
     except AuthError as err:

@@ -12,7 +12,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..control.host import SessionHost, SessionView
-from ..runtime.chat import utcnow
+from ..runtime.chat import ChatItem, utcnow
 from . import deps
 from .auth import Require
 from .deps import HostDep, KnownSession
@@ -23,8 +23,10 @@ router = APIRouter(tags=["sessions"])
 logger = logging.getLogger(__name__)
 
 EXPORT_FORMAT = "switchboard.session-export/1"
-#: Events read from the store at a time: the export of a long session never holds its whole log in memory.
+#: Events (and chat items of an ended session) read from the store at a time: the export of a long session never
+#: holds its whole log or chat in memory.
 EXPORT_EVENTS_PAGE = 500
+EXPORT_CHAT_PAGE = 500
 
 
 def _json(value: Any) -> bytes:
@@ -37,6 +39,22 @@ def _array(name: str, values: Iterable[Any]) -> Iterator[bytes]:
     for i, value in enumerate(values):
         yield (b"," if i else b"") + _json(value)
     yield b"]"
+
+
+async def _chat(view: SessionView) -> AsyncIterator[ChatItem]:
+    """The chat: a live session's from memory, an ended one's from the store a page at a time."""
+    if view.live is not None:
+        for item in await view.chat():
+            yield item
+        return
+    cursor = None
+    while True:
+        page, more = await view.chat_page(cursor, EXPORT_CHAT_PAGE)
+        for item in page:
+            yield item
+        if not more or not page:
+            return
+        cursor = page[-1].id
 
 
 async def _events(view: SessionView, host: SessionHost) -> AsyncIterator[ExportedEvent]:
@@ -56,8 +74,12 @@ async def _document(view: SessionView, host: SessionHost) -> AsyncIterator[bytes
     """The document in pieces, each value encoded on its own; the event log is read a page at a time."""
     head = {"format": EXPORT_FORMAT, "exported_at": utcnow(), "session": deps.session_read(view, host)}
     yield _json(head)[:-1]
-    for piece in _array("chat", await view.chat()):
-        yield piece
+    yield b',"chat":['
+    first = True
+    async for item in _chat(view):
+        yield (b"" if first else b",") + _json(item)
+        first = False
+    yield b"]"
     calls = await view.tool_calls()
     for piece in _array("tool_calls", (deps.tool_call_read(view.id, info) for info in calls)):
         yield piece
@@ -89,8 +111,9 @@ async def _document(view: SessionView, host: SessionHost) -> AsyncIterator[bytes
 )
 async def export_session(session: KnownSession, host: HostDep) -> StreamingResponse:
     """The whole session as one JSON document: the session resource, its chat context, its tool calls and its
-    event log (operator actions included), for live, closed and failed sessions alike. The log is streamed a page
-    at a time, so a long session costs the service no more memory than a short one."""
+    event log (operator actions included), for live, closed and failed sessions alike. The log, and the chat of a
+    session that ended, are read a page at a time, so a long session costs the service no more memory than a short
+    one."""
     filename = f"session-{session.id}.json"
     return StreamingResponse(
         _document(session, host),

@@ -93,7 +93,7 @@ class _Bucket:
 def _authorize(ws: WebSocket, sid: str) -> None:
     settings = deps.services(ws).settings
     try:
-        credential = url_token(ws.query_params.get("token")) or bearer(None, ws.headers.get("authorization"))
+        credential = url_token(ws.query_params.getlist("token")) or bearer(None, ws.headers.get("authorization"))
         check(authenticate(settings, credential), SCOPE, sid)
     except AuthError as err:
         raise _Closed(CLOSE_UNAUTHENTICATED if err.status == 401 else CLOSE_FORBIDDEN, err.code) from None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
+from ..control.host import SessionView
 from ..control.settings import Settings
 from ..store import InvalidCursor
 from . import audit, deps
@@ -183,14 +185,10 @@ async def get_chat(
     `next_cursor` is where the next page starts (null on the last). The cursor names the last item returned, so a
     page never repeats an item; an output that arrives later for a call on an earlier page appears on that page when
     it is read again."""
-    items = await session.chat()
-    start = 0
-    if cursor is not None:
-        start = next((i + 1 for i, item in enumerate(items) if item.id == cursor), -1)
-        if start < 0:
-            raise ProblemError(422, "invalid_cursor", "The cursor is not an item of this chat.")
-    page = items[start : start + limit]
-    more = start + limit < len(items)
+    try:
+        page, more = await session.chat_page(cursor, limit)
+    except KeyError:
+        raise ProblemError(422, "invalid_cursor", "The cursor is not an item of this chat.") from None
     return ChatRead(items=page, next_cursor=page[-1].id if more and page else None)
 
 
@@ -290,6 +288,18 @@ async def get_speech(sid: str, speech_id: str, services: ServicesDep, request: R
     return SpeechRead(**info.model_dump(exclude={"heard_text"}), heard_text=heard)
 
 
+def _token_ttl_s(settings: Settings, session: SessionView, asked: int | None) -> int:
+    """A token's lifetime: the one asked for (else the default), but never past its session's deletion. Once an
+    ended session is deleted (``CLOSED_RETENTION_S`` after it ended) its id is free again, and a token still valid
+    would read whichever session takes that id next. A live session ends now at the earliest."""
+    ttl_s = asked or settings.token_ttl_s
+    if settings.closed_retention_s <= 0:  # ended sessions are kept: an id is never taken twice
+        return ttl_s
+    ended_at = session.record.updated_at.timestamp() if session.ended else time.time()
+    deleted_in_s = ended_at + settings.closed_retention_s - time.time()
+    return max(1, min(ttl_s, math.floor(deleted_in_s)))
+
+
 @router.post(
     "/{sid}/tokens",
     operation_id="createSessionToken",
@@ -307,7 +317,7 @@ async def create_token(
     token cannot create tokens."""
     body = body or TokenCreate()
     scopes = token_scopes(principal_of(request), list(body.scopes) if body.scopes else None)
-    token, expires = issue_token(settings, session.id, body.ttl_s, scopes)
+    token, expires = issue_token(settings, session.id, _token_ttl_s(settings, session, body.ttl_s), scopes)
     return TokenRead(
         token=token,
         session_id=session.id,

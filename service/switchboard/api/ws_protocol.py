@@ -104,6 +104,20 @@ class EventStreamProtocol(WebSocketsSansIOProtocol):
                 extensions[SHARED_FRAMES] = self.send_shared
                 extensions[SHARED_FRAMES_WHEN_WRITABLE] = self.send_shared_when_writable
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self.handshake_initiated and self.conn.handshake_exc is not None:
+            self._refuse_unreadable_request()
+
+    def _refuse_unreadable_request(self) -> None:
+        """Answer and close a handshake the websockets library could not read (a request line or headers over its
+        limits): it wrote its 414 / 431, but uvicorn sends only what follows a request it was given, so the
+        connection would stay open for good, and a shutdown would fail on it trying to answer a second time."""
+        self.handshake_complete = True
+        self.close_sent = True
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.close()
+
     def send_shared(self, *texts: str) -> bool:
         """Write each of ``texts`` as a text message, their bytes shared with every connection that encodes them
         alike, in one write. False when this connection cannot take them at once (not open, or its socket buffer

@@ -72,7 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"switchboard: {err}", file=sys.stderr)
         return 2
-    logs.configure(settings.log_level, json_lines=settings.log_json)
+    logs.configure(settings.log_level, json_lines=settings.log_json, secrets=settings.secret_values())
     _ensure_sqlite_dir(settings.database_url)
     # like `python -m`, find agent modules in the working directory (SWITCHBOARD_AGENTS=myagents:AGENTS)
     if os.getcwd() not in sys.path:
@@ -111,7 +111,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from ..store import Store
 
     settings = _settings(args)
-    logs.configure(settings.log_level)
+    logs.configure(settings.log_level, secrets=settings.secret_values())
     _ensure_sqlite_dir(settings.database_url)
 
     async def run() -> None:

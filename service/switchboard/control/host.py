@@ -110,6 +110,19 @@ class SessionView:
             return self.live.chat.items
         return await self.store.chat_items(self.id)
 
+    async def chat_page(self, cursor: str | None, limit: int) -> tuple[list[ChatItem], bool]:
+        """The ``limit`` chat items after the item ``cursor`` (None: from the start) and whether more follow; from
+        the store, only those items are read. Raises ``KeyError`` when ``cursor`` is not an item of this chat."""
+        if self.live is None:
+            return await self.store.chat_page(self.id, cursor, limit)
+        items = self.live.chat.items
+        start = 0
+        if cursor is not None:
+            start = next((i + 1 for i, item in enumerate(items) if item.id == cursor), -1)
+            if start < 0:
+                raise KeyError(cursor)
+        return items[start : start + limit], start + limit < len(items)
+
     async def speech(self, speech_id: str) -> SpeechInfo | None:
         handle = self.live.speech(speech_id) if self.live is not None else None
         if handle is not None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterable
 from datetime import UTC, datetime
+from urllib.parse import quote
 
 from ..runtime.redaction import redact
 
@@ -13,7 +15,14 @@ _CONTEXT_FIELDS = ("session_id", "call_id", "speech_id")
 
 
 class RedactSecrets(logging.Filter):
-    """A handler filter: no credential reaches a log line, whoever logged it."""
+    """A handler filter: no credential reaches a log line, whoever logged it. Besides what looks like one (``redact``),
+    the server's own secrets (``secrets``: its API keys, token and cluster secrets) wherever they appear: a key a
+    client put in the wrong query parameter, in a path or in a message is still the key."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        known = {form for secret in secrets if secret for form in (secret, quote(secret, safe=""))}
+        self._secrets = sorted(known, key=len, reverse=True)  # a secret holding another is replaced whole
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -21,6 +30,9 @@ class RedactSecrets(logging.Filter):
         except Exception:  # a malformed record: let the handler report it
             return True
         clean = redact(message)
+        for secret in self._secrets:
+            if secret in clean:
+                clean = clean.replace(secret, "[redacted]")
         if clean != message:
             record.msg, record.args = clean, None
         return True
@@ -52,13 +64,13 @@ class _JsonFormatter(logging.Formatter):
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
 
-def configure(level: str = "INFO", *, json_lines: bool = False) -> None:
+def configure(level: str = "INFO", *, json_lines: bool = False, secrets: Iterable[str] = ()) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if json_lines:
         handler.setFormatter(_JsonFormatter())
     else:
         handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(RedactSecrets())
+    handler.addFilter(RedactSecrets(secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

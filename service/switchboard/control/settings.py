@@ -165,6 +165,10 @@ class Settings(BaseSettings):
         if self.cluster_secret is None and not (is_loopback_name(self.host) and is_loopback_name(advertised or "")):
             raise ValueError("cluster mode on a non-loopback address needs SWITCHBOARD_CLUSTER_SECRET (32+ chars)")
 
+    def secret_values(self) -> list[str]:
+        """The secrets these settings hold (API keys, the token and cluster secrets): kept out of every log line."""
+        return [*(api_key.key for api_key in self.api_keys), self.token_secret, self.cluster_secret or ""]
+
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)

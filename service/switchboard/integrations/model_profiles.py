@@ -116,7 +116,7 @@ class ModelProfiles:
         if "profile" in requested:
             return self._profile(requested)
         provider = requested.get("provider", "scripted")
-        if provider in SELF_CONTAINED_PROVIDERS:
+        if isinstance(provider, str) and provider in SELF_CONTAINED_PROVIDERS:
             if not self.sessions_may_script:
                 raise ValueError(
                     f"a session cannot bring its own {provider!r} model while API keys are configured: it is a test "

@@ -34,6 +34,7 @@ from .tool_call import (
     without_handoff,
 )
 from .tools import (
+    MAX_PROGRESS_CHARS,
     FunctionTool,
     ProgressUpdate,
     RunContext,
@@ -42,6 +43,7 @@ from .tools import (
     ToolCallInfo,
     ToolCancelled,
     ToolStatus,
+    capped_output,
 )
 
 logger = logging.getLogger("switchboard.runtime.tools")
@@ -380,10 +382,12 @@ class ToolExecutor:
         )
 
     async def report_progress(self, rc: RunningCall, message: str, progress: float | None) -> None:
-        """Write and report one update; an update once the call's end is decided is ignored (it never reopens
-        the call). Shielded: a tool cancelled meanwhile never leaves an update durable but not applied."""
+        """Write and report one update (its message cut at ``MAX_PROGRESS_CHARS``, with a marker); an update once
+        the call's end is decided is ignored (it never reopens the call). Shielded: a tool cancelled meanwhile never
+        leaves an update durable but not applied."""
         if rc.ended or rc.ending:
             return
+        message = capped_output(message, MAX_PROGRESS_CHARS)
         await asyncio.shield(self._report_progress(rc, message, progress))
 
     async def _report_progress(self, rc: RunningCall, message: str, progress: float | None) -> None:

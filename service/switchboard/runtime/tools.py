@@ -278,6 +278,9 @@ def format_validation_error(tool: str, err: ValidationError) -> str:
 
 #: The most of a tool's output that is kept; the rest is cut, and the cut is marked so the model and readers see it.
 MAX_TOOL_OUTPUT_CHARS = 16_000
+# a progress update is a status line; up to ``PROGRESS_KEPT`` of them stay on the call's record, and each one is a
+# pair the model sees
+MAX_PROGRESS_CHARS = 1_000
 TRUNCATION_MARKER = "\n[output truncated: {dropped} more characters not shown]"
 
 

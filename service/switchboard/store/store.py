@@ -279,13 +279,32 @@ class Store:
         stmt = sa.select(t.c.session_id, t.c.pos, ITEM_DATA).where(t.c.session_id == sid).order_by(t.c.pos)
         return self._items(await self._fetch(stmt))
 
+    async def chat_page(self, sid: str, cursor: str | None, limit: int) -> tuple[list[ChatItem], bool]:
+        """The ``limit`` items of the chat (ordered as ``chat_items`` orders it) after the item ``cursor`` (None:
+        from the start), and whether more follow. Reads those rows only: a page of a long chat costs what a page of
+        a short one does. Raises ``KeyError`` when ``cursor`` is not an item of this chat."""
+        async with self.engine.connect() as conn:
+            after, rows = await _resume_point(conn, sid, cursor)
+            anchors = (await conn.execute(_anchors_after(sid, after, limit + 1))).mappings().all()
+            calls = [row["call_id"] for row in anchors if row["type"] == CALL]
+            by_call: dict[str, list[RowMapping]] = {}
+            for row in (await conn.execute(_outputs_of(sid, calls))).mappings().all() if calls else ():
+                by_call.setdefault(row["call_id"], []).append(row)
+        for anchor in anchors:
+            rows.append(anchor)
+            if anchor["type"] == CALL:
+                rows.extend(by_call.get(anchor["call_id"], ()))
+        return self._parsed(rows[:limit]), len(rows) > limit
+
     def _items(self, rows: Sequence[RowMapping]) -> list[ChatItem]:
         """One session's item rows (in ``pos`` order) as its ordered chat context; bad rows are skipped."""
+        return order_items(self._parsed(rows))
+
+    def _parsed(self, rows: Sequence[RowMapping]) -> list[ChatItem]:
         try:
-            items = items_from_texts([row["data"] for row in rows])
+            return items_from_texts([row["data"] for row in rows])
         except BadRow:  # find, report and skip the bad rows
-            items = self._convert(rows, item_from_row, "chat_items")
-        return order_items(items)
+            return self._convert(rows, item_from_row, "chat_items")
 
     async def tool_calls(self, sid: str, status: str | None = None) -> list[ToolCallInfo]:
         t = m.tool_calls
@@ -474,6 +493,53 @@ class Store:
 
 def _owner_lock_key(owner: str) -> int:
     return int.from_bytes(hashlib.blake2b(owner.encode(), digest_size=4).digest(), "big", signed=True)
+
+
+CALL, OUTPUT = "function_call", "function_call_output"
+_PAGE_COLUMNS = (m.chat_items.c.pos, m.chat_items.c.type, m.chat_items.c.call_id, m.chat_items.c.created_at, ITEM_DATA)
+
+
+def _outputs_of(sid: str, call_ids: Sequence[str]) -> sa.Select[Any]:
+    t = m.chat_items
+    where = (t.c.session_id == sid, t.c.type == OUTPUT, t.c.call_id.in_(call_ids))
+    return sa.select(*_PAGE_COLUMNS).where(*where).order_by(t.c.created_at, t.c.pos)
+
+
+def _anchors_after(sid: str, after: RowMapping | None, limit: int) -> sa.Select[Any]:
+    """The items ``order_items`` places by their own time (all but the outputs of calls in the chat), after
+    ``after``, by (created_at, pos): the outputs of each call follow it."""
+    t, calls = m.chat_items, m.chat_items.alias("calls")
+    has_call = sa.exists().where(calls.c.session_id == sid, calls.c.type == CALL, calls.c.call_id == t.c.call_id)
+    stmt = sa.select(*_PAGE_COLUMNS).where(t.c.session_id == sid, sa.not_(sa.and_(t.c.type == OUTPUT, has_call)))
+    if after is not None:
+        later = sa.and_(t.c.created_at == after["created_at"], t.c.pos > after["pos"])
+        stmt = stmt.where(sa.or_(t.c.created_at > after["created_at"], later))
+    return stmt.order_by(t.c.created_at, t.c.pos).limit(limit)
+
+
+async def _resume_point(conn: Any, sid: str, cursor: str | None) -> tuple[RowMapping | None, list[RowMapping]]:
+    """Where a page after ``cursor`` starts: the item placed by its own time that the cursor is (or whose outputs
+    it is one of), and the outputs of that item still to come."""
+    if cursor is None:
+        return None, []
+    t = m.chat_items
+    found = (
+        await conn.execute(sa.select(*_PAGE_COLUMNS).where(t.c.session_id == sid, t.c.item_id == cursor))
+    ).mappings()
+    row = found.first()
+    if row is None:
+        raise KeyError(cursor)
+    if row["type"] == CALL:
+        return row, list((await conn.execute(_outputs_of(sid, [row["call_id"]]))).mappings().all())
+    if row["type"] != OUTPUT:
+        return row, []
+    calls = sa.select(*_PAGE_COLUMNS).where(t.c.session_id == sid, t.c.type == CALL, t.c.call_id == row["call_id"])
+    call = (await conn.execute(calls.order_by(t.c.created_at, t.c.pos).limit(1))).mappings().first()
+    if call is None:  # an output whose call is not in the chat keeps its own place
+        return row, []
+    outputs = list((await conn.execute(_outputs_of(sid, [row["call_id"]]))).mappings().all())
+    done = next(i for i, output in enumerate(outputs) if output["pos"] == row["pos"])
+    return call, outputs[done + 1 :]
 
 
 def _type_filter(column: sa.ColumnElement[str], patterns: list[str] | None) -> sa.ColumnElement[bool] | None:
