@@ -10,6 +10,7 @@ import pytest
 
 from switchboard.api.forward import FORWARDED_HEADER, ForwardedGuard
 from switchboard.api.problems import problem_response
+from switchboard.control.settings import Settings
 
 from .conftest import Api
 
@@ -90,3 +91,24 @@ async def test_a_relayed_websocket_is_taken_only_with_the_cluster_secret(
             {"type": "websocket.accept"},
             {"type": "websocket.close", "code": 4403, "reason": "forward_unauthenticated"},
         ]
+
+
+@pytest.mark.parametrize("keys", [False, True])
+def test_a_loopback_cluster_with_api_keys_needs_the_secret(keys: bool):
+    """Without a secret, the forwarded mark's value is a known word ("loopback"): with auth off every caller may do
+    everything anyway, but with API keys a key holder on the machine could claim a forward and skip the rate limit
+    charged where a command arrives. So a cluster with keys does not start without the secret, even on loopback."""
+    given: dict[str, Any] = {
+        "database_url": "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
+        "redis_url": "redis://127.0.0.1:6379/0",
+        "host": "127.0.0.1",
+    }
+    if keys:
+        given["api_keys"] = [{"key": "k" * 32, "scopes": ["sessions:read"]}]
+    settings = Settings(**given)
+    if not keys:
+        settings.check_cluster()  # auth off: the loopback word is enough
+        return
+    with pytest.raises(ValueError, match="SWITCHBOARD_CLUSTER_SECRET"):
+        settings.check_cluster()
+    Settings(**given, cluster_secret=SECRET).check_cluster()

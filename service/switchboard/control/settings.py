@@ -156,11 +156,15 @@ class Settings(BaseSettings):
         return CLUSTER_LEASE_S if self.cluster_mode else SINGLE_LEASE_S
 
     def check_cluster(self) -> None:
-        """Cluster mode needs PostgreSQL, and a secret for node-to-node calls unless every address is loopback."""
+        """Cluster mode needs PostgreSQL, and a secret for node-to-node calls unless every address is loopback and
+        auth is off. With API keys, a forwarded call skips the rate limits it was charged where it arrived, so a key
+        holder on the same machine must not be able to claim one: without a secret the claim is a known word."""
         if not self.cluster_mode:
             return
         if not self.database_url.startswith(("postgresql", "postgres")):
             raise ValueError("cluster mode (SWITCHBOARD_REDIS_URL) needs a PostgreSQL SWITCHBOARD_DATABASE_URL")
+        if self.cluster_secret is None and self.auth_enabled:
+            raise ValueError("cluster mode with SWITCHBOARD_API_KEYS needs SWITCHBOARD_CLUSTER_SECRET (32+ chars)")
         advertised = urlsplit(self.advertise_url).hostname if self.advertise_url else self.host
         if self.cluster_secret is None and not (is_loopback_name(self.host) and is_loopback_name(advertised or "")):
             raise ValueError("cluster mode on a non-loopback address needs SWITCHBOARD_CLUSTER_SECRET (32+ chars)")
