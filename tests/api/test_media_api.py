@@ -79,9 +79,37 @@ async def test_a_frame_over_the_size_limit_closes_the_edge(tmp_path: Any, regist
             assert ws.frames[0]["code"] == "text_too_long" and ws.frames[1] == {"type": "pong"}
             send(ws, {"type": "user.transcript", "text": "x" * 2000})
             code, reason = await ws.closed()
-            assert code == 1009 and "at most 1124 characters" in reason
+            assert code == 1009 and "at most 1624 characters" in reason
             r = await client.post(f"/v1/sessions/{sid}/input", json={"text": "hello"})
             assert r.status_code == 202
+
+
+async def test_a_transcript_at_the_text_limit_is_taken_however_its_frame_escapes_it(
+    tmp_path: Any, registry: AgentRegistry
+) -> None:
+    """The text limit is on the text: an edge whose encoder escapes every non-ASCII character (``\\u00e9``, six
+    characters for one) sends a frame six times as long, and it is still taken (it was closed 1009)."""
+    app = create_app(make_settings(tmp_path, max_text_chars=300), registry=registry)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            api = Api(client, app)
+            sid = await create(api, [])
+            ws = AsgiWebSocket(app, f"/v1/sessions/{sid}/media")
+            text = "\u00e9" * 300  # 300 characters, each escaped in the frame
+            frame = json.dumps({"type": "user.transcript", "text": text}, ensure_ascii=True)
+            assert len(frame) > 300 + routes_media.FRAME_OVERHEAD_CHARS
+            send(ws, frame)
+            send(ws, {"type": "ping"})
+            await until(lambda: _user_text(api, sid, text))
+            await until(lambda: frames(ws, 1))
+            assert not any(frame.get("type") == "error" for frame in ws.frames)
+            await ws.disconnect()
+
+
+async def _user_text(api: Api, sid: str, text: str) -> bool:
+    chat = (await api.client.get(f"/v1/sessions/{sid}/chat")).json()["items"]
+    return any(item.get("role") == "user" and item.get("text") == text for item in chat)
 
 
 async def test_barge_in_latency_is_measured_from_the_frame_read_to_the_stop_written(api: Api) -> None:

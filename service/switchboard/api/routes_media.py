@@ -59,6 +59,15 @@ router = APIRouter(tags=["media"])
 SCOPE = "media:connect"
 WATCH_INTERVAL_S = 0.25  # how often a connection checks that its session still runs here
 FRAME_OVERHEAD_CHARS = 1024  # a transcript frame's JSON around its text
+ESCAPED_CHARS = 6  # a character JSON-escaped as \uXXXX (what most encoders do with non-ASCII text by default)
+
+
+def max_frame_chars(max_text_chars: int) -> int:
+    """The longest frame taken: a transcript of ``max_text_chars`` characters, each escaped, in its frame. The text's
+    own limit is checked once decoded (an error frame, ``text_too_long``); this one only bounds what is read."""
+    return ESCAPED_CHARS * max_text_chars + FRAME_OVERHEAD_CHARS
+
+
 STOP_PREFIX = SpeechStopFrame(speech_id="").to_json().partition(",")[0]  # how a speech.stop frame begins
 
 
@@ -142,9 +151,12 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
         return
     except SessionElsewhere as elsewhere:
         settings = services.settings
-        max_frame_chars = settings.max_text_chars + FRAME_OVERHEAD_CHARS
         await relay(
-            ws, elsewhere, secret=settings.cluster_secret, max_frame_chars=max_frame_chars, metrics=services.metrics
+            ws,
+            elsewhere,
+            secret=settings.cluster_secret,
+            max_frame_chars=max_frame_chars(settings.max_text_chars),
+            metrics=services.metrics,
         )
         return
     playout = session.playout
@@ -160,7 +172,7 @@ class _EdgeConnection:
         self.session = session
         self.playout = playout
         self.outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=OUTBOX_FRAMES)
-        self.max_frame_chars = settings.max_text_chars + FRAME_OVERHEAD_CHARS
+        self.max_frame_chars = max_frame_chars(settings.max_text_chars)
         self.bucket = _Bucket(settings.media_max_frames_per_s, 2 * settings.media_max_frames_per_s)
         self.wake_ev = asyncio.Event()  # the watch looks at once: overflow, or this edge was replaced
         self.edge = MediaEdge(session, self._enqueue, max_text_chars=settings.max_text_chars, on_close=self.wake_ev.set)
