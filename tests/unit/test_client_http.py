@@ -196,3 +196,39 @@ async def test_a_token_for_a_media_edge_asks_for_its_scope():
     assert minted.scopes == ["media:connect"]
     assert json.loads(seen[0].content) == {"scopes": ["media:connect"]}
     assert json.loads(seen[1].content) == {"ttl_s": 60, "scopes": ["media:connect"]}
+
+
+def _call_page(call_ids: list[str], next_cursor: str | None) -> httpx.Response:
+    items = [{**tool_call("running"), "call_id": call_id} for call_id in call_ids]
+    return httpx.Response(200, json={"items": items, "next_cursor": next_cursor})
+
+
+def test_a_sessions_tool_calls_are_read_page_after_page():
+    seen, handler = scripted(_call_page(["a", "b"], "b"), _call_page(["c"], None), _call_page(["a"], "a"))
+    with Client("http://sb", transport=httpx.MockTransport(handler)) as sb:
+        calls = sb.list_tool_calls("s1", status="running", page_size=2)
+        page = sb.tool_calls_page("s1", cursor="z", limit=1)
+    assert [c.call_id for c in calls] == ["a", "b", "c"]
+    assert [dict(r.url.params) for r in seen[:2]] == [
+        {"status": "running", "limit": "2"},
+        {"status": "running", "limit": "2", "cursor": "b"},
+    ]
+    assert [c.call_id for c in page.items] == ["a"] and page.next_cursor == "a"
+    assert dict(seen[2].url.params) == {"cursor": "z", "limit": "1"}
+
+
+async def test_running_tool_calls_are_read_page_after_page_up_to_the_limit():
+    pages = (_call_page(["a", "b"], "p1"), _call_page(["c"], None), _call_page(["a", "b"], "p1"))
+    seen, handler = scripted(*pages, _call_page(["c"], "p2"), _call_page(["d"], "d"), _call_page(["e"], None))
+    async with AsyncClient("http://sb", transport=httpx.MockTransport(handler)) as sb:
+        assert [c.call_id for c in await sb.list_running_tool_calls()] == ["a", "b", "c"]
+        assert [c.call_id for c in await sb.list_running_tool_calls(limit=3)] == ["a", "b", "c"]
+        assert [c.call_id for c in await sb.list_tool_calls("s1")] == ["d", "e"]
+    assert [dict(r.url.params) for r in seen] == [
+        {"status": "running"},
+        {"status": "running", "cursor": "p1"},
+        {"status": "running", "limit": "3"},
+        {"status": "running", "limit": "1", "cursor": "p1"},  # only what the limit still allows
+        {},
+        {"cursor": "d"},
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..control.host import SessionHost, SessionView
 from ..runtime.chat import ChatItem, utcnow
+from ..runtime.tools import ToolCallInfo
 from . import deps
 from .auth import Require
 from .deps import HostDep, KnownSession
@@ -23,22 +24,15 @@ router = APIRouter(tags=["sessions"])
 logger = logging.getLogger(__name__)
 
 EXPORT_FORMAT = "switchboard.session-export/1"
-#: Events (and chat items of an ended session) read from the store at a time: the export of a long session never
-#: holds its whole log or chat in memory.
+#: Events (and chat items and tool calls of an ended session) read from the store at a time: the export of a long
+#: session never holds its whole log, chat or tool-call list in memory.
 EXPORT_EVENTS_PAGE = 500
 EXPORT_CHAT_PAGE = 500
+EXPORT_TOOL_CALLS_PAGE = 100
 
 
 def _json(value: Any) -> bytes:
     return json.dumps(jsonable_encoder(value), separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _array(name: str, values: Iterable[Any]) -> Iterator[bytes]:
-    """``,"name":[...]``, one encoded value at a time."""
-    yield f',"{name}":['.encode()
-    for i, value in enumerate(values):
-        yield (b"," if i else b"") + _json(value)
-    yield b"]"
 
 
 async def _chat(view: SessionView) -> AsyncIterator[ChatItem]:
@@ -55,6 +49,17 @@ async def _chat(view: SessionView) -> AsyncIterator[ChatItem]:
         if not more or not page:
             return
         cursor = page[-1].id
+
+
+async def _tool_calls(view: SessionView) -> AsyncIterator[ToolCallInfo]:
+    cursor = None
+    while True:
+        page, more = await view.tool_call_page(None, cursor, EXPORT_TOOL_CALLS_PAGE)
+        for info in page:
+            yield info
+        if not more or not page:
+            return
+        cursor = page[-1].call_id
 
 
 async def _events(view: SessionView, host: SessionHost) -> AsyncIterator[ExportedEvent]:
@@ -80,9 +85,12 @@ async def _document(view: SessionView, host: SessionHost) -> AsyncIterator[bytes
         yield (b"" if first else b",") + _json(item)
         first = False
     yield b"]"
-    calls = await view.tool_calls()
-    for piece in _array("tool_calls", (deps.tool_call_read(view.id, info) for info in calls)):
-        yield piece
+    yield b',"tool_calls":['
+    first = True
+    async for info in _tool_calls(view):
+        yield (b"" if first else b",") + _json(deps.tool_call_read(view.id, info))
+        first = False
+    yield b"]"
     yield b',"events":['
     first = True
     try:

@@ -6,13 +6,15 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from ..control import tool_pages
 from ..runtime.tools import ToolStatus
+from ..store import InvalidCursor
 from . import audit, deps
 from .auth import Require
 from .deps import HostDep, KnownSession, SettingsDep
 from .idempotency import idempotent
 from .problems import ProblemError, not_found, problem_responses
-from .schemas import ToolCallCancel, ToolCallList, ToolCallRead
+from .schemas import TOOL_CALL_PAGE_DEFAULT, TOOL_CALL_PAGE_MAX, ToolCallCancel, ToolCallList, ToolCallRead
 
 router = APIRouter(tags=["tools"])
 
@@ -27,11 +29,20 @@ StatusFilter = Literal["running", "completed", "failed", "cancelled", "rejected"
     dependencies=[Depends(Require("sessions:read"))],
 )
 async def list_tool_calls(
-    session: KnownSession, status: Annotated[StatusFilter | None, Query()] = None
+    session: KnownSession,
+    status: Annotated[StatusFilter | None, Query()] = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=TOOL_CALL_PAGE_MAX)] = TOOL_CALL_PAGE_DEFAULT,
 ) -> ToolCallList:
-    """The session's tool calls, optionally filtered by status."""
-    infos = await session.tool_calls(ToolStatus(status) if status else None)
-    return ToolCallList(items=[deps.tool_call_read(session.id, i) for i in infos])
+    """The session's tool calls by start time, optionally filtered by status, a page at a time: `next_cursor` is
+    where the next page starts (null on the last). The cursor names the last call returned, so a page never repeats
+    a call, also when that call no longer matches `status`."""
+    try:
+        infos, more = await session.tool_call_page(ToolStatus(status) if status else None, cursor, limit)
+    except KeyError:
+        raise ProblemError(422, "invalid_cursor", "The cursor is not a tool call of this session.") from None
+    items = [deps.tool_call_read(session.id, i) for i in infos]
+    return ToolCallList(items=items, next_cursor=infos[-1].call_id if more and infos else None)
 
 
 @router.get(
@@ -105,13 +116,13 @@ async def cancel_tool_call(
 async def list_running_tool_calls(
     host: HostDep,
     status: Annotated[Literal["running"], Query()] = "running",
-    limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+    cursor: Annotated[str | None, Query(max_length=400)] = None,
+    limit: Annotated[int, Query(ge=1, le=TOOL_CALL_PAGE_MAX)] = TOOL_CALL_PAGE_DEFAULT,
 ) -> ToolCallList:
-    """Running tool calls across every live session (for backend systems)."""
-    rows = [
-        deps.tool_call_read(sid, info)
-        for sid, session in list(host.sessions.items())
-        for info in session.tool_calls(ToolStatus.RUNNING)
-    ]
-    rows.sort(key=lambda r: r.started_at)
-    return ToolCallList(items=rows[:limit])
+    """Running tool calls across every live session (for backend systems), oldest first, a page at a time:
+    `next_cursor` is where the next page starts (null on the last); it stays valid when calls end meanwhile."""
+    try:
+        calls, next_cursor = tool_pages.running_page(host.sessions, cursor, limit)
+    except InvalidCursor:
+        raise ProblemError(422, "invalid_cursor", "The cursor is not valid.") from None
+    return ToolCallList(items=[deps.tool_call_read(sid, info) for sid, info in calls], next_cursor=next_cursor)

@@ -21,6 +21,8 @@ MAX_METADATA_BYTES = 4096
 MAX_SESSIONS_PAGE = 200
 CHAT_PAGE_DEFAULT = 200
 CHAT_PAGE_MAX = 1000
+TOOL_CALL_PAGE_DEFAULT = 200
+TOOL_CALL_PAGE_MAX = 1000
 
 
 class _In(BaseModel):
@@ -277,6 +279,9 @@ class ToolCallCancel(_In):
 
 class ToolCallList(BaseModel):
     items: list[ToolCallRead]
+    next_cursor: str | None = Field(
+        default=None, description="Where the next page starts (pass it as `cursor`); null on the last page."
+    )
 
 
 class ToolProgressReport(_In):

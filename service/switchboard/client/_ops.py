@@ -34,6 +34,8 @@ REPORT_TOKEN_HEADER = "X-Switchboard-Report-Token"  # the webhook delivery's rep
 MISSING_NODES_HEADER = "Switchboard-Missing-Nodes"  # cluster mode: the nodes left out of an attention list
 Role = Literal["user", "system", "developer"]
 
+TOOL_CALL_PAGE_MAX = 1000  # the largest page of tool calls the service answers
+
 
 def _seg(value: str) -> str:
     """A path segment: ids are quoted so that no id can reach another route."""
@@ -52,8 +54,8 @@ def _nothing(_: httpx.Response) -> None:
     return None
 
 
-def _tool_calls(r: httpx.Response) -> list[ToolCall]:
-    return ToolCallList.model_validate_json(r.content).items
+def _tool_calls(r: httpx.Response) -> ToolCallList:
+    return ToolCallList.model_validate_json(r.content)
 
 
 def _chat(r: httpx.Response) -> Chat:
@@ -100,8 +102,11 @@ def list_sessions(
         "agent": agent,
         "attention": "true" if attention else None,
     }
-    params = {k: v for k, v in given.items() if v is not None}
-    return Call("GET", "/v1/sessions", _session_list, params=params)
+    return Call("GET", "/v1/sessions", _session_list, params=_present(given))
+
+
+def _present(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if v is not None}
 
 
 def _session_list(r: httpx.Response) -> SessionList:
@@ -180,9 +185,12 @@ def get_speech(sid: str, speech_id: str) -> Call[Speech]:
     return Call("GET", _session(sid, "speeches", speech_id), _model(Speech))
 
 
-def list_tool_calls(sid: str, status: ToolStatus | str | None) -> Call[list[ToolCall]]:
-    params = {"status": str(status)} if status is not None else None
-    return Call("GET", _session(sid, "tool-calls"), _tool_calls, params=params)
+def list_tool_calls(
+    sid: str, status: ToolStatus | str | None, cursor: str | None, limit: int | None
+) -> Call[ToolCallList]:
+    """One page of the session's tool calls; ``next_cursor`` names where the next starts."""
+    params = {"status": None if status is None else str(status), "cursor": cursor, "limit": limit}
+    return Call("GET", _session(sid, "tool-calls"), _tool_calls, params=_present(params))
 
 
 def get_tool_call(sid: str, call_id: str) -> Call[ToolCall]:
@@ -195,8 +203,9 @@ def cancel_tool_call(sid: str, call_id: str, *, force: bool, idempotency_key: st
     return Call("POST", path, _model(ToolCall), json=body, command=True, idempotency_key=idempotency_key)
 
 
-def list_running_tool_calls(limit: int | None) -> Call[list[ToolCall]]:
-    params: dict[str, Any] = {"status": "running", **({"limit": limit} if limit is not None else {})}
+def list_running_tool_calls(cursor: str | None, limit: int | None) -> Call[ToolCallList]:
+    """One page of the running calls across sessions; ``next_cursor`` names where the next starts."""
+    params = _present({"status": "running", "cursor": cursor, "limit": limit})
     return Call("GET", "/v1/tool-calls", _tool_calls, params=params)
 
 

@@ -234,6 +234,7 @@ class ToolReport(_Model):
 
 class ToolCallList(_Model):
     items: list[ToolCall]
+    next_cursor: str | None = None
 
 
 class SessionToken(_Model):

@@ -24,6 +24,7 @@ from .models import (
     SessionToken,
     Speech,
     ToolCall,
+    ToolCallList,
     ToolReport,
     ToolStatus,
 )
@@ -214,8 +215,29 @@ class Client:
 
     # -- tool calls ------------------------------------------------------------------------------------------------
 
-    def list_tool_calls(self, sid: str, *, status: ToolStatus | str | None = None) -> list[ToolCall]:
-        return self._send(_ops.list_tool_calls(sid, status))
+    def list_tool_calls(
+        self, sid: str, *, status: ToolStatus | str | None = None, page_size: int | None = None
+    ) -> list[ToolCall]:
+        """The session's tool calls by start time (only those in ``status``, if given), every page of them."""
+        calls: list[ToolCall] = []
+        cursor: str | None = None
+        while True:
+            page = self.tool_calls_page(sid, status=status, cursor=cursor, limit=page_size)
+            calls.extend(page.items)
+            if page.next_cursor is None:
+                return calls
+            cursor = page.next_cursor
+
+    def tool_calls_page(
+        self,
+        sid: str,
+        *,
+        status: ToolStatus | str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> ToolCallList:
+        """One page of the session's tool calls; pass ``next_cursor`` back as ``cursor`` for the next."""
+        return self._send(_ops.list_tool_calls(sid, status, cursor, limit))
 
     def get_tool_call(self, sid: str, call_id: str) -> ToolCall:
         return self._send(_ops.get_tool_call(sid, call_id))
@@ -229,8 +251,21 @@ class Client:
         return self._send(_ops.cancel_tool_call(sid, call_id, force=force, idempotency_key=idempotency_key))
 
     def list_running_tool_calls(self, *, limit: int | None = None) -> list[ToolCall]:
-        """Running tool calls across every live session."""
-        return self._send(_ops.list_running_tool_calls(limit))
+        """Running tool calls across every live session, oldest first, page after page (at most ``limit``)."""
+        calls: list[ToolCall] = []
+        cursor: str | None = None
+        while limit is None or len(calls) < limit:
+            size = None if limit is None else min(limit - len(calls), _ops.TOOL_CALL_PAGE_MAX)
+            page = self.running_tool_calls_page(cursor=cursor, limit=size)
+            calls.extend(page.items)
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        return calls
+
+    def running_tool_calls_page(self, *, cursor: str | None = None, limit: int | None = None) -> ToolCallList:
+        """One page of the running tool calls across every live session; pass ``next_cursor`` back as ``cursor``."""
+        return self._send(_ops.list_running_tool_calls(cursor, limit))
 
     def report_tool_progress(
         self,

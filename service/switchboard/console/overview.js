@@ -11,6 +11,7 @@ import { MultiStream } from "./stream.js";
 const TYPES = "session.*,agent.state,agent.handoff,tool.started,tool.progress,tool.ended";
 const POLL_MS = 2000;
 const ARRANGE_MS = 200;
+const RUNNING_PAGE = 1000; // the largest page of GET /v1/tool-calls
 
 function lastActivity(data) {
   return Date.parse(data.last_activity_at || data.created_at);
@@ -104,13 +105,26 @@ export class Overview {
     this.status.dataset.state = state;
   }
 
+  /** Every running tool call, page after page (a page holds at most RUNNING_PAGE calls). */
+  async runningCalls() {
+    const items = [];
+    let cursor = null;
+    do {
+      const query = cursor ? `&cursor=${encodeURIComponent(cursor)}` : "";
+      const page = await this.api.get(`/v1/tool-calls?status=running&limit=${RUNNING_PAGE}${query}`);
+      items.push(...page.items);
+      cursor = page.next_cursor;
+    } while (cursor);
+    return { items };
+  }
+
   async refresh() {
     let sessions;
     let running;
     try {
       [sessions, running] = await Promise.all([
         this.api.get("/v1/sessions?state=active&limit=200"),
-        this.api.get("/v1/tool-calls?status=running"),
+        this.runningCalls(),
       ]);
     } catch (err) {
       this.onError(err);

@@ -27,6 +27,7 @@ from ..runtime.speech import SpeechInfo
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo, ToolStatus
 from ..store import QuotaFull, SessionData, SessionExists, SessionRecord, Store
+from . import tool_pages
 from .attention import AttentionReason, AttentionTracker, Thresholds
 from .catalog import AgentCatalog, ModelSummary, summarize_model
 from .hub import EventHub
@@ -130,7 +131,7 @@ class SessionView:
         return await self.store.speech(self.id, speech_id)
 
     async def tool_calls(self, status: ToolStatus | None = None) -> list[ToolCallInfo]:
-        """The session's tool calls, by start time."""
+        """The session's tool calls, by start time (then id)."""
         if self.live is None:
             infos = await self.store.tool_calls(self.id, status)
         else:
@@ -138,7 +139,15 @@ class SessionView:
             if not self.live.remembers_every_tool_call:  # older ended calls are only in the store now
                 known = {i.call_id for i in infos}
                 infos += [i for i in await self.store.tool_calls(self.id, status) if i.call_id not in known]
-        return sorted(infos, key=lambda i: i.started_at)
+        return sorted(infos, key=lambda i: i.order_key)
+
+    async def tool_call_page(
+        self, status: ToolStatus | None, cursor: str | None, limit: int
+    ) -> tuple[list[ToolCallInfo], bool]:
+        """The ``limit`` tool calls (by start time) after the call ``cursor`` (None: from the start) and whether more
+        follow; from the store, only those calls are read. Raises ``KeyError`` when ``cursor`` is not a call of this
+        session."""
+        return await tool_pages.session_page(self.id, self.live, self.store, status, cursor, limit)
 
     async def tool_call(self, call_id: str) -> ToolCallInfo | None:
         info = self.live.tool_call(call_id) if self.live is not None else None

@@ -95,6 +95,9 @@ class ProgressUpdate(BaseModel):
     at: datetime
 
 
+ToolCallKey = tuple[datetime, str]  # (started_at, call_id): where a call stands in its session's list
+
+
 class ToolCallInfo(BaseModel):
     """The lifecycle record of one tool call (persisted, and what the API shows)."""
 
@@ -117,6 +120,10 @@ class ToolCallInfo(BaseModel):
     @property
     def ended(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def order_key(self) -> ToolCallKey:
+        return (self.started_at, self.call_id)
 
 
 def _describe(fn: Callable[..., Any]) -> str:

@@ -30,7 +30,7 @@ from ..runtime.events import Event
 from ..runtime.ports import ChatStore, Commit, EventSink
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import ENDED_STATUSES, LIVE_STATUSES, SessionStatus
-from ..runtime.tools import ToolCallInfo, ToolStatus
+from ..runtime.tools import ToolCallInfo, ToolCallKey, ToolStatus
 from . import models as m
 from .engine import make_engine
 from .migrate import upgrade_engine
@@ -312,6 +312,27 @@ class Store:
         if status is not None:
             stmt = stmt.where(t.c.status == status)
         return self._convert(await self._fetch(stmt), tool_call_from_row, "tool_calls")
+
+    async def tool_calls_after(
+        self, sid: str, after: ToolCallKey | None, limit: int, status: str | None = None
+    ) -> list[ToolCallInfo]:
+        """The first ``limit`` tool calls of the session ordered after ``after`` (None: from the start), by
+        (started_at, call_id): those rows only, however many calls the session has."""
+        t = m.tool_calls
+        stmt = sa.select(t).where(t.c.session_id == sid).order_by(t.c.started_at, t.c.call_id).limit(limit)
+        if status is not None:
+            stmt = stmt.where(t.c.status == status)
+        if after is not None:
+            at, call_id = after
+            stmt = stmt.where(sa.or_(t.c.started_at > at, sa.and_(t.c.started_at == at, t.c.call_id > call_id)))
+        return self._convert(await self._fetch(stmt), tool_call_from_row, "tool_calls")
+
+    async def tool_call_key(self, sid: str, call_id: str) -> ToolCallKey | None:
+        """Where the call stands in the session's tool-call order, without reading its arguments or output."""
+        t = m.tool_calls
+        stmt = sa.select(t.c.started_at, t.c.call_id).where(t.c.session_id == sid, t.c.call_id == call_id)
+        rows = await self._fetch(stmt)
+        return (rows[0]["started_at"], rows[0]["call_id"]) if rows else None
 
     async def tool_call(self, sid: str, call_id: str) -> ToolCallInfo | None:
         t = m.tool_calls
