@@ -14,9 +14,10 @@ from fastapi import Depends, Request, Response
 from starlette.requests import HTTPConnection
 
 from ..control.fanout import RedisFanout
-from ..control.host import SessionHost, SessionView
+from ..control.host import SessionHost
 from ..control.hub import EventHub
 from ..control.metrics import Metrics
+from ..control.session_view import SessionView
 from ..control.settings import Settings
 from ..integrations.webhooks import Webhooks
 from ..runtime.chat import utcnow

@@ -11,7 +11,8 @@ from fastapi import APIRouter, Depends
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..control.host import SessionHost, SessionView
+from ..control.host import SessionHost
+from ..control.session_view import SessionView
 from ..runtime.chat import ChatItem, utcnow
 from ..runtime.tools import ToolCallInfo
 from . import deps

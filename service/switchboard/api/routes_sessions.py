@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from ..control.host import SessionView
+from ..control.session_view import SessionView
 from ..control.settings import Settings
 from ..store import InvalidCursor
 from . import audit, deps
