@@ -161,3 +161,43 @@ async def test_a_frame_that_cannot_be_made_ends_that_stream_and_not_the_publish(
     waiting[1].cancel()
     broken.close()
     fine.close()
+
+
+class Gate(Socket):
+    """A socket that takes ``room`` frames, then blocks until ``open_ev`` is set."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    async def send_text(self, text: str) -> None:
+        if len(self.sent) >= self.room:
+            self.open_ev.clear()
+        await super().send_text(text)
+
+
+async def test_a_stream_stopped_mid_publish_resumes_after_the_last_event_its_client_got():
+    """A publish of several events whose send suspends part-way: the stream's position follows each event written,
+    so a stream closed meanwhile (4008 "resume with since=N") names exactly the last event its client got."""
+    hub = EventHub()
+    socket = Gate(room=3)  # event 1's two frames and event 2's first, then the socket is full
+    sub = hub.subscribe(session_ids=["s"], maxsize=100)
+    resume = [0]
+    frames = {1: ["1a", "1b"], 2: ["2a", "2b"], 3: [], 4: ["4a"]}  # event 3 makes no frame (AG-UI drops some)
+    direct = DirectSend(socket.send_text, sub, lambda e, _: frames[e.seq], resume, Clock(), ["session.closed"])  # type: ignore[arg-type]
+    sub.direct = direct
+
+    async def idle_reader() -> None:
+        await sub.get()
+
+    reader = asyncio.create_task(idle_reader())
+    await asyncio.sleep(0)
+    socket.open_ev.clear()  # the first send suspends: a task sends the rest
+    hub.publish([(seq, event(seq)) for seq in (1, 2, 3, 4)])
+    socket.open_ev.set()
+    await asyncio.sleep(0.01)
+    assert socket.sent == ["1a", "1b", "2a"] and direct.pending is not None
+    await direct.aclose()  # the stream is closed: its position is event 1's, the last its client got whole
+    assert resume == [1]
+    reader.cancel()
+    sub.close()

@@ -75,12 +75,20 @@ class DirectSend:
         if self.pending is not None or self.sub.error is not None:
             return 0  # the pump sends them
         frames: list[str] = []
+        ends: list[int | None] = []  # per frame: the seq of the event it completes (None: more frames of it follow)
         taken = 0
         try:
             for _, event, text in items:
                 if event.type in self.terminal:
                     break  # the pump sends it, and ends the stream
-                frames += self.frames(event, text)
+                made = self.frames(event, text)
+                if made:
+                    frames += made
+                    ends += [*([None] * (len(made) - 1)), event.seq]
+                elif ends:  # no frame of its own: delivered with the frame before it
+                    ends[-1] = event.seq
+                else:  # no frame, and nothing before it waits: delivered now
+                    self.resume[0] = event.seq
                 taken += 1
         except Exception as err:  # a frame that cannot be made ends this stream (its pump raises), not the publish
             self.sub.fail(err)
@@ -89,7 +97,7 @@ class DirectSend:
             return 0
         seq = items[taken - 1][1].seq
         if self.joined and len(frames) > 1:
-            frames = ["".join(frames)]
+            frames, ends = ["".join(frames)], [seq]
         try:
             if not frames or (self.shared is not None and self.shared(*frames)):
                 self.resume[0] = seq
@@ -99,9 +107,11 @@ class DirectSend:
                 try:
                     yielded = coro.send(None)
                 except StopIteration:
+                    self._sent(ends[i])
                     continue
                 self.sends.since = time.monotonic()
-                self.pending = asyncio.ensure_future(self._finish(coro, yielded, frames[i + 1 :], seq))
+                rest = list(zip(frames[i + 1 :], ends[i + 1 :], strict=True))
+                self.pending = asyncio.ensure_future(self._finish(coro, yielded, ends[i], rest))
                 return taken
         except Exception as err:  # a failed send ends the stream, through its pump
             self.sub.fail(err)
@@ -109,12 +119,26 @@ class DirectSend:
         self.resume[0] = seq
         return taken
 
-    async def _finish(self, coro: Coroutine[Any, Any, None], yielded: Any, rest: Sequence[str], seq: int) -> None:
+    def _sent(self, seq: int | None) -> None:
+        """A frame is written: the stream resumes after its event once the event's last frame is."""
+        if seq is not None:
+            self.resume[0] = seq
+
+    async def _finish(
+        self,
+        coro: Coroutine[Any, Any, None],
+        yielded: Any,
+        first_end: int | None,
+        rest: Sequence[tuple[str, int | None]],
+    ) -> None:
+        """Finish a send that suspended, then send the rest; the stream's position follows each event written, so a
+        stream closed meanwhile (4008) names exactly what its client got."""
         try:
             await _drive(coro, yielded)
-            for frame in rest:
+            self._sent(first_end)
+            for frame, end in rest:
                 await self.send_text(frame)
-            self.resume[0] = seq
+                self._sent(end)
         except asyncio.CancelledError:
             raise
         except Exception as err:

@@ -211,10 +211,14 @@ async def fell_behind(sub: Subscription, sends: Sends) -> None:
                 await sub.overflow_ev.wait()
 
 
-async def _watch_overflow(sub: Subscription, resume: list[int], key: str, sends: Sends) -> None:
+class _FellBehind(Exception):
+    """The stream fell behind: closed 4008 with where to resume, named once its pump has stopped sending."""
+
+
+async def _watch_overflow(sub: Subscription, sends: Sends) -> None:
     """End a stream that fell behind (``fell_behind``)."""
     await fell_behind(sub, sends)
-    raise _Closed(CLOSE_SLOW_CONSUMER, f"too slow; resume with {key}={resume[0]}")
+    raise _FellBehind
 
 
 async def _run(
@@ -231,7 +235,7 @@ async def _run(
     tasks = [
         asyncio.create_task(pump, name="ws-pump"),
         asyncio.create_task(_receive(ws), name="ws-receive"),
-        asyncio.create_task(_watch_overflow(sub, resume, key, sends), name="ws-overflow"),
+        asyncio.create_task(_watch_overflow(sub, sends), name="ws-overflow"),
     ]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -242,7 +246,8 @@ async def _run(
     errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
     # the pump (buffer overflowed, send stalled) and the overflow watch can end in the same loop iteration
     err = next((e for e in errors if isinstance(e, _Closed)), errors[0] if errors else None)
-    if isinstance(err, SubscriberOverflow | TimeoutError):
+    if isinstance(err, _FellBehind | SubscriberOverflow | TimeoutError):
+        # read only now: until the pump was stopped, a send under way could still deliver more
         err = _Closed(CLOSE_SLOW_CONSUMER, f"too slow; resume with {key}={resume[0]}")
     if isinstance(err, _Closed):
         if err.code == CLOSE_SLOW_CONSUMER:
