@@ -3,7 +3,9 @@ frame over the size limit is closed (1009), and the session stays usable after e
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -65,23 +67,31 @@ async def _done(api: Api, sid: str, speech_id: str) -> dict[str, Any] | None:
     return found if found["state"] == "done" else None
 
 
-async def test_a_frame_over_the_size_limit_closes_the_edge(tmp_path: Any, registry: AgentRegistry) -> None:
-    app = create_app(make_settings(tmp_path, max_text_chars=100), registry=registry)
+@contextlib.asynccontextmanager
+async def edge_with_text_limit(
+    tmp_path: Any, registry: AgentRegistry, max_text_chars: int
+) -> AsyncIterator[tuple[Api, str, AsgiWebSocket]]:
+    """A service whose text limit is ``max_text_chars``, a session of it, and that session's media edge."""
+    app = create_app(make_settings(tmp_path, max_text_chars=max_text_chars), registry=registry)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             api = Api(client, app)
             sid = await create(api, [])
-            ws = AsgiWebSocket(app, f"/v1/sessions/{sid}/media")
-            send(ws, {"type": "user.transcript", "text": "x" * 101})
-            send(ws, {"type": "ping"})
-            await until(lambda: frames(ws, 2))
-            assert ws.frames[0]["code"] == "text_too_long" and ws.frames[1] == {"type": "pong"}
-            send(ws, {"type": "user.transcript", "text": "x" * 2000})
-            code, reason = await ws.closed()
-            assert code == 1009 and "at most 1624 characters" in reason
-            r = await client.post(f"/v1/sessions/{sid}/input", json={"text": "hello"})
-            assert r.status_code == 202
+            yield api, sid, AsgiWebSocket(app, f"/v1/sessions/{sid}/media")
+
+
+async def test_a_frame_over_the_size_limit_closes_the_edge(tmp_path: Any, registry: AgentRegistry) -> None:
+    async with edge_with_text_limit(tmp_path, registry, 100) as (api, sid, ws):
+        send(ws, {"type": "user.transcript", "text": "x" * 101})
+        send(ws, {"type": "ping"})
+        await until(lambda: frames(ws, 2))
+        assert ws.frames[0]["code"] == "text_too_long" and ws.frames[1] == {"type": "pong"}
+        send(ws, {"type": "user.transcript", "text": "x" * 2000})
+        code, reason = await ws.closed()
+        assert code == 1009 and "at most 1624 characters" in reason
+        r = await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "hello"})
+        assert r.status_code == 202
 
 
 async def test_a_transcript_at_the_text_limit_is_taken_however_its_frame_escapes_it(
@@ -89,22 +99,16 @@ async def test_a_transcript_at_the_text_limit_is_taken_however_its_frame_escapes
 ) -> None:
     """The text limit is on the text: an edge whose encoder escapes every non-ASCII character (``\\u00e9``, six
     characters for one) sends a frame six times as long, and it is still taken (it was closed 1009)."""
-    app = create_app(make_settings(tmp_path, max_text_chars=300), registry=registry)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            api = Api(client, app)
-            sid = await create(api, [])
-            ws = AsgiWebSocket(app, f"/v1/sessions/{sid}/media")
-            text = "\u00e9" * 300  # 300 characters, each escaped in the frame
-            frame = json.dumps({"type": "user.transcript", "text": text}, ensure_ascii=True)
-            assert len(frame) > 300 + routes_media.FRAME_OVERHEAD_CHARS
-            send(ws, frame)
-            send(ws, {"type": "ping"})
-            await until(lambda: _user_text(api, sid, text))
-            await until(lambda: frames(ws, 1))
-            assert not any(frame.get("type") == "error" for frame in ws.frames)
-            await ws.disconnect()
+    async with edge_with_text_limit(tmp_path, registry, 300) as (api, sid, ws):
+        text = "\u00e9" * 300  # 300 characters, each escaped in the frame
+        frame = json.dumps({"type": "user.transcript", "text": text}, ensure_ascii=True)
+        assert len(frame) > 300 + routes_media.FRAME_OVERHEAD_CHARS
+        send(ws, frame)
+        send(ws, {"type": "ping"})
+        await until(lambda: _user_text(api, sid, text))
+        await until(lambda: frames(ws, 1))
+        assert not any(sent.get("type") == "error" for sent in ws.frames)
+        await ws.disconnect()
 
 
 async def _user_text(api: Api, sid: str, text: str) -> bool:

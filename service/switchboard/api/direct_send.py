@@ -84,7 +84,9 @@ class DirectSend:
                 made = self.frames(event, text)
                 if made:
                     frames += made
-                    ends += [*([None] * (len(made) - 1)), event.seq]
+                    if len(made) > 1:
+                        ends += [None] * (len(made) - 1)
+                    ends.append(event.seq)
                 elif ends:  # no frame of its own: delivered with the frame before it
                     ends[-1] = event.seq
                 else:  # no frame, and nothing before it waits: delivered now
