@@ -47,6 +47,7 @@ class ClusterFeed:
         self._task: asyncio.Task[None] | None = None
         self.order = SessionOrder(store, hub.deliver_sessions, hub.overflow_session)
         self.repaired = 0  # events read from the database that this node had not received
+        self.discarded = 0  # events announced through Redis that the database does not hold as announced
         self.polls = 0
 
     async def start(self) -> None:
@@ -96,36 +97,64 @@ class ClusterFeed:
             self.hub.publish_ordered(out)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        read_at = loop.time()
         while True:
             gap = False
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(SAFETY_POLL_S if self.redis_up() else POLL_S):
+                async with asyncio.timeout(POLL_S):  # short even while Redis is up: it may go down meanwhile
                     await self._gap_ev.wait()
                     gap = True
+            if not gap and self.redis_up() and loop.time() - read_at < SAFETY_POLL_S:
+                continue
             if gap and len(self._pending) < PENDING_MAX:
                 await asyncio.sleep(GAP_WAIT_S)  # the missing events are probably on their way through Redis
             self._gap_ev.clear()
             if gap and not self._pending and self.redis_up():
                 continue  # they came
+            read_at = loop.time()
             try:
                 await self.catch_up()
             except Exception as err:  # the database is unavailable: the next round tries again
                 logger.warning("cluster feed: cannot read events from the database (%r); will retry", err)
 
     async def catch_up(self) -> None:
-        """Read the database from the last released cursor: fill every gap, release everything held."""
+        """Read the database from the last released cursor: fill every gap, release everything it settles.
+
+        The database decides, whatever messages said: it holds every event a node published (published only once
+        durable), so an event held since before a read that the read does not find is not durable (a message that lied,
+        or was not this cluster's), and one it finds under another session or ``seq`` is replaced by the database's."""
         self.polls += 1
         while True:
-            held = max(self._pending, default=0)
+            held = set(self._pending)
             page = await self.store.events_multi(session_ids=None, since_id=self.last, limit=PAGE)
-            unseen = [(c, e) for c, e in page if c > self.last and c not in self._pending]
-            if unseen:
-                self.repaired += len(unseen)
-                self.hub.publish_sessions(unseen)
-            for cursor, event in unseen:
+            found = dict(page)
+            unseen: list[tuple[int, Event]] = []
+            for cursor, event in page:
+                mine = self._pending.get(cursor)
+                if cursor <= self.last or (mine is not None and _same(mine, event)):
+                    continue
+                if mine is None:
+                    self.repaired += 1
+                else:
+                    self.discarded += 1
+                unseen.append((cursor, event))
                 self._pending[cursor] = event
+            # the read covers every id up to its last row; and every id held before it, unless the page was full
             top = page[-1][0] if page else self.last
-            # ids up to what this read covers are settled: all of them when the page was not full
-            self._release(through=max(top, held) if len(page) < PAGE else top)
-            if len(page) < PAGE:
+            full = len(page) == PAGE
+            wrong = [c for c in self._pending if c not in found and (c <= top or (not full and c in held))]
+            for cursor in wrong:
+                del self._pending[cursor]
+            if wrong:
+                self.discarded += len(wrong)
+                logger.warning("cluster feed: %d event(s) announced through Redis are not in the database", len(wrong))
+            if unseen:
+                self.hub.publish_sessions(unseen)
+            self._release(through=top)
+            if not full:
                 return
+
+
+def _same(a: Event, b: Event) -> bool:
+    return a.session_id == b.session_id and a.seq == b.seq and a.type == b.type and a.data == b.data
