@@ -35,7 +35,7 @@ def _node(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> Settings:
 @pytest.mark.parametrize("value", [None, ""])
 def test_cluster_mode_refuses_to_start_without_a_token_secret(monkeypatch: pytest.MonkeyPatch, value: str | None):
     env = dict(CLUSTER) if value is None else {**CLUSTER, "SWITCHBOARD_TOKEN_SECRET": value}
-    with pytest.raises(ValueError, match="^cluster mode needs SWITCHBOARD_TOKEN_SECRET") as refused:
+    with pytest.raises(ValueError, match=r"^cluster mode needs SWITCHBOARD_TOKEN_SECRET") as refused:
         _node(monkeypatch, env).check_cluster()
     assert "\n" not in str(refused.value)  # one line, as `switchboard serve` prints it
     _node(monkeypatch, {**CLUSTER, "SWITCHBOARD_TOKEN_SECRET": TOKEN_SECRET}).check_cluster()

@@ -158,9 +158,7 @@ async def test_a_cursor_the_database_never_reaches_does_not_freeze_the_stream(
     assert ordered.pending() == 0
 
 
-async def test_the_database_wins_over_a_message_that_says_otherwise(
-    store: Store, feed: tuple[ClusterFeed, list[bool]]
-):
+async def test_the_database_wins_over_a_message_that_says_otherwise(store: Store, feed: tuple[ClusterFeed, list[bool]]):
     """A message whose event differs from the database's row under its cursor does not take the real event's place:
     the read that fills the gap before it replaces it."""
     cluster, _ = feed
