@@ -10,6 +10,9 @@ at once (the common case, no task wakes); one after a gap is held, and the gap i
 ``GAP_WAIT_S``. A ``seq`` the database does not have below a durable event of the same session never will: one
 writer commits a session's events in order, and a node that lost the session is fenced before it writes again. Events
 at or below the last released ``seq`` are dropped (the same event read from the database and then through Redis).
+A message is only a hint: a held event the gap's read does not find was never durable (a message that lied) and is
+dropped, and the database's row of a ``seq`` replaces what a message said of it, so no message moves a session past
+what the database holds.
 
 A session is watched while it has subscribers on this node. When its first subscriber comes, the session's last
 durable ``seq`` is read (``track``): what is at or below it is in the subscriber's replay, which starts after that
@@ -162,7 +165,19 @@ class SessionOrder:
         page = await self.store.events(sid, since=start - 1, limit=PAGE)
         if track.next != start:  # released meanwhile (the missing events came): the read may be stale
             return _release(track)
-        found = {event.seq for event in page}
+        self._take(track, page)
+        # the read covers every seq up to its last row; and every seq held before it, unless the page was full
+        top = page[-1].seq if page else start - 1
+        wrong = _unfound(track.held, {event.seq for event in page}, top, set() if len(page) == PAGE else before)
+        for seq in wrong:
+            del track.held[seq]
+        if wrong:
+            self.discarded += len(wrong)
+            logger.warning("session %s: %d event(s) announced through Redis are not in the database", sid, len(wrong))
+        return _release(track, through=top)
+
+    def _take(self, track: _Track, page: list[Event]) -> None:
+        """Hold the database's events in the place of what messages said of their seqs."""
         for event in page:
             mine = track.held.get(event.seq)
             if mine is None:
@@ -170,16 +185,12 @@ class SessionOrder:
             elif not _same(mine[1], event):
                 self.discarded += 1
             track.held[event.seq] = (event.cursor or 0, event)
-        # the read covers every seq up to its last row; and every seq held before it, unless the page was full
-        top = page[-1].seq if page else start - 1
-        full = len(page) == PAGE
-        wrong = [s for s in track.held if s not in found and (s <= top or (not full and s in before))]
-        for seq in wrong:
-            del track.held[seq]
-        if wrong:
-            self.discarded += len(wrong)
-            logger.warning("session %s: %d event(s) announced through Redis are not in the database", sid, len(wrong))
-        return _release(track, through=top)
+
+
+def _unfound(held: dict[int, Item], found: set[int], top: int, before: set[int]) -> list[int]:
+    """The held seqs a read that found ``found`` shows are not durable: those up to ``top``, and those of
+    ``before``, that it did not find."""
+    return [seq for seq in held if seq not in found and (seq <= top or seq in before)]
 
 
 def _same(a: Event, b: Event) -> bool:
