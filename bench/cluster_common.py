@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.e2e.cluster_support import RedisServer  # noqa: E402
+from tests.e2e.cluster_support import TOKEN_SECRET, RedisServer  # noqa: E402
 from tests.e2e.server import Server  # noqa: E402  (the e2e tests' server process and redis-server)
 
 ATTEMPTS = 10
@@ -84,7 +84,7 @@ class Node(Server):
             PYTHONPATH=os.pathsep.join([str(ROOT / "service"), str(ROOT)]),
             SWITCHBOARD_REDIS_URL=redis_url,
             SWITCHBOARD_NODE_ID=node_id,
-            **env,
+            **{"SWITCHBOARD_TOKEN_SECRET": TOKEN_SECRET, **env},
         )
         self.node_id = node_id
         self.log_path = workdir / f"{node_id}.log"

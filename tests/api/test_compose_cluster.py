@@ -21,6 +21,7 @@ NODES = ("node1", "node2", "node3")
 VARIABLE = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
 GIVEN = {
     "SWITCHBOARD_CLUSTER_SECRET": "s" * 40,
+    "SWITCHBOARD_TOKEN_SECRET": "t" * 40,
     "SWITCHBOARD_API_KEYS": '[{"key":"change-me-0123456789","scopes":["sessions:read"]}]',
 }
 
@@ -74,6 +75,16 @@ def test_a_node_without_the_secret_does_not_start(monkeypatch: pytest.MonkeyPatc
     service = compose()["services"]["node1"]
     with pytest.raises(ValueError, match=r"cluster_secret|CLUSTER_SECRET"):
         node_settings(service, monkeypatch, {**GIVEN, "SWITCHBOARD_CLUSTER_SECRET": ""}).check_cluster()
+
+
+def test_a_node_without_the_token_secret_does_not_start(monkeypatch: pytest.MonkeyPatch):
+    """Every node checks the session tokens and report credentials any node minted: the profile passes the operator's
+    SWITCHBOARD_TOKEN_SECRET to each of them, and without it a node refuses its settings."""
+    services = compose()["services"]
+    secrets = {node_settings(services[name], monkeypatch, GIVEN).token_secret for name in NODES}
+    assert secrets == {GIVEN["SWITCHBOARD_TOKEN_SECRET"]}
+    with pytest.raises(ValueError, match="SWITCHBOARD_TOKEN_SECRET"):
+        node_settings(services["node1"], monkeypatch, {**GIVEN, "SWITCHBOARD_TOKEN_SECRET": ""}).check_cluster()
 
 
 def test_the_load_balancer_reaches_every_node_and_passes_websockets_through():

@@ -102,6 +102,7 @@ def test_a_loopback_cluster_with_api_keys_needs_the_secret(keys: bool):
         "database_url": "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
         "redis_url": "redis://127.0.0.1:6379/0",
         "host": "127.0.0.1",
+        "token_secret": "t" * 32,
     }
     if keys:
         given["api_keys"] = [{"key": "k" * 32, "scopes": ["sessions:read"]}]

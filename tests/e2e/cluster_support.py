@@ -23,6 +23,7 @@ from .server import Server, free_port
 
 LEASE_S = 8.0  # long enough for a loaded test machine (production default: 2 s)
 SECRET = "cluster-secret-for-the-e2e-tests-0123456789"
+TOKEN_SECRET = "token-secret-of-the-e2e-cluster-0123456789"  # every node's: a token minted on one works on all
 FORWARDED = "x-switchboard-forwarded"
 # 503 codes a client retries (docs/cluster.md): the session is moving between nodes, or this node is stopping
 # (and `unavailable`: not done in time on a loaded machine)
@@ -58,6 +59,7 @@ class RedisServer:
 
 
 def cluster_node(tmp_path: Path, database_url: str, node_id: str, redis_url: str, **env: str) -> Server:
+    env = {"SWITCHBOARD_TOKEN_SECRET": TOKEN_SECRET, **env}
     return Server(
         tmp_path,
         database_url=database_url,

@@ -135,3 +135,41 @@ async def test_in_cluster_mode_event_ids_follow_commit_order(db: Db, store: Stor
     finally:
         await other.close()
     assert later.cursor is not None and later.cursor > first
+
+
+async def test_a_cursor_the_database_never_reaches_does_not_freeze_the_stream(
+    store: Store, feed: tuple[ClusterFeed, list[bool]]
+):
+    """A message is a hint: an event announced under a cursor the database does not hold (here far beyond anything
+    durable) is dropped once a read does not find it, and the events that are durable keep flowing past it."""
+    cluster, _ = feed
+    ordered = cluster.hub.subscribe(ordered=True)
+    forged = Event(session_id="ghost", seq=1, type="agent.state", data={"forged": True})
+    cluster.hub.publish([(10**15, forged)])
+    async with asyncio.timeout(TIMEOUT_S):
+        while cluster._pending:  # the database was read: the announced event is gone (released, before the fix)
+            await asyncio.sleep(0.01)
+    pairs = await _durable(store, 1, 3)
+    cluster.hub.publish(pairs)
+    assert await _received(ordered, 3) == [(c, e.seq) for c, e in pairs]
+    assert cluster.last == pairs[-1][0]
+    assert cluster.discarded == 1
+    await asyncio.sleep(0.3)
+    assert ordered.pending() == 0
+
+
+async def test_the_database_wins_over_a_message_that_says_otherwise(store: Store, feed: tuple[ClusterFeed, list[bool]]):
+    """A message whose event differs from the database's row under its cursor does not take the real event's place:
+    the read that fills the gap before it replaces it."""
+    cluster, _ = feed
+    ordered = cluster.hub.subscribe(ordered=True)
+    pairs = await _durable(store, 1, 3)
+    lie = Event(session_id="s1", seq=2, type="tool.ended", data={"forged": True})
+    cluster.hub.publish([(pairs[1][0], lie), pairs[2]])  # the first one lost on the way, the second a lie
+    got = []
+    async with asyncio.timeout(TIMEOUT_S):
+        for _ in range(3):
+            cursor, event, _ = await ordered.get()
+            got.append((cursor, event.seq, event.type, event.data))
+    assert got == [(c, e.seq, e.type, e.data) for c, e in pairs]
+    assert cluster.discarded == 1

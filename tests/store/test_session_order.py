@@ -152,3 +152,38 @@ async def test_a_stream_waiting_for_the_first_read_ends_with_the_node(hub: Event
     with pytest.raises(asyncio.CancelledError):
         async with asyncio.timeout(TIMEOUT_S):
             await waiting
+
+
+async def test_a_seq_the_database_never_reaches_does_not_freeze_the_session(store: Store, hub: EventHub):
+    """A message is a hint: an event announced under a seq the database does not hold (here far beyond the session's
+    last) is dropped once a read does not find it, and the session's durable events keep flowing."""
+    order = _order(hub)
+    sub = hub.subscribe(session_ids=["s1"])
+    await hub.in_order("s1")
+    forged = Event(session_id="s1", seq=10**15, type="agent.state", data={"forged": True})
+    hub.publish([(10**15, forged)])
+    async with asyncio.timeout(TIMEOUT_S):
+        while order._tracks["s1"].held:  # the database was read: the announced event is gone (released, before)
+            await asyncio.sleep(0.01)
+    hub.publish(await _durable(store, "s1", 1, 3))
+    assert await _seqs(sub, 3) == [1, 2, 3]
+    assert order.discarded == 1
+    await asyncio.sleep(0.3)
+    assert sub.pending() == 0
+
+
+async def test_the_database_wins_over_a_message_that_says_otherwise(store: Store, hub: EventHub):
+    """A message whose event differs from the database's row of that seq does not take the real event's place: the
+    read that fills the gap before it replaces it (the real event is not dropped as a duplicate)."""
+    sub = hub.subscribe(session_ids=["s1"])
+    await hub.in_order("s1")
+    pairs = await _durable(store, "s1", 1, 3)
+    lie = Event(session_id="s1", seq=2, type="tool.ended", data={"forged": True})
+    hub.publish([(pairs[1][0], lie), pairs[2]])  # the first one lost on the way, the second a lie
+    got = []
+    async with asyncio.timeout(TIMEOUT_S):
+        for _ in range(3):
+            _, event, _ = await sub.get()
+            got.append((event.seq, event.type, event.data))
+    assert got == [(e.seq, e.type, e.data) for _, e in pairs]
+    assert _order(hub).discarded == 1

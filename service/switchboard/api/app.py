@@ -167,7 +167,14 @@ def create_app(
         await store.start()
         hub = EventHub(default_buffer=settings.ws_buffer)
         fanout = (
-            RedisFanout(settings.redis_url, hub, lease.node_id, database_url=settings.database_url)
+            RedisFanout(
+                settings.redis_url,
+                hub,
+                lease.node_id,
+                database_url=settings.database_url,
+                # a loopback cluster may run without a cluster secret; never without a shared token secret
+                secret=settings.cluster_secret or settings.token_secret,
+            )
             if settings.redis_url
             else None
         )

@@ -30,7 +30,8 @@ async def healthz() -> Health:
 async def readyz(services: ServicesDep) -> Response:
     """The service can reach its database and still owns its sessions (a node that another instance took over
     answers 503 with why; a cluster node that is stopping answers 503 `draining`). In cluster mode, while Redis is
-    down it answers 200 with a `detail` saying so (degraded: streams read the database, rate limits are per node)."""
+    down or does not answer it answers 200 with a `detail` saying so (degraded: streams read the database, rate limits
+    are per node)."""
     lease = services.host.lease
     if lease is not None and lease.deposed is not None:
         body = Health(status="fenced", detail=lease.deposed).model_dump(exclude_none=True)

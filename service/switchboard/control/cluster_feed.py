@@ -6,9 +6,12 @@ Redis loses some or is down. The database has them all, and in cluster mode even
 (``store.writes.EVENT_ORDER_LOCK_KEY``): once an event is durable, every lower id is durable too or never will be (an
 id a failed or conflicting insert consumed). So the feed releases events in cursor order as long as they follow each
 other; at a gap it waits ``GAP_WAIT_S`` for Redis, then reads the database from the last released cursor: what it
-finds fills the gap and every id it does not find below the events it holds is a hole. It also reads the database on
-its own, every ``POLL_S`` while Redis is down (that is how streams keep going without it, a little late) and every
-``SAFETY_POLL_S`` otherwise (a message Redis lost at the tail of a burst, with nothing after it to show the gap).
+finds fills the gap, and every id it does not find up to its last row is a hole. A message is only a hint: an event
+held since before the read that the read does not find was never durable (a message that lied), and is dropped; the
+database's row replaces an event a message announced differently. It also reads the database on its own, every
+``POLL_S`` while Redis is unavailable (down, or not answering: that is how streams keep going without it, a little
+late) and every ``SAFETY_POLL_S`` otherwise (a message Redis lost at the tail of a burst, with nothing after it to show
+the gap).
 An event read from the database that the node had not received goes to the session streams too, through the
 hub's ``SessionOrder`` (``control.session_order``), which the feed installs: it puts each watched session's events in
 ``seq`` order once per node, so that a session stream on any node sends them as on a single node.
@@ -17,7 +20,6 @@ hub's ``SessionOrder`` (``control.session_order``), which the feed installs: it 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -47,6 +49,7 @@ class ClusterFeed:
         self._task: asyncio.Task[None] | None = None
         self.order = SessionOrder(store, hub.deliver_sessions, hub.overflow_session)
         self.repaired = 0  # events read from the database that this node had not received
+        self.discarded = 0  # events announced through Redis that the database does not hold as announced
         self.polls = 0
 
     async def start(self) -> None:
@@ -97,11 +100,7 @@ class ClusterFeed:
 
     async def _run(self) -> None:
         while True:
-            gap = False
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(SAFETY_POLL_S if self.redis_up() else POLL_S):
-                    await self._gap_ev.wait()
-                    gap = True
+            gap = await self._next_round()
             if gap and len(self._pending) < PENDING_MAX:
                 await asyncio.sleep(GAP_WAIT_S)  # the missing events are probably on their way through Redis
             self._gap_ev.clear()
@@ -112,20 +111,68 @@ class ClusterFeed:
             except Exception as err:  # the database is unavailable: the next round tries again
                 logger.warning("cluster feed: cannot read events from the database (%r); will retry", err)
 
+    async def _next_round(self) -> bool:
+        """Wait for a gap (True), or until the database is due to be read without one (False): ``POLL_S`` while Redis
+        is unavailable, ``SAFETY_POLL_S`` otherwise, looking every ``POLL_S`` (Redis may become unavailable
+        meanwhile)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while True:
+            try:
+                async with asyncio.timeout(POLL_S):
+                    await self._gap_ev.wait()
+                return True
+            except TimeoutError:
+                if not self.redis_up() or loop.time() - started >= SAFETY_POLL_S:
+                    return False
+
     async def catch_up(self) -> None:
-        """Read the database from the last released cursor: fill every gap, release everything held."""
+        """Read the database from the last released cursor: fill every gap, release everything it settles.
+
+        The database decides, whatever messages said: it holds every event a node published (published only once
+        durable), so an event held since before a read that the read does not find is not durable (a message that lied,
+        or was not this cluster's), and one it finds under another session or ``seq`` is replaced by the database's."""
         self.polls += 1
         while True:
-            held = max(self._pending, default=0)
+            held = set(self._pending)
             page = await self.store.events_multi(session_ids=None, since_id=self.last, limit=PAGE)
-            unseen = [(c, e) for c, e in page if c > self.last and c not in self._pending]
-            if unseen:
-                self.repaired += len(unseen)
-                self.hub.publish_sessions(unseen)
-            for cursor, event in unseen:
-                self._pending[cursor] = event
+            full = len(page) == PAGE
+            unseen = self._take(page)
+            # the read covers every id up to its last row; and every id held before it, unless the page was full
             top = page[-1][0] if page else self.last
-            # ids up to what this read covers are settled: all of them when the page was not full
-            self._release(through=max(top, held) if len(page) < PAGE else top)
-            if len(page) < PAGE:
+            self._drop_unfound({cursor for cursor, _ in page}, top, set() if full else held)
+            if unseen:
+                self.hub.publish_sessions(unseen)
+            self._release(through=top)
+            if not full:
                 return
+
+    def _take(self, page: list[tuple[int, Event]]) -> list[tuple[int, Event]]:
+        """Hold the database's events in the place of what messages said under their cursors; return those this node
+        had not received as they are (for the session streams)."""
+        unseen: list[tuple[int, Event]] = []
+        for cursor, event in page:
+            mine = self._pending.get(cursor)
+            if cursor <= self.last or (mine is not None and _same(mine, event)):
+                continue
+            if mine is None:
+                self.repaired += 1
+            else:
+                self.discarded += 1
+            unseen.append((cursor, event))
+            self._pending[cursor] = event
+        return unseen
+
+    def _drop_unfound(self, found: set[int], top: int, held: set[int]) -> None:
+        """Forget the held events a read showed are not durable: those up to ``top``, and those of ``held``, that it
+        did not find."""
+        wrong = [c for c in self._pending if c not in found and (c <= top or c in held)]
+        for cursor in wrong:
+            del self._pending[cursor]
+        if wrong:
+            self.discarded += len(wrong)
+            logger.warning("cluster feed: %d event(s) announced through Redis are not in the database", len(wrong))
+
+
+def _same(a: Event, b: Event) -> bool:
+    return a.session_id == b.session_id and a.seq == b.seq and a.type == b.type and a.data == b.data

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..runtime.events import Event
+from .fanout import REJECT_REASONS
 
 if TYPE_CHECKING:
     from .cluster_feed import ClusterFeed
@@ -103,6 +104,22 @@ class _Cluster(Collector):
             "Events this node could not publish to Redis (the others read them from the database)",
             value=self._fanout.dropped,
         )
+        rejected = CounterMetricFamily(
+            "switchboard_cluster_messages_rejected",
+            "Redis messages dropped unread: unsigned, with a signature that does not check, or malformed once checked",
+            labels=["reason"],
+        )
+        for reason in REJECT_REASONS:
+            rejected.add_metric([reason], self._fanout.rejected[reason])
+        yield rejected
+        discarded = CounterMetricFamily(
+            "switchboard_cluster_events_discarded",
+            "Events announced through Redis that the database does not hold as announced: the database's kept",
+            labels=["feed"],
+        )
+        discarded.add_metric(["cursor"], self._feed.discarded)
+        discarded.add_metric(["session"], self._feed.order.discarded)
+        yield discarded
 
 
 class Metrics:

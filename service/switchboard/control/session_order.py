@@ -10,6 +10,9 @@ at once (the common case, no task wakes); one after a gap is held, and the gap i
 ``GAP_WAIT_S``. A ``seq`` the database does not have below a durable event of the same session never will: one
 writer commits a session's events in order, and a node that lost the session is fenced before it writes again. Events
 at or below the last released ``seq`` are dropped (the same event read from the database and then through Redis).
+A message is only a hint: a held event the gap's read does not find was never durable (a message that lied) and is
+dropped, and the database's row of a ``seq`` replaces what a message said of it, so no message moves a session past
+what the database holds.
 
 A session is watched while it has subscribers on this node. When its first subscriber comes, the session's last
 durable ``seq`` is read (``track``): what is at or below it is in the subscriber's replay, which starts after that
@@ -58,6 +61,7 @@ class SessionOrder:
         self._overflow = overflow  # close a session's subscribers: a gap held too many events
         self._tracks: dict[str, _Track] = {}
         self.repaired = 0  # events read from the database to fill a gap
+        self.discarded = 0  # events announced through Redis that the database does not hold as announced
         self.repairs = 0
 
     def track(self, sid: str) -> asyncio.Future[None]:
@@ -149,19 +153,48 @@ class SessionOrder:
             track.task = None
 
     async def _read(self, sid: str, track: _Track) -> list[Item]:
-        """Fill the gap below the held events from the database; what it lacks below them is a hole."""
+        """Fill the gap below the held events from the database; what it lacks below them is a hole.
+
+        The database decides, whatever messages said: every event a node published was durable first, so an event
+        held since before the read that the read does not find is not durable (a message that lied), and the
+        database's row of a ``seq`` replaces what a message said of it."""
         assert track.next is not None
         self.repairs += 1
         start = track.next
+        before = set(track.held)
         page = await self.store.events(sid, since=start - 1, limit=PAGE)
         if track.next != start:  # released meanwhile (the missing events came): the read may be stale
             return _release(track)
+        self._take(track, page)
+        # the read covers every seq up to its last row; and every seq held before it, unless the page was full
+        top = page[-1].seq if page else start - 1
+        wrong = _unfound(track.held, {event.seq for event in page}, top, set() if len(page) == PAGE else before)
+        for seq in wrong:
+            del track.held[seq]
+        if wrong:
+            self.discarded += len(wrong)
+            logger.warning("session %s: %d event(s) announced through Redis are not in the database", sid, len(wrong))
+        return _release(track, through=top)
+
+    def _take(self, track: _Track, page: list[Event]) -> None:
+        """Hold the database's events in the place of what messages said of their seqs."""
         for event in page:
-            if event.seq >= start and event.seq not in track.held:
-                track.held[event.seq] = (event.cursor or 0, event)
+            mine = track.held.get(event.seq)
+            if mine is None:
                 self.repaired += 1
-        settled = max(track.held, default=start) if len(page) < PAGE else page[-1].seq
-        return _release(track, through=settled)
+            elif not _same(mine[1], event):
+                self.discarded += 1
+            track.held[event.seq] = (event.cursor or 0, event)
+
+
+def _unfound(held: dict[int, Item], found: set[int], top: int, before: set[int]) -> list[int]:
+    """The held seqs a read that found ``found`` shows are not durable: those up to ``top``, and those of
+    ``before``, that it did not find."""
+    return [seq for seq in held if seq not in found and (seq <= top or seq in before)]
+
+
+def _same(a: Event, b: Event) -> bool:
+    return a.type == b.type and a.data == b.data
 
 
 def _release(track: _Track, through: int = 0) -> list[Item]:

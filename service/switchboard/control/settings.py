@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Scope = Literal[
@@ -115,6 +115,14 @@ class Settings(BaseSettings):
     # Cluster mode, on SIGTERM: how long a node spends handing its sessions over before it stops anyway
     drain_timeout_s: float = Field(default=20.0, ge=0, le=600)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_secrets_unset(cls, data: Any) -> Any:
+        """A secret set to nothing (``VAR=``, as a compose file's ``${VAR:-}`` gives) is a secret not set."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (k in ("token_secret", "cluster_secret") and v == "")}
+        return data
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _empty_keys(cls, value: object) -> object:
@@ -156,13 +164,17 @@ class Settings(BaseSettings):
         return CLUSTER_LEASE_S if self.cluster_mode else SINGLE_LEASE_S
 
     def check_cluster(self) -> None:
-        """Cluster mode needs PostgreSQL, and a secret for node-to-node calls unless every address is loopback and
-        auth is off. With API keys, a forwarded call skips the rate limits it was charged where it arrived, so a key
-        holder on the same machine must not be able to claim one: without a secret the claim is a known word."""
+        """Cluster mode needs PostgreSQL, a token secret shared by every node (a session token or a report credential
+        minted on one node is checked by whichever node a load balancer picks), and a secret for node-to-node calls
+        unless every address is loopback and auth is off. With API keys, a forwarded call skips the rate limits it was
+        charged where it arrived, so a key holder on the same machine must not be able to claim one: without a secret
+        the claim is a known word."""
         if not self.cluster_mode:
             return
         if not self.database_url.startswith(("postgresql", "postgres")):
             raise ValueError("cluster mode (SWITCHBOARD_REDIS_URL) needs a PostgreSQL SWITCHBOARD_DATABASE_URL")
+        if "token_secret" not in self.model_fields_set:  # unset, it is random per process: each node's own
+            raise ValueError("cluster mode needs SWITCHBOARD_TOKEN_SECRET (32+ chars), the same on every node")
         if self.cluster_secret is None and self.auth_enabled:
             raise ValueError("cluster mode with SWITCHBOARD_API_KEYS needs SWITCHBOARD_CLUSTER_SECRET (32+ chars)")
         advertised = urlsplit(self.advertise_url).hostname if self.advertise_url else self.host
