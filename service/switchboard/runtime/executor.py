@@ -16,7 +16,7 @@ from .companions import COMPANION_TOOLS, companion_tools
 from .duplicates import duplicate_verdict, validate_arguments
 from .events import EventLog
 from .ports import Commit
-from .speech import NotInterruptible, SpeechHandle, SpeechInterrupted
+from .speech import NotInterruptible, SpeechHandle, SpeechInfo, SpeechInterrupted
 from .tool_call import (
     INTERNAL_ERROR_OUTPUT,
     AlreadyEnded,
@@ -76,8 +76,9 @@ class ToolExecutor:
         chat: ChatContext,
         events: EventLog,
         commit: Callable[[Commit], Awaitable[None]],
-        on_ended: Callable[[RunningCall], None],
+        on_ended: Callable[[RunningCall, bool], None],
         on_handoff: Callable[[RunningCall], None] | None = None,
+        owed_by_end: Callable[[RunningCall, Outcome], list[SpeechInfo]] | None = None,
         cancel_grace_s: float = TOOL_CANCEL_GRACE_S,
         session: SessionControl | None = None,
     ) -> None:
@@ -89,6 +90,7 @@ class ToolExecutor:
         self._commit = commit
         self._on_ended = on_ended
         self._on_handoff = on_handoff
+        self._owed_by_end = owed_by_end
         self._cancel_grace_s = cancel_grace_s
         self._calls: dict[str, RunningCall] = {}
         self._closing = False
@@ -318,9 +320,10 @@ class ToolExecutor:
         """Write the call's end; on a permanent store error write it again a few times, the last attempts with
         the output replaced by a note. Returns what was written (or, if nothing could be, the last attempt) and
         whether it is durable."""
-        full = end_record(rc, outcome, handoff)
+        owed = tuple(self._owed_by_end(rc, outcome)) if self._owed_by_end is not None else ()
+        full = replace(end_record(rc, outcome, handoff), owed=owed)
         note = STORE_ERROR_OUTPUT.format(status=outcome.status.value)
-        fallback = end_record(rc, replace(outcome, output=note, is_error=True), handoff)
+        fallback = replace(end_record(rc, replace(outcome, output=note, is_error=True), handoff), owed=owed)
         attempts = [full] * END_FULL_ATTEMPTS + [fallback] * (len(END_RETRY_BACKOFF_S) + 1 - END_FULL_ATTEMPTS)
         for attempt, record in enumerate(attempts):
             if attempt:
@@ -360,7 +363,7 @@ class ToolExecutor:
         rc.tool_task = None  # drop the finished body (and any traceback it holds)
         self._forget_old_calls()
         try:
-            self._on_ended(rc)
+            self._on_ended(rc, durable)
         except Exception:
             logger.exception("on_ended hook failed", extra={"session_id": self.session_id})
 
@@ -544,7 +547,8 @@ class ToolExecutor:
     async def grace_for_uncancellable(self, grace_s: float) -> None:
         """A deploy is not a crash: a call that cannot be cancelled (a booking) gets up to ``grace_s`` to end and
         commit its pair before the process lets go of it (recovery then ends whatever is still running)."""
-        pending = [rc.ended_fut for rc in self.running() if not rc.info.cancellable]
+        # a call held for its handoff has its result already: the handoff step ends it (``HandoffStep.hand_over``)
+        pending = [rc.ended_fut for rc in self.running() if not rc.info.cancellable and rc.held is None]
         if pending and grace_s > 0:
             await asyncio.wait(pending, timeout=grace_s)
 

@@ -25,6 +25,7 @@ class SessionState(BaseModel):
     """The runtime-owned part of a session's persisted state."""
 
     agent: str
+    entered: bool = True  # the agent's on_enter has run (false: owed to whoever runs the session next)
     state: SessionStatus = SessionStatus.ACTIVE
     llm_state: dict[str, Any] | None = None
     current_speech_id: str | None = None
