@@ -24,5 +24,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("sessions") as batch:
-        batch.drop_column("entered")
+    # in place, not batch mode: rebuilding ``sessions`` on SQLite would cascade to every table that refers to it
+    op.execute("ALTER TABLE sessions DROP COLUMN entered")

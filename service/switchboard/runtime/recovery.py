@@ -63,12 +63,14 @@ async def recover(
     await _end_unfinished(session, superseded, interrupted=False)
     for info in interrupted:
         await _end_interrupted(session, info)
-    for info in retry:
-        logger.info("session %s: re-running %s (%s) after a restart", session.id, info.name, info.call_id)
-        session.executor.rerun(info, tools=tools, agent=session.agent.name)
+    # owed speeches first: the first one plays before a re-run call can end, so a re-run's result is always answered
+    # by a reply of its own (a deferred reply), never by a race with the speech that made the call
     for sp in owed:
         logger.info("session %s: playing %s (%s), owed since before the restart", session.id, sp.id, sp.source)
         session.requeue(sp)
+    for info in retry:
+        logger.info("session %s: re-running %s (%s) after a restart", session.id, info.name, info.call_id)
+        session.executor.rerun(info, tools=tools, agent=session.agent.name)
     return {"interrupted": [i.call_id for i in interrupted], "retried": retry_ids}
 
 
