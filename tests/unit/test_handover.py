@@ -13,6 +13,7 @@ from switchboard.runtime.chat import AgentHandoff, ChatMessage, FunctionCallOutp
 from switchboard.runtime.memory import MemoryEventLog, MemoryStore
 from switchboard.runtime.options import SessionOptions
 from switchboard.runtime.playout import SimulatedPlayout
+from switchboard.runtime.ports import Reported
 from switchboard.runtime.recovery import RESTART_OUTPUT, recover
 from switchboard.runtime.session import AgentSession
 from switchboard.runtime.speech import SpeechState
@@ -96,6 +97,7 @@ async def _next_owner(first: Harness, agent: Agent, turns: list[dict[str, Any]])
         h.session,
         tool_calls=list(store.tool_calls[first.sid].values()),
         speeches=list(store.speeches[first.sid].values()),
+        reported=Reported.of(events.events[first.sid]),
     )
     return h
 
@@ -290,6 +292,32 @@ async def test_a_crash_while_a_reply_plays_owes_the_reply_as_a_move_does() -> No
     try:
         await nxt.wait_for("speech.done", lambda e: e.data["speech_id"] == res.speech_id)
         assert _assistant(nxt)[-1] == "In short: all is well."
+    finally:
+        await nxt.session.aclose()
+    nxt.check_invariants()
+
+
+async def test_input_and_speeches_a_crash_left_without_their_events_get_them_on_recovery() -> None:
+    """The commit of an input (its message and its reply's speech) landed, and the process died before its events
+    did: the next owner reports them (I6: nothing durable without its event), and answers the input."""
+    first = _first(Booking(), [{"text": "never heard", "ttft_ms": 5000}])
+    await first.session.start()
+    res = await first.session.input("hello?")
+    say = await first.session.say("One moment.")
+    await first.wait_for("generation.started")
+    dead = _crashed(first)
+    log = dead.events.events[first.sid]
+    cut = next(i for i, e in enumerate(log) if e.type == "user.input")
+    dead.events.events[first.sid] = log[:cut]  # the events of the input and after it never became durable
+    await first.session.aclose()
+
+    nxt = await _next_owner(dead, Booking(), [{"text": "Hello!"}])
+    try:
+        await nxt.wait_for("speech.done", lambda e: e.data["speech_id"] == say.id)
+        inputs = [e.data for e in nxt.of_type("user.input")]
+        assert [(d["item_id"], d["text"], d["final"]) for d in inputs] == [(res.item_id, "hello?", True)]
+        created = sorted(e.data["speech_id"] for e in nxt.of_type("speech.created"))
+        assert created == sorted([res.speech_id, say.id])
     finally:
         await nxt.session.aclose()
     nxt.check_invariants()

@@ -6,11 +6,11 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from . import event_types as ev
-from .chat import FINAL_SUFFIX, ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .events import EventLog
 from .ports import ChatStore, Commit, Reported
 from .session import AgentSession
-from .speech import SpeechInfo, SpeechState
+from .speech import SpeechInfo, SpeechSource, SpeechState
 from .tools import FunctionTool, ToolCallInfo, ToolStatus
 
 logger = logging.getLogger("switchboard.runtime.recovery")
@@ -93,10 +93,13 @@ def report_missing(
     reported: Reported,
 ) -> int:
     """Emit the events of durable changes the durable log does not report (a crash came between a commit and its
-    events): ``chat.item`` for each item, ``tool.ended`` for each ended call, ``speech.done`` for each finished
-    speech. Returns how many."""
+    events): ``user.input`` for each input message and ``chat.item`` for each item, ``tool.ended`` for each ended
+    call, ``speech.created`` for each speech and ``speech.done`` for each finished one. Returns how many."""
     missing = 0
     for it in items:
+        if isinstance(it, ChatMessage) and it.role != "assistant" and it.id not in reported.inputs:
+            events.emit(ev.UserInput(item_id=it.id, text=it.text, final=True, role=it.role))
+            missing += 1
         if it.id not in reported.items:
             events.emit(ev.ChatItemAdded(item=it))
             missing += 1
@@ -113,6 +116,9 @@ def report_missing(
             )
             missing += 1
     for sp in speeches:
+        if sp.id not in reported.created_speeches:
+            events.emit(ev.SpeechCreated(speech_id=sp.id, source=_source(sp.source)))
+            missing += 1
         if sp.state == SpeechState.DONE and sp.id not in reported.done_speeches:
             events.emit(ev.SpeechDone(speech_id=sp.id, interrupted=sp.interrupted))
             missing += 1
@@ -121,6 +127,11 @@ def report_missing(
             "session %s: %d durable change(s) had no event (a crash); emitted them", events.session_id, missing
         )
     return missing
+
+
+def _source(source: str) -> SpeechSource:
+    known: tuple[SpeechSource, ...] = ("reply", "say", "tool_reply", "deferred_reply")
+    return next((s for s in known if s == source), "reply")
 
 
 def _split_running(
