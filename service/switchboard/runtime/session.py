@@ -258,10 +258,23 @@ class AgentSession:
         if self.handoff.tasks:  # each has ended its call by now (or finds it ended by the teardown)
             await asyncio.gather(*self.handoff.tasks, return_exceptions=True)
         await self.llm.aclose()
+        await self.executor.stop_repairs()
         await self.writes.settled()
         self.state = SessionStatus.CLOSED
         self.set_agent_state("listening")
-        await self.commit(Commit(session=self.snapshot()))
+        # a call's end the store kept refusing rides on the last write: the session is stored closed only with every
+        # call ended (if that write fails too, the store keeps the session live, and recovery settles the call)
+        unwritten = self.executor.unwritten_ends()
+        last = Commit(session=self.snapshot())
+        for record in unwritten:
+            last.items.extend(record.items)
+            last.tool_calls.append(record.info)
+        try:
+            await self.commit(last, then=lambda: self.executor.report_written(unwritten))
+        except Exception:  # logged by the pipeline: the store keeps the session live, and recovery settles it
+            logger.error("session %s: its close could not be stored; it stays live there", self.id)
+            await self.writes.landed()
+            return
         await self.events.emit(ev.SessionClosed(reason=reason) if reason else ev.SessionClosed())
         await self.writes.landed()
 
