@@ -216,6 +216,7 @@ async def test_session_whose_agent_is_gone_fails_and_the_others_recover(db: Db) 
 async def test_retry_tool_left_running_is_run_again_once(db: Db, runs: Counter[str]) -> None:
     turns = [
         {"text": "Reserving.", "tool_calls": [{"name": "reserve", "arguments": {"seat": "12A"}}]},
+        {"text": "One moment."},  # the reply that was waiting for the call when the process stopped: it is owed
         {"text": "Done: {{tool_output:reserve}}"},
     ]
     first = await Proc(db, AGENTS).start()
@@ -230,7 +231,9 @@ async def test_retry_tool_left_running_is_run_again_once(db: Db, runs: Counter[s
     try:
         recovered = await second.until("s", "session.recovered")
         assert recovered.data["retried_calls"] == [call.call_id] and recovered.data["interrupted_calls"] == []
-        # re-run once; its result committed as the call's one pair, and a deferred reply speaks it (turn 2)
+        # the reply is played again (turn 2); the call is re-run once, its result committed as the call's one pair,
+        # and a deferred reply speaks it (turn 3)
+        await second.said("s", "One moment.")
         await second.said("s", "Done: reserved 12A")
         assert runs["reserve"] == 2
         ended = await second.store.tool_call("s", call.call_id)
@@ -287,7 +290,7 @@ async def test_retry_tool_already_in_the_background_keeps_one_pair(db: Db, runs:
         await second.stop()
 
 
-async def test_speech_that_was_playing_ends_interrupted(db: Db) -> None:
+async def test_speeches_left_unfinished_are_played_again_in_order_and_one_an_interrupt_stopped_ends(db: Db) -> None:
     first = await Proc(db, AGENTS).start()
     await first.create("s", [])
     await first.stop()
@@ -305,21 +308,27 @@ async def test_speech_that_was_playing_ends_interrupted(db: Db) -> None:
         created_at=(await second.store.get_session("s")).created_at,  # type: ignore[union-attr]
     )
     queued = playing.model_copy(update={"id": "speech_queued", "state": SpeechState.SCHEDULED, "played_text": ""})
-    await second.store.chat_store().commit("s", Commit(speeches=[playing, queued]))
+    # an interrupt had stopped this one, and its end was not written yet
+    stopped = playing.model_copy(update={"id": "speech_stopped", "interrupted": True})
+    await second.store.chat_store().commit("s", Commit(speeches=[stopped, playing, queued]))
     await second.host.recover_all()
     try:
         recovered = await second.until("s", "session.recovered")
-        # the reply that was accepted but never started is answered, not dropped: the user is still waiting for it
-        assert recovered.data["interrupted_speeches"] == ["speech_playing"]
+        # the replies that were accepted and not finished are answered, not dropped: the user is still waiting; the
+        # one the user interrupted ends as it was
+        assert recovered.data["interrupted_speeches"] == ["speech_stopped"]
+        assert recovered.data["resumed_speeches"] == ["speech_playing", "speech_queued"]
         await second.until("s", "speech.done", lambda d: d["speech_id"] == "speech_queued")
         done = [(e.data["speech_id"], e.data["interrupted"]) for e in second.events if e.type == "speech.done"]
-        assert done == [("speech_playing", True), ("speech_queued", False)]
+        assert done == [("speech_stopped", True), ("speech_playing", False), ("speech_queued", False)]
         generated = [e.data["speech_id"] for e in second.events if e.type == "generation.started"]
-        assert generated == ["speech_queued"]
+        assert generated == ["speech_playing", "speech_queued"]
         states = {sp.id: (sp.state, sp.interrupted) for sp in await second.store.speeches("s")}
-        assert states == {"speech_playing": (SpeechState.DONE, True), "speech_queued": (SpeechState.DONE, False)}
-        after = await second.store.speech("s", "speech_playing")
-        assert after is not None and after.played_text == "Hello there,"
+        assert states == {
+            "speech_stopped": (SpeechState.DONE, True),
+            "speech_playing": (SpeechState.DONE, False),
+            "speech_queued": (SpeechState.DONE, False),
+        }
         await check_log(second.store, "s")
     finally:
         await second.stop()
@@ -374,11 +383,13 @@ async def test_recovering_twice_duplicates_nothing(db: Db, runs: Counter[str]) -
     await wait_for(lambda: runs["hang"] == 1 and runs["reserve"] == 1)
     await first.until("s", "tool.progress")
     await first.until("s", "tool.ended")  # book
+    first_speech = (await first.until("s", "speech.created")).data["speech_id"]
     await first.stop()
 
     second = await Proc(db, AGENTS).start()
     await second.until("s", "tool.ended", lambda d: d["name"] == "reserve")
-    await second.said("s", "fallback turn")  # the deferred reply for the re-run reserve
+    await second.until("s", "speech.done", lambda d: d["speech_id"] == first_speech)  # the owed reply, played again
+    await second.until("s", "speech.done", lambda d: d["speech_id"] != first_speech)  # the re-run's deferred reply
     await second.idle("s")
     await second.stop()
     items = await check_chat(second.store, "s")
@@ -402,7 +413,9 @@ async def test_recovering_twice_duplicates_nothing(db: Db, runs: Counter[str]) -
         new = (await check_log(third.store, "s"))[len(log) :]
         assert [e.type for e in new] == ["session.recovered", "agent.state"]
         assert runs == Counter({"hang": 1, "crunch": 1, "reserve": 2})
-        assert [it.text for it in items if isinstance(it, ChatMessage)] == ["do everything", "On it.", "fallback turn"]
+        # the reply that was waiting for its calls is played again, and the re-run's result gets a deferred reply
+        texts = [it.text for it in items if isinstance(it, ChatMessage)]
+        assert texts == ["do everything", "On it.", "fallback turn", "fallback turn"]
     finally:
         await third.stop()
 

@@ -147,10 +147,16 @@ async def test_close_with_queued_speeches_ends_them_unstarted():
 
 
 class SlowDeferredStore(MemoryStore):
-    """Commits of a deferred reply's speech take a while (so a close can overtake them)."""
+    """Commits of a deferred reply's speech take a while (so a close can overtake them); ``seen`` is set when one
+    arrives. The deferred reply a background result needs is committed with the call's end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = asyncio.Event()
 
     async def write(self, session_id: str, commit: Commit) -> None:
         if any(sp.source == "deferred_reply" and sp.state == "scheduled" for sp in commit.speeches):
+            self.seen.set()
             await asyncio.sleep(0.05)
         await super().write(session_id, commit)
 
@@ -167,14 +173,15 @@ async def test_close_while_a_deferred_reply_is_being_scheduled():
         await h.wait_for("tool.progress")
         await h.idle()
         agent.gate.set()
-        await h.wait_for("tool.ended")
+        await asyncio.wait_for(h.store.seen.wait(), 3)  # the call's end, with its deferred reply, is being written
     finally:
         await h.session.aclose()
     created = [e.data for e in h.of_type("speech.created")]
     assert [d["source"] for d in created] == ["reply", "deferred_reply"]
     deferred = h.session.speech(created[1]["speech_id"])
     assert deferred is not None and deferred.done and deferred.interrupted and not deferred.started
-    assert len(h.llm.requests) == 2, "the deferred reply was never generated"
+    assert h.store.speeches[h.sid][deferred.id].state == "done"  # ended by the close, never left owed
+    assert all(r.speech_id != deferred.id for r in h.llm.requests), "a deferred reply ended by the close ran"
     assert_every_speech_done_before_close(h)
     h.check_invariants()
 

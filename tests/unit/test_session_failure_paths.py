@@ -143,17 +143,21 @@ class LateEvents(MemoryEventLog):
         return durable
 
 
-async def test_a_suspend_returns_once_the_events_of_what_it_ended_are_durable():
-    """A shutdown flushes every pending write, events included: when suspend returns, the end of the speech it
-    interrupted is durable and so is its ``speech.done`` (nothing durable without its event, I6)."""
+async def test_a_suspend_returns_once_the_events_of_what_it_wrote_are_durable():
+    """A shutdown flushes every pending write, events included: when suspend returns, what was heard of the speech
+    it handed over is durable and so is its ``chat.item`` (nothing durable without its event, I6); the speech itself
+    stays owed for the next owner."""
     async with harness([{"text": LONG}]) as h:
         late = LateEvents(0.2)
         h.session.events._sink = h.events = late  # from here on, events become durable late
         res = await h.session.input("talk")
         await h.wait_for("speech.started", lambda e: e.data["speech_id"] == res.speech_id)
+        await asyncio.sleep(0.05)
         await h.session.suspend()
-        assert h.store.speeches[h.sid][res.speech_id].state == SpeechState.DONE
-        assert ("speech.done", res.speech_id) in [(e.type, e.data.get("speech_id")) for e in late.durable]
+        heard = [it for it in h.store.chat(h.sid) if isinstance(it, ChatMessage) and it.role == "assistant"]
+        assert len(heard) == 1 and heard[0].interrupted
+        assert ("chat.item", heard[0].id) in [(e.type, e.data.get("item", {}).get("id")) for e in late.durable]
+        assert h.store.speeches[h.sid][res.speech_id].state != SpeechState.DONE
 
 
 async def test_input_whose_caller_is_cut_off_during_a_stalled_commit_is_applied_live():

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from switchboard import Agent, RunContext, SpeechInterrupted, function_tool
+from switchboard.runtime import executor as executor_module
 from switchboard.runtime.chat import AgentHandoff, FunctionCallOutput
 from switchboard.runtime.memory import MemoryStore
 from switchboard.runtime.ports import Commit
@@ -202,6 +203,50 @@ async def test_I5_tool_end_no_write_can_store_still_ends_in_memory_and_close_ret
                 assert len(live_outputs(h, "c1")) == 1
                 assert h.of_type("tool.ended") == [], "nothing is reported that is not durable"
     assert any("ended in memory only" in r.getMessage() for r in caplog.records)
+    # never stored closed with a call running (I8): the store keeps the session live, and recovery settles the call
+    assert h.store.tool_calls[h.sid]["c1"].status == "running"
+    assert h.store.sessions[h.sid].state != "closed"
+
+
+async def test_I5_tool_end_the_store_refused_for_a_while_is_written_again_while_the_session_runs(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Both the end and its note were refused: the call is not left `running` in the store for as long as the
+    session lives; its end is written again in the background and reported once it is durable."""
+    monkeypatch.setattr(executor_module, "END_REPAIR_FIRST_S", 0.05)
+    turns = [{"text": "", "tool_calls": [{"name": "lookup", "id": "c1"}]}]
+    h = Harness(Desk(), turns)
+    store = picky(h)
+    store.refuse = lambda c: store.refused < 6 and any(i.call_id == "c1" and i.ended for i in c.tool_calls)
+    async with h:
+        await h.session.input("look it up")
+        await ended(h, "c1", timeout=5.0)
+        event = await h.wait_for("tool.ended", timeout=5.0)
+        stored = h.store.tool_calls[h.sid]["c1"]
+        assert stored.status == "completed" and event.data["output"] == stored.output
+        assert stored_outputs(h, "c1") == live_outputs(h, "c1") == [stored.output]
+        await h.session.input("and now?")  # the session went on meanwhile
+        await h.idle()
+        assert len(h.of_type("tool.ended")) == 1
+        h.check_invariants()
+
+
+async def test_I5_tool_end_the_store_refused_until_the_close_is_written_by_the_close():
+    turns = [{"text": "", "tool_calls": [{"name": "lookup", "id": "c1"}]}]
+    h = Harness(Desk(), turns)
+    store = picky(h)
+    closing = False
+    store.refuse = lambda c: not closing and any(i.call_id == "c1" and i.ended for i in c.tool_calls)
+    async with h:
+        await h.session.input("look it up")
+        await ended(h, "c1", timeout=5.0)
+        await h.idle(timeout=5.0)
+        closing = True
+    assert h.store.sessions[h.sid].state == "closed"
+    assert h.store.tool_calls[h.sid]["c1"].status == "completed"
+    assert len(stored_outputs(h, "c1")) == 1
+    types = [(e.type, e.data.get("call_id")) for e in h.events.events[h.sid]]
+    assert types.index(("tool.ended", "c1")) < types.index(("session.closed", None))
 
 
 async def test_I5_tool_start_refused_by_the_store_ends_the_call_without_running_it():

@@ -31,7 +31,7 @@ from ..runtime.media_frames import (
     parse_edge_frame,
 )
 from ..runtime.session import AgentSession
-from ..runtime.status import SessionClosed, SessionStatus
+from ..runtime.status import SessionClosed, SessionStatus, SessionSuspended
 from . import deps
 from .auth import AuthError, authenticate, bearer, check, url_token
 from .forward import FORWARDED_HEADER, SessionElsewhere
@@ -247,6 +247,8 @@ class _EdgeConnection:
             await self.edge.handle(frame)
         except FrameRefused as refused:
             self._enqueue(refused.error_frame())
+        except SessionSuspended:  # moving to another node: the edge connects again, to any node, and goes on there
+            raise _Closed(CLOSE_NOT_ACTIVE, "session moving to another node; connect again") from None
         except SessionClosed:
             raise _Closed(CLOSE_NORMAL, "session ended") from None
         except Exception:  # a store failure, say: the edge is told, the connection and the session go on

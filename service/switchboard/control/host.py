@@ -223,6 +223,7 @@ class SessionHost:
             ),
             items=items,
             last_seq=last_seq,
+            entered=rec.entered,
         )
 
     async def create(self, config: SessionConfig, metadata: dict[str, Any]) -> tuple[SessionView, bool]:
@@ -257,6 +258,7 @@ class SessionHost:
                 metadata=metadata,
                 llm_state=None,
                 current_speech_id=None,
+                entered=False,  # its agent enters when it starts (``AgentSession.start``), or where it runs next
                 created_at=now,
                 updated_at=now,
                 owner_node=self.node_id,

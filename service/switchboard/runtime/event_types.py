@@ -67,7 +67,14 @@ class SessionRecovered(EventPayload):
     agent: str
     interrupted_calls: list[str] = Field(description="Calls that were running and ended `interrupted`.")
     retried_calls: list[str] = Field(description='Calls that were running and run again (`on_restart="retry"`).')
-    interrupted_speeches: list[str] = Field(description="Speeches that had not finished; each ends interrupted.")
+    interrupted_speeches: list[str] = Field(
+        description="Speeches an interrupt had stopped whose end was not written yet; each ends interrupted."
+    )
+    resumed_speeches: list[str] = Field(
+        default_factory=list,
+        description="Speeches the session owed (accepted, not finished where it ran before): each is played now, in "
+        "order (a reply generated anew from the chat as it is now, a say with its text).",
+    )
 
 
 class SessionClosed(EventPayload):

@@ -10,13 +10,13 @@ from dataclasses import replace
 from typing import Any
 
 from . import event_types as ev
-from .aio import cancel_and_wait, resolve
+from .aio import cancel_and_wait, resolve, spawn
 from .chat import ChatContext, FunctionCall, new_id, utcnow
 from .companions import COMPANION_TOOLS, companion_tools
 from .duplicates import duplicate_verdict, validate_arguments
 from .events import EventLog
 from .ports import Commit
-from .speech import NotInterruptible, SpeechHandle, SpeechInterrupted
+from .speech import NotInterruptible, SpeechHandle, SpeechInfo, SpeechInterrupted
 from .tool_call import (
     INTERNAL_ERROR_OUTPUT,
     AlreadyEnded,
@@ -56,6 +56,10 @@ TOOL_ABANDON_GRACE_S = 1.0
 END_RETRY_BACKOFF_S = (0.1, 0.4, 1.6)
 END_FULL_ATTEMPTS = 2
 STORE_ERROR_OUTPUT = "The tool call ended ({status}), but its output could not be stored."
+# an end the store refused every time is written again in the background, after these pauses (doubling up to the
+# last), for as long as the session runs here; a close carries it in its own last write (``unwritten_ends``)
+END_REPAIR_FIRST_S = 2.0
+END_REPAIR_MAX_S = 30.0
 KEEP_ENDED_CALLS = 1000  # ended calls kept in memory per session (the store keeps every one)
 PROGRESS_KEPT = 50  # progress updates kept on a tool call's record
 STOPPING_ERRORS = (ToolCancelled, SpeechInterrupted, StopResponse)
@@ -76,8 +80,9 @@ class ToolExecutor:
         chat: ChatContext,
         events: EventLog,
         commit: Callable[[Commit], Awaitable[None]],
-        on_ended: Callable[[RunningCall], None],
+        on_ended: Callable[[RunningCall, bool], None],
         on_handoff: Callable[[RunningCall], None] | None = None,
+        owed_by_end: Callable[[RunningCall, Outcome], list[SpeechInfo]] | None = None,
         cancel_grace_s: float = TOOL_CANCEL_GRACE_S,
         session: SessionControl | None = None,
     ) -> None:
@@ -89,6 +94,7 @@ class ToolExecutor:
         self._commit = commit
         self._on_ended = on_ended
         self._on_handoff = on_handoff
+        self._owed_by_end = owed_by_end
         self._cancel_grace_s = cancel_grace_s
         self._calls: dict[str, RunningCall] = {}
         self._closing = False
@@ -96,6 +102,10 @@ class ToolExecutor:
         self.forgotten = 0  # ended calls dropped from memory (read them from the store)
         self._companion_tools: dict[str, FunctionTool] | None = None
         self._abandoned: set[asyncio.Task[Any]] = set()  # tool bodies that ignored cancellation
+        # ends the store refused every time (call id -> what to write, and the agent that made the call), and the
+        # tasks writing them again: a call never stays `running` in the store while it ended here (I8)
+        self._unwritten: dict[str, tuple[EndRecord, str | None]] = {}
+        self._repairs: set[asyncio.Task[Any]] = set()
 
     # -- queries --------------------------------------------------------------------------------------------
 
@@ -318,9 +328,10 @@ class ToolExecutor:
         """Write the call's end; on a permanent store error write it again a few times, the last attempts with
         the output replaced by a note. Returns what was written (or, if nothing could be, the last attempt) and
         whether it is durable."""
-        full = end_record(rc, outcome, handoff)
+        owed = tuple(self._owed_by_end(rc, outcome)) if self._owed_by_end is not None else ()
+        full = replace(end_record(rc, outcome, handoff), owed=owed)
         note = STORE_ERROR_OUTPUT.format(status=outcome.status.value)
-        fallback = end_record(rc, replace(outcome, output=note, is_error=True), handoff)
+        fallback = replace(end_record(rc, replace(outcome, output=note, is_error=True), handoff), owed=owed)
         attempts = [full] * END_FULL_ATTEMPTS + [fallback] * (len(END_RETRY_BACKOFF_S) + 1 - END_FULL_ATTEMPTS)
         for attempt, record in enumerate(attempts):
             if attempt:
@@ -355,14 +366,56 @@ class ToolExecutor:
         self._chat.append(*record.items)
         if durable:  # an event only reports what is durable (I6)
             self._emit_end(record, agent)
+        else:
+            self._unwritten[rc.call_id] = (record, agent)
+            spawn(self._write_again(rc.call_id), name=f"end-repair:{rc.call_id}", tasks=self._repairs)
         resolve(rc.settled_fut, None)
         resolve(rc.ended_fut, None)
         rc.tool_task = None  # drop the finished body (and any traceback it holds)
         self._forget_old_calls()
         try:
-            self._on_ended(rc)
+            self._on_ended(rc, durable)
         except Exception:
             logger.exception("on_ended hook failed", extra={"session_id": self.session_id})
+
+    async def _write_again(self, call_id: str) -> None:
+        """Write an end the store refused every time, again and again (with growing pauses) while the session runs:
+        the call ended here, and the store must not keep it `running`. Its events follow once it is durable."""
+        pause = END_REPAIR_FIRST_S
+        while call_id in self._unwritten:
+            await asyncio.sleep(pause)
+            record, agent = self._unwritten[call_id]
+            try:
+                await self._commit(record.commit())
+            except Exception:
+                logger.error(
+                    "the end of tool call %s still cannot be stored; trying again in %.0fs",
+                    call_id,
+                    min(pause * 2, END_REPAIR_MAX_S),
+                    extra={"session_id": self.session_id, "call_id": call_id},
+                )
+                pause = min(pause * 2, END_REPAIR_MAX_S)
+                continue
+            if self._unwritten.pop(call_id, None) is not None:
+                logger.warning(
+                    "the end of tool call %s is stored at last", call_id, extra={"session_id": self.session_id}
+                )
+                self._emit_end(record, agent)
+
+    def unwritten_ends(self) -> list[EndRecord]:
+        """Ends the store has refused so far (their repair stopped): a close writes them with its own last write, so
+        that a session is never stored closed with a call `running`."""
+        return [record for record, _ in self._unwritten.values()]
+
+    def report_written(self, records: list[EndRecord]) -> None:
+        """``records`` (from ``unwritten_ends``) are durable now: report them."""
+        for record in records:
+            found = self._unwritten.pop(record.info.call_id, None)
+            if found is not None:
+                self._emit_end(*found)
+
+    async def stop_repairs(self) -> None:
+        await cancel_and_wait(*self._repairs)
 
     def _emit_end(self, record: EndRecord, agent: str | None) -> None:
         for it in record.items:
@@ -544,15 +597,18 @@ class ToolExecutor:
     async def grace_for_uncancellable(self, grace_s: float) -> None:
         """A deploy is not a crash: a call that cannot be cancelled (a booking) gets up to ``grace_s`` to end and
         commit its pair before the process lets go of it (recovery then ends whatever is still running)."""
-        pending = [rc.ended_fut for rc in self.running() if not rc.info.cancellable]
+        # a call held for its handoff has its result already: the handoff step ends it (``HandoffStep.hand_over``)
+        pending = [rc.ended_fut for rc in self.running() if not rc.info.cancellable and rc.held is None]
         if pending and grace_s > 0:
             await asyncio.wait(pending, timeout=grace_s)
 
     async def abandon(self) -> None:
-        """Stop every running call without recording an end (service shutdown; recovery ends or re-runs them)."""
+        """Stop every running call without recording an end (service shutdown; recovery ends or re-runs them).
+        An end the store kept refusing is left to the next owner too: the store has the call `running`."""
         self._abandoning = True
         await cancel_and_wait(*(rc.task for rc in self.running()))
         await self._ends_written()
+        await self.stop_repairs()
 
     def _companions(self) -> dict[str, FunctionTool]:
         # Built once: a tool builds a pydantic model, too costly (and too much garbage) for every model request.

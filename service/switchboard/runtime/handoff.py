@@ -13,7 +13,7 @@ import logging
 from typing import Any, Protocol
 
 from .agent import Agent
-from .aio import spawn
+from .aio import first_of, resolve, spawn
 from .chat import AgentHandoff, new_id
 from .executor import Handoff, RunningCall, ToolExecutor
 from .ports import SessionState
@@ -31,6 +31,13 @@ class HandoffHost(Protocol):
     id: str
     agent: Agent
     executor: ToolExecutor
+    # the current agent's ``on_enter`` has run (or is running): false while it is owed, persisted with the session
+    entered: bool
+
+    @property
+    def runs_hooks(self) -> bool:
+        """The agents' hooks run now (the session is active, not being handed over or closed)."""
+        ...
 
     def snapshot(self) -> SessionState: ...
 
@@ -46,6 +53,22 @@ class HandoffStep:
         self._host = host
         self._call: RunningCall | None = None  # the call whose handoff is being performed
         self.tasks: set[asyncio.Task[Any]] = set()
+        # resolved when the session moves to another process: the handoff under way is done at once
+        self._moving: asyncio.Future[None] | None = None
+
+    def _moving_fut(self) -> asyncio.Future[None]:
+        if self._moving is None:
+            self._moving = asyncio.get_running_loop().create_future()
+        return self._moving
+
+    async def hand_over(self) -> None:
+        """The session moves to another process (a drain, a graceful restart): a handoff under way is done now, its
+        call's result and the switch of agent committed together, instead of waiting for the old agent's other
+        calls (the next owner settles those, as after a crash). The new agent's ``on_enter`` stays owed
+        (``entered`` false in the store): the next owner runs it."""
+        resolve(self._moving_fut(), None)
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
 
     def request(self, rc: RunningCall) -> None:
         # in a task of its own: the executor only reports the request and never waits on the session
@@ -68,14 +91,16 @@ class HandoffStep:
             if not await _speech_played(rc):
                 await host.executor.end_without_handoff(rc, NOT_DONE_INTERRUPTED)
                 return
-            await host.executor.drain(scope="agent", exclude={rc.call_id})
+            # the agent's other calls end first (cancelled, or awaited), unless the session moves meanwhile
+            await first_of(host.executor.drain(scope="agent", exclude={rc.call_id}), self._moving_fut())
             if _held_by_interrupted_speech(rc):  # interrupted while the other calls were drained
                 await host.executor.end_without_handoff(rc, NOT_DONE_INTERRUPTED)
                 return
-            host.agent = new_agent
+            host.agent, entered = new_agent, host.entered
+            host.entered = host.runs_hooks  # else its on_enter is owed, and runs where the session runs next
             item = AgentHandoff(id=new_id("item"), from_agent=old.name, to_agent=new_agent.name)
             if not await host.executor.end_with_handoff(rc, Handoff(item, host.snapshot())):
-                host.agent = old  # a teardown ended the call meanwhile: the handoff was not done
+                host.agent, host.entered = old, entered  # a teardown ended the call meanwhile: no handoff
                 return
         finally:
             self._call = None
@@ -84,7 +109,7 @@ class HandoffStep:
 
 
 def _held_by_interrupted_speech(rc: RunningCall) -> bool:
-    return rc.speech is not None and not rc.info.background and rc.speech.interrupted
+    return rc.speech is not None and not rc.info.background and rc.speech.interrupted and not rc.speech.moved
 
 
 async def _speech_played(rc: RunningCall) -> bool:
@@ -94,7 +119,7 @@ async def _speech_played(rc: RunningCall) -> bool:
     try:
         await rc.speech.wait_for_step(rc.step)
     except SpeechInterrupted:
-        return False
+        return rc.speech.moved  # a move is not an interruption: the tool asked for the handoff, it is done
     return True
 
 

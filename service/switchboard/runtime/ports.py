@@ -25,6 +25,7 @@ class SessionState(BaseModel):
     """The runtime-owned part of a session's persisted state."""
 
     agent: str
+    entered: bool = True  # the agent's on_enter has run (false: owed to whoever runs the session next)
     state: SessionStatus = SessionStatus.ACTIVE
     llm_state: dict[str, Any] | None = None
     current_speech_id: str | None = None
@@ -41,18 +42,27 @@ class Commit(BaseModel):
 
 @dataclass(slots=True)
 class Reported:
-    """What a session's durable event log already reports: the chat items with a ``chat.item`` event, the calls with
-    a ``tool.ended`` event, the speeches with a ``speech.done`` event. A commit and its events are separate writes,
+    """What a session's durable event log already reports: the chat items with a ``chat.item`` event (and the input
+    with a ``user.input`` event), the calls with a ``tool.ended`` event, the speeches with a ``speech.created`` and a
+    ``speech.done`` event. A commit and its events are separate writes,
     so a crash between them leaves durable changes unreported; recovery emits what is missing (nothing durable
     without its event)."""
 
     items: set[str] = field(default_factory=set)
     ended_calls: set[str] = field(default_factory=set)
     done_speeches: set[str] = field(default_factory=set)
+    inputs: set[str] = field(default_factory=set)  # chat items with a ``user.input`` event
+    created_speeches: set[str] = field(default_factory=set)
 
     def add(self, event_type: str, key: str) -> None:
         """Note one event: ``key`` is its item id, call id or speech id."""
-        target = {"chat.item": self.items, "tool.ended": self.ended_calls, "speech.done": self.done_speeches}
+        target = {
+            "chat.item": self.items,
+            "tool.ended": self.ended_calls,
+            "speech.done": self.done_speeches,
+            "user.input": self.inputs,
+            "speech.created": self.created_speeches,
+        }
         target[event_type].add(key)
 
     @classmethod
@@ -83,6 +93,8 @@ REPORTED_KEYS: dict[str, tuple[str, str | None]] = {
     "chat.item": ("item", "id"),
     "tool.ended": ("call_id", None),
     "speech.done": ("speech_id", None),
+    "user.input": ("item_id", None),
+    "speech.created": ("speech_id", None),
 }
 
 

@@ -6,11 +6,11 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from . import event_types as ev
-from .chat import FINAL_SUFFIX, ChatContext, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
+from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .events import EventLog
 from .ports import ChatStore, Commit, Reported
 from .session import AgentSession
-from .speech import SpeechInfo, SpeechState
+from .speech import SpeechInfo, SpeechSource, SpeechState
 from .tools import FunctionTool, ToolCallInfo, ToolStatus
 
 logger = logging.getLogger("switchboard.runtime.recovery")
@@ -25,7 +25,8 @@ async def recover(
     speeches: Sequence[SpeechInfo] = (),
     reported: Reported | None = None,
 ) -> dict[str, list[str]]:
-    """Start ``session`` as recovered and settle what was in flight when the process died.
+    """Start ``session`` as recovered and settle what was in flight when its previous process stopped (a crash, a
+    drain, a graceful restart, a lost lease: the same durable obligations, derived from the store alone).
 
     First the events a crash lost are emitted: each durable change that ``reported`` (what the durable event log
     holds) lacks gets its event, so nothing durable is left without one.
@@ -33,10 +34,10 @@ async def recover(
     Calls left ``running`` end ``interrupted`` with an is_error output (one pair, committed with the status in one
     transaction), unless their tool is declared ``on_restart="retry"``: those are run again.
 
-    Speeches that had not finished: a reply that was accepted but never started generating (still ``scheduled``,
-    not interrupted) is queued again under its id, since the user is still waiting for its answer; every other one
-    (it had begun, or it is a ``say`` whose text only the lost process held) ends interrupted. Returns the call ids
-    by outcome.
+    Speeches that had not finished are owed (``owed_speeches``): each is queued again under its id, in order (a
+    reply generated anew from the chat as it is now, a say with its text), since the user is still waiting for it.
+    One an interrupt had stopped (durably interrupted) ends interrupted, and a deferred reply another owed reply
+    makes redundant ends without playing. Returns the call ids by outcome.
     """
     if reported is not None:
         report_missing(session.events, session.chat.items, tool_calls, speeches, reported)
@@ -45,25 +46,43 @@ async def recover(
     tools = session.agent.tools
     interrupted, retry = _split_running(tool_calls, tools)
     retry_ids = sorted(info.call_id for info in retry)
-    unanswered = sorted((sp for sp in speeches if _waits_for_answer(sp)), key=lambda sp: sp.created_at)
-    unfinished = [sp for sp in speeches if sp.state != SpeechState.DONE and not _waits_for_answer(sp)]
+    unfinished = sorted((sp for sp in speeches if sp.state != SpeechState.DONE), key=lambda sp: sp.created_at)
+    stopped = [sp for sp in unfinished if sp.interrupted]
+    owed = owed_speeches(unfinished)
+    owed_ids = {sp.id for sp in owed}
+    superseded = [sp for sp in unfinished if not sp.interrupted and sp.id not in owed_ids]
 
     await session.start(
         recovered=True,
         interrupted_calls=[i.call_id for i in interrupted],
         retried_calls=retry_ids,
-        interrupted_speeches=[sp.id for sp in unfinished],
+        interrupted_speeches=[sp.id for sp in stopped],
+        resumed_speeches=[sp.id for sp in owed],
     )
-    await _end_unfinished(session, unfinished)
+    await _end_unfinished(session, stopped, interrupted=True)
+    await _end_unfinished(session, superseded, interrupted=False)
     for info in interrupted:
         await _end_interrupted(session, info)
+    # owed speeches first: the first one plays before a re-run call can end, so a re-run's result is always answered
+    # by a reply of its own (a deferred reply), never by a race with the speech that made the call
+    for sp in owed:
+        logger.info("session %s: playing %s (%s), owed since before the restart", session.id, sp.id, sp.source)
+        session.requeue(sp)
     for info in retry:
         logger.info("session %s: re-running %s (%s) after a restart", session.id, info.name, info.call_id)
         session.executor.rerun(info, tools=tools, agent=session.agent.name)
-    for sp in unanswered:
-        logger.info("session %s: answering %s, accepted before the restart", session.id, sp.id)
-        session.requeue_reply(sp.id, "deferred_reply" if sp.source == "deferred_reply" else "reply")
     return {"interrupted": [i.call_id for i in interrupted], "retried": retry_ids}
+
+
+def owed_speeches(unfinished: Sequence[SpeechInfo]) -> list[SpeechInfo]:
+    """What a session owes of its speeches that had not finished (oldest first): each one no interrupt stopped.
+    A deferred reply only answers results that landed outside of any reply: when a reply to input is owed too, that
+    reply sees them (it is generated now), and of several deferred replies one is enough."""
+    owed = [sp for sp in unfinished if not sp.interrupted]
+    if any(sp.source in ("reply", "tool_reply") for sp in owed):
+        return [sp for sp in owed if sp.source != "deferred_reply"]
+    deferred = [sp for sp in owed if sp.source == "deferred_reply"]
+    return [sp for sp in owed if sp.source != "deferred_reply" or sp is deferred[-1]]
 
 
 def report_missing(
@@ -74,10 +93,13 @@ def report_missing(
     reported: Reported,
 ) -> int:
     """Emit the events of durable changes the durable log does not report (a crash came between a commit and its
-    events): ``chat.item`` for each item, ``tool.ended`` for each ended call, ``speech.done`` for each finished
-    speech. Returns how many."""
+    events): ``user.input`` for each input message and ``chat.item`` for each item, ``tool.ended`` for each ended
+    call, ``speech.created`` for each speech and ``speech.done`` for each finished one. Returns how many."""
     missing = 0
     for it in items:
+        if isinstance(it, ChatMessage) and it.role != "assistant" and it.id not in reported.inputs:
+            events.emit(ev.UserInput(item_id=it.id, text=it.text, final=True, role=it.role))
+            missing += 1
         if it.id not in reported.items:
             events.emit(ev.ChatItemAdded(item=it))
             missing += 1
@@ -94,6 +116,9 @@ def report_missing(
             )
             missing += 1
     for sp in speeches:
+        if sp.id not in reported.created_speeches:
+            events.emit(ev.SpeechCreated(speech_id=sp.id, source=_source(sp.source)))
+            missing += 1
         if sp.state == SpeechState.DONE and sp.id not in reported.done_speeches:
             events.emit(ev.SpeechDone(speech_id=sp.id, interrupted=sp.interrupted))
             missing += 1
@@ -104,9 +129,9 @@ def report_missing(
     return missing
 
 
-def _waits_for_answer(sp: SpeechInfo) -> bool:
-    """An accepted reply that never started: nothing of it was generated, heard or committed yet."""
-    return sp.state == SpeechState.SCHEDULED and not sp.interrupted and sp.source in ("reply", "deferred_reply")
+def _source(source: str) -> SpeechSource:
+    known: tuple[SpeechSource, ...] = ("reply", "say", "tool_reply", "deferred_reply")
+    return next((s for s in known if s == source), "reply")
 
 
 def _split_running(
@@ -123,13 +148,13 @@ def _split_running(
     return interrupted, retry
 
 
-async def _end_unfinished(session: AgentSession, unfinished: Sequence[SpeechInfo]) -> None:
+async def _end_unfinished(session: AgentSession, unfinished: Sequence[SpeechInfo], *, interrupted: bool) -> None:
     if not unfinished:
         return
-    ended = [sp.model_copy(update={"state": SpeechState.DONE, "interrupted": True}) for sp in unfinished]
+    ended = [sp.model_copy(update={"state": SpeechState.DONE, "interrupted": interrupted}) for sp in unfinished]
     await session.commit(Commit(speeches=ended))
     for sp in ended:
-        session.events.emit(ev.SpeechDone(speech_id=sp.id, interrupted=True))
+        session.events.emit(ev.SpeechDone(speech_id=sp.id, interrupted=interrupted))
 
 
 async def _end_interrupted(session: AgentSession, info: ToolCallInfo) -> None:

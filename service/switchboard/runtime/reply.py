@@ -178,12 +178,23 @@ async def _on_interrupted(session: ReplySession, speech: SpeechHandle, step: _St
         played = step.stream.played_text  # read now: the sink is never waited on to acknowledge the stop
         step.stream.stop()
         speech.played_text = (speech.played_text + " " + played).strip()
+    if speech.moved:
+        await _on_moved(session, speech, step, played)
+        return
     # the event reports the interruption only once it is durable (I6)
     report = ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text)
     if step is None:
         await session.commit(Commit(speeches=[speech.info()]), then=lambda: _emit(session, report))
         return
     await _commit_message(session, speech, step, played, interrupted=True, report=report)
+
+
+async def _on_moved(session: ReplySession, speech: SpeechHandle, step: _Step | None, played: str) -> None:
+    """The session moves to another process (``SpeechHandle.hand_over``): what this step played is committed (a
+    message cut short), and nothing else. The speech is not ended nor reported interrupted: it stays owed in the
+    store, and the next owner plays it again (a reply is generated anew from the chat as it is then)."""
+    if step is not None and played.strip():
+        await _commit_message(session, speech, step, played, interrupted=True)
 
 
 def _emit(session: ReplySession, payload: ev.EventPayload) -> None:
@@ -218,7 +229,7 @@ async def _say(session: ReplySession, job: ReplyJob) -> None:
     if not finished or speech.interrupted:
         if job.add_to_chat:
             await _on_interrupted(session, speech, step)
-        else:
+        elif not speech.moved:  # a moved say is played again by the next owner: nothing to write here
             speech.played_text = step.stream.played_text
             step.stream.stop()
             report = ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text)

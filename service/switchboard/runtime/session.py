@@ -16,7 +16,7 @@ from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall
 from .commit import CommitPipeline
 from .event_types import InputRole as Role
 from .events import EventLog, EventSink
-from .executor import RunningCall, ToolExecutor
+from .executor import Outcome, RunningCall, ToolExecutor
 from .generation import Generation
 from .handoff import HandoffStep
 from .llm.base import LLM, LLMRequest
@@ -29,7 +29,7 @@ from .speech import (
     SPEECH_PRIORITY_NORMAL,
     NotInterruptible,
     SpeechHandle,
-    SpeechSource,
+    SpeechInfo,
 )
 from .speeches import Speeches
 from .status import AgentState, SessionClosed, SessionStatus, SessionSuspended
@@ -69,6 +69,7 @@ class AgentSession:
         options: SessionOptions | None = None,
         items: Iterable[ChatItem] = (),
         last_seq: int = 0,
+        entered: bool = True,
     ) -> None:
         self.id = session_id
         self.agent = agent
@@ -83,6 +84,11 @@ class AgentSession:
         self.events = EventLog(session_id, events, last_seq=last_seq)
         self.state = SessionStatus.INITIALIZING
         self.agent_state: AgentState = "initializing"
+        # the current agent's on_enter has run (or runs): persisted, so that one owed (a session created or handed
+        # off just before its process stopped) runs where the session runs next, and one that ran never runs twice
+        self.entered = entered
+        # being handed over, and past the point where it takes owed input durably (``suspend``)
+        self._sealed = False
         self.writes = CommitPipeline(session_id, store=store, events=self.events)
         self.handoff = HandoffStep(self)
         self._hooks: set[asyncio.Task[Any]] = set()  # the agents' on_enter / on_exit, each in a task of its own
@@ -93,6 +99,7 @@ class AgentSession:
             commit=self.writes.commit,
             on_ended=self._on_call_ended,
             on_handoff=self.handoff.request,
+            owed_by_end=self._owed_by_end,
             cancel_grace_s=self.options.tool_cancel_grace_s,
             session=self,
         )
@@ -132,6 +139,9 @@ class AgentSession:
         if self.speeches.scheduler.started:
             return
         self.state = SessionStatus.ACTIVE
+        # a recovered session's agent that had entered does not greet twice; one whose on_enter was owed (created or
+        # handed off just before its process stopped) enters now. Marked in the same write: at most once
+        enter, self.entered = not recovered or not self.entered, True
         await self.commit(Commit(session=self.snapshot()))
         self.events.emit(
             ev.SessionRecovered(agent=self.agent.name, **event_data)
@@ -140,14 +150,18 @@ class AgentSession:
         )
         self.set_agent_state("listening")
         self.speeches.scheduler.start()
-        if not recovered:  # a recovered session's agent had entered already: it does not greet twice
+        if enter:
             self._run_hook(self.agent.on_enter(), f"on_enter:{self.agent.name}")
 
     async def suspend(self, *, tool_grace: bool = True) -> None:
-        """Stop this session's work without closing it (service shutdown): it stays live in the store and is
-        recovered on the next start, exactly as after a crash, but with every pending write flushed.
-        ``tool_grace=False``: calls that cannot be cancelled get no while to end (the session is another process's
-        now, and nothing it does here can be written any more).
+        """Hand the session over (a drain, a graceful restart): stop its work here without closing it. It stays live
+        in the store, and what it owes is durable there for its next owner (``runtime.recovery``): the speech under
+        way and the queued ones are not ended but left owed (what was heard of the current one is committed), a call
+        that cannot be cancelled gets ``shutdown_tool_grace_s`` to end and commit its result (a deferred reply to it
+        owed with it), a handoff under way is done, and input that arrives meanwhile is accepted durably and
+        answered by the next owner (I3). A move is not an interruption: it never loses more than a crash.
+        ``tool_grace=False``: the session is another process's already (fenced): nothing it does here can be
+        written any more, so nothing waits.
 
         Like a close, it runs to its end even when its caller is cancelled; a close already under way is let
         finish instead (it is bounded), so a shutdown never leaves a session half closed."""
@@ -165,25 +179,19 @@ class AgentSession:
             self.state = SessionStatus.SUSPENDED
         await self.speculation.abandon()
         await cancel_and_wait(*self._hooks)
-        current = self.speeches.scheduler.current
-        if current is not None and not current.done:
-            # what the user heard is committed, as with any interruption; bounded, the store may be going away
-            current.interrupt(force=True)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(SUSPEND_SPEECH_TIMEOUT_S):
-                    await current.wait_done()
-        await self.speeches.scheduler.stop()
-        for job in self.speeches.scheduler.queued:
-            if job.preemptive is not None:
-                await job.preemptive.aclose()
-        await cancel_and_wait(*self.handoff.tasks)  # a handoff not committed yet is not done; recovery ends its call
+        await self._hand_over_speeches()
         if tool_grace:
             await self.executor.grace_for_uncancellable(self.options.shutdown_tool_grace_s)
+            await self.handoff.hand_over()
+        else:
+            await cancel_and_wait(*self.handoff.tasks)  # fenced: recovery elsewhere ends its call
         await self.executor.abandon()
         await self.llm.aclose()
         if not tool_grace:  # fenced: nothing of this session can be written here any more
             await self.writes.landed()
             return
+        async with self._op_lock:  # owed input accepted until now is committed (commands hold the lock)
+            self._sealed = True
         # every write under way lands and every event reported so far is durable before the process goes; bounded
         # (the store may be going away: recovery then emits the events a durable change lacks), and never cancelling
         # a write that is still under way
@@ -191,6 +199,23 @@ class AgentSession:
         done, _ = await asyncio.wait({settled}, timeout=SUSPEND_FLUSH_TIMEOUT_S)
         if not done:
             logger.warning("session %s: suspended before its last writes and events were durable", self.id)
+
+    async def _hand_over_speeches(self) -> None:
+        """Stop the speech under way as a move, not an interruption (``SpeechHandle.hand_over``: what was heard is
+        committed, the speech stays owed), and stop the scheduler. Queued speeches stay owed as they are in the
+        store; those an interrupt already ended while they waited are ended durably now (nothing owes them)."""
+        current = self.speeches.scheduler.current
+        if current is not None and not current.done:
+            current.hand_over()
+            with contextlib.suppress(TimeoutError):  # bounded: the store may be going away
+                async with asyncio.timeout(SUSPEND_SPEECH_TIMEOUT_S):
+                    await current.wait_done()
+        await self.speeches.scheduler.stop()
+        for job in self.speeches.scheduler.queued:
+            if job.speech.interrupted:
+                await self.speeches.scheduler.finish_unstarted(job)
+            elif job.preemptive is not None:
+                await job.preemptive.aclose()
 
     async def aclose(self, *, reason: str | None = None) -> None:
         """Close: stop speaking, cancel cancellable tools, await the others, emit the final events (with ``reason``
@@ -220,6 +245,7 @@ class AgentSession:
         await cancel_and_wait(*self._hooks)
         if self.speeches.deferring is not None:  # a deferred reply being committed: queue it, then close it
             await asyncio.shield(self.speeches.deferring)
+        await self.speeches.owed_settled()  # so is one a call's end is committing with it
         for job in self.speeches.scheduler.queued:
             job.speech.interrupt(force=True)
         current = self.speeches.scheduler.current
@@ -232,16 +258,30 @@ class AgentSession:
         if self.handoff.tasks:  # each has ended its call by now (or finds it ended by the teardown)
             await asyncio.gather(*self.handoff.tasks, return_exceptions=True)
         await self.llm.aclose()
+        await self.executor.stop_repairs()
         await self.writes.settled()
         self.state = SessionStatus.CLOSED
         self.set_agent_state("listening")
-        await self.commit(Commit(session=self.snapshot()))
+        # a call's end the store kept refusing rides on the last write: the session is stored closed only with every
+        # call ended (if that write fails too, the store keeps the session live, and recovery settles the call)
+        unwritten = self.executor.unwritten_ends()
+        last = Commit(session=self.snapshot())
+        for record in unwritten:
+            last.items.extend(record.items)
+            last.tool_calls.append(record.info)
+        try:
+            await self.commit(last, then=lambda: self.executor.report_written(unwritten))
+        except Exception:  # logged by the pipeline: the store keeps the session live, and recovery settles it
+            logger.error("session %s: its close could not be stored; it stays live there", self.id)
+            await self.writes.landed()
+            return
         await self.events.emit(ev.SessionClosed(reason=reason) if reason else ev.SessionClosed())
         await self.writes.landed()
 
     def snapshot(self) -> SessionState:
         return SessionState(
             agent=self.agent.name,
+            entered=self.entered,
             state=self.state,
             llm_state=self.llm.save_state(),
             current_speech_id=self.speeches.scheduler.current.id if self.speeches.scheduler.current else None,
@@ -304,18 +344,20 @@ class AgentSession:
         """Inject input. ``final=False`` is an interim transcript: reported, never committed; it may start a
         speculative reply. A final input interrupts the current speech (if asked and allowed), is committed, and
         queues a reply. Input is never dropped: if the speech cannot be interrupted the reply waits its turn."""
-        self._check_open()
+        self._check_open(owed=final)
         if not final:
             self.events.emit(ev.UserInput(item_id=None, text=text, final=False, role=role))
             self.speculation.on_interim(text)
             return InputResult(None, None)
         return await self._command(
-            lambda: self._final_input(text, interrupt=interrupt, force=force, reply=reply, role=role), "input"
+            lambda: self._final_input(text, interrupt=interrupt, force=force, reply=reply, role=role),
+            "input",
+            owed=True,
         )
 
     async def _final_input(self, text: str, *, interrupt: bool, force: bool, reply: bool, role: Role) -> InputResult:
         spec = self.speculation.take()
-        if interrupt:
+        if interrupt and self.state == SessionStatus.ACTIVE:  # a move stopped the speech already: nothing to cut
             try:
                 await self.speeches.interrupt_current(force=force)
             except NotInterruptible:
@@ -362,19 +404,19 @@ class AgentSession:
 
         ``allow_interruptions=False`` makes it a barrier: an interrupt stops before it, so it and everything
         queued after it play (``force`` still interrupts it)."""
-        self._check_open()
+        self._check_open(owed=True)
         job = self.speeches.new_job(
             "say", text=text, add_to_chat=add_to_chat, allow_interruptions=allow_interruptions, priority=priority
         )
-        return await self._command(lambda: self.speeches.queue_durably(job), "say")
+        return await self._command(lambda: self.speeches.queue_durably(job), "say", owed=True)
 
     async def generate_reply(
         self, *, instructions: str | None = None, priority: int = SPEECH_PRIORITY_NORMAL
     ) -> SpeechHandle:
         """Queue a reply from the model; ``instructions`` are added for this reply only."""
-        self._check_open()
+        self._check_open(owed=True)
         job = self.speeches.new_job("reply", instructions=instructions, priority=priority)
-        return await self._command(lambda: self.speeches.queue_durably(job), "reply")
+        return await self._command(lambda: self.speeches.queue_durably(job), "reply", owed=True)
 
     async def interrupt(self, *, force: bool = False) -> SpeechHandle | None:
         """Interrupt the current speech and every queued one after it, stopping at the first queued speech that
@@ -387,18 +429,19 @@ class AgentSession:
         self._check_open()
         return await self._command(lambda: self.speeches.interrupt_current(force=force), "interrupt")
 
-    async def _command(self, body: Callable[[], Awaitable[T]], what: str) -> T:
+    async def _command(self, body: Callable[[], Awaitable[T]], what: str, *, owed: bool = False) -> T:
         """Run one operator command to its end, whatever happens to its caller.
 
         The command runs in a task of its own, in turn with the other commands, close and suspend: what it commits
         is also applied to the live session (I8) even when the caller is cut off (a deadline, a disconnect), and a
         close never slips between its open check and its effect (it runs fully before, or finds the session
-        closed). Cancelling the caller only stops the wait.
+        closed). Cancelling the caller only stops the wait. An ``owed`` command (input, say, a reply) is also taken
+        while the session is being handed over: it is committed, and played where the session runs next.
         """
 
         async def run() -> T:
             async with self._op_lock:
-                self._check_open()
+                self._check_open(owed=owed)
                 return await body()
 
         return await asyncio.shield(self._track(run(), f"{what}:{self.id}"))
@@ -427,8 +470,12 @@ class AgentSession:
 
     # -- speeches -------------------------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
+    def _check_open(self, *, owed: bool = False) -> None:
+        """Refuse a command unless the session is active; ``owed``: also while it is being handed over, until its
+        last writes are settled (input and speeches are then committed for its next owner to play)."""
         if self.state == SessionStatus.SUSPENDED:
+            if owed and not self._sealed:
+                return
             raise SessionSuspended(f"session {self.id} is being handed over to another node")
         if self.state != SessionStatus.ACTIVE:
             raise SessionClosed(f"session {self.id} is {self.state}")
@@ -563,18 +610,25 @@ class AgentSession:
 
     # -- tool hooks -----------------------------------------------------------------------------------------
 
-    def _on_call_ended(self, rc: RunningCall) -> None:
-        if self.state != SessionStatus.ACTIVE:
-            return
-        self.speeches.on_tool_result(rc)
-        self._start_pending_speculative()
+    def _owed_by_end(self, rc: RunningCall, outcome: Outcome) -> list[SpeechInfo]:
+        return self.speeches.owed_by_end(rc, outcome)
 
-    def requeue_reply(self, speech_id: str, source: SpeechSource) -> None:
-        """Queue again a reply that was accepted (durable, ``scheduled``) but never started before a restart: the
-        user is still waiting for it. It keeps its id; its ``speech.created`` was reported when it was accepted."""
-        self.speeches.requeue_reply(speech_id, source)
+    def _on_call_ended(self, rc: RunningCall, durable: bool) -> None:
+        active = self.state == SessionStatus.ACTIVE
+        self.speeches.on_tool_result(rc, durable=durable, active=active)
+        if active:
+            self._start_pending_speculative()
+
+    def requeue(self, info: SpeechInfo) -> None:
+        """Queue again a speech the session owes (``Speeches.requeue``): after a move or a crash."""
+        self.speeches.requeue(info)
 
     # -- the agents' hooks ------------------------------------------------------------------------------------
+
+    @property
+    def runs_hooks(self) -> bool:
+        """The agents' hooks run now: the session is active (not being handed over, nor closing)."""
+        return self.state == SessionStatus.ACTIVE
 
     def agent_changed(self, old: Agent, new: Agent) -> None:
         """A handoff was committed: the old agent exits and the new one enters, each hook in a task of its own."""

@@ -103,6 +103,9 @@ class SpeechHandle:
         self.force_timeout_s = force_timeout_s
         self.forced = False
         self.started = False  # has begun playing
+        # stopped because its session moves to another process (a drain, a graceful restart), not by the user: what
+        # was heard is committed, and the speech stays owed (not done in the store) for the next owner to play
+        self.moved = False
         loop = asyncio.get_running_loop()
         self._interrupt_fut: asyncio.Future[None] = loop.create_future()
         self._done_fut: asyncio.Future[None] = loop.create_future()
@@ -145,7 +148,7 @@ class SpeechHandle:
             id=self.id,
             source=self.source,
             state=self.state,
-            interrupted=self.interrupted,
+            interrupted=self.interrupted and not self.moved,  # a move is not an interruption: the speech is owed
             allow_interruptions=self.allow_interruptions,
             text=self.text,
             played_text=self.played_text,
@@ -185,6 +188,17 @@ class SpeechHandle:
             loop = asyncio.get_running_loop()
             self._watchdog = loop.call_later(self.force_timeout_s, self._force_cancel)
         return True
+
+    def hand_over(self) -> bool:
+        """Stop the speech because its session moves to another process: every wait on it is released at once, as
+        by an interrupt (I3), but it is not an interruption. The reply loop commits what was heard and leaves the
+        speech unfinished in the store, and the session's next owner plays it (``runtime.recovery``). Returns False
+        when it had already finished; a speech the user had already interrupted stays interrupted."""
+        if self.done:
+            return False
+        if not self.interrupted:
+            self.moved = True
+        return self.interrupt(force=True)
 
     def on_interrupted(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when the speech is interrupted, within ``interrupt()`` (at once if it already was):

@@ -15,15 +15,16 @@ from . import event_types as ev
 from .chat import ChatContext, ChatMessage
 from .commit import CommitPipeline
 from .events import EventLog
-from .executor import RunningCall
+from .executor import Outcome, RunningCall
 from .generation import Generation
 from .ports import Commit
 from .reply import ReplyJob
 from .scheduler import SpeechScheduler
-from .speech import SPEECH_PRIORITY_NORMAL, NotInterruptible, SpeechHandle, SpeechSource
+from .speech import SPEECH_PRIORITY_NORMAL, NotInterruptible, SpeechHandle, SpeechInfo, SpeechSource
 from .status import SessionStatus
 
 KEEP_SPEECHES = 500
+_OVER = (SessionStatus.CLOSING, SessionStatus.CLOSED)
 
 
 class Speeches:
@@ -60,6 +61,8 @@ class Speeches:
         # speech id -> the chat version a step of it must see to answer the background results that landed during it
         self._unanswered: dict[str, int] = {}
         self.deferring: asyncio.Task[None] | None = None  # a deferred reply being committed, then queued
+        # (a call, its deferred reply): made owed by the call's end being written now (``owed_by_end``)
+        self._owed: tuple[RunningCall, ReplyJob] | None = None
 
     def get(self, speech_id: str) -> SpeechHandle | None:
         return self._handles.get(speech_id)
@@ -85,6 +88,8 @@ class Speeches:
             force_timeout_s=self._force_timeout_s,
             priority=priority,
         )
+        if kind == "say":
+            speech.text = text  # in the store from the start: a say that is owed when its session moves is played
         self._handles[speech.id] = speech
         if len(self._handles) > KEEP_SPEECHES:
             for old_id in list(self._handles)[: len(self._handles) - KEEP_SPEECHES]:
@@ -109,10 +114,16 @@ class Speeches:
         await self._writes.commit(Commit(speeches=[job.speech.info()]), then=lambda: self.enqueue(job))
         return job.speech
 
-    def requeue_reply(self, speech_id: str, source: SpeechSource) -> None:
-        """Queue again a reply that was accepted (durable, ``scheduled``) but never started before a restart: the
-        user is still waiting for it. It keeps its id; its ``speech.created`` was reported when it was accepted."""
-        self.scheduler.push(self.new_job("reply", source=source, speech_id=speech_id))
+    def requeue(self, info: SpeechInfo) -> None:
+        """Queue again a speech that is owed: accepted (durable) and never finished by the process that had the
+        session (a move, a crash). A reply is generated anew from the chat as it is now; a say plays its text. It
+        keeps its id; its ``speech.created`` was reported when it was accepted."""
+        if info.source == "say":
+            job = self.new_job("say", text=info.text, speech_id=info.id, allow_interruptions=info.allow_interruptions)
+        else:
+            source: SpeechSource = "deferred_reply" if info.source == "deferred_reply" else "reply"
+            job = self.new_job("reply", source=source, speech_id=info.id, allow_interruptions=info.allow_interruptions)
+        self.scheduler.push(job)
 
     async def interrupt_current(self, *, force: bool) -> SpeechHandle | None:
         """Interrupt the current speech and the queued ones after it (see ``SpeechScheduler.interrupt_chain``);
@@ -131,6 +142,8 @@ class Speeches:
         if speech.done:
             return
         speech.mark_done()
+        if speech.moved:  # handed over: it stays owed in the store, and the next owner plays it
+            return
         if self._unanswered.pop(speech.id, None) is not None and self._state() == SessionStatus.ACTIVE:
             self.schedule_deferred_reply()  # background results that landed during it and no step of it saw
         # in its own task: a caller cancelled meanwhile (the scheduler, at close) must not lose the commit and event
@@ -138,18 +151,54 @@ class Speeches:
 
     # -- deferred replies -----------------------------------------------------------------------------------
 
-    def on_tool_result(self, rc: RunningCall) -> None:
-        """A call has ended while the session is active: a result that arrives outside of any reply (background,
-        or re-run after a restart) gets a deferred reply.
-
-        One that lands while the speech that made the call is still going on is answered by that speech's next
-        step, which sees it; a deferred reply is queued (when the speech ends) only if no later step of it does."""
+    @staticmethod
+    def _detached_result(rc: RunningCall, needs_reply: bool) -> bool:
+        """A result that arrives outside of any reply (background, or re-run after a restart) and asks for one."""
         detached = rc.info.background or rc.speech is None
-        if detached and rc.needs_reply and rc.cancel_reason not in ("agent handoff", "session closed"):
-            if rc.speech is not None and not rc.speech.done:
-                self._unanswered[rc.speech.id] = self._chat.version
-            else:
-                self.schedule_deferred_reply()
+        return detached and needs_reply and rc.cancel_reason not in ("agent handoff", "session closed")
+
+    def owed_by_end(self, rc: RunningCall, outcome: Outcome) -> list[SpeechInfo]:
+        """The deferred reply a call's end makes owed, committed with that end (one transaction): once the result is
+        durable, so is the obligation to answer it, whoever runs the session next (a drain, a crash). None when a
+        reply already queued, or the speech that made the call and still goes on, will answer it."""
+        if not self._detached_result(rc, outcome.needs_reply) or self._state() in _OVER:
+            return []
+        if rc.speech is not None and (not rc.speech.done or rc.speech.moved):
+            return []  # the speech answers it: still going on, or handed over (its next owner plays it again)
+        if self._owed is not None or self.deferring is not None or self.scheduler.queued_from("deferred_reply"):
+            return []
+        job = self.new_job("reply", source="deferred_reply")
+        self._owed = (rc, job)
+        return [job.speech.info()]
+
+    async def owed_settled(self) -> None:
+        """Wait until a call's end that carries a deferred reply (``owed_by_end``) has landed and queued it: a close
+        ends every queued speech only once nothing more can be queued."""
+        if self._owed is not None:
+            await asyncio.shield(self._owed[0].ended_fut)
+
+    def on_tool_result(self, rc: RunningCall, *, durable: bool, active: bool) -> None:
+        """A call has ended. The deferred reply its end made owed is queued (reported only, while the session is
+        being handed over: its next owner plays it). Otherwise, while the session is active, a result that landed
+        while the speech that made the call was still going on is answered by that speech's next step, which sees
+        it; a deferred reply is queued (when the speech ends) only if no later step of it does."""
+        owed, job = self._owed if self._owed is not None else (None, None)
+        if owed is rc and job is not None:
+            self._owed = None
+            if durable:
+                if self._state() == SessionStatus.SUSPENDED:  # owed in the store: its next owner plays it
+                    self._events.emit(ev.SpeechCreated(speech_id=job.speech.id, source=job.speech.source))
+                    return
+                if self._state() in _OVER:
+                    job.speech.interrupt(force=True)  # queued only to be ended by the close, never started
+                self.enqueue(job)
+                return
+        if not active or not self._detached_result(rc, rc.needs_reply):
+            return
+        if rc.speech is not None and not rc.speech.done:
+            self._unanswered[rc.speech.id] = self._chat.version
+        else:
+            self.schedule_deferred_reply()
 
     def step_sees_results(self, speech: SpeechHandle | None) -> None:
         """A step of ``speech`` is about to be generated from the chat as it is now."""

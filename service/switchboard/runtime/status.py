@@ -37,9 +37,10 @@ class SessionClosed(Exception):
     """The session is not active (closing, closed or not started): a command for it is refused."""
 
 
-class SessionSuspended(SessionClosed):
-    """The session is suspended here (its process is stopping, or another one took it over): it carries on
-    elsewhere, so a command for it is to be retried."""
+class SessionSuspended(Exception):
+    """The session is being handed over to another process (a drain, a graceful restart, a lost lease): it carries
+    on there, so a command for it is to be retried. Never a kind of ``SessionClosed``: a session being moved has not
+    ended, and whatever treats "closed" as final (a media edge that stops for good) must not see it as such."""
 
 
 LIVE_STATUSES = frozenset({SessionStatus.INITIALIZING, SessionStatus.ACTIVE, SessionStatus.CLOSING})

@@ -12,7 +12,7 @@ from .agent import Agent
 from .chat import FINAL_SUFFIX, AgentHandoff, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .ports import Commit, SessionState
 from .redaction import redact
-from .speech import SpeechHandle, SpeechInterrupted
+from .speech import SpeechHandle, SpeechInfo, SpeechInterrupted
 from .text import valid_text
 from .tools import (
     FunctionTool,
@@ -31,6 +31,7 @@ from .tools import (
 logger = logging.getLogger("switchboard.runtime.tools")
 
 INTERNAL_ERROR_OUTPUT = "An internal error occurred"
+MOVED_OUTPUT = "The tool was interrupted because the session moved to another server before its speech played."
 
 
 class CallOwner(Protocol):
@@ -82,8 +83,11 @@ class EndRecord:
     info: ToolCallInfo
     state: SessionState | None
 
+    # speeches owed because of this end (a reply to a result that lands outside of any reply): durable with it
+    owed: tuple[SpeechInfo, ...] = ()
+
     def commit(self) -> Commit:
-        return Commit(items=self.items, tool_calls=[self.info], session=self.state)
+        return Commit(items=self.items, tool_calls=[self.info], speeches=list(self.owed), session=self.state)
 
 
 @dataclass(frozen=True)
@@ -299,6 +303,8 @@ def outcome_of(rc: RunningCall, session_id: str) -> Outcome:
         return Outcome(ToolStatus.CANCELLED, cancelled_output, is_error=True)
     if isinstance(exc, StopResponse):
         return Outcome(ToolStatus.COMPLETED, "", needs_reply=False)
+    if isinstance(exc, SpeechInterrupted) and rc.speech is not None and rc.speech.moved:
+        return Outcome(ToolStatus.INTERRUPTED, MOVED_OUTPUT, is_error=True, needs_reply=False)
     if isinstance(exc, SpeechInterrupted):
         return Outcome(
             ToolStatus.INTERRUPTED,
@@ -341,7 +347,7 @@ def _completed(rc: RunningCall, result: Any, session_id: str) -> Outcome:
         return Outcome(ToolStatus.COMPLETED, output, needs_reply=result is not None)
     # a bare handoff answers with an empty output and asks for no tool reply: the new agent speaks (on_enter)
     held = Outcome(ToolStatus.COMPLETED, output, needs_reply=result is not None, handoff=handoff)
-    if rc.speech is not None and rc.speech.interrupted:
+    if rc.speech is not None and rc.speech.interrupted and not rc.speech.moved:
         return without_handoff(held, "the agent was interrupted", ToolStatus.INTERRUPTED, needs_reply=False)
     return held
 

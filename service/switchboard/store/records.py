@@ -30,6 +30,7 @@ class SessionRecord(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     llm_state: dict[str, Any] | None = None
     current_speech_id: str | None = None
+    entered: bool = True  # its agent's on_enter has run (false: owed to whoever runs the session next)
     created_at: datetime = Field(default_factory=now_utc)
     updated_at: datetime = Field(default_factory=now_utc)
     owner_node: str | None = None  # the node running it (``ownership``), None when no node has claimed it
