@@ -43,11 +43,11 @@ def msg(item_id: str) -> ChatMessage:
 class Node:
     """One node's view of the database: its own store, fenced with its own claims."""
 
-    def __init__(self, db: Db, node_id: str) -> None:
+    def __init__(self, db: Db, node_id: str, store: Store | None = None) -> None:
         self.id = node_id
         self.lost: list[tuple[str, str]] = []
         self.fence = Fence(node_id, on_fenced=lambda sid, why: self.lost.append((sid, why)))
-        self.store: Store = db.store()
+        self.store: Store = store or db.store()
 
     async def start(self, *, lease_s: float = 30.0) -> Node:
         await self.store.migrate()
