@@ -19,7 +19,7 @@ from ..runtime.events import Event, EventLog
 from ..runtime.llm import LLM, MissingCredential, build_llm
 from ..runtime.media import EdgePlayout
 from ..runtime.playout import SimulatedPlayout
-from ..runtime.ports import EventSink
+from ..runtime.ports import ChatStore, EventSink
 from ..runtime.recovery import end_orphaned_calls, recover, report_missing
 from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
@@ -121,7 +121,9 @@ class SessionHost:
             )
         )
         self._wrap_sink = wrap_sink  # tracing sees each event as it is emitted
-        self._sinks: dict[int | None, EventSink] = {}  # one per epoch: a sink keeps nothing of a session's own
+        # one of each per epoch, shared by the sessions of that epoch: neither keeps anything of a session's own
+        self._sinks: dict[int | None, EventSink] = {}
+        self._chat_stores: dict[int | None, ChatStore] = {}
         self._create_lock = asyncio.Lock()
         # when each live session last reported anything (its events), for closing idle ones; a clock tests can move
         self.clock: Callable[[], float] = time.monotonic
@@ -149,6 +151,12 @@ class SessionHost:
         """This node still holds ``rec`` at the epoch it was claimed under (a claim made since is another
         incarnation's)."""
         return self.lease is None or self.lease.fence.epochs.get(rec.id) == rec.owner_epoch
+
+    def _chat_store_for(self, epoch: int | None) -> ChatStore:
+        chat = self._chat_stores.get(epoch)
+        if chat is None:
+            chat = self._chat_stores[epoch] = self.store.chat_store(epoch)
+        return chat
 
     def _sink_for(self, epoch: int | None) -> EventSink:
         sink = self._sinks.get(epoch)
@@ -235,7 +243,7 @@ class SessionHost:
             llm=llm,
             # through a media edge while one is connected (WS /v1/sessions/{sid}/media), else the simulated clock
             playout=EdgePlayout(SimulatedPlayout(float(wps), first_audio_s=self._first_audio_ms(config) / 1000)),
-            store=self.store.chat_store(epoch),
+            store=self._chat_store_for(epoch),
             events=self._sink_for(epoch),
             options=config.options().model_copy(
                 update={
@@ -509,7 +517,7 @@ class SessionHost:
         log = EventLog(rec.id, self._sink_for(epoch), last_seq=data.last_seq)
         report_missing(log, data.items, data.tool_calls, data.speeches, data.reported)
         chat = ChatContext(data.items)
-        store = self.store.chat_store(epoch)
+        store = self._chat_store_for(epoch)
         interrupted = await end_orphaned_calls(rec.id, tool_calls=data.tool_calls, chat=chat, store=store, events=log)
         await self.store.mark_session(rec.id, SessionStatus.FAILED, epoch=epoch)
         await log.emit(SessionFailed(reason=reason, interrupted_calls=interrupted, **extra))
