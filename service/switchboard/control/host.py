@@ -554,13 +554,14 @@ class SessionHost:
             return []
 
         async def one(sid: str, session: AgentSession) -> str | None:
-            epoch = self.records[sid].owner_epoch  # the claim this incarnation runs under
+            rec = self.records.get(sid) if self.sessions.get(sid) is session else None
+            epoch = rec.owner_epoch if rec is not None else None  # the claim this incarnation runs under
             await session.suspend()
             if self.sessions.get(sid) is session:
                 self.sessions.pop(sid, None)
                 self.records.pop(sid, None)
                 self._active_at.pop(sid, None)
-            if lease.fence.epochs.get(sid) != epoch:  # fenced meanwhile: another node has it already
+            if epoch is None or lease.fence.epochs.get(sid) != epoch:  # fenced meanwhile: another node has it already
                 return None
             lease.fence.hand_off(sid)
             released = await self.store.nodes.release(lease.node_id, {sid: epoch})
