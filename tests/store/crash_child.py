@@ -65,10 +65,16 @@ def session_config(sid: str) -> SessionConfig:
     )
 
 
-def build_host(store: Store, on_event: Callable[[Event], None] | None = None) -> SessionHost:
+def build_host(
+    store: Store,
+    on_event: Callable[[Event], None] | None = None,
+    wrap_sink: Callable[[EventSink], EventSink] | None = None,
+) -> SessionHost:
     settings = Settings(database_url="sqlite+aiosqlite://", words_per_second=500)
     registry = AgentRegistry(AGENTS)
-    return SessionHost(store=store, registry=registry, hub=EventHub(), settings=settings, on_event=on_event)
+    return SessionHost(
+        store=store, registry=registry, hub=EventHub(), settings=settings, on_event=on_event, wrap_sink=wrap_sink
+    )
 
 
 class LosingSink:
@@ -93,9 +99,7 @@ async def main(url: str, schema: str, sid: str, mode: str = "") -> None:
     store = Store.from_url(url, schema=schema or None)
     await store.migrate()
     await store.start()
-    host = build_host(store)
-    if mode == "lose-events":
-        host._sink = LosingSink(host._sink)  # type: ignore[assignment]
+    host = build_host(store, wrap_sink=LosingSink if mode == "lose-events" else None)
     await host.create(session_config(sid), {})
     await host.sessions[sid].input("Book room 12, then do the long thing.")
     await asyncio.Event().wait()  # until SIGKILL

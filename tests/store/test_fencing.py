@@ -43,11 +43,11 @@ def msg(item_id: str) -> ChatMessage:
 class Node:
     """One node's view of the database: its own store, fenced with its own claims."""
 
-    def __init__(self, db: Db, node_id: str) -> None:
+    def __init__(self, db: Db, node_id: str, store: Store | None = None) -> None:
         self.id = node_id
         self.lost: list[tuple[str, str]] = []
         self.fence = Fence(node_id, on_fenced=lambda sid, why: self.lost.append((sid, why)))
-        self.store: Store = db.store()
+        self.store: Store = store or db.store()
 
     async def start(self, *, lease_s: float = 30.0) -> Node:
         await self.store.migrate()
@@ -210,3 +210,26 @@ def test_this_hosts_dead_process_is_recognised() -> None:
         child.wait()
     assert _process_gone(replace(mine, pid=child.pid), here)  # exited
     assert not _process_gone(replace(mine, hostname="elsewhere", pid=child.pid), here)  # another host: unknown
+
+
+async def test_a_lease_is_set_and_judged_on_the_databases_clock_not_the_nodes(db: Db) -> None:
+    """A node whose clock runs 1.6 s ahead registers and renews a 2 s lease: it lasts 2 s on the database's clock,
+    and a node's lease is judged there (never 3.6 s, nor a healthy lease passed 0.4 s after its renewal)."""
+    store = db.store()
+    await store.migrate()
+    skew = timedelta(seconds=1.6)
+    fast = node("fast", lease_s=2.0)
+    fast = replace(fast, started_at=fast.started_at + skew, heartbeat_at=fast.heartbeat_at + skew)
+    fast = replace(fast, lease_until=fast.lease_until + skew)
+    assert await store.nodes.register(fast, conflicts=lambda _: False) == []
+    assert await store.nodes.register(node("ok", lease_s=2.0), conflicts=lambda _: False) == []
+    left = await store.nodes.next_expiry_in("ok")
+    assert left is not None and 0.5 < left <= 2.0
+    assert await store.nodes.renew("fast", 2.0)
+    listed = {n.id: n for n in await store.nodes.list_nodes()}
+    assert listed["fast"].lease_left_s is not None and 0.5 < listed["fast"].lease_left_s <= 2.0
+    assert listed["fast"].leased and listed["ok"].leased
+    assert await store.nodes.live_url("ok") == "http://ok"
+    await expire(db, "ok")
+    assert await store.nodes.live_url("ok") is None
+    assert not {n.id: n for n in await store.nodes.list_nodes()}["ok"].leased

@@ -151,7 +151,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # a transaction left idle half a lease is a frozen process's: its locks must not outlive its lease
         idle_ms = max(IDLE_IN_TRANSACTION_MIN_MS, int(settings.effective_lease_s * 500))
-        store = Store.from_url(settings.database_url, idle_in_transaction_ms=idle_ms)
+        store = Store.from_url(
+            settings.database_url, idle_in_transaction_ms=idle_ms, timeout_s=settings.database_timeout_s
+        )
         if settings.migrate_on_start:
             await store.migrate()
         lease = NodeLease(store, settings)

@@ -20,7 +20,6 @@ import httpx
 from fastapi import Request
 from pydantic import ValidationError
 
-from ..runtime.chat import utcnow
 from ..store import NodeState
 from .deps import Services
 from .forward import FORWARDED_HEADER, forwarded_secret
@@ -48,9 +47,8 @@ class ClusterAttention:
         """The other nodes' sessions that need attention (``agent``: of that agent only); the nodes that did not
         answer are left in ``missing``."""
         host = self.services.host
-        now = utcnow()
         nodes = await host.store.nodes.list_nodes(states=[NodeState.LIVE, NodeState.DRAINING])
-        targets = [(n.id, n.url) for n in nodes if n.id != host.node_id and n.lease_until > now and n.url]
+        targets = [(n.id, n.url) for n in nodes if n.id != host.node_id and n.leased and n.url]
         answers = await asyncio.gather(*(self._ask(node_id, url, agent) for node_id, url in targets))
         found: list[SessionRead] = []
         for (node_id, _), items in zip(targets, answers, strict=True):

@@ -20,7 +20,6 @@ from ..control.metrics import Metrics
 from ..control.session_view import SessionView
 from ..control.settings import Settings
 from ..integrations.webhooks import Webhooks
-from ..runtime.chat import utcnow
 from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
@@ -174,8 +173,8 @@ async def place_new_session(host: SessionHost, forwarded: bool) -> None:
     forwarded here is placed here."""
     if not host.settings.cluster_mode or forwarded:
         return
-    now = utcnow()
-    live = [n for n in await host.store.nodes.list_nodes(states=[NodeState.LIVE]) if n.lease_until > now]
+    # holding a lease on the database's clock (which judges leases), not on this node's
+    live = [n for n in await host.store.nodes.list_nodes(states=[NodeState.LIVE]) if n.leased]
     mine = next((n.sessions for n in live if n.id == host.node_id), 0)
     draining = host.lease is not None and host.lease.draining
     if draining:  # this node takes no new session: any other live node does

@@ -19,7 +19,7 @@ from ..runtime.events import Event, EventLog
 from ..runtime.llm import LLM, MissingCredential, build_llm
 from ..runtime.media import EdgePlayout
 from ..runtime.playout import SimulatedPlayout
-from ..runtime.ports import EventSink
+from ..runtime.ports import ChatStore, EventSink
 from ..runtime.recovery import end_orphaned_calls, recover, report_missing
 from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
@@ -120,9 +120,10 @@ class SessionHost:
                 silence_s=settings.attention_silence_s,
             )
         )
-        self._sink: EventSink = store.event_sink(on_durable=self._on_durable)
-        if wrap_sink is not None:  # tracing sees each event as it is emitted
-            self._sink = wrap_sink(self._sink)
+        self._wrap_sink = wrap_sink  # tracing sees each event as it is emitted
+        # one of each per epoch, shared by the sessions of that epoch: neither keeps anything of a session's own
+        self._sinks: dict[int | None, EventSink] = {}
+        self._chat_stores: dict[int | None, ChatStore] = {}
         self._create_lock = asyncio.Lock()
         # when each live session last reported anything (its events), for closing idle ones; a clock tests can move
         self.clock: Callable[[], float] = time.monotonic
@@ -140,6 +141,31 @@ class SessionHost:
     @property
     def node_id(self) -> str | None:
         return self.lease.node_id if self.lease is not None else None
+
+    def _epoch(self, rec: SessionRecord) -> int | None:
+        """The fencing token of what is written for ``rec`` here: the epoch of the claim it was created or adopted
+        under (None without a lease: nothing is fenced)."""
+        return rec.owner_epoch if self.lease is not None else None
+
+    def _holds(self, rec: SessionRecord) -> bool:
+        """This node still holds ``rec`` at the epoch it was claimed under (a claim made since is another
+        incarnation's)."""
+        return self.lease is None or self.lease.fence.epochs.get(rec.id) == rec.owner_epoch
+
+    def _chat_store_for(self, epoch: int | None) -> ChatStore:
+        chat = self._chat_stores.get(epoch)
+        if chat is None:
+            chat = self._chat_stores[epoch] = self.store.chat_store(epoch)
+        return chat
+
+    def _sink_for(self, epoch: int | None) -> EventSink:
+        sink = self._sinks.get(epoch)
+        if sink is None:
+            sink = self.store.event_sink(on_durable=self._on_durable, epoch=epoch)
+            if self._wrap_sink is not None:
+                sink = self._wrap_sink(sink)
+            self._sinks[epoch] = sink
+        return sink
 
     def _on_lost(self, sid: str, why: str) -> None:
         """The session is another node's now (or nobody's): stop running it here at once, without waiting for its
@@ -201,7 +227,11 @@ class SessionHost:
         return MeteredLLM(llm, model_label(resolved), self.model_observer)
 
     def _build(self, rec: SessionRecord, *, items: Sequence[ChatItem] = (), last_seq: int = 0) -> AgentSession:
+        """One incarnation of ``rec`` on this node: everything it writes carries ``rec.owner_epoch``, the epoch it
+        was created or adopted at, so none of it lands once the node lost that claim (even if it claimed the session
+        again since: the new incarnation's writes carry the new epoch)."""
         config = SessionConfig.from_record(rec)
+        epoch = self._epoch(rec)
         agent = self.registry.create(rec.agent)
         llm = self._llm(config)
         if rec.llm_state is not None:
@@ -213,8 +243,8 @@ class SessionHost:
             llm=llm,
             # through a media edge while one is connected (WS /v1/sessions/{sid}/media), else the simulated clock
             playout=EdgePlayout(SimulatedPlayout(float(wps), first_audio_s=self._first_audio_ms(config) / 1000)),
-            store=self.store.chat_store(),
-            events=self._sink,
+            store=self._chat_store_for(epoch),
+            events=self._sink_for(epoch),
             options=config.options().model_copy(
                 update={
                     "max_tool_calls_per_turn": self.settings.max_tool_calls_per_turn,
@@ -432,24 +462,28 @@ class SessionHost:
         return rec.owner_node == self.node_id and (self.lease is None or rec.owner_epoch == 1)
 
     async def _records_to_recover(self, claim: bool, retry: set[str]) -> list[SessionRecord]:
-        """The sessions of this round; ``retry`` gains those claimed now (a failure past this point retries them)."""
-        if self.lease is None and claim:
-            return await self.store.live_sessions()
-        if claim and self.lease is not None:
+        """The sessions of this round, each with the epoch of the claim it is recovered under (``owner_epoch``);
+        ``retry`` gains those claimed now (a failure past this point retries them)."""
+        if self.lease is None:
+            return await self.store.live_sessions(ids=sorted(retry) if not claim else None)
+        if claim:
             claimed = await self.lease.claim_orphans()
             retry |= set(claimed)
             self.adopted += len(claimed)
-        return await self.store.live_sessions(ids=sorted(retry)) if retry else []
+        held = {sid: epoch for sid in retry if (epoch := self.lease.fence.epochs.get(sid)) is not None}
+        found = await self.store.live_sessions(ids=sorted(held)) if held else []
+        update = {"owner_node": self.lease.node_id}
+        return [rec.model_copy(update={**update, "owner_epoch": held[rec.id]}) for rec in found]
 
     async def _recover_or_retry(self, rec: SessionRecord, data: SessionData) -> None:
         sid = rec.id
         try:
-            if self.lease is not None and not self.lease.fence.owns(sid):
+            if not self._holds(rec):
                 logger.warning("session %s: lost before it was recovered here; not recovering it", sid)
                 return
             await self._recover(rec, data)
         except Exception as err:  # this session only: the others of the round carry on
-            if self.lease is not None and not self.lease.fence.owns(sid):
+            if not self._holds(rec):
                 logger.warning("session %s: lost while being recovered here (%r)", sid, err, extra={"session_id": sid})
                 return
             self._unrecovered.add(sid)
@@ -481,12 +515,13 @@ class SessionHost:
 
     async def _fail(self, rec: SessionRecord, data: SessionData, *, reason: str, **extra: Any) -> None:
         """Mark a session that cannot be recovered ``failed``; the calls it left running still end (I5)."""
-        log = EventLog(rec.id, self._sink, last_seq=data.last_seq)
+        epoch = self._epoch(rec)  # the claim this recovery acts under
+        log = EventLog(rec.id, self._sink_for(epoch), last_seq=data.last_seq)
         report_missing(log, data.items, data.tool_calls, data.speeches, data.reported)
-        interrupted = await end_orphaned_calls(
-            rec.id, tool_calls=data.tool_calls, chat=ChatContext(data.items), store=self.store.chat_store(), events=log
-        )
-        await self.store.mark_session(rec.id, SessionStatus.FAILED)
+        chat = ChatContext(data.items)
+        store = self._chat_store_for(epoch)
+        interrupted = await end_orphaned_calls(rec.id, tool_calls=data.tool_calls, chat=chat, store=store, events=log)
+        await self.store.mark_session(rec.id, SessionStatus.FAILED, epoch=epoch)
         await log.emit(SessionFailed(reason=reason, interrupted_calls=interrupted, **extra))
         self.failed.append(rec.id)
 
@@ -521,15 +556,16 @@ class SessionHost:
             return []
 
         async def one(sid: str, session: AgentSession) -> str | None:
+            rec = self.records.get(sid) if self.sessions.get(sid) is session else None
+            epoch = rec.owner_epoch if rec is not None else None  # the claim this incarnation runs under
             await session.suspend()
-            epoch = lease.fence.epochs.get(sid)
             if self.sessions.get(sid) is session:
                 self.sessions.pop(sid, None)
                 self.records.pop(sid, None)
                 self._active_at.pop(sid, None)
-            lease.fence.hand_off(sid)
-            if epoch is None:  # fenced meanwhile: another node has it already
+            if epoch is None or lease.fence.epochs.get(sid) != epoch:  # fenced meanwhile: another node has it already
                 return None
+            lease.fence.hand_off(sid)
             released = await self.store.nodes.release(lease.node_id, {sid: epoch})
             return released[0] if released else None
 

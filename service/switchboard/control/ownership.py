@@ -5,8 +5,13 @@ lease; it waits ``takeover_wait_s`` for it to stop, then refuses with a message 
 this host whose process is gone (a crash, a container restart) holds nothing. Cluster mode: nodes share the
 database, and each one takes over the sessions of nodes whose lease passed.
 
-Either way every write checks the session's ownership epoch in its own transaction (``store.ownership``), so a
-process that lost a session (paused past its lease, partitioned, replaced) never writes for it again.
+Either way every write carries the ownership epoch it was made under and the store checks it in the write's own
+transaction (``store.ownership``), so a process that lost a session (paused past its lease, partitioned, replaced)
+never writes for it again, even once it took it back.
+
+Leases are set and judged on the database's clock (``Nodes``): a node whose own clock runs ahead or behind buries no
+live node and keeps its own lease. The node's own durations (how long since its last renewal was sent) are measured on
+its monotonic clock.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from .settings import Settings
 
 logger = logging.getLogger("switchboard.control.ownership")
 
-# A node stops acting on its sessions once this fraction of its lease has passed without a renewal: the others take
-# them over only after the whole lease, so the two never act on a session at once (clocks running at the same rate).
+# A node stops acting on its sessions once this fraction of its lease has passed without a renewal (measured from when
+# it sent the renewal, on its monotonic clock): the others take them over only after the whole lease, counted on the
+# database's clock from when the renewal ran there, later still, so the two never act on a session at once (clocks
+# running at the same rate).
 STOP_FRACTION = 0.75
 RENEWALS_PER_LEASE = 4
 # The lease is renewed from a thread of its own while the event loop stamps a heartbeat every HEARTBEAT_S; the thread
@@ -39,7 +46,7 @@ RENEWALS_PER_LEASE = 4
 LOOP_STALL_FRACTION = 0.5
 HEARTBEAT_S = 0.1
 REGISTER_POLL_S = 0.25
-# Adoption wakes this long after the first lease of another node passes (the burial compares with this node's clock)
+# Adoption wakes this long after the first lease of another node passes (on the database's clock, where it is judged)
 EXPIRY_MARGIN_S = 0.02
 ADOPT_MIN_WAIT_S = 0.05
 CLOSE_TIMEOUT_S = 2.0
@@ -168,7 +175,7 @@ class NodeLease:
 
     def _refusal(self, blocking: list[NodeRecord]) -> str:
         other = blocking[0]
-        left = max(0.0, (other.lease_until - now_utc()).total_seconds())
+        left = max(0.0, other.lease_left_s or 0.0)
         hint = (
             "stop it first, or run every instance in cluster mode (SWITCHBOARD_REDIS_URL with PostgreSQL)"
             if self.mode == NodeMode.SINGLE
@@ -230,14 +237,13 @@ class NodeLease:
         """How long to wait before the next look for orphaned sessions: ``interval_s``, or less when the lease of
         another live node passes sooner (a node that died is then taken over as soon as its lease has passed)."""
         try:
-            expiry = await self.store.nodes.next_expiry(self.node_id)
+            left = await self.store.nodes.next_expiry_in(self.node_id)
         except DATABASE_ERRORS as err:
             logger.warning("node %s: cannot read the other nodes' leases (%r)", self.node_id, err)
             return interval_s
-        if expiry is None:
+        if left is None:
             return interval_s
-        until = (expiry - now_utc()).total_seconds() + EXPIRY_MARGIN_S
-        return min(interval_s, max(ADOPT_MIN_WAIT_S, until))
+        return min(interval_s, max(ADOPT_MIN_WAIT_S, left + EXPIRY_MARGIN_S))
 
     # -- the lease ------------------------------------------------------------------------------------------
 
@@ -351,7 +357,8 @@ class _Renewer:
     def _main(self) -> None:
         loop = asyncio.new_event_loop()
         try:
-            engine = sibling_engine(self.lease.store.engine)
+            # a renewal that ends after the node must stop acting is useless: no call of this thread waits longer
+            engine = sibling_engine(self.lease.store.engine, timeout_s=self.lease.lease_s * STOP_FRACTION)
             nodes = Nodes(engine)
             try:
                 while not self._stop.wait(self.lease.lease_s / RENEWALS_PER_LEASE):

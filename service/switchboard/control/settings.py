@@ -114,6 +114,9 @@ class Settings(BaseSettings):
     takeover_wait_s: float = Field(default=15.0, ge=0)
     # Cluster mode, on SIGTERM: how long a node spends handing its sessions over before it stops anyway
     drain_timeout_s: float = Field(default=20.0, ge=0, le=600)
+    # PostgreSQL: the bound of every statement (the server's statement_timeout; the client gives up 1 s later) and of
+    # the wait for a pooled connection; opening one is bounded by min(5 s, this). A hang is an outage, not a wait.
+    database_timeout_s: float = Field(default=10.0, gt=0, le=600)
 
     @model_validator(mode="before")
     @classmethod

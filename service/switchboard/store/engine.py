@@ -14,6 +14,12 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from .text import decode_json_text, encode_json_text
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
+# PostgreSQL: a hang is an outage. Each statement is bounded on the server (``statement_timeout``: a lock held forever)
+# and, COMMAND_TIMEOUT_MARGIN_S later, on the client (asyncpg's ``command_timeout``: a server or a network that stopped
+# answering); opening a connection is bounded by CONNECT_TIMEOUT_S, waiting for a pooled one by the statement bound.
+DATABASE_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+COMMAND_TIMEOUT_MARGIN_S = 1.0
 
 # Execution option that makes a SQLite transaction take the write lock at BEGIN (the group-commit writer uses it,
 # so a read-then-write batch never fails halfway with SQLITE_BUSY_SNAPSHOT).
@@ -57,18 +63,21 @@ def make_engine(
     busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
     application_name: str | None = None,
     idle_in_transaction_ms: int | None = None,
+    timeout_s: float | None = DATABASE_TIMEOUT_S,
 ) -> AsyncEngine:
     """An async engine for ``sqlite+aiosqlite:///path`` or ``postgresql+asyncpg://...``.
 
     SQLite: WAL, ``synchronous=NORMAL``, ``busy_timeout``, foreign keys on; transactions are begun explicitly
     (so DDL is transactional and the writer can ``BEGIN IMMEDIATE``); the file's directory is created.
-    PostgreSQL: ``schema`` becomes the ``search_path`` (tests use one schema each); connections are pre-pinged.
+    PostgreSQL: ``schema`` becomes the ``search_path`` (tests use one schema each); connections are pre-pinged; every
+    call is bounded in time (``timeout_s``: see ``_pg_timeouts``; None: unbounded, for migrations only).
     """
     made_with = {
         "schema": schema,
         "busy_timeout_ms": busy_timeout_ms,
         "application_name": application_name,
         "idle_in_transaction_ms": idle_in_transaction_ms,
+        "timeout_s": timeout_s,
     }
     u = make_url(url)
     backend = u.get_backend_name()
@@ -97,24 +106,46 @@ def make_engine(
             # a process frozen inside a transaction (SIGSTOP, a paused VM) would hold its row locks, and so keep the
             # other nodes from taking its sessions over, until it runs again: the server ends such a transaction
             server_settings["idle_in_transaction_session_timeout"] = str(int(idle_in_transaction_ms))
-        connect_args: dict[str, Any] = {"server_settings": server_settings} if server_settings else {}
+        connect_args: dict[str, Any] = {}
+        pool_args: dict[str, Any] = {}
+        if timeout_s is not None:
+            connect_args, pool_args = _pg_timeouts(timeout_s, server_settings)
+        if server_settings:
+            connect_args["server_settings"] = server_settings
         engine = create_async_engine(
             u,
             json_serializer=_dumps,
             json_deserializer=_loads,
             pool_pre_ping=True,
             connect_args=connect_args,
+            **pool_args,
         )
         engine.sync_engine.update_execution_options(**{_MADE_WITH: made_with})
         return engine
     raise ValueError(f"unsupported database URL {u.render_as_string(hide_password=True)!r}: use SQLite or PostgreSQL")
 
 
-def sibling_engine(engine: AsyncEngine) -> AsyncEngine:
-    """A new engine on the database of ``engine`` (built by ``make_engine``), configured the same way, with a pool of
-    its own: for a thread that runs its own event loop (an async driver's connections belong to one loop)."""
+def _pg_timeouts(timeout_s: float, server_settings: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """asyncpg's connect arguments and the pool's for a bound of ``timeout_s`` on every call (``server_settings``
+    gains the server's own bound).
+
+    The server cancels a statement that runs (or waits for a lock) ``timeout_s``: the connection stays usable. The
+    client gives up ``COMMAND_TIMEOUT_MARGIN_S`` later, when the server itself does not answer (stalled, or the
+    network dropping everything): asyncpg raises ``TimeoutError``, and the connection is thrown away."""
+    server_settings["statement_timeout"] = str(max(1, int(timeout_s * 1000)))
+    connect_args = {
+        "timeout": min(CONNECT_TIMEOUT_S, timeout_s),
+        "command_timeout": timeout_s + COMMAND_TIMEOUT_MARGIN_S,
+    }
+    return connect_args, {"pool_timeout": timeout_s}
+
+
+def sibling_engine(engine: AsyncEngine, **overrides: Any) -> AsyncEngine:
+    """A new engine on the database of ``engine`` (built by ``make_engine``), configured the same way (but for
+    ``overrides`` of ``make_engine``'s arguments), with a pool of its own: for a thread that runs its own event loop
+    (an async driver's connections belong to one loop), or for calls bounded otherwise (a lease renewal, migrations)."""
     made_with = engine.sync_engine.get_execution_options().get(_MADE_WITH, {})
-    return make_engine(engine.url.render_as_string(hide_password=False), **made_with)
+    return make_engine(engine.url.render_as_string(hide_password=False), **{**made_with, **overrides})
 
 
 def sqlite_writer_engine(engine: AsyncEngine) -> Engine:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from alembic import command
@@ -11,7 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .engine import make_engine
+from .engine import make_engine, sibling_engine
 
 MIGRATIONS_DIR_ENV = "SWITCHBOARD_MIGRATIONS_DIR"
 
@@ -52,13 +54,27 @@ def _current(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
+@asynccontextmanager
+async def _unbounded(engine: AsyncEngine) -> AsyncIterator[AsyncEngine]:
+    """An engine like ``engine`` whose statements are not bounded in time (``make_engine``'s ``timeout_s``): a
+    migration may build an index on a large table."""
+    if engine.dialect.name != "postgresql":
+        yield engine
+        return
+    own = sibling_engine(engine, timeout_s=None)
+    try:
+        yield own
+    finally:
+        await own.dispose()
+
+
 async def upgrade_engine(engine: AsyncEngine, revision: str = "head") -> None:
-    async with engine.begin() as conn:
+    async with _unbounded(engine) as unbounded, unbounded.begin() as conn:
         await conn.run_sync(_upgrade, revision)
 
 
 async def downgrade_engine(engine: AsyncEngine, revision: str) -> None:
-    async with engine.begin() as conn:
+    async with _unbounded(engine) as unbounded, unbounded.begin() as conn:
         await conn.run_sync(_downgrade, revision)
 
 

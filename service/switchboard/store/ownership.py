@@ -3,10 +3,14 @@ ever writing for it again.
 
 A node (a running ``switchboard serve``) has a row in ``nodes`` and a lease it renews (``lease_until``). It owns a
 session when the session row names it (``owner_node``) at the epoch it claimed it with (``owner_epoch``). Taking a
-session over increments its epoch in one statement; every write batch of the store checks, in its own transaction
-and with the session rows locked, that the epoch it holds is still the row's. A node that was paused, partitioned
-or simply replaced therefore cannot land a single late write: the check refuses it (``SessionFenced``), and the
-node drops the session.
+session over increments its epoch in one statement. Every write carries the epoch it was made under (a fencing token:
+the epoch of the claim the live session that made it was created or adopted at), and every write batch of the store
+checks, in its own transaction and with the session rows locked, that each write's epoch is still the row's. A node
+that was paused, partitioned or simply replaced therefore cannot land a single late write, nor can a node that lost a
+session and took it back land what the old incarnation still had under way: the check refuses it (``SessionFenced``).
+
+Leases are set and judged on one clock, the database's (``db_now``): never a node's own, which may run ahead of the
+others' and would bury their live leases.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from ..runtime.status import LIVE_STATUSES
 from . import models as m
 from .engine import IMMEDIATE
-from .records import SessionFenced, now_utc
+from .records import SessionFenced
 
 logger = logging.getLogger("switchboard.store.ownership")
 
@@ -55,12 +59,20 @@ class NodeRecord:
     heartbeat_at: datetime
     lease_until: datetime
     sessions: int = 0  # live sessions it owns (``list_nodes``)
+    # seconds until its lease passes on the database's clock, as read (negative: passed); None: not read
+    lease_left_s: float | None = None
+
+    @property
+    def leased(self) -> bool:
+        """It held its lease when it was read (judged on the database's clock)."""
+        return self.lease_left_s is not None and self.lease_left_s > 0
 
     def describe(self) -> str:
         return f"node {self.id} ({self.mode.value}, pid {self.pid} on {self.hostname}, {self.url})"
 
 
 def _node_from_row(row: Any, sessions: int = 0) -> NodeRecord:
+    left = getattr(row, "lease_left_s", None)
     return NodeRecord(
         id=row.id,
         url=row.url,
@@ -72,7 +84,13 @@ def _node_from_row(row: Any, sessions: int = 0) -> NodeRecord:
         heartbeat_at=row.heartbeat_at,
         lease_until=row.lease_until,
         sessions=sessions,
+        lease_left_s=float(left) if left is not None else None,
     )
+
+
+def _node_columns(dialect: str) -> sa.Select[Any]:
+    n = m.nodes
+    return sa.select(n, seconds_until(dialect, n.c.lease_until).label("lease_left_s"))
 
 
 # The session rows of a batch, locked until the batch commits (PostgreSQL; SQLite's writer holds the database's write
@@ -89,8 +107,32 @@ NODES_LOCK_KEY = 0x5357_4E4F_4445  # the advisory lock that serializes registrat
 _LEASED = (NodeState.LIVE.value, NodeState.DRAINING.value)
 
 
+def db_now(dialect: str, after_s: float = 0.0) -> sa.ColumnElement[datetime]:
+    """The database's clock, plus ``after_s`` seconds: leases are set and judged by it alone.
+
+    PostgreSQL: ``clock_timestamp()`` (``now()`` is when the transaction began). SQLite (one node on one machine): the
+    text the timestamp columns hold there (``YYYY-MM-DD HH:MM:SS.ffffff``, UTC), to the millisecond, so that a stored
+    value and this one compare as text exactly as the times they stand for."""
+    if dialect == "postgresql":
+        now: sa.ColumnElement[Any] = sa.func.clock_timestamp()
+        if after_s:
+            now = now + sa.literal(timedelta(seconds=after_s), sa.Interval())
+    else:
+        now = sa.func.strftime("%Y-%m-%d %H:%M:%f", "now", f"{after_s:+.3f} seconds").concat("000")
+    return sa.type_coerce(now, m.TZDateTime())
+
+
+def seconds_until(dialect: str, when: sa.ColumnElement[datetime]) -> sa.ColumnElement[float]:
+    """How many seconds from now on the database's clock until ``when`` (negative: passed)."""
+    if dialect == "postgresql":
+        return sa.cast(sa.extract("epoch", when - sa.func.clock_timestamp()), sa.Float())
+    return sa.cast((sa.func.julianday(when) - sa.func.julianday("now")) * 86400.0, sa.Float())
+
+
 class Fence:
-    """This node's claims (session id -> the epoch it owns it at), checked by every write batch.
+    """This node's claims (session id -> the epoch it owns it at): which sessions it runs, and the writes it refuses
+    without asking the database (those of sessions it knows it lost, and those made under an epoch it no longer
+    holds). The database's check in each write batch is what fencing rests on.
 
     ``on_fenced(session_id, why)`` is called (once per loss) when a session is found lost: by the check in a write
     transaction, or by ``lose``/``lose_all`` when the node lets go of it.
@@ -124,8 +166,10 @@ class Fence:
         self.epochs.pop(sid, None)
         self.lost[sid] = "handed over to another node"
 
-    def lose(self, sid: str, why: str) -> None:
-        if sid in self.lost:
+    def lose(self, sid: str, why: str, *, epoch: int | None = None) -> None:
+        """The node lost ``sid`` (with ``epoch``: only if it still holds it at that epoch; a claim made since then is
+        not lost by news about an older one)."""
+        if sid in self.lost or (epoch is not None and self.epochs.get(sid) != epoch):
             return
         self.epochs.pop(sid, None)
         self.lost[sid] = why
@@ -142,43 +186,55 @@ class Fence:
             self.lose(sid, why)
         return sids
 
-    def refused_locally(self, sid: str) -> SessionFenced | None:
-        """The error for a write of a session this node already knows it lost (no database round trip)."""
+    def refused_locally(self, sid: str, epoch: int | None) -> SessionFenced | None:
+        """The error for a write made under ``epoch`` that cannot land, as this node already knows without a round trip:
+        the session is lost, or the node no longer holds it at that epoch (closed, or claimed again since: epochs only
+        grow, so the row's is past ``epoch`` for good)."""
         why = self.lost.get(sid)
+        if why is None and epoch is not None and self.epochs.get(sid) != epoch:
+            held = self.epochs.get(sid)
+            why = f"made under epoch {epoch}; this node " + (f"holds it at epoch {held}" if held else "let go of it")
         if why is None:
             return None
         self.refusals += 1
         return SessionFenced(sid, why)
 
     def claims(self, sids: Iterable[str]) -> dict[str, int | None]:
-        """The epoch this node holds for each of ``sids`` (None: never claimed), for ``check_owners``."""
+        """The epoch this node holds for each of ``sids`` now (None: none): what a write batch learns it lost."""
         return {sid: self.epochs.get(sid) for sid in sids}
 
 
-def check_owners(conn: Connection, node_id: str, claims: Mapping[str, int | None]) -> dict[str, SessionFenced]:
-    """Inside the caller's write transaction: the sessions of ``claims`` node ``node_id`` may not write, with why.
+# session id -> (owner node, epoch), as a write batch found the rows
+Owners = dict[str, tuple[str | None, int]]
 
-    Synchronous (the store writer runs a whole batch in one call, on SQLite on a thread of its own). A claimed session
-    must still name this node at the claimed epoch. A session this node never claimed may be written only while no
-    node owns it (a row not created yet, or one no node has claimed)."""
-    ids = sorted(claims)
-    refused: dict[str, SessionFenced] = {}
-    found: dict[str, tuple[str | None, int]] = {}
+
+def read_owners(conn: Connection, sids: Iterable[str]) -> Owners:
+    """Inside the caller's write transaction: the owner and epoch of each of ``sids`` (rows not there yet are left
+    out), with the rows locked until the transaction ends. Synchronous (the store writer runs a whole batch in one
+    call, on SQLite on a thread of its own)."""
+    ids = sorted(set(sids))
+    found: Owners = {}
     for start in range(0, len(ids), 1000):
         rows = conn.execute(_OWNERS, {"ids": ids[start : start + 1000]})
         found.update({sid: (owner, int(epoch)) for sid, owner, epoch in rows})
-    for sid in ids:
-        if sid not in found:
-            continue
-        owner, epoch = found[sid]
-        mine = claims[sid]
-        if mine is None and owner is None:
-            continue
-        if mine is not None and owner == node_id and epoch == mine:
-            continue
-        why = f"owned by node {owner} at epoch {epoch}" + (f", not this node at epoch {mine}" if mine else "")
-        refused[sid] = SessionFenced(sid, why)
-    return refused
+    return found
+
+
+def refusal(node_id: str, sid: str, epoch: int | None, owners: Owners) -> SessionFenced | None:
+    """Why a write of node ``node_id`` for ``sid``, made under ``epoch``, may not land (None: it may).
+
+    It lands only while the row names this node at exactly that epoch: a write made before the node lost the session
+    and claimed it again carries the old epoch, and is refused though the node owns the session now. A write made
+    under no claim (``epoch`` None) lands only while no node owns the session. A row not there yet is no one's."""
+    found = owners.get(sid)
+    if found is None:
+        return None
+    owner, current = found
+    lands = owner is None if epoch is None else (owner == node_id and current == epoch)
+    if lands:
+        return None
+    why = f"owned by {f'node {owner}' if owner is not None else 'no node'} at epoch {current}"
+    return SessionFenced(sid, why + (f", not this node at epoch {epoch}" if epoch is not None else ""))
 
 
 class Nodes:
@@ -211,7 +267,7 @@ class Nodes:
             .where(s.c.owner_node.is_not(None), s.c.state.in_(_LIVE))
             .group_by(s.c.owner_node)
         )
-        stmt = sa.select(n)
+        stmt = _node_columns(self.engine.dialect.name)
         if states is not None:
             stmt = stmt.where(n.c.state.in_([st.value for st in states]))
         async with self.engine.connect() as conn:
@@ -225,15 +281,18 @@ class Nodes:
     ) -> list[NodeRecord]:
         """Register ``me`` as live, unless a live node for which ``conflicts`` is true holds a lease: those are
         returned and nothing is written. Nodes whose lease passed, and those of ``gone`` (known dead), are marked
-        dead first. Sessions the database says ``me`` owns (a previous run with the same id) are let go of."""
-        now = now_utc()
+        dead first. Sessions the database says ``me`` owns (a previous run with the same id) are let go of.
+
+        The lease lasts from ``me.heartbeat_at`` to ``me.lease_until``, from now on the database's clock."""
+        lease_s = (me.lease_until - me.heartbeat_at).total_seconds()
         n = m.nodes
         conn = await self._begin()
         try:
             async with conn.begin():
                 await self._lock(conn)
-                await self._bury(conn, now, me.id, gone)
-                rows = (await conn.execute(sa.select(n).where(n.c.state.in_(_LEASED), n.c.id != me.id))).all()
+                await self._bury(conn, me.id, gone)
+                others = _node_columns(conn.dialect.name).where(n.c.state.in_(_LEASED), n.c.id != me.id)
+                rows = (await conn.execute(others)).all()
                 blocking = [node for node in map(_node_from_row, rows) if conflicts(node)]
                 if blocking:
                     return blocking
@@ -245,11 +304,10 @@ class Nodes:
                     "hostname": me.hostname,
                     "pid": me.pid,
                     "started_at": me.started_at,
-                    "heartbeat_at": now,
-                    "lease_until": me.lease_until,
                 }
+                d = conn.dialect.name
                 await conn.execute(sa.delete(n).where(n.c.id == me.id))
-                await conn.execute(sa.insert(n), [row])
+                await conn.execute(sa.insert(n).values(heartbeat_at=db_now(d), lease_until=db_now(d, lease_s)), row)
                 s = m.sessions
                 await conn.execute(sa.update(s).where(s.c.owner_node == me.id).values(owner_node=None))
         finally:
@@ -264,9 +322,9 @@ class Nodes:
         even = math.ceil((sum(loads.values()) + orphans) / nodes)
         return max(math.ceil(orphans / nodes), even - loads.get(node_id, 0))
 
-    async def _bury(self, conn: AsyncConnection, now: datetime, me: str, gone: Iterable[str]) -> None:
+    async def _bury(self, conn: AsyncConnection, me: str, gone: Iterable[str]) -> None:
         n = m.nodes
-        expired = sa.or_(n.c.lease_until < now, n.c.id.in_(list(gone)))
+        expired = sa.or_(n.c.lease_until < db_now(conn.dialect.name), n.c.id.in_(list(gone)))
         await conn.execute(
             sa.update(n).where(n.c.state.in_(_LEASED), n.c.id != me, expired).values(state=NodeState.DEAD)
         )
@@ -274,28 +332,31 @@ class Nodes:
     async def live_url(self, node_id: str) -> str | None:
         """The address of ``node_id`` while it holds its lease (live or draining), else None."""
         n = m.nodes
-        stmt = sa.select(n.c.url).where(n.c.id == node_id, n.c.state.in_(_LEASED), n.c.lease_until >= now_utc())
+        leased = n.c.lease_until >= db_now(self.engine.dialect.name)
+        stmt = sa.select(n.c.url).where(n.c.id == node_id, n.c.state.in_(_LEASED), leased)
         async with self.engine.connect() as conn:
             return (await conn.execute(stmt)).scalar()
 
-    async def next_expiry(self, node_id: str) -> datetime | None:
-        """When the first lease of the other nodes holding one passes (None: no other such node): a node that died
-        is found dead then, not a polling interval later."""
+    async def next_expiry_in(self, node_id: str) -> float | None:
+        """Seconds until the first lease of the other nodes holding one passes, on the database's clock (None: no
+        other such node): a node that died is found dead then, not a polling interval later."""
         n = m.nodes
-        stmt = sa.select(sa.func.min(n.c.lease_until)).where(n.c.state.in_(_LEASED), n.c.id != node_id)
+        first = seconds_until(self.engine.dialect.name, sa.func.min(n.c.lease_until))
+        stmt = sa.select(first).where(n.c.state.in_(_LEASED), n.c.id != node_id)
         async with self.engine.connect() as conn:
-            expiry: datetime | None = (await conn.execute(stmt)).scalar()
-        return expiry
+            left = (await conn.execute(stmt)).scalar()
+        return float(left) if left is not None else None
 
     async def renew(self, node_id: str, lease_s: float) -> bool:
-        """Extend this node's lease; False when it holds none any more (another node buried it)."""
-        now = now_utc()
+        """Extend this node's lease to ``lease_s`` from now on the database's clock; False when it holds none any more
+        (another node buried it)."""
         n = m.nodes
+        d = self.engine.dialect.name
         async with self.engine.begin() as conn:
             result = await conn.execute(
                 sa.update(n)
                 .where(n.c.id == node_id, n.c.state.in_(_LEASED))
-                .values(heartbeat_at=now, lease_until=now + timedelta(seconds=lease_s))
+                .values(heartbeat_at=db_now(d), lease_until=db_now(d, lease_s))
             )
         return bool(result.rowcount)
 
@@ -335,13 +396,12 @@ class Nodes:
         it takes only its share: what brings it to an even load among the live nodes (and at least orphans / live
         nodes, rounded up), so the nodes split a dead node's sessions.
         Returns the sessions taken, with their new epochs."""
-        now = now_utc()
         n, s = m.nodes, m.sessions
         conn = await self._begin()
         try:
             async with conn.begin():
                 await self._lock(conn)
-                await self._bury(conn, now, node_id, ())
+                await self._bury(conn, node_id, ())
                 live_nodes = sa.select(n.c.id).where(n.c.state == NodeState.LIVE)
                 leased = sa.select(n.c.id).where(n.c.state.in_(_LEASED))
                 orphan = sa.and_(s.c.state.in_(_LIVE), sa.or_(s.c.owner_node.is_(None), s.c.owner_node.not_in(leased)))
@@ -365,4 +425,16 @@ class Nodes:
         return claimed
 
 
-__all__ = ["Fence", "NodeMode", "NodeRecord", "NodeState", "Nodes", "SessionFenced", "check_owners"]
+__all__ = [
+    "Fence",
+    "NodeMode",
+    "NodeRecord",
+    "NodeState",
+    "Nodes",
+    "Owners",
+    "SessionFenced",
+    "db_now",
+    "read_owners",
+    "refusal",
+    "seconds_until",
+]

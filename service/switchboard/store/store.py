@@ -16,7 +16,7 @@ import itertools
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -27,12 +27,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..runtime.chat import ChatItem, order_items
 from ..runtime.events import Event
-from ..runtime.ports import ChatStore, Commit, EventSink
+from ..runtime.ports import ChatStore, EventSink
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import ENDED_STATUSES, LIVE_STATUSES, SessionStatus
 from ..runtime.tools import ToolCallInfo, ToolCallKey, ToolStatus
 from . import models as m
-from .engine import make_engine
+from .engine import DATABASE_TIMEOUT_S, make_engine
 from .migrate import upgrade_engine
 from .ownership import Fence, Nodes
 from .records import (
@@ -56,9 +56,10 @@ from .rows import (
     speech_from_row,
     tool_call_from_row,
 )
+from .runtime_ports import StoreChatStore, StoreEventSink
 from .text import JSONText
 from .writer import GroupCommitWriter
-from .writes import DurableCallback, Op, dialect_insert
+from .writes import Op, dialect_insert
 
 logger = logging.getLogger("switchboard.store")
 
@@ -88,41 +89,6 @@ class InvalidCursor(StoreError, ValueError):
     """A ``list_sessions`` cursor that this store did not hand out."""
 
 
-def _retrieve(fut: asyncio.Future[None]) -> None:
-    # The writer logs failed writes; an event nobody awaited must not also log "exception never retrieved".
-    if not fut.cancelled():
-        fut.exception()
-
-
-class StoreChatStore(ChatStore):
-    """The ``ChatStore`` port: each commit is one transaction (shared with others queued at the same time)."""
-
-    def __init__(self, writer: GroupCommitWriter) -> None:
-        self._writer = writer
-
-    async def commit(self, session_id: str, commit: Commit) -> None:
-        if not (commit.items or commit.tool_calls or commit.speeches or commit.session is not None):
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._writer.submit(Op(session_id, fut, commit=commit))
-        await asyncio.shield(fut)  # a cancelled caller does not cancel the write
-
-
-class StoreEventSink(EventSink):
-    """The ``EventSink`` port: ``publish`` queues at once (call order is write order); the awaitable resolves
-    after the event is committed and ``on_durable`` has been called with it."""
-
-    def __init__(self, writer: GroupCommitWriter, on_durable: DurableCallback | None) -> None:
-        self._writer = writer
-        self._on_durable = on_durable
-
-    def publish(self, event: Event) -> Awaitable[None]:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(_retrieve)
-        self._writer.submit(Op(event.session_id, fut, event=event, on_durable=self._on_durable))
-        return fut
-
-
 class Store:
     """Persistence for Switchboard on SQLite or PostgreSQL (SQLAlchemy 2 async).
 
@@ -141,12 +107,18 @@ class Store:
 
     @classmethod
     def from_url(
-        cls, url: str, *, batch_max: int = 256, schema: str | None = None, idle_in_transaction_ms: int | None = None
+        cls,
+        url: str,
+        *,
+        batch_max: int = 256,
+        schema: str | None = None,
+        idle_in_transaction_ms: int | None = None,
+        timeout_s: float = DATABASE_TIMEOUT_S,
     ) -> Store:
         """``sqlite+aiosqlite:///path/to.db`` or ``postgresql+asyncpg://user@host/db`` (``schema``: PostgreSQL
         search_path, to keep several stores in one database; ``idle_in_transaction_ms``: PostgreSQL ends a
-        transaction of this store left idle that long, see ``make_engine``)."""
-        engine = make_engine(url, schema=schema, idle_in_transaction_ms=idle_in_transaction_ms)
+        transaction of this store left idle that long; ``timeout_s``: the bound of each call; see ``make_engine``)."""
+        engine = make_engine(url, schema=schema, idle_in_transaction_ms=idle_in_transaction_ms, timeout_s=timeout_s)
         return cls(engine, batch_max=batch_max)
 
     @property
@@ -188,13 +160,18 @@ class Store:
 
     # -- runtime ports ----------------------------------------------------------------------------------------
 
-    def chat_store(self) -> ChatStore:
-        return StoreChatStore(self.writer)
+    def chat_store(self, epoch: int | None = None) -> ChatStore:
+        """The chat store of a session's incarnation made at ``epoch``: its commits land only while this node owns
+        the session at that epoch (None: the epoch held when each commit is queued; see ``writes.Op``)."""
+        return StoreChatStore(self.writer, epoch)
 
-    def event_sink(self, on_durable: Callable[[list[Event]], None] | None = None) -> EventSink:
-        """An event sink; after each committed batch ``on_durable`` gets that batch's events (per session in
-        ``seq`` order), before the publishers' awaitables resolve."""
-        return StoreEventSink(self.writer, on_durable)
+    def event_sink(
+        self, on_durable: Callable[[list[Event]], None] | None = None, epoch: int | None = None
+    ) -> EventSink:
+        """An event sink (for a session's incarnation made at ``epoch``, as ``chat_store``); after each committed batch
+        ``on_durable`` gets that batch's events (per session in ``seq`` order), before the publishers' awaitables
+        resolve."""
+        return StoreEventSink(self.writer, on_durable, epoch)
 
     # -- sessions ---------------------------------------------------------------------------------------------
 
@@ -265,10 +242,11 @@ class Store:
             out += self._convert(rows, session_from_row, "sessions")
         return sorted(out, key=lambda rec: (rec.created_at, rec.id))
 
-    async def mark_session(self, sid: str, state: SessionStatus) -> None:
-        """Set a session's state (e.g. ``failed``), in order with the writes queued before it."""
+    async def mark_session(self, sid: str, state: SessionStatus, *, epoch: int | None = None) -> None:
+        """Set a session's state (e.g. ``failed``), in order with the writes queued before it; under the claim of
+        ``epoch`` (as ``chat_store``)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.writer.submit(Op(sid, fut, mark_state=state))
+        self.writer.submit(Op(sid, fut, mark_state=state, epoch=epoch))
         await asyncio.shield(fut)
 
     # -- reads ------------------------------------------------------------------------------------------------

@@ -4,9 +4,11 @@ Operations are written in the order they were queued. A batch that fails because
 retried whole, with backoff, until it lands (nothing is dropped or reordered; later operations wait behind it).
 A batch that fails for any other reason is retried one operation at a time, so a bad operation fails alone.
 
-With a ``Fence`` (a node that owns its sessions), each batch first checks, in its own transaction, that this node
-still owns every session it writes for: the operations of a session it lost fail with ``SessionFenced`` and write
-nothing; the others are written as usual.
+With a ``Fence`` (a node that owns its sessions), each batch first checks, in its own transaction, each operation's
+fencing token: it lands only while its session's row names this node at the epoch the operation was made under
+(``Op.epoch``). A refused operation fails with ``SessionFenced`` and writes nothing; the others are written as usual.
+The token is the operation's own, never the epoch the node holds when the batch finally runs: a batch retried while
+the node lost a session and took it back must not land what the old incarnation made.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event
 from ..runtime.status import ENDED_STATUSES
 from .engine import IMMEDIATE, sqlite_writer_engine
-from .ownership import Fence, check_owners
+from .ownership import Fence, Owners, read_owners, refusal
 from .records import SessionFenced, StoreClosed
 from .writes import DurableCallback, Op, apply_batch
 
@@ -36,22 +38,38 @@ logger = logging.getLogger("switchboard.store")
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 2.0
 _SQLITE_SCHEMA_ERRORS = ("no such table", "no such column", "has no column named")
+# PostgreSQL errors that say the database could not do it now, not that the statement is bad: a statement cancelled
+# by ``statement_timeout`` (a lock held too long), a lock not granted in time, the server shutting down or out of
+# connections, a conflict with a transaction that ran at the same time.
+_TRANSIENT_SQLSTATES = frozenset({"57014", "55P03", "57P01", "57P02", "57P03", "53300", "40001", "40P01"})
 
 
-# What a failing database surfaces as (wrapped by SQLAlchemy, or raw at connect time); ``is_transient`` tells which.
-DATABASE_ERRORS: tuple[type[Exception], ...] = (sa_exc.DBAPIError, OSError)
+# What a failing database surfaces as (wrapped by SQLAlchemy, raw at connect time, or a call past its bound: asyncpg's
+# ``TimeoutError`` is an ``OSError``; the pool's, a SQLAlchemy ``TimeoutError``); ``is_transient`` tells which.
+DATABASE_ERRORS: tuple[type[Exception], ...] = (sa_exc.DBAPIError, OSError, sa_exc.TimeoutError)
+
+
+def _sqlstate(err: sa_exc.DBAPIError) -> str | None:
+    cause: BaseException | None = err.orig
+    while cause is not None:  # asyncpg's error sits under SQLAlchemy's adapter of it
+        code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        if isinstance(code, str):
+            return code
+        cause = cause.__cause__
+    return None
 
 
 def is_transient(err: BaseException) -> bool:
     """True when ``err`` says the database is unavailable (retry), not that the operation is bad (give up)."""
     if isinstance(err, sa_exc.DBAPIError):
-        if err.connection_invalidated:
+        if err.connection_invalidated or _sqlstate(err) in _TRANSIENT_SQLSTATES:
             return True
         if isinstance(err, sa_exc.OperationalError) and any(s in str(err.orig) for s in _SQLITE_SCHEMA_ERRORS):
             return False  # SQLite reports a missing table (database not migrated) as "operational"
         return isinstance(err, sa_exc.OperationalError | sa_exc.InterfaceError)
-    # Connect-time failures may surface unwrapped (refused, reset, timed out).
-    return isinstance(err, OSError | ConnectionError | TimeoutError)
+    # Connect-time failures may surface unwrapped (refused, reset), and so does a call past its bound (the driver's
+    # TimeoutError; the pool's, when no connection came back in time).
+    return isinstance(err, OSError | ConnectionError | TimeoutError | sa_exc.TimeoutError)
 
 
 def _sessions(ops: Iterable[Op]) -> str:
@@ -59,22 +77,23 @@ def _sessions(ops: Iterable[Op]) -> str:
     return ", ".join(sids[:10]) + (f" (+{len(sids) - 10} more)" if len(sids) > 10 else "")
 
 
-# (this node's id, its epoch for each session of a batch): the fencing check's input
-_Claims = tuple[str, dict[str, int | None]]
-# (the chat position counters written, the sessions the fencing check refused)
-_Committed = tuple[dict[str, int], dict[str, SessionFenced]]
+# (the chat position counters written, the operations the fencing check refused, the owners it found)
+_Committed = tuple[dict[str, int], dict[Op, SessionFenced], Owners]
 
 
-def _apply_fenced(
-    conn: Connection, batch: Sequence[Op], next_pos: dict[str, int], claims: _Claims | None, ordered: bool = False
+def write_fenced(
+    conn: Connection, batch: Sequence[Op], next_pos: dict[str, int], node_id: str | None, ordered: bool = False
 ) -> _Committed:
-    """In the batch's transaction: the fencing check (with the session rows locked), then the writes it allows
-    (``ordered``: events take their ids in commit order, see ``writes.EVENT_ORDER_LOCK_KEY``)."""
-    if claims is None:
-        return apply_batch(conn, batch, next_pos, ordered=ordered), {}
-    refused = check_owners(conn, *claims)
-    writable = [op for op in batch if op.session_id not in refused] if refused else batch
-    return apply_batch(conn, writable, next_pos, ordered=ordered), refused
+    """In the batch's transaction: the fencing check of node ``node_id`` (None: none), with the session rows locked,
+    then the writes it lets land (``ordered``: events take their ids in commit order, see
+    ``writes.EVENT_ORDER_LOCK_KEY``). Each operation is judged on its own epoch (``ownership.refusal``), so two
+    operations of one session made under different epochs may meet different fates in one batch."""
+    if node_id is None:
+        return apply_batch(conn, batch, next_pos, ordered=ordered), {}, {}
+    owners = read_owners(conn, (op.session_id for op in batch))
+    refused = {op: err for op in batch if (err := refusal(node_id, op.session_id, op.epoch, owners)) is not None}
+    writable = [op for op in batch if op not in refused] if refused else batch
+    return apply_batch(conn, writable, next_pos, ordered=ordered), refused, owners
 
 
 class _SqliteThread:
@@ -89,14 +108,14 @@ class _SqliteThread:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
         self._conn: Connection | None = None
 
-    async def write(self, batch: Sequence[Op], next_pos: dict[str, int], claims: _Claims | None) -> _Committed:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._write, batch, next_pos, claims)
+    async def write(self, batch: Sequence[Op], next_pos: dict[str, int], node_id: str | None) -> _Committed:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._write, batch, next_pos, node_id)
 
-    def _write(self, batch: Sequence[Op], next_pos: dict[str, int], claims: _Claims | None) -> _Committed:
+    def _write(self, batch: Sequence[Op], next_pos: dict[str, int], node_id: str | None) -> _Committed:
         if self._conn is None:
             self._conn = self._engine.connect().execution_options(**{IMMEDIATE: True})
         with self._conn.begin():
-            return _apply_fenced(self._conn, batch, next_pos, claims)
+            return write_fenced(self._conn, batch, next_pos, node_id)
 
     async def drop_connection(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._drop)
@@ -152,6 +171,8 @@ class GroupCommitWriter:
     def submit(self, op: Op) -> None:
         if self._closing:
             raise StoreClosed("the store is closed")
+        if op.epoch is None and self.fence is not None:
+            op.epoch = self.fence.epochs.get(op.session_id)  # made now, under the claim the node holds now
         self._queue.append(op)
         self._wake_ev.set()
 
@@ -222,44 +243,54 @@ class GroupCommitWriter:
             await self._write([op])
 
     def _refuse_lost(self, batch: Sequence[Op]) -> Sequence[Op]:
-        """Fail at once the operations of sessions this node already knows it lost."""
-        if self.fence is None or not self.fence.lost:
+        """Fail at once the operations this node already knows cannot land (``Fence.refused_locally``)."""
+        if self.fence is None:
             return batch
         kept = []
         for op in batch:
-            err = self.fence.refused_locally(op.session_id)
+            err = self.fence.refused_locally(op.session_id, op.epoch)
             if err is None:
                 kept.append(op)
             elif not op.fut.done():
                 op.fut.set_exception(err)
         return kept
 
-    def _refuse(self, batch: Sequence[Op], refused: dict[str, SessionFenced]) -> list[Op]:
-        """Fail the operations the fencing check refused (the sessions are lost from now on); the rest were written."""
+    def _refuse(self, batch: Sequence[Op], refused: dict[Op, SessionFenced]) -> list[Op]:
+        """Fail the operations the fencing check refused; the rest were written."""
         assert self.fence is not None
         self.fence.refusals += len(refused)
-        for sid, err in refused.items():
-            self.fence.lose(sid, err.detail)
         written = []
         for op in batch:
-            found = refused.get(op.session_id)
+            found = refused.get(op)
             if found is None:
                 written.append(op)
             elif not op.fut.done():
                 op.fut.set_exception(found)
         return written
 
-    async def _commit_until_settled(self, batch: Sequence[Op]) -> tuple[Exception | None, dict[str, SessionFenced]]:
+    def _learn_losses(self, held: dict[str, int | None], owners: Owners) -> None:
+        """The sessions the batch found no longer this node's at the epoch it held when the batch began are lost (a
+        refused write of an older epoch alone says nothing of the claim the node holds now)."""
+        assert self.fence is not None
+        for sid, epoch in held.items():
+            if epoch is None or sid not in owners:
+                continue
+            err = refusal(self.fence.node_id, sid, epoch, owners)
+            if err is not None:
+                self.fence.lose(sid, err.detail, epoch=epoch)
+
+    async def _commit_until_settled(self, batch: Sequence[Op]) -> tuple[Exception | None, dict[Op, SessionFenced]]:
         """Commit ``batch`` in one transaction, retrying while the database is unavailable.
 
-        Returns (None, refused) once committed, with the sessions the fencing check refused (nothing of theirs was
+        Returns (None, refused) once committed, with the operations the fencing check refused (nothing of theirs was
         written), or the error that shows the batch itself is bad.
         """
         delay = RETRY_MIN_S
         while True:
             try:
                 started = time.perf_counter()
-                counters, refused = await self._commit_once(batch, self._fence_claims(batch))
+                held = self._held(batch)
+                counters, refused, owners = await self._commit_once(batch)
                 committed_s = time.perf_counter() - started
             except Exception as err:
                 await self._drop_connection()  # whatever state it was left in, the next attempt starts afresh
@@ -283,31 +314,34 @@ class GroupCommitWriter:
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
             self._next_pos.update(counters)
+            if self.fence is not None:
+                self._learn_losses(held, owners)
             self.unavailable = False
             self.batches += 1
-            written = sum(1 for op in batch if op.session_id not in refused) if refused else len(batch)
+            written = len(batch) - len(refused)
             self.ops_written += written
             if self.on_commit is not None:
                 self.on_commit(committed_s, written)
             return None, refused
 
-    def _fence_claims(self, batch: Sequence[Op]) -> _Claims | None:
-        """What the fencing check needs (this node's id and its epoch for each session of ``batch``), taken on the
-        event loop before the batch goes to the thread that writes it."""
+    def _held(self, batch: Sequence[Op]) -> dict[str, int | None]:
+        """The epoch this node holds for each session of ``batch`` as an attempt begins (what the attempt may find
+        lost), taken on the event loop before the batch goes to the thread that writes it."""
         if self.fence is None:
-            return None
+            return {}
         sids = {op.session_id for op in batch}
         for sid in sids & self.fence.fresh:  # claimed anew: another node may have appended since this one last did
             self._next_pos.pop(sid, None)
             self.fence.fresh.discard(sid)
-        return self.fence.node_id, self.fence.claims(sids)
+        return self.fence.claims(sids)
 
-    async def _commit_once(self, batch: Sequence[Op], claims: _Claims | None) -> _Committed:
+    async def _commit_once(self, batch: Sequence[Op]) -> _Committed:
+        node_id = self.fence.node_id if self.fence is not None else None
         if self._sqlite is not None:
-            return await self._sqlite.write(batch, self._next_pos, claims)
+            return await self._sqlite.write(batch, self._next_pos, node_id)
         conn = await self._connection()
         async with conn.begin():
-            return await conn.run_sync(_apply_fenced, batch, self._next_pos, claims, self.ordered_events)
+            return await conn.run_sync(write_fenced, batch, self._next_pos, node_id, self.ordered_events)
 
     async def _connection(self) -> AsyncConnection:
         if self._conn is None:  # PostgreSQL (SQLite writes on its own thread)

@@ -32,7 +32,12 @@ _LOOKUP_CHUNK = 2000
 
 @dataclass(slots=True, eq=False)
 class Op:
-    """One queued write. Exactly one of ``commit``, ``event`` and ``mark_state`` is set."""
+    """One queued write. Exactly one of ``commit``, ``event`` and ``mark_state`` is set.
+
+    ``epoch`` is its fencing token: the ownership epoch it was made under (that of the live session that made it, or
+    of the claim it acts under). On a fenced store it lands only while the session's row names this node at exactly
+    that epoch. Left out (None), the writer sets the epoch the node holds when the write is queued; if it holds none,
+    the write lands only while no node owns the session."""
 
     session_id: str
     fut: asyncio.Future[None]
@@ -40,6 +45,7 @@ class Op:
     event: Event | None = None
     mark_state: SessionStatus | None = None
     on_durable: DurableCallback | None = None
+    epoch: int | None = None
 
 
 def dialect_insert(conn: AsyncConnection | Connection, table: sa.Table) -> Any:
