@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from .chat import ChatItem
 from .events import Event, EventSink
@@ -30,13 +30,60 @@ class SessionState(BaseModel):
     current_speech_id: str | None = None
 
 
+class Completion(BaseModel):
+    """The answer of an operator command sent with an idempotency key (I7), written with the command's effect.
+
+    The key was reserved for ``holder`` (a node and its process incarnation) before the command ran; the store
+    completes that reservation in the transaction of the commit that carries this, and refuses the whole commit when
+    ``holder`` no longer holds it (another request took the key over: it runs the command instead). The effect and
+    its answer are therefore durable together or not at all: a retry finds the answer, or runs the command."""
+
+    key: str
+    scope: str
+    holder_node: str
+    holder_incarnation: str
+    status_code: int
+    body: Any = None
+    _landed: bool = PrivateAttr(default=False)
+
+    @property
+    def landed(self) -> bool:
+        """The commit that carried it is durable (set by the store)."""
+        return self._landed
+
+    def mark_landed(self) -> None:
+        self._landed = True
+
+
+T_contra = TypeVar("T_contra", contravariant=True)
+
+
+class Receipt(Protocol[T_contra]):
+    """What an operator command is given to answer for its effect: the command hands it the result of the one change
+    that is its effect, and commits the ``Completion`` it returns in that change's ``Commit``. The runtime never
+    knows what the answer looks like (the service renders it)."""
+
+    def complete(self, result: T_contra) -> Completion | None:
+        """The completion for an effect that produced ``result``; None when ``result`` does not answer this command,
+        or when a completion was already taken (a command has one effect)."""
+        ...
+
+
+def completions(result: T_contra, *receipts: Receipt[T_contra] | None) -> list[Completion]:
+    """What ``receipts`` (None: a command without one) complete with an effect that produced ``result``: the
+    ``Commit.receipts`` of that effect."""
+    return [done for receipt in receipts if receipt is not None and (done := receipt.complete(result)) is not None]
+
+
 class Commit(BaseModel):
-    """One unit of work for the store: everything in it is written in a single transaction."""
+    """One unit of work for the store: everything in it is written in a single transaction, the idempotency
+    ``receipts`` of the commands whose effect it is included (see ``Completion``)."""
 
     items: list[ChatItem] = Field(default_factory=list)
     tool_calls: list[ToolCallInfo] = Field(default_factory=list)
     speeches: list[SpeechInfo] = Field(default_factory=list)
     session: SessionState | None = None
+    receipts: list[Completion] = Field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -92,7 +139,8 @@ class ChatStore(Protocol):
         context size.
 
         While the store is unavailable it retries on its own (with backoff, in order with the session's other
-        writes); an error it raises is permanent for this commit and must not be retried by the caller.
+        writes); an error it raises is permanent for this commit and must not be retried by the caller. Once the
+        commit is durable each of its ``receipts`` is marked landed.
 
         A session does not wait for one commit to be durable before making the next (it pipelines them): commits of
         one session become durable in the order of the calls, also when they overlap. The order of a call is when
@@ -101,4 +149,15 @@ class ChatStore(Protocol):
         ...
 
 
-__all__ = ["REPORTED_KEYS", "ChatStore", "Commit", "EventSink", "Reported", "SessionState", "reported_subject"]
+__all__ = [
+    "REPORTED_KEYS",
+    "ChatStore",
+    "Commit",
+    "Completion",
+    "EventSink",
+    "Receipt",
+    "Reported",
+    "SessionState",
+    "completions",
+    "reported_subject",
+]
