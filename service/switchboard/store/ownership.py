@@ -55,6 +55,7 @@ class NodeRecord:
     heartbeat_at: datetime
     lease_until: datetime
     sessions: int = 0  # live sessions it owns (``list_nodes``)
+    incarnation: str = ""  # this run of its process (a restart with the same id is another incarnation)
 
     def describe(self) -> str:
         return f"node {self.id} ({self.mode.value}, pid {self.pid} on {self.hostname}, {self.url})"
@@ -72,6 +73,7 @@ def _node_from_row(row: Any, sessions: int = 0) -> NodeRecord:
         heartbeat_at=row.heartbeat_at,
         lease_until=row.lease_until,
         sessions=sessions,
+        incarnation=row.incarnation or "",
     )
 
 
@@ -247,6 +249,7 @@ class Nodes:
                     "started_at": me.started_at,
                     "heartbeat_at": now,
                     "lease_until": me.lease_until,
+                    "incarnation": me.incarnation,
                 }
                 await conn.execute(sa.delete(n).where(n.c.id == me.id))
                 await conn.execute(sa.insert(n), [row])
