@@ -19,7 +19,7 @@ from .aio import first_of, resolve
 from .chat import new_id, utcnow
 
 if TYPE_CHECKING:
-    from .ports import Receipt
+    from .receipt import Receipt
 
 logger = logging.getLogger("switchboard.runtime.speech")
 

@@ -23,7 +23,7 @@ from .chat import FunctionCall
 from .text import valid_text
 
 if TYPE_CHECKING:
-    from .ports import Receipt
+    from .receipt import Receipt
     from .speech import SpeechHandle
 
 T = TypeVar("T")
