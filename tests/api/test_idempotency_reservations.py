@@ -96,7 +96,7 @@ async def _scope(api: Api, sid: str) -> str:
 
 async def _hold(api: Api, key: str, scope: str, holder: Holder, body: dict[str, Any]) -> None:
     """A reservation of ``key`` held by ``holder``, as a request with ``body`` would have made it."""
-    assert (await store_of(api).idempotency_reserve(key, scope, _digest(body), holder)).held
+    assert (await store_of(api).idempotency.reserve(key, scope, _digest(body), holder)).held
 
 
 async def _node(api: Api, node_id: str, incarnation: str, *, lease_s: float) -> None:
@@ -144,7 +144,7 @@ async def test_a_retry_waits_for_a_live_holder_and_replays_its_answer(api: Api, 
     await _node(api, "node-busy", "b-1", lease_s=120)
     await _hold(api, "busy", scope, Holder("node-busy", "b-1"), FULL_INPUT)
     store = store_of(api)
-    real_reserve = store.idempotency_reserve
+    real_reserve = store.idempotency.reserve
     looked = 0
     polling = asyncio.Event()
 
@@ -155,7 +155,7 @@ async def test_a_retry_waits_for_a_live_holder_and_replays_its_answer(api: Api, 
             polling.set()
         return await real_reserve(*args, **kw)
 
-    monkeypatch.setattr(store, "idempotency_reserve", counted)
+    monkeypatch.setattr(store.idempotency, "reserve", counted)
     waiting = asyncio.create_task(
         api.client.post(f"/v1/sessions/{sid}/input", json=TEXT, headers={"Idempotency-Key": "busy"})
     )

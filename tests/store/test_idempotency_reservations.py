@@ -69,14 +69,14 @@ async def user_items(db: Db) -> list[str]:
 async def test_one_holder_per_key_and_the_answer_lands_with_the_effect(store: Store, db: Db) -> None:
     await register(store, A)
     await register(store, B)
-    assert (await store.idempotency_reserve("k1", SCOPE, "h", A)).held
+    assert (await store.idempotency.reserve("k1", SCOPE, "h", A)).held
     # another live process with the same key waits; the same key in another scope is another reservation
-    other = await store.idempotency_reserve("k1", SCOPE, "h", B)
+    other = await store.idempotency.reserve("k1", SCOPE, "h", B)
     assert not other.held and other.record is not None and other.record.state is IdempotencyState.PENDING
     assert other.record.held_by(A)
-    assert (await store.idempotency_reserve("k1", SCOPE + "x", "h", B)).held
+    assert (await store.idempotency.reserve("k1", SCOPE + "x", "h", B)).held
     # another body under the key: the caller learns it (409), whoever holds it
-    assert (await store.idempotency_reserve("k1", SCOPE, "other", B)).record.request_hash == "h"  # type: ignore[union-attr]
+    assert (await store.idempotency.reserve("k1", SCOPE, "other", B)).record.request_hash == "h"  # type: ignore[union-attr]
 
     receipt = done(A)
     await store.chat_store().commit(
@@ -84,7 +84,7 @@ async def test_one_holder_per_key_and_the_answer_lands_with_the_effect(store: St
     )
     assert receipt.landed
     assert await user_items(db) == ["i1"]
-    found = await store.idempotency_reserve("k1", SCOPE, "h", B)
+    found = await store.idempotency.reserve("k1", SCOPE, "h", B)
     assert not found.held and found.record is not None
     assert (found.record.state, found.record.status_code, found.record.response_body) == (
         IdempotencyState.DONE,
@@ -98,8 +98,8 @@ async def test_a_commit_whose_reservation_was_taken_over_writes_nothing(store: S
     holder applies the command), while the other writes of the same batch do."""
     await register(store, A, lease_s=-1)  # A's lease is over
     await register(store, B)
-    assert (await store.idempotency_reserve("k1", SCOPE, "h", A)).held
-    took = await store.idempotency_reserve("k1", SCOPE, "h", B)
+    assert (await store.idempotency.reserve("k1", SCOPE, "h", A)).held
+    took = await store.idempotency.reserve("k1", SCOPE, "h", B)
     assert took.held and took.taken_from == A
 
     chat = store.chat_store()
@@ -126,30 +126,30 @@ async def test_a_dead_holder_is_taken_over_and_a_live_one_is_waited_for(store: S
     await register(store, A)
     await register(store, B)
     for key in ("gone", "restarted", "expired", "live"):
-        assert (await store.idempotency_reserve(key, SCOPE, "h", A)).held
+        assert (await store.idempotency.reserve(key, SCOPE, "h", A)).held
     await db.sql(db.q("UPDATE idempotency_keys SET holder_node = ? WHERE key = ?"), "node-gone", "gone")
     await db.sql(db.q("UPDATE idempotency_keys SET holder_incarnation = ? WHERE key = ?"), "a-0", "restarted")
     await db.sql(db.q("UPDATE nodes SET lease_until = ? WHERE id = ?"), now_utc() - timedelta(seconds=1), "node-a")
     # A's lease is over: every reservation of A is taken over, as is one whose node is gone or restarted
     for key in ("gone", "restarted", "expired"):
-        claim = await store.idempotency_reserve(key, SCOPE, "h", B)
+        claim = await store.idempotency.reserve(key, SCOPE, "h", B)
         assert claim.held and claim.taken_from is not None, key
     # A renews its lease before anyone buried it: alive again, its reservation is waited for
     await db.sql(db.q("UPDATE nodes SET lease_until = ? WHERE id = ?"), now_utc() + timedelta(seconds=60), "node-a")
-    claim = await store.idempotency_reserve("live", SCOPE, "h", B)
+    claim = await store.idempotency.reserve("live", SCOPE, "h", B)
     assert not claim.held
     # a request of the holder's own process finds its reservation free (no request of that process still runs it)
-    claim = await store.idempotency_reserve("live", SCOPE, "h", A)
+    claim = await store.idempotency.reserve("live", SCOPE, "h", A)
     assert claim.held and claim.taken_from is None
 
 
 async def test_release_frees_only_a_pending_reservation_of_its_holder(store: Store) -> None:
     await register(store, A)
     await register(store, B)
-    assert (await store.idempotency_reserve("k1", SCOPE, "h", A)).held
+    assert (await store.idempotency.reserve("k1", SCOPE, "h", A)).held
     assert not await store.idempotency.release("k1", SCOPE, B)
     assert await store.idempotency.release("k1", SCOPE, A)
-    assert (await store.idempotency_reserve("k1", SCOPE, "h", B)).held
+    assert (await store.idempotency.reserve("k1", SCOPE, "h", B)).held
     assert await store.idempotency.complete(done(B))
     assert not await store.idempotency.release("k1", SCOPE, B)  # done: a record, never released
     assert not await store.idempotency.complete(done(A))  # another holder's row is never touched
@@ -160,14 +160,14 @@ async def test_release_frees_only_a_pending_reservation_of_its_holder(store: Sto
 async def test_a_create_and_its_answer_are_one_transaction(store: Store) -> None:
     await register(store, A)
     await register(store, B)
-    assert (await store.idempotency_reserve("k1", SCOPE, "h", A)).held
+    assert (await store.idempotency.reserve("k1", SCOPE, "h", A)).held
     receipt = done(A, body={"id": "new"})
     await store.create_session(SessionRecord(id="new", agent="demo"), receipt=receipt)
     assert receipt.landed
     record = await store.idempotency_get("k1", SCOPE)
     assert record is not None and record.state is IdempotencyState.DONE and record.response_body == {"id": "new"}
     # a receipt no longer held: the session is not inserted
-    assert (await store.idempotency_reserve("k2", SCOPE, "h", B)).held
+    assert (await store.idempotency.reserve("k2", SCOPE, "h", B)).held
     try:
         await store.create_session(SessionRecord(id="newer", agent="demo"), receipt=done(A, key="k2"))
     except ReceiptRefused:
@@ -221,7 +221,7 @@ async def test_a_reset_on_the_answer_retries_the_whole_batch_so_effect_and_answe
     store: Store, db: Db
 ) -> None:
     await register(store, A)
-    assert (await store.idempotency_reserve("k1", SCOPE, "h", A)).held
+    assert (await store.idempotency.reserve("k1", SCOPE, "h", A)).held
     receipt = done(A)
     with answers_fail() as failed:
         await store.chat_store().commit(
@@ -237,10 +237,10 @@ async def test_a_reset_on_the_answer_retries_the_whole_batch_so_effect_and_answe
 async def test_purge_forgets_old_records_and_dead_holders_reservations_only(store: Store, db: Db) -> None:
     await register(store, A)
     await register(store, B)
-    assert (await store.idempotency_reserve("old-done", SCOPE, "h", A)).held
+    assert (await store.idempotency.reserve("old-done", SCOPE, "h", A)).held
     assert await store.idempotency.complete(done(A, key="old-done"))
     for key in ("old-live", "old-dead", "new-dead"):
-        assert (await store.idempotency_reserve(key, SCOPE, "h", A if key == "old-live" else B)).held
+        assert (await store.idempotency.reserve(key, SCOPE, "h", A if key == "old-live" else B)).held
     old = now_utc() - timedelta(days=2)
     for key in ("old-done", "old-live", "old-dead"):
         await db.sql(db.q("UPDATE idempotency_keys SET created_at = ? WHERE key = ?"), old, key)

@@ -307,7 +307,7 @@ async def _reserve(attempt: Attempt, key: str, digest: str) -> Response | None:
     pause = POLL_FIRST_S
     while True:
         try:
-            claim = await attempt.store.idempotency_reserve(key, attempt.scope, digest, attempt.holder)
+            claim = await attempt.store.idempotency.reserve(key, attempt.scope, digest, attempt.holder)
         except Exception:
             # the reservation may have landed before the error: no node must wait on one nobody runs (one try: the
             # database is likely away, and the answer should say so now)

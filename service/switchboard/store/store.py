@@ -37,8 +37,6 @@ from .idempotency import IdempotencyKeys, complete_async
 from .migrate import upgrade_engine
 from .ownership import Fence, Nodes
 from .records import (
-    Claim,
-    Holder,
     IdempotencyRecord,
     QuotaFull,
     ReadError,
@@ -138,6 +136,7 @@ class Store:
         self.engine = engine
         self.writer = GroupCommitWriter(engine, batch_max=batch_max)
         self.nodes = Nodes(engine)
+        # the reservations of idempotency keys, their completion and their takeover
         self.idempotency = IdempotencyKeys(
             engine, lambda row: self._first([row], idempotency_from_row, "idempotency_keys")
         )
@@ -212,8 +211,8 @@ class Store:
         With ``owner_quota``, the row is inserted only while its owner (``config["owner"]``) has fewer live sessions
         than that in the database, else ``QuotaFull``: counted and inserted in one transaction holding the owner's
         lock (PostgreSQL), so creates for one owner on several nodes at once cannot both pass the count. A create
-        that fails leaves nothing counted. With ``receipt``, the create's idempotency reservation is completed in the
-        same transaction (``ReceiptRefused``, and nothing inserted, when its holder no longer holds it)."""
+        that fails leaves nothing counted. ``receipt`` completes the create's idempotency reservation in the same
+        transaction (else ``ReceiptRefused``, nothing inserted: its holder no longer holds it)."""
         owner = rec.config.get("owner")
         try:
             async with self.engine.begin() as conn:
@@ -439,16 +438,10 @@ class Store:
 
     # -- idempotency (I7) -------------------------------------------------------------------------------------
 
-    # (``idempotency``: the reservations, their completion with the effect and their takeover)
-
     async def idempotency_get(self, key: str, scope: str) -> IdempotencyRecord | None:
         t = m.idempotency_keys
         rows = await self._fetch(sa.select(t).where(t.c.key == key, t.c.scope == scope))
         return self._first(rows, idempotency_from_row, "idempotency_keys")
-
-    async def idempotency_reserve(self, key: str, scope: str, request_hash: str, holder: Holder) -> Claim:
-        """Reserve ``(key, scope)`` for ``holder`` before its command runs (``IdempotencyKeys.reserve``)."""
-        return await self.idempotency.reserve(key, scope, request_hash, holder)
 
     async def idempotency_put(self, rec: IdempotencyRecord) -> bool:
         """Remember ``rec``; False (and nothing written) if ``(key, scope)`` is already taken."""
