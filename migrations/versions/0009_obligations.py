@@ -7,7 +7,7 @@
   ``tool.ended`` and ``speech.done``), filled in here for the events already stored.
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-11-27
 """
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0009"
-down_revision: str | None = "0007"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -255,15 +255,15 @@ async def test_a_write_past_the_deadline_finishes_and_its_idempotent_retry_gets_
     quick: Api, monkeypatch: pytest.MonkeyPatch
 ):
     store = quick.app.state.services.store
-    real_get = store.idempotency_get
+    real_reserve = store.idempotency.reserve
     slow = [True]
 
     async def slow_once(*args: Any, **kw: Any) -> Any:
         if slow.pop() if slow else False:
             await asyncio.sleep(DEADLINE_S + 1.5)  # past the backstop deadline, then carries on
-        return await real_get(*args, **kw)
+        return await real_reserve(*args, **kw)
 
-    monkeypatch.setattr(store, "idempotency_get", slow_once)
+    monkeypatch.setattr(store.idempotency, "reserve", slow_once)
     headers = {"Idempotency-Key": "create-once"}
     first = await quick.client.post("/v1/sessions", json={"agent": "tester"}, headers=headers)
     problem = assert_problem(first, 503, "deadline_exceeded")

@@ -25,9 +25,17 @@ LEASE_S = 8.0  # long enough for a loaded test machine (production default: 2 s)
 SECRET = "cluster-secret-for-the-e2e-tests-0123456789"
 TOKEN_SECRET = "token-secret-of-the-e2e-cluster-0123456789"  # every node's: a token minted on one works on all
 FORWARDED = "x-switchboard-forwarded"
-# 503 codes a client retries (docs/cluster.md): the session is moving between nodes, or this node is stopping
-# (and `unavailable`: not done in time on a loaded machine)
-RETRYABLE = {"session_moving", "session_moved", "session_recovering", "node_draining", "unavailable"}
+# 503 codes a client retries (docs/cluster.md): the session is moving between nodes, this node is stopping, or another
+# request with the same Idempotency-Key is still being applied (and `unavailable`: not done in time on a loaded
+# machine)
+RETRYABLE = {
+    "session_moving",
+    "session_moved",
+    "session_recovering",
+    "node_draining",
+    "idempotency_key_in_use",
+    "unavailable",
+}
 
 
 class RedisServer:

@@ -26,7 +26,7 @@ from ..runtime.agent import UnknownAgent
 from ..runtime.executor import AlreadyEnded, NotCancellable, ToolCallNotFound
 from ..runtime.speech import NotInterruptible
 from ..runtime.status import SessionClosed, SessionSuspended
-from ..store import DATABASE_ERRORS, SessionFenced, is_transient
+from ..store import DATABASE_ERRORS, ReceiptRefused, SessionFenced, is_transient
 from .headers import problem_headers
 
 logger = logging.getLogger("switchboard.api")
@@ -162,6 +162,10 @@ def _session_fenced(err: SessionFenced) -> str:
     return f"Session {err.session_id!r} is no longer run by this node ({err.detail})."
 
 
+def _receipt_refused(err: ReceiptRefused) -> str:
+    return "Another request took this Idempotency-Key over and applies it; retry to get its answer."
+
+
 def _session_exists(err: SessionConflict) -> str:
     return f"Session {err.session_id!r} exists with a different body."
 
@@ -183,6 +187,7 @@ DOMAIN_PROBLEMS: dict[type[Exception], DomainProblem[Any]] = {
     SessionFenced: DomainProblem(503, "session_moved", _session_fenced, headers={"Retry-After": "1"}),
     NodeDeposed: DomainProblem(503, "node_fenced"),
     NodeDraining: DomainProblem(503, "node_draining", headers={"Retry-After": "1"}),
+    ReceiptRefused: DomainProblem(503, "idempotency_key_in_use", _receipt_refused, headers={"Retry-After": "1"}),
 }
 
 

@@ -19,7 +19,7 @@ from ..runtime.tools import ToolCallInfo
 from . import deps
 from .auth import Require
 from .deps import ServicesDep
-from .idempotency import idempotent
+from .idempotency import Idem, idempotent
 from .problems import ProblemError, not_found, problem_responses
 from .schemas import ToolProgressReport, ToolReportRead, ToolResultReport
 
@@ -81,12 +81,16 @@ async def _refused(
     )
 
 
+def _reported(info: ToolCallInfo) -> ToolReportRead:
+    return ToolReportRead(call_id=info.call_id, status=info.status.value)
+
+
 async def _read(host: SessionHost, sid: str, call_id: str) -> ToolReportRead:
     session = await deps.known_session(host, sid)
     info = await session.tool_call(call_id)
     if info is None:  # pragma: no cover - a call that took a report is in the session or the store
         raise not_found("tool_call", call_id)
-    return ToolReportRead(call_id=info.call_id, status=info.status.value)
+    return _reported(info)
 
 
 @router.post(
@@ -98,14 +102,15 @@ async def _read(host: SessionHost, sid: str, call_id: str) -> ToolReportRead:
 )
 @idempotent
 async def report_tool_progress(
-    sid: str, call_id: str, body: ToolProgressReport, services: ServicesDep
+    sid: str, call_id: str, body: ToolProgressReport, services: ServicesDep, idem: Idem
 ) -> ToolReportRead:
     """Report progress of a webhook call (its backend answered 202). It streams as `tool.progress`; the first report
     moves the call to the background, exactly like `ctx.update()` in a Python tool. Returns once it is recorded."""
     try:
         async with deps.deadline(services.settings):
             # shielded: a client that goes away must not cut a progress commit in half
-            await asyncio.shield(services.webhooks.broker.progress(sid, call_id, body.message, body.progress))
+            receipt = idem.receipt(_reported)
+            await asyncio.shield(services.webhooks.broker.progress(sid, call_id, body.message, body.progress, receipt))
     except (CallAlreadyEnded, NotAwaitingReport) as err:
         raise await _refused(services.host, sid, call_id, err) from None
     return await _read(services.host, sid, call_id)
@@ -119,12 +124,15 @@ async def report_tool_progress(
     dependencies=REPORTER,
 )
 @idempotent
-async def report_tool_result(sid: str, call_id: str, body: ToolResultReport, services: ServicesDep) -> ToolReportRead:
+async def report_tool_result(
+    sid: str, call_id: str, body: ToolResultReport, services: ServicesDep, idem: Idem
+) -> ToolReportRead:
     """Report the result of a webhook call (its backend answered 202); `is_error` marks a failure. Returns the call's
     status once it has ended and its output is committed. A second result, or one after the call was cancelled or
     timed out, is a 409 `already_ended` and changes nothing."""
     try:
-        services.webhooks.broker.result(sid, call_id, BackendResult(output=body.output, is_error=body.is_error))
+        result = BackendResult(output=body.output, is_error=body.is_error)
+        services.webhooks.broker.result(sid, call_id, result, idem.receipt(_reported))
     except (CallAlreadyEnded, NotAwaitingReport) as err:
         raise await _refused(services.host, sid, call_id, err) from None
     live = services.host.live(sid)

@@ -11,7 +11,10 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from ..control.session_view import SessionView
 from ..control.settings import Settings
-from ..store import InvalidCursor
+from ..runtime.session import InputResult
+from ..runtime.speech import SpeechHandle
+from ..runtime.status import SessionStatus
+from ..store import InvalidCursor, SessionRecord
 from . import audit, deps
 from .auth import Require, issue_token, principal_of, seal_token, token_scopes, unseal_token
 from .cluster_attention import (
@@ -22,7 +25,7 @@ from .cluster_attention import (
     merged,
 )
 from .deps import HostDep, KnownSession, ServicesDep, SettingsDep
-from .idempotency import idempotent, idempotent_sealed
+from .idempotency import Idem, idempotent, idempotent_sealed
 from .problems import POST_ERRORS, ProblemError, not_found, problem_responses
 from .schemas import (
     CHAT_PAGE_DEFAULT,
@@ -72,16 +75,23 @@ async def create_session(
     host: HostDep,
     settings: SettingsDep,
     forwarded: deps.Forwarded,
+    idem: Idem,
 ) -> SessionRead:
-    """Create a live session running `agent`. Creating the same `id` again with the same body returns it (200);
-    with a different body it is a conflict (409). In cluster mode it runs on the least-loaded node. One API key runs
-    at most `SWITCHBOARD_MAX_SESSIONS_PER_KEY` live sessions, on all nodes together (429 `session_quota_exceeded`)."""
+    """Create a live session running `agent`. Creating the same `id` again with the same body returns it (200),
+    also when the two creates reach two nodes at once; with a different body it is a conflict (409). In cluster mode
+    it runs on the least-loaded node. One API key runs at most `SWITCHBOARD_MAX_SESSIONS_PER_KEY` live sessions, on
+    all nodes together (429 `session_quota_exceeded`)."""
     await deps.place_new_session(host, forwarded)
     # the creator's live sessions count against its key's quota (with auth off there is one caller: no quota)
     owner = principal_of(request).identity if settings.auth_enabled else None
     config = body.session_config().model_copy(update={"owner": owner})
+
+    def created_answer(rec: SessionRecord) -> SessionRead:  # the session as its insert creates it, started
+        started = rec.model_copy(update={"state": SessionStatus.ACTIVE})
+        return deps.session_read(SessionView(started, None, host.store), host)
+
     async with deps.deadline(settings):
-        session, created = await host.create(config, body.metadata)
+        session, created = await host.create(config, body.metadata, receipt=idem.receipt(created_answer))
     if not created:
         response.status_code = 200
     return deps.session_read(session, host)
@@ -192,6 +202,10 @@ async def get_chat(
     return ChatRead(items=page, next_cursor=page[-1].id if more and page else None)
 
 
+def _accepted(result: InputResult) -> InputAccepted:
+    return InputAccepted(item_id=result.item_id, speech_id=result.speech_id)
+
+
 @router.post(
     "/{sid}/input",
     operation_id="injectInput",
@@ -202,7 +216,7 @@ async def get_chat(
 )
 @idempotent
 async def inject_input(
-    sid: str, body: InputCreate, host: HostDep, settings: SettingsDep, request: Request
+    sid: str, body: InputCreate, host: HostDep, settings: SettingsDep, request: Request, idem: Idem
 ) -> InputAccepted:
     """Inject user input. `final=false` is an interim transcript (reported, not committed). A final input
     interrupts the current speech when `interrupt` is true and it allows it (or `force`), and queues a reply."""
@@ -210,13 +224,23 @@ async def inject_input(
     session = await deps.active_session(host, sid)
     async with deps.deadline(settings):
         result = await session.input(
-            body.text, final=body.final, interrupt=body.interrupt, force=body.force, reply=body.reply, role=body.role
+            body.text,
+            final=body.final,
+            interrupt=body.interrupt,
+            force=body.force,
+            reply=body.reply,
+            role=body.role,
+            receipt=idem.receipt(_accepted),
         )
     if body.final:  # an interim transcript changes nothing: not an action worth a line in the trail
         audit.record(
             request, session, "input", item_id=result.item_id, speech_id=result.speech_id, force=body.force or None
         )
-    return InputAccepted(item_id=result.item_id, speech_id=result.speech_id)
+    return _accepted(result)
+
+
+def _said(speech: SpeechHandle) -> SayAccepted:
+    return SayAccepted(speech_id=speech.id)
 
 
 @router.post(
@@ -228,16 +252,25 @@ async def inject_input(
     dependencies=[Depends(Require("sessions:control"))],
 )
 @idempotent
-async def say(sid: str, body: SayCreate, host: HostDep, settings: SettingsDep, request: Request) -> SayAccepted:
+async def say(
+    sid: str, body: SayCreate, host: HostDep, settings: SettingsDep, request: Request, idem: Idem
+) -> SayAccepted:
     """Have the agent say `text` verbatim, after anything already queued."""
     _check_text(settings, body.text)
     session = await deps.active_session(host, sid)
     async with deps.deadline(settings):
         speech = await session.say(
-            body.text, allow_interruptions=body.allow_interruptions, add_to_chat=body.add_to_chat
+            body.text,
+            allow_interruptions=body.allow_interruptions,
+            add_to_chat=body.add_to_chat,
+            receipt=idem.receipt(_said),
         )
     audit.record(request, session, "say", speech_id=speech.id)
-    return SayAccepted(speech_id=speech.id)
+    return _said(speech)
+
+
+def _interrupted(speech: SpeechHandle | None) -> InterruptResult:
+    return InterruptResult(speech_id=speech.id if speech else None, interrupted=speech is not None)
 
 
 @router.post(
@@ -251,7 +284,7 @@ async def say(sid: str, body: SayCreate, host: HostDep, settings: SettingsDep, r
 )
 @idempotent
 async def interrupt(
-    sid: str, services: ServicesDep, request: Request, body: InterruptCreate | None = None
+    sid: str, services: ServicesDep, request: Request, idem: Idem, body: InterruptCreate | None = None
 ) -> InterruptResult:
     """Interrupt the current speech and the queued ones after it, up to the first that does not allow
     interruptions (`force`: all of them). Returns once the interrupted message (only what was heard) is committed;
@@ -260,11 +293,11 @@ async def interrupt(
     session = await deps.active_session(services.host, sid)
     started = time.perf_counter()
     async with deps.deadline(services.settings):
-        speech = await session.interrupt(force=body.force)
+        speech = await session.interrupt(force=body.force, receipt=idem.receipt(_interrupted))
     if speech is not None:
         services.metrics.interrupt_latency.observe(time.perf_counter() - started)
     audit.record(request, session, "interrupt", speech_id=speech.id if speech else None, force=body.force or None)
-    return InterruptResult(speech_id=speech.id if speech else None, interrupted=speech is not None)
+    return _interrupted(speech)
 
 
 @router.get(

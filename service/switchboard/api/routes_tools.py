@@ -7,12 +7,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 
 from ..control import tool_pages
-from ..runtime.tools import ToolStatus
+from ..runtime.tools import ToolCallInfo, ToolStatus
 from ..store import InvalidCursor
 from . import audit, deps
 from .auth import Require
 from .deps import HostDep, KnownSession, SettingsDep
-from .idempotency import idempotent
+from .idempotency import Idem, idempotent
 from .problems import ProblemError, not_found, problem_responses
 from .schemas import TOOL_CALL_PAGE_DEFAULT, TOOL_CALL_PAGE_MAX, ToolCallCancel, ToolCallList, ToolCallRead
 
@@ -85,6 +85,7 @@ async def cancel_tool_call(
     host: HostDep,
     settings: SettingsDep,
     request: Request,
+    idem: Idem,
     body: ToolCallCancel | None = None,
 ) -> ToolCallRead:
     """Cancel a running, cancellable tool call. Returns once it has ended `cancelled`.
@@ -101,8 +102,15 @@ async def cancel_tool_call(
         raise ProblemError(409, "already_ended", f"Tool call {call_id!r} already ended ({stored.status.value}).")
     live = session.live
     reason = f"cancelled by the operator {audit.actor_of(request)}" if settings.auth_enabled else None
+
+    def cancelled(info: ToolCallInfo) -> ToolCallRead | None:  # a call that ended otherwise answers 409
+        return deps.tool_call_read(sid, info) if info.status is ToolStatus.CANCELLED else None
+
     async with deps.deadline(settings):
-        info = await live.cancel_tool(call_id, force=body.force, **({"reason": reason} if reason else {}))
+        receipt = idem.receipt(cancelled)
+        info = await live.cancel_tool(
+            call_id, force=body.force, receipt=receipt, **({"reason": reason} if reason else {})
+        )
     audit.record(request, live, "cancel_tool", call_id=call_id, force=body.force or None)
     return deps.tool_call_read(sid, info)
 

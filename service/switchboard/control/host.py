@@ -19,7 +19,7 @@ from ..runtime.events import Event, EventLog
 from ..runtime.llm import LLM, MissingCredential, build_llm
 from ..runtime.media import EdgePlayout
 from ..runtime.playout import SimulatedPlayout
-from ..runtime.ports import ChatStore, EventSink
+from ..runtime.ports import ChatStore, EventSink, Receipt
 from ..runtime.recovery import end_orphaned_calls, recover, report_missing
 from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
@@ -256,8 +256,12 @@ class SessionHost:
             entered=rec.entered,
         )
 
-    async def create(self, config: SessionConfig, metadata: dict[str, Any]) -> tuple[SessionView, bool]:
-        """Create and start a session. Returns (session, created); the same id with the same body is a no-op.
+    async def create(
+        self, config: SessionConfig, metadata: dict[str, Any], receipt: Receipt[SessionRecord] | None = None
+    ) -> tuple[SessionView, bool]:
+        """Create and start a session. Returns (session, created); the same id with the same body is a no-op, also
+        when another node creates it at the same moment. ``receipt`` (an idempotent create's) is completed in the
+        transaction that inserts the session.
 
         Raises ``UnknownAgent``, ``InvalidSessionConfig``, ``SessionConflict`` or ``TooManySessions``.
         """
@@ -267,11 +271,7 @@ class SessionHost:
             existing = self.sessions.get(sid)
             rec = await self.store.get_session(sid) if existing is None else None
             if existing is not None or rec is not None:
-                found = rec or await self.store.get_session(sid)
-                assert found is not None
-                if found.config == stored and found.metadata == metadata:
-                    return SessionView(found, existing, self.store), False
-                raise SessionConflict(sid)
+                return self._created_before(sid, rec or await self.store.get_session(sid), existing, stored, metadata)
             if self.lease is not None:
                 self.lease.check_serving()
             if len(self.sessions) >= self.settings.max_sessions:
@@ -301,9 +301,10 @@ class SessionHost:
             except ValueError as err:
                 raise InvalidSessionConfig(str(err)) from err
             try:
-                await self.store.create_session(rec, owner_quota=shared_quota)
-            except SessionExists:
-                raise SessionConflict(sid) from None
+                done = receipt.complete(rec) if receipt is not None else None
+                await self.store.create_session(rec, owner_quota=shared_quota, receipt=done)
+            except SessionExists:  # another node inserted it first: the same create sent to both is no conflict
+                return self._created_before(sid, await self.store.get_session(sid), None, stored, metadata)
             except QuotaFull:
                 raise self._quota_exceeded() from None
             except BaseException:
@@ -315,6 +316,19 @@ class SessionHost:
             self.records[sid] = rec
         await session.start()
         return SessionView(rec, session, self.store), True
+
+    def _created_before(
+        self,
+        sid: str,
+        found: SessionRecord | None,
+        live: AgentSession | None,
+        stored: dict[str, Any],
+        metadata: dict[str, Any],
+    ) -> tuple[SessionView, bool]:
+        """A create of an id that exists: answered with that session when the body is the same, else a conflict."""
+        if found is None or found.config != stored or found.metadata != metadata:
+            raise SessionConflict(sid)
+        return SessionView(found, live, self.store), False
 
     def _shared_quota(self, owner: str | None) -> int | None:
         """Cluster mode: the quota of ``owner`` is counted in the database, where every node's sessions are, as the

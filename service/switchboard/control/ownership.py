@@ -86,6 +86,8 @@ class NodeLease:
         self.settings = settings
         self.mode = NodeMode.CLUSTER if settings.cluster_mode else NodeMode.SINGLE
         self.node_id = settings.node_id or f"node-{uuid.uuid4().hex[:12]}"
+        # this process, as the holder of what it reserves (idempotency keys): a restart under the same id is not it
+        self.incarnation = uuid.uuid4().hex
         self.url = settings.advertise_url or f"http://{settings.host}:{settings.port}"
         self.lease_s = settings.effective_lease_s
         self.hostname = socket.gethostname()
@@ -121,6 +123,7 @@ class NodeLease:
             started_at=now,
             heartbeat_at=now,
             lease_until=now + timedelta(seconds=self.lease_s),
+            incarnation=self.incarnation,
         )
 
     def _conflicts(self, node: NodeRecord) -> bool:

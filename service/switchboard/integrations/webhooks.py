@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .. import __version__
 from ..runtime.aio import cancel_and_wait, first_of, spawn
+from ..runtime.ports import Receipt
 from ..runtime.text import valid_json, valid_text
 from ..runtime.tools import (
     CONFIRM_DESCRIPTION,
@@ -40,6 +41,7 @@ from ..runtime.tools import (
     DEFAULT_POLICY,
     FunctionTool,
     RunContext,
+    ToolCallInfo,
     ToolCancelled,
     ToolError,
     ToolPolicy,
@@ -233,17 +235,30 @@ class WebhookBroker:
             raise CallAlreadyEnded(call_id)
         return pending
 
-    async def progress(self, session_id: str, call_id: str, message: str, progress: float | None) -> None:
-        """Apply a progress report as the tool's own ``ctx.update()`` (the first moves the call to the background)."""
+    async def progress(
+        self,
+        session_id: str,
+        call_id: str,
+        message: str,
+        progress: float | None,
+        receipt: Receipt[ToolCallInfo] | None = None,
+    ) -> None:
+        """Apply a progress report as the tool's own ``ctx.update()`` (the first moves the call to the background);
+        its commit completes ``receipt``."""
         pending = self._accepting(session_id, call_id)
         async with pending.lock:
             if not pending.accepting:
                 raise CallAlreadyEnded(call_id)
-            await pending.ctx.update(message, progress)
+            await pending.ctx.update(message, progress, receipt=receipt)
 
-    def result(self, session_id: str, call_id: str, result: BackendResult) -> None:
-        """Hand a reported result to the waiting call (which then ends with it)."""
-        self._accepting(session_id, call_id).result_fut.set_result(result)
+    def result(
+        self, session_id: str, call_id: str, result: BackendResult, receipt: Receipt[ToolCallInfo] | None = None
+    ) -> None:
+        """Hand a reported result to the waiting call (which then ends with it: its end completes ``receipt``)."""
+        pending = self._accepting(session_id, call_id)
+        if receipt is not None:
+            pending.ctx.receipt_on_end(receipt)
+        pending.result_fut.set_result(result)
 
 
 # -- delivery -----------------------------------------------------------------------------------------------------

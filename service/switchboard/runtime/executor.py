@@ -15,7 +15,7 @@ from .chat import ChatContext, FunctionCall, new_id, utcnow
 from .companions import COMPANION_TOOLS, companion_tools
 from .duplicates import duplicate_verdict, validate_arguments
 from .events import EventLog
-from .ports import Commit
+from .ports import Commit, Receipt, completions
 from .speech import NotInterruptible, SpeechHandle, SpeechInfo, SpeechInterrupted
 from .tool_call import (
     INTERNAL_ERROR_OUTPUT,
@@ -336,8 +336,11 @@ class ToolExecutor:
         for attempt, record in enumerate(attempts):
             if attempt:
                 await asyncio.sleep(END_RETRY_BACKOFF_S[attempt - 1])
+            # the commands that decided the end are answered by its first attempt only: a call must end even when
+            # the store refuses a receipt (its command is then answered on its own)
+            receipts = completions(record.info, *rc.end_receipts) if attempt == 0 else []
             try:
-                await self._commit(record.commit())
+                await self._commit(record.commit(receipts))
             except Exception:
                 logger.error(
                     "the end of tool call %s (%s) could not be stored (attempt %d of %d)",
@@ -434,21 +437,25 @@ class ToolExecutor:
             )
         )
 
-    async def report_progress(self, rc: RunningCall, message: str, progress: float | None) -> None:
+    async def report_progress(
+        self, rc: RunningCall, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None = None
+    ) -> None:
         """Write and report one update (its message cut at ``MAX_PROGRESS_CHARS``, with a marker); an update once
         the call's end is decided is ignored (it never reopens the call). Shielded: a tool cancelled meanwhile never
-        leaves an update durable but not applied."""
+        leaves an update durable but not applied. The update's commit completes ``receipt``."""
         if rc.ended or rc.ending:
             return
         message = capped_output(message, MAX_PROGRESS_CHARS)
-        await asyncio.shield(self._report_progress(rc, message, progress))
+        await asyncio.shield(self._report_progress(rc, message, progress, receipt))
 
-    async def _report_progress(self, rc: RunningCall, message: str, progress: float | None) -> None:
+    async def _report_progress(
+        self, rc: RunningCall, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None
+    ) -> None:
         async with rc.write_lock:  # one at a time: only the first update of a call commits its pair
             if rc.ended or rc.ending:
                 return
             try:
-                await self._write_progress(rc, message, progress)
+                await self._write_progress(rc, message, progress, receipt)
             except Exception:
                 # progress is best effort: a write the store refuses must not fail the tool's work
                 logger.error(
@@ -461,7 +468,9 @@ class ToolExecutor:
         self._events.emit(ev.ToolProgress(call_id=rc.info.call_id, message=message, progress=progress))
         resolve(rc.settled_fut, None)
 
-    async def _write_progress(self, rc: RunningCall, message: str, progress: float | None) -> None:
+    async def _write_progress(
+        self, rc: RunningCall, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None
+    ) -> None:
         update = ProgressUpdate(message=message, progress=progress, at=utcnow())
         # the record keeps the latest updates (each write stays small); the event log keeps every one of them
         kept = [*rc.info.progress[-(PROGRESS_KEPT - 1) :], update]
@@ -469,7 +478,7 @@ class ToolExecutor:
         # the first update moves the call to the background with its own pair; each later one is a pair of its own
         # (``<call_id>/update/<n>``): every update reaches the model, which can narrate progress
         items = progress_pair(rc, update)
-        await self._commit(Commit(items=items, tool_calls=[info]))
+        await self._commit(Commit(items=items, tool_calls=[info], receipts=completions(info, receipt)))
         rc.info = info
         rc.updates += 1
         self._chat.append(*items)
@@ -479,12 +488,18 @@ class ToolExecutor:
     # -- cancelling and draining ----------------------------------------------------------------------------
 
     async def cancel(
-        self, call_id: str, *, reason: str = "cancelled by an operator", force: bool = False
+        self,
+        call_id: str,
+        *,
+        reason: str = "cancelled by an operator",
+        force: bool = False,
+        receipt: Receipt[ToolCallInfo] | None = None,
     ) -> ToolCallInfo:
         """Cancel a running cancellable call and return its record once it has ended.
 
         Refused (``NotInterruptible``) while the speech that made the call is still going on and does not allow
-        interruptions, unless ``force``: cancelling its work would interrupt what that speech protects.
+        interruptions, unless ``force``: cancelling its work would interrupt what that speech protects. When this
+        call is what cancels it, its end completes ``receipt``.
         """
         rc = self._calls.get(call_id)
         if rc is None:
@@ -499,6 +514,8 @@ class ToolExecutor:
                 f"tool call {call_id} ({rc.info.name}) belongs to speech {rc.speech.id}, which does not allow "
                 "interruptions"
             )
+        if receipt is not None and rc.cancel_reason is None:
+            rc.end_receipts.append(receipt)
         await self._cancel(rc, reason)
         if rc.info.status is not ToolStatus.CANCELLED:
             raise AlreadyEnded(rc.info)

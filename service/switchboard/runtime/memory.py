@@ -53,6 +53,8 @@ class MemoryStore(ChatStore):
             self.speeches[session_id][sp.id] = sp
         if commit.session is not None:
             self.sessions[session_id] = commit.session
+        for receipt in commit.receipts:
+            receipt.mark_landed()
 
     def chat(self, session_id: str) -> list[ChatItem]:
         return order_items(self.items[session_id])

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from .chat import ChatItem
 from .events import Event, EventSink
+from .receipt import Completion, Receipt, completions
 from .speech import SpeechInfo
 from .status import SessionStatus
 from .tools import ToolCallInfo
@@ -32,12 +33,14 @@ class SessionState(BaseModel):
 
 
 class Commit(BaseModel):
-    """One unit of work for the store: everything in it is written in a single transaction."""
+    """One unit of work for the store: everything in it is written in a single transaction, the idempotency
+    ``receipts`` of the commands whose effect it is included (see ``Completion``)."""
 
     items: list[ChatItem] = Field(default_factory=list)
     tool_calls: list[ToolCallInfo] = Field(default_factory=list)
     speeches: list[SpeechInfo] = Field(default_factory=list)
     session: SessionState | None = None
+    receipts: list[Completion] = Field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -104,7 +107,8 @@ class ChatStore(Protocol):
         context size.
 
         While the store is unavailable it retries on its own (with backoff, in order with the session's other
-        writes); an error it raises is permanent for this commit and must not be retried by the caller.
+        writes); an error it raises is permanent for this commit and must not be retried by the caller. Once the
+        commit is durable each of its ``receipts`` is marked landed.
 
         A session does not wait for one commit to be durable before making the next (it pipelines them): commits of
         one session become durable in the order of the calls, also when they overlap. The order of a call is when
@@ -113,4 +117,15 @@ class ChatStore(Protocol):
         ...
 
 
-__all__ = ["REPORTED_KEYS", "ChatStore", "Commit", "EventSink", "Reported", "SessionState", "reported_subject"]
+__all__ = [
+    "REPORTED_KEYS",
+    "ChatStore",
+    "Commit",
+    "Completion",
+    "EventSink",
+    "Receipt",
+    "Reported",
+    "SessionState",
+    "completions",
+    "reported_subject",
+]

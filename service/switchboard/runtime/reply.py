@@ -19,7 +19,7 @@ from .executor import RunningCall
 from .generation import Generation
 from .llm.base import LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage
 from .playout import Playout, PlayoutStream
-from .ports import Commit
+from .ports import Commit, Completion, completions
 from .speech import SpeechHandle
 from .status import AgentState
 from .tools import FunctionTool
@@ -148,9 +148,11 @@ async def _commit_message(
     *,
     interrupted: bool,
     report: ev.EventPayload | None = None,
+    receipts: list[Completion] | None = None,
 ) -> None:
-    """Commit the assistant message of one step (what was heard, never an empty message) with the speech, then
-    add it to the live chat and report it, and ``report`` after it: one unit a cancelled speech cannot split."""
+    """Commit the assistant message of one step (what was heard, never an empty message) with the speech (and the
+    ``receipts`` of the commands it answers), then add it to the live chat and report it, and ``report`` after it:
+    one unit a cancelled speech cannot split."""
     text = text.strip()
     item = (
         ChatMessage(id=new_id("item"), role="assistant", text=text, interrupted=interrupted, created_at=step.created_at)
@@ -167,7 +169,14 @@ async def _commit_message(
         if report is not None:
             session.events.emit(report)
 
-    await session.commit(Commit(items=[item] if item is not None else [], speeches=[speech.info()]), then=apply)
+    items = [item] if item is not None else []
+    await session.commit(Commit(items=items, speeches=[speech.info()], receipts=receipts or []), then=apply)
+
+
+def _interrupt_receipts(speech: SpeechHandle) -> list[Completion]:
+    """The completions of the commands that interrupted ``speech``: its interruption's commit is their effect."""
+    receipts, speech.receipts = speech.receipts, []
+    return completions(speech, *receipts)
 
 
 async def _on_interrupted(session: ReplySession, speech: SpeechHandle, step: _Step | None) -> None:
@@ -183,10 +192,12 @@ async def _on_interrupted(session: ReplySession, speech: SpeechHandle, step: _St
         return
     # the event reports the interruption only once it is durable (I6)
     report = ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text)
+    receipts = _interrupt_receipts(speech)
     if step is None:
-        await session.commit(Commit(speeches=[speech.info()]), then=lambda: _emit(session, report))
+        commit = Commit(speeches=[speech.info()], receipts=receipts)
+        await session.commit(commit, then=lambda: _emit(session, report))
         return
-    await _commit_message(session, speech, step, played, interrupted=True, report=report)
+    await _commit_message(session, speech, step, played, interrupted=True, report=report, receipts=receipts)
 
 
 async def _on_moved(session: ReplySession, speech: SpeechHandle, step: _Step | None, played: str) -> None:
@@ -233,7 +244,8 @@ async def _say(session: ReplySession, job: ReplyJob) -> None:
             speech.played_text = step.stream.played_text
             step.stream.stop()
             report = ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text)
-            await session.commit(Commit(speeches=[speech.info()]), then=lambda: _emit(session, report))
+            commit = Commit(speeches=[speech.info()], receipts=_interrupt_receipts(speech))
+            await session.commit(commit, then=lambda: _emit(session, report))
         return
     speech.played_text = step.stream.played_text
     if job.add_to_chat:

@@ -22,7 +22,7 @@ from .handoff import HandoffStep
 from .llm.base import LLM, LLMRequest
 from .options import SessionOptions
 from .playout import Playout
-from .ports import ChatStore, Commit, SessionState
+from .ports import ChatStore, Commit, Receipt, SessionState, completions
 from .reply import ReplyJob, run_job
 from .speculative import Speculation
 from .speech import (
@@ -340,22 +340,27 @@ class AgentSession:
         force: bool = False,
         reply: bool = True,
         role: Role = "user",
+        receipt: Receipt[InputResult] | None = None,
     ) -> InputResult:
         """Inject input. ``final=False`` is an interim transcript: reported, never committed; it may start a
         speculative reply. A final input interrupts the current speech (if asked and allowed), is committed, and
-        queues a reply. Input is never dropped: if the speech cannot be interrupted the reply waits its turn."""
+        queues a reply. Input is never dropped: if the speech cannot be interrupted the reply waits its turn, and
+        while the session is being handed over it is committed for the next owner to answer.
+        ``receipt`` (an idempotent command's) is completed by the commit of the input and its reply."""
         self._check_open(owed=final)
         if not final:
             self.events.emit(ev.UserInput(item_id=None, text=text, final=False, role=role))
             self.speculation.on_interim(text)
             return InputResult(None, None)
         return await self._command(
-            lambda: self._final_input(text, interrupt=interrupt, force=force, reply=reply, role=role),
+            lambda: self._final_input(text, interrupt=interrupt, force=force, reply=reply, role=role, receipt=receipt),
             "input",
             owed=True,
         )
 
-    async def _final_input(self, text: str, *, interrupt: bool, force: bool, reply: bool, role: Role) -> InputResult:
+    async def _final_input(
+        self, text: str, *, interrupt: bool, force: bool, reply: bool, role: Role, receipt: Receipt[InputResult] | None
+    ) -> InputResult:
         spec = self.speculation.take()
         if interrupt and self.state == SessionStatus.ACTIVE:  # a move stopped the speech already: nothing to cut
             try:
@@ -384,13 +389,17 @@ class AgentSession:
                 job.context_version = self.chat.version  # what a speculative reply must still match when used
                 self.speeches.enqueue(job)
 
+        result = InputResult(item.id, job.speech.id if job else None)
+        commit = Commit(
+            items=[item], speeches=[job.speech.info()] if job else [], receipts=completions(result, receipt)
+        )
         try:
-            await self.commit(Commit(items=[item], speeches=[job.speech.info()] if job else []), then=apply)
+            await self.commit(commit, then=apply)
         except BaseException:
             if spec is not None:
                 await spec.aclose()
             raise
-        return InputResult(item.id, job.speech.id if job else None)
+        return result
 
     async def say(
         self,
@@ -399,16 +408,17 @@ class AgentSession:
         allow_interruptions: bool = True,
         add_to_chat: bool = True,
         priority: int = SPEECH_PRIORITY_NORMAL,
+        receipt: Receipt[SpeechHandle] | None = None,
     ) -> SpeechHandle:
         """Speak ``text`` as is (no model), after whatever is queued with the same or a higher ``priority``.
 
         ``allow_interruptions=False`` makes it a barrier: an interrupt stops before it, so it and everything
-        queued after it play (``force`` still interrupts it)."""
+        queued after it play (``force`` still interrupts it). ``receipt`` is completed by the speech's commit."""
         self._check_open(owed=True)
         job = self.speeches.new_job(
             "say", text=text, add_to_chat=add_to_chat, allow_interruptions=allow_interruptions, priority=priority
         )
-        return await self._command(lambda: self.speeches.queue_durably(job), "say", owed=True)
+        return await self._command(lambda: self.speeches.queue_durably(job, receipt), "say", owed=True)
 
     async def generate_reply(
         self, *, instructions: str | None = None, priority: int = SPEECH_PRIORITY_NORMAL
@@ -418,16 +428,18 @@ class AgentSession:
         job = self.speeches.new_job("reply", instructions=instructions, priority=priority)
         return await self._command(lambda: self.speeches.queue_durably(job), "reply", owed=True)
 
-    async def interrupt(self, *, force: bool = False) -> SpeechHandle | None:
+    async def interrupt(
+        self, *, force: bool = False, receipt: Receipt[SpeechHandle] | None = None
+    ) -> SpeechHandle | None:
         """Interrupt the current speech and every queued one after it, stopping at the first queued speech that
         does not allow interruptions (``force``: all of them); returns once the current speech's interrupted
-        message is committed.
+        message is committed (that commit completes ``receipt``).
 
         Returns the interrupted current speech, or None when nothing was speaking. Raises ``NotInterruptible``
         when the current speech does not allow interruptions (then nothing is interrupted).
         """
         self._check_open()
-        return await self._command(lambda: self.speeches.interrupt_current(force=force), "interrupt")
+        return await self._command(lambda: self.speeches.interrupt_current(force=force, receipt=receipt), "interrupt")
 
     async def _command(self, body: Callable[[], Awaitable[T]], what: str, *, owed: bool = False) -> T:
         """Run one operator command to its end, whatever happens to its caller.
@@ -454,12 +466,18 @@ class AgentSession:
         return task
 
     async def cancel_tool(
-        self, call_id: str, *, force: bool = False, reason: str = "cancelled by an operator"
+        self,
+        call_id: str,
+        *,
+        force: bool = False,
+        reason: str = "cancelled by an operator",
+        receipt: Receipt[ToolCallInfo] | None = None,
     ) -> ToolCallInfo:
         """Cancel a running cancellable call; returns its record once it has ended ``cancelled``. Raises
         ``NotInterruptible`` while the speech that made it does not allow interruptions, unless ``force``.
-        ``reason`` says who cancelled it, in its output and in the notice a webhook backend gets."""
-        return await self.executor.cancel(call_id, force=force, reason=reason)
+        ``reason`` says who cancelled it, in its output and in the notice a webhook backend gets; the call's end
+        completes ``receipt``."""
+        return await self.executor.cancel(call_id, force=force, reason=reason, receipt=receipt)
 
     # -- persistence ----------------------------------------------------------------------------------------
 

@@ -11,12 +11,15 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .aio import first_of, resolve
 from .chat import new_id, utcnow
+
+if TYPE_CHECKING:
+    from .receipt import Receipt
 
 logger = logging.getLogger("switchboard.runtime.speech")
 
@@ -113,6 +116,8 @@ class SpeechHandle:
         self._task: asyncio.Task[Any] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._on_interrupted: list[Callable[[], None]] = []
+        # the idempotency receipt of the operator command that interrupted it: answered by its interruption's commit
+        self.receipts: list[Receipt[SpeechHandle]] = []
 
     def __repr__(self) -> str:
         return f"<SpeechHandle {self.id} {self.source} {self.state}{' interrupted' if self.interrupted else ''}>"

@@ -17,7 +17,7 @@ from .commit import CommitPipeline
 from .events import EventLog
 from .executor import Outcome, RunningCall
 from .generation import Generation
-from .ports import Commit
+from .ports import Commit, Receipt, completions
 from .reply import ReplyJob
 from .scheduler import SpeechScheduler
 from .speech import SPEECH_PRIORITY_NORMAL, NotInterruptible, SpeechHandle, SpeechInfo, SpeechSource
@@ -110,8 +110,10 @@ class Speeches:
         self.scheduler.push(job)
         self._events.emit(ev.SpeechCreated(speech_id=job.speech.id, source=job.speech.source))
 
-    async def queue_durably(self, job: ReplyJob) -> SpeechHandle:
-        await self._writes.commit(Commit(speeches=[job.speech.info()]), then=lambda: self.enqueue(job))
+    async def queue_durably(self, job: ReplyJob, receipt: Receipt[SpeechHandle] | None = None) -> SpeechHandle:
+        """Commit the job's speech (with ``receipt``'s completion: it is the command's effect), then queue it."""
+        commit = Commit(speeches=[job.speech.info()], receipts=completions(job.speech, receipt))
+        await self._writes.commit(commit, then=lambda: self.enqueue(job))
         return job.speech
 
     def requeue(self, info: SpeechInfo) -> None:
@@ -125,15 +127,21 @@ class Speeches:
             job = self.new_job("reply", source=source, speech_id=info.id, allow_interruptions=info.allow_interruptions)
         self.scheduler.push(job)
 
-    async def interrupt_current(self, *, force: bool) -> SpeechHandle | None:
+    async def interrupt_current(
+        self, *, force: bool, receipt: Receipt[SpeechHandle] | None = None
+    ) -> SpeechHandle | None:
         """Interrupt the current speech and the queued ones after it (see ``SpeechScheduler.interrupt_chain``);
-        returns the current speech once it has ended interrupted, else None."""
+        returns the current speech once it has ended interrupted, else None. The commit of the interruption carries
+        ``receipt``'s completion when this call is what interrupted it."""
         speech = self.scheduler.current
         if speech is not None and not speech.done and not (speech.allow_interruptions or force):
             raise NotInterruptible(f"speech {speech.id} does not allow interruptions")
+        already = speech is not None and speech.interrupted
         self.scheduler.interrupt_chain(force=force)
         if speech is None or speech.done or not speech.interrupted:
             return None
+        if receipt is not None and not already:  # before any await: its reply commits the interruption later
+            speech.receipts.append(receipt)
         await speech.wait_done()
         return speech
 

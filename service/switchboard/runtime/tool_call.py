@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from .agent import Agent
 from .chat import FINAL_SUFFIX, AgentHandoff, ChatItem, FunctionCall, FunctionCallOutput, new_id, utcnow
-from .ports import Commit, SessionState
+from .ports import Commit, Completion, Receipt, SessionState
 from .redaction import redact
 from .speech import SpeechHandle, SpeechInfo, SpeechInterrupted
 from .text import valid_text
@@ -41,7 +41,9 @@ class CallOwner(Protocol):
     userdata: dict[str, Any]
     session: SessionControl | None
 
-    async def report_progress(self, rc: RunningCall, message: str, progress: float | None) -> None: ...
+    async def report_progress(
+        self, rc: RunningCall, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None = None
+    ) -> None: ...
 
 
 class ToolCallNotFound(LookupError):
@@ -86,8 +88,14 @@ class EndRecord:
     # speeches owed because of this end (a reply to a result that lands outside of any reply): durable with it
     owed: tuple[SpeechInfo, ...] = ()
 
-    def commit(self) -> Commit:
-        return Commit(items=self.items, tool_calls=[self.info], speeches=list(self.owed), session=self.state)
+    def commit(self, receipts: list[Completion] | None = None) -> Commit:
+        return Commit(
+            items=self.items,
+            tool_calls=[self.info],
+            speeches=list(self.owed),
+            session=self.state,
+            receipts=receipts or [],
+        )
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,8 @@ class RunningCall:
     tool_task: asyncio.Task[Any] | None = None
     held: Outcome | None = None  # the outcome of a call waiting for its handoff to be performed
     ending: bool = False  # its end is being committed (exactly once, I5)
+    # the idempotency receipts of the commands that decide its end (a cancel, a reported result): its end commits them
+    end_receipts: list[Receipt[ToolCallInfo]] = field(default_factory=list)
     cancel_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     settled_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     ended_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -163,8 +173,13 @@ class RunningCall:
     def session(self) -> SessionControl | None:
         return self.executor.session
 
-    async def report_progress(self, message: str, progress: float | None) -> None:
-        await self.executor.report_progress(self, message, progress)
+    async def report_progress(
+        self, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None = None
+    ) -> None:
+        await self.executor.report_progress(self, message, progress, receipt)
+
+    def receipt_on_end(self, receipt: Receipt[ToolCallInfo]) -> None:
+        self.end_receipts.append(receipt)
 
     async def wait_for_playout(self) -> None:
         if self.speech is not None:

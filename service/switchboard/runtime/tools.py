@@ -23,6 +23,7 @@ from .chat import FunctionCall
 from .text import valid_text
 
 if TYPE_CHECKING:
+    from .receipt import Receipt
     from .speech import SpeechHandle
 
 T = TypeVar("T")
@@ -394,7 +395,13 @@ class CallControl(Protocol):
         """Why the call was cancelled (who cancelled it), once it was."""
         ...
 
-    async def report_progress(self, message: str, progress: float | None) -> None: ...
+    async def report_progress(
+        self, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None = None
+    ) -> None: ...
+
+    def receipt_on_end(self, receipt: Receipt[ToolCallInfo]) -> None:
+        """The call's end completes ``receipt`` (the command that decides it: a reported result)."""
+        ...
 
     async def wait_for_playout(self) -> None: ...
 
@@ -455,14 +462,23 @@ class RunContext:
         user's request``, ``replaced by call_2``, ``agent handoff``, ``session closed``), as the chat says it."""
         return self._call.cancel_reason if self.cancelled else None
 
-    async def update(self, message: str, progress: float | None = None) -> None:
+    async def update(
+        self, message: str, progress: float | None = None, *, receipt: Receipt[ToolCallInfo] | None = None
+    ) -> None:
         """Report progress. The first update moves the call to the background: the reply goes on without it.
 
         Updates of one call are written one at a time, in order; one made once the call has ended is ignored.
+        ``receipt``: an idempotent command's (a progress report from a webhook backend), completed by the update's
+        commit.
         """
         if progress is not None and not 0.0 <= progress <= 1.0:
             raise ValueError("progress must be between 0 and 1")
-        await self._call.report_progress(valid_text(message), progress)
+        await self._call.report_progress(valid_text(message), progress, receipt)
+
+    def receipt_on_end(self, receipt: Receipt[ToolCallInfo]) -> None:
+        """Have the call's end complete ``receipt``: the idempotent command that decides the end (a result reported
+        by a webhook backend) is answered by the end's own commit."""
+        self._call.receipt_on_end(receipt)
 
     async def wait_for_playout(self) -> None:
         """Wait for the speech that produced this call to finish playing its text (the tool's preamble).

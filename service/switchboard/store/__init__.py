@@ -7,9 +7,13 @@ from .engine import make_engine, sibling_engine
 from .migrate import downgrade, upgrade
 from .ownership import Fence, NodeMode, NodeRecord, Nodes, NodeState
 from .records import (
+    Claim,
+    Holder,
     IdempotencyRecord,
+    IdempotencyState,
     QuotaFull,
     ReadError,
+    ReceiptRefused,
     SessionData,
     SessionExists,
     SessionFenced,
@@ -22,8 +26,11 @@ from .writer import DATABASE_ERRORS, is_transient
 
 __all__ = [
     "DATABASE_ERRORS",
+    "Claim",
     "Fence",
+    "Holder",
     "IdempotencyRecord",
+    "IdempotencyState",
     "InvalidCursor",
     "NodeMode",
     "NodeRecord",
@@ -31,6 +38,7 @@ __all__ = [
     "Nodes",
     "QuotaFull",
     "ReadError",
+    "ReceiptRefused",
     "SessionData",
     "SessionExists",
     "SessionFenced",

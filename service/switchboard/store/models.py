@@ -101,6 +101,9 @@ nodes = sa.Table(
     sa.Column("started_at", TZDateTime(), nullable=False),
     sa.Column("heartbeat_at", TZDateTime(), nullable=False),
     sa.Column("lease_until", TZDateTime(), nullable=False),
+    # The process that registered the row (a fresh value per process): a node restarted with the same id is another
+    # incarnation, so what the previous process held (an idempotency reservation) is not held by the new one.
+    sa.Column("incarnation", String(), nullable=True),
     sa.Index(None, "state"),
 )
 
@@ -177,14 +180,20 @@ events = sa.Table(
     sqlite_autoincrement=True,  # never reuse an id: dashboard cursors rely on ids only growing
 )
 
+# One row per (key, scope): a reservation (``pending``, held by one process: ``holder_node`` at its
+# ``holder_incarnation``) taken before the command runs, completed (``done``, with the answer) in the transaction of
+# the command's effect. The primary key makes the reservation unique across every node.
 idempotency_keys = sa.Table(
     "idempotency_keys",
     metadata,
     sa.Column("key", String(), primary_key=True),
     sa.Column("scope", String(), primary_key=True),
     sa.Column("request_hash", String(), nullable=False),
-    sa.Column("status_code", sa.Integer(), nullable=False),
+    sa.Column("status_code", sa.Integer(), nullable=False),  # 0 while pending
     sa.Column("response_body", json_type(), nullable=True),
     sa.Column("created_at", TZDateTime(), nullable=False),
+    sa.Column("state", String(), nullable=False, server_default="done"),
+    sa.Column("holder_node", String(), nullable=True),
+    sa.Column("holder_incarnation", String(), nullable=True),
     sa.Index(None, "created_at"),
 )

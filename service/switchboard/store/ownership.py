@@ -61,6 +61,7 @@ class NodeRecord:
     sessions: int = 0  # live sessions it owns (``list_nodes``)
     # seconds until its lease passes on the database's clock, as read (negative: passed); None: not read
     lease_left_s: float | None = None
+    incarnation: str = ""  # this run of its process (a restart with the same id is another incarnation)
 
     @property
     def leased(self) -> bool:
@@ -85,6 +86,7 @@ def _node_from_row(row: Any, sessions: int = 0) -> NodeRecord:
         lease_until=row.lease_until,
         sessions=sessions,
         lease_left_s=float(left) if left is not None else None,
+        incarnation=row.incarnation or "",
     )
 
 
@@ -304,6 +306,7 @@ class Nodes:
                     "hostname": me.hostname,
                     "pid": me.pid,
                     "started_at": me.started_at,
+                    "incarnation": me.incarnation,
                 }
                 d = conn.dialect.name
                 await conn.execute(sa.delete(n).where(n.c.id == me.id))

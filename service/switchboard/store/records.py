@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -37,8 +38,21 @@ class SessionRecord(BaseModel):
     owner_epoch: int = 0
 
 
+class IdempotencyState(StrEnum):
+    PENDING = "pending"  # reserved: its holder runs the command (or did, and died before its effect)
+    DONE = "done"  # the command's answer, committed with its effect
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds an idempotency reservation: a node, in one process incarnation (``nodes.incarnation``)."""
+
+    node: str
+    incarnation: str
+
+
 class IdempotencyRecord(BaseModel):
-    """The remembered outcome of one operator command sent with an ``Idempotency-Key`` (I7)."""
+    """One operator command sent with an ``Idempotency-Key`` (I7): its reservation, then its remembered answer."""
 
     key: str
     scope: str  # e.g. "POST /v1/sessions/s1/input"
@@ -46,6 +60,23 @@ class IdempotencyRecord(BaseModel):
     status_code: int
     response_body: Any = None
     created_at: datetime = Field(default_factory=now_utc)
+    state: IdempotencyState = IdempotencyState.DONE
+    holder_node: str | None = None
+    holder_incarnation: str | None = None
+
+    def held_by(self, holder: Holder) -> bool:
+        return (self.holder_node, self.holder_incarnation) == (holder.node, holder.incarnation)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What ``reserve`` found for a key: ``held`` (the caller holds the reservation now and runs the command;
+    ``taken_from``: it took it over from that dead holder), or the key's ``record`` (done: replay it; pending: a live
+    holder runs the command; another request hash: the key was used for another request)."""
+
+    held: bool
+    record: IdempotencyRecord | None = None
+    taken_from: Holder | None = None
 
 
 @dataclass(slots=True)
@@ -83,6 +114,15 @@ class QuotaFull(StoreError):
 
 class StoreClosed(StoreError):
     """The store was closed (or closed before this write could be made durable)."""
+
+
+class ReceiptRefused(StoreError):
+    """A commit carried the completion of an idempotency reservation its holder no longer holds (another request
+    took the key over, its holder being presumed dead): nothing of the commit was written."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the reservation of idempotency key {key!r} is no longer held by this process")
+        self.key = key
 
 
 class SessionFenced(StoreError):

@@ -190,6 +190,7 @@ IDEMPOTENCY_FIELDS = tuple(IdempotencyRecord.model_fields)
 def idempotency_row(rec: IdempotencyRecord) -> dict[str, Any]:
     row = {name: getattr(rec, name) for name in IDEMPOTENCY_FIELDS}
     row["response_body"] = rec.model_dump(mode="json", include={"response_body"})["response_body"]
+    row["state"] = rec.state.value
     return row
 
 

@@ -30,7 +30,7 @@ class StoreChatStore(ChatStore):
         self._epoch = epoch
 
     async def commit(self, session_id: str, commit: Commit) -> None:
-        if not (commit.items or commit.tool_calls or commit.speeches or commit.session is not None):
+        if not (commit.items or commit.tool_calls or commit.speeches or commit.session is not None or commit.receipts):
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._writer.submit(Op(session_id, fut, commit=commit, epoch=self._epoch))

@@ -27,18 +27,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..runtime.chat import ChatItem, order_items
 from ..runtime.events import Event
-from ..runtime.ports import ChatStore, EventSink
+from ..runtime.ports import ChatStore, Completion, EventSink
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import ENDED_STATUSES, LIVE_STATUSES, SessionStatus
 from ..runtime.tools import ToolCallInfo, ToolCallKey, ToolStatus
 from . import models as m
 from .engine import DATABASE_TIMEOUT_S, make_engine
+from .idempotency import IdempotencyKeys, complete_async
 from .migrate import upgrade_engine
 from .ownership import Fence, Nodes
 from .records import (
     IdempotencyRecord,
     QuotaFull,
     ReadError,
+    ReceiptRefused,
     SessionData,
     SessionExists,
     SessionRecord,
@@ -48,7 +50,6 @@ from .rows import (
     BadRow,
     event_from_row,
     idempotency_from_row,
-    idempotency_row,
     item_from_row,
     items_from_texts,
     session_from_row,
@@ -59,7 +60,7 @@ from .rows import (
 from .runtime_ports import StoreChatStore, StoreEventSink
 from .text import JSONText
 from .writer import GroupCommitWriter
-from .writes import Op, dialect_insert
+from .writes import Op
 
 logger = logging.getLogger("switchboard.store")
 
@@ -101,6 +102,10 @@ class Store:
         self.engine = engine
         self.writer = GroupCommitWriter(engine, batch_max=batch_max)
         self.nodes = Nodes(engine)
+        # the reservations of idempotency keys, their completion and their takeover
+        self.idempotency = IdempotencyKeys(
+            engine, lambda row: self._first([row], idempotency_from_row, "idempotency_keys")
+        )
         self._started = False
         self.read_errors = 0
         self.read_error_log: deque[ReadError] = deque(maxlen=READ_ERROR_LOG_MAX)
@@ -175,23 +180,30 @@ class Store:
 
     # -- sessions ---------------------------------------------------------------------------------------------
 
-    async def create_session(self, rec: SessionRecord, *, owner_quota: int | None = None) -> None:
+    async def create_session(
+        self, rec: SessionRecord, *, owner_quota: int | None = None, receipt: Completion | None = None
+    ) -> None:
         """Insert a session row; raises ``SessionExists`` if the id is taken.
 
         With ``owner_quota``, the row is inserted only while its owner (``config["owner"]``) has fewer live sessions
         than that in the database, else ``QuotaFull``: counted and inserted in one transaction holding the owner's
         lock (PostgreSQL), so creates for one owner on several nodes at once cannot both pass the count. A create
-        that fails leaves nothing counted."""
+        that fails leaves nothing counted. ``receipt`` completes the create's idempotency reservation in the same
+        transaction (else ``ReceiptRefused``, nothing inserted: its holder no longer holds it)."""
         owner = rec.config.get("owner")
         try:
             async with self.engine.begin() as conn:
                 if owner_quota is not None and owner is not None:
                     await self._check_owner_quota(conn, str(owner), owner_quota)
                 await conn.execute(sa.insert(m.sessions), [session_row(rec)])
+                if receipt is not None and not await complete_async(conn, receipt):
+                    raise ReceiptRefused(receipt.key)
         except sa_exc.IntegrityError as err:
             if await self.get_session(rec.id) is not None:
                 raise SessionExists(rec.id) from err
             raise
+        if receipt is not None:
+            receipt.mark_landed()
 
     async def _check_owner_quota(self, conn: AsyncConnection, owner: str, quota: int) -> None:
         if conn.dialect.name == "postgresql":
@@ -411,18 +423,11 @@ class Store:
 
     async def idempotency_put(self, rec: IdempotencyRecord) -> bool:
         """Remember ``rec``; False (and nothing written) if ``(key, scope)`` is already taken."""
-        t = m.idempotency_keys
-        async with self.engine.begin() as conn:
-            stmt = dialect_insert(conn, t).on_conflict_do_nothing(index_elements=["key", "scope"]).returning(t.c.key)
-            inserted = (await conn.execute(stmt, [idempotency_row(rec)])).first()
-        return inserted is not None
+        return await self.idempotency.put(rec)
 
     async def idempotency_purge(self, older_than: datetime) -> int:
-        """Forget records created before ``older_than``; returns how many."""
-        t = m.idempotency_keys
-        async with self.engine.begin() as conn:
-            result = await conn.execute(sa.delete(t).where(t.c.created_at < older_than))
-        return int(result.rowcount)
+        """Forget records (and dead holders' reservations) created before ``older_than``; returns how many."""
+        return await self.idempotency.purge(older_than)
 
     async def purge_ended_sessions(self, ended_before: datetime, *, limit: int = 500) -> list[str]:
         """Delete sessions that ended (closed, failed) before ``ended_before``, with their chat, tool calls, speeches

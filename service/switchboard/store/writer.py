@@ -363,8 +363,11 @@ class GroupCommitWriter:
         for op in batch:
             if op.event is not None and op.on_durable is not None:
                 durable.setdefault(op.on_durable, []).append(op.event)
-            elif op.commit is not None and op.commit.session is not None and op.commit.session.state in ENDED_STATUSES:
-                self._next_pos.pop(op.session_id, None)  # the session is over: forget its counter
+            elif op.commit is not None:
+                for receipt in op.commit.receipts:
+                    receipt.mark_landed()
+                if op.commit.session is not None and op.commit.session.state in ENDED_STATUSES:
+                    self._next_pos.pop(op.session_id, None)  # the session is over: forget its counter
         for callback, events in durable.items():
             try:
                 callback(events)

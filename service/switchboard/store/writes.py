@@ -17,9 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..runtime.chat import ChatItem
 from ..runtime.events import Event
-from ..runtime.ports import Commit
+from ..runtime.ports import Commit, Completion
 from ..runtime.status import SessionStatus
 from . import models as m
+from .idempotency import complete_in
 from .records import now_utc
 from .rows import event_row, item_row, speech_row, tool_call_row
 from .text import encode_text
@@ -116,6 +117,7 @@ class _Batch:
     speeches: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     events: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     event_objs: dict[tuple[str, int], list[Event]] = field(default_factory=dict)
+    receipts: list[Completion] = field(default_factory=list)  # idempotency reservations completed by this batch
 
     @classmethod
     def of(cls, ops: Sequence[Op]) -> _Batch:
@@ -130,6 +132,7 @@ class _Batch:
         return batch
 
     def add_commit(self, sid: str, commit: Commit) -> None:
+        self.receipts.extend(commit.receipts)
         for it in commit.items:
             if (sid, it.id) not in self.item_keys:
                 self.item_keys.add((sid, it.id))
@@ -175,8 +178,12 @@ def apply_batch(
 
     Later versions of the same tool call / speech / session in one batch replace earlier ones (each is a full
     record), chat items already stored are skipped (idempotent append), events already stored are kept as they are.
+    The idempotency reservations the commits complete are completed first: one no longer held by its holder raises
+    ``ReceiptRefused`` (the caller's transaction is rolled back, and the writer writes the operations one by one, so
+    that only the commit carrying it fails).
     """
     batch = _Batch.of(ops)
+    complete_in(conn, batch.receipts)
     # Sessions first: a SessionState may create the row the other tables' foreign keys point at.
     _write_sessions(conn, batch, now_utc())
     counters = _append_items(conn, batch.items, next_pos)
