@@ -36,9 +36,9 @@ EXPECTED = {
 def _routes() -> dict[tuple[str, str], Placement]:
     app = create_app(Settings(database_url="sqlite+aiosqlite:///:memory:"))
     return {
-        (method, template): placement_of(method, template)
-        for template, methods, _ in session_routes(app.router)
-        for method in methods
+        (method, route.template): placement_of(method, route.template)
+        for route in session_routes(app.router)
+        for method in route.methods
     }
 
 
@@ -58,6 +58,16 @@ def test_a_route_added_later_goes_to_the_sessions_node_unless_declared() -> None
 
     app = create_app(Settings(database_url="sqlite+aiosqlite:///:memory:"))
     app.include_router(extra)
-    found = {t: m for t, m, _ in session_routes(app.router)}
+    found = {route.template: route.methods for route in session_routes(app.router)}
     assert found["/v1/sessions/{sid}/something-new"] == frozenset({"POST"})
     assert placement_of("POST", "/v1/sessions/{sid}/something-new") == OWNER
+
+
+def test_the_seam_knows_the_credential_each_route_needs() -> None:
+    app = create_app(Settings(database_url="sqlite+aiosqlite:///:memory:"))
+    needs = {(sorted(r.methods)[0], r.template): r.needs.scope if r.needs else None for r in session_routes(app.router)}
+    assert needs[("POST", "/v1/sessions/{sid}/input")] == "sessions:control"
+    assert needs[("POST", "/v1/sessions/{sid}/tool-calls/{call_id}/result")] == "tools:report"
+    assert needs[(WS, "/v1/sessions/{sid}/media")] == "media:connect"
+    # every route the seam sends on is checked before it is: it knows what each one needs
+    assert all(scope is not None for key, scope in needs.items() if EXPECTED[key] != ANY)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from enum import StrEnum
 
 from starlette.requests import Request
@@ -33,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from ..control.routing import Elsewhere, Retry, Unavailable, locate
-from .auth import ANONYMOUS, AuthError, Principal, authenticate, bearer, url_token
+from .auth import ANONYMOUS, AuthError, Principal, Require, authenticate, bearer, check, refuse_session_token, url_token
 from .deps import services
 from .forward import FORWARDED_HEADER, forward_to, read_from_owner
 from .media_codes import CLOSE_FORBIDDEN, CLOSE_NOT_ACTIVE, CLOSE_UNAUTHENTICATED
@@ -58,6 +59,9 @@ class Placement(StrEnum):
 WS = "WEBSOCKET"
 
 #: (method, route path) -> where it is served; every other route under /v1/sessions/{sid} is ``OWNER``
+# the scope a WebSocket route needs (its handler checks it itself, not as a dependency)
+WS_SCOPES = {"/v1/sessions/{sid}/media": "media:connect", "/v1/sessions/{sid}/events": "events:read"}
+
 PLACEMENTS: dict[tuple[str, str], Placement] = {
     ("GET", "/v1/sessions/{sid}"): Placement.OWNER_READ,
     ("GET", "/v1/sessions/{sid}/speeches/{speech_id}"): Placement.OWNER_READ,
@@ -76,26 +80,55 @@ def placement_of(method: str, path: str) -> Placement:
     return PLACEMENTS.get((method, path), Placement.OWNER)
 
 
-def session_routes(router: Router) -> list[tuple[str, frozenset[str], re.Pattern[str]]]:
-    """Every route about one session (its path starts with ``/v1/sessions/{sid}``): its path template, its methods
-    (``WEBSOCKET`` for a WebSocket) and the pattern its paths match, the routers included in ``router`` walked."""
-    found: list[tuple[str, frozenset[str], re.Pattern[str]]] = []
-    for template, methods in _walk(router, ""):
+@dataclass(frozen=True, slots=True)
+class SessionRoute:
+    """A route about one session: its path template, its methods (``WEBSOCKET`` for a WebSocket), the pattern its
+    paths match, and the credential it needs (checked here too before a request is sent on: a caller without it
+    makes no node call another)."""
+
+    template: str
+    methods: frozenset[str]
+    pattern: re.Pattern[str]
+    needs: Require | None
+
+
+def session_routes(router: Router) -> list[SessionRoute]:
+    """Every route about one session (its path starts with ``/v1/sessions/{sid}``), the routers included in
+    ``router`` walked."""
+    found: list[SessionRoute] = []
+    for template, methods, needs in _walk(router, ""):
         if template == SESSION_ROUTE or template.startswith(SESSION_ROUTE + "/"):
-            found.append((template, methods, compile_path(template)[0]))
+            found.append(SessionRoute(template, methods, compile_path(template)[0], needs))
     return found
 
 
-def _walk(router: Router, prefix: str) -> Iterator[tuple[str, frozenset[str]]]:
+def _walk(router: Router, prefix: str) -> Iterator[tuple[str, frozenset[str], Require | None]]:
     for route in router.routes:
         included = getattr(route, "original_router", None)  # a router included in another
         if isinstance(included, Router):
             context = getattr(route, "include_context", None)
             yield from _walk(included, prefix + str(getattr(context, "prefix", "") or ""))
         elif isinstance(route, WebSocketRoute):
-            yield prefix + route.path, frozenset({WS})
+            path = prefix + route.path
+            scope = WS_SCOPES.get(path)
+            yield path, frozenset({WS}), Require(scope) if scope else None
         elif isinstance(route, Route):
-            yield prefix + route.path, frozenset(route.methods or ())
+            needs = [d.dependency for d in getattr(route, "dependencies", ()) if isinstance(d.dependency, Require)]
+            yield prefix + route.path, frozenset(route.methods or ()), needs[0] if needs else None
+
+
+def _allowed(principal: Principal, needs: Require | None, sid: str) -> bool:
+    """``principal`` may make this request of session ``sid`` (its route checks the same, and answers why not)."""
+    try:
+        if needs is not None:
+            check(principal, needs.scope, sid)
+            if needs.keys_only:
+                refuse_session_token(principal)
+        elif principal.session_id is not None and principal.session_id != sid:
+            return False
+    except AuthError:
+        return False
+    return True
 
 
 class OwnerRouting:
@@ -105,7 +138,7 @@ class OwnerRouting:
         self.app = app
         self.router = router
         self.enabled = enabled
-        self._table: list[tuple[str, frozenset[str], re.Pattern[str]]] | None = None  # built on the first request
+        self._table: list[SessionRoute] | None = None  # built on the first request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         routed = self.enabled and scope["type"] in ("http", "websocket")
@@ -116,33 +149,38 @@ class OwnerRouting:
         if found is None or any(k == FORWARDED_HEADER.encode() for k, _ in scope.get("headers") or ()):
             await self.app(scope, receive, send)  # unknown path (a 404 follows), or forwarded here already
             return
-        placement, sid = found
+        placement, sid, needs = found
         if placement == Placement.ANYWHERE:
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
-            await self._websocket(scope, receive, send, sid)
+            await self._websocket(scope, receive, send, sid, needs)
         else:
-            await self._http(scope, receive, send, sid, placement)
+            await self._http(scope, receive, send, sid, placement, needs)
 
-    def _route(self, scope: Scope) -> tuple[Placement, str] | None:
-        """The placement of the route ``scope`` reaches, and its session id (None: no session route matches it)."""
+    def _route(self, scope: Scope) -> tuple[Placement, str, Require | None] | None:
+        """The placement of the route ``scope`` reaches, its session id and what credential it needs (None: no
+        session route matches it)."""
         if self._table is None:
             self._table = session_routes(self.router)
         method = WS if scope["type"] == "websocket" else str(scope.get("method", "GET"))
         path = str(scope.get("path", ""))
-        for template, methods, pattern in self._table:
-            found = pattern.fullmatch(path)
-            if found is not None and method in methods:
-                return placement_of(method, template), found.group("sid")
+        for route in self._table:
+            found = route.pattern.fullmatch(path)
+            if found is not None and method in route.methods:
+                return placement_of(method, route.template), found.group("sid"), route.needs
         return None
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send, sid: str, placement: Placement) -> None:
+    async def _http(
+        self, scope: Scope, receive: Receive, send: Send, sid: str, placement: Placement, needs: Require | None
+    ) -> None:
         request = Request(scope, receive)
         found = services(request)
         try:
             principal = authenticate(found.settings, bearer(None, request.headers.get("authorization")))
         except AuthError:
+            principal = None
+        if principal is None or not _allowed(principal, needs, sid):
             await self.app(scope, receive, send)  # the route refuses it, the way it refuses any bad credential
             return
         where = await locate(found.host, sid)
@@ -181,7 +219,7 @@ class OwnerRouting:
         )
         await answer(scope, receive, send)
 
-    async def _websocket(self, scope: Scope, receive: Receive, send: Send, sid: str) -> None:
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send, sid: str, needs: Require | None) -> None:
         ws = WebSocket(scope, receive, send)
         found = services(ws)
         try:
@@ -191,7 +229,7 @@ class OwnerRouting:
             await ws.accept()
             await _close(ws, CLOSE_UNAUTHENTICATED if err.status == 401 else CLOSE_FORBIDDEN, err.code)
             return
-        if principal.session_id is not None and principal.session_id != sid:
+        if not _allowed(principal, needs, sid):  # refused here, as its route refuses it: nothing is sent on
             await ws.accept()
             await _close(ws, CLOSE_FORBIDDEN, "forbidden")
             return
