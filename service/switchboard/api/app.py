@@ -54,6 +54,7 @@ from .forward import ForwardedGuard, SessionElsewhere, forward
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
 from .rate_limit import SharedWriteLimits, WriteRateLimiter
+from .routing import OwnerRouting
 from .stream_slots import StreamSlots
 from .traces import CommandSpans
 
@@ -285,6 +286,9 @@ def create_app(
     # added first, so inside BodyLimit: the deadline counts handling time, not the time the body takes to arrive
     app.add_middleware(RequestDeadline, timeout_s=settings.request_timeout_s + REQUEST_DEADLINE_GRACE_S)
     app.add_middleware(JsonBodies)  # inside BodyLimit: an oversize body is a 413 whatever its type
+    # every request about one session reaches the node that runs it (cluster mode); inside BodyLimit (a forwarded body
+    # is bounded), outside the deadline (the owner's own deadline bounds a forwarded command)
+    app.add_middleware(OwnerRouting, router=app.router, enabled=settings.cluster_mode)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import httpx
-from fastapi import Depends, Request, Response
+from fastapi import Depends
 from starlette.requests import HTTPConnection
 
 from ..control.fanout import RedisFanout
 from ..control.host import SessionHost
 from ..control.hub import EventHub
 from ..control.metrics import Metrics
+from ..control.routing import Elsewhere, Retry, Unavailable, locate
 from ..control.session_view import SessionView
 from ..control.settings import Settings
 from ..integrations.webhooks import Webhooks
@@ -24,17 +25,13 @@ from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
 from ..store import NodeState, Store
-from .forward import FORWARDED_HEADER, SessionElsewhere, read_from_owner
+from .forward import FORWARDED_HEADER, SessionElsewhere
 from .problems import ProblemError, not_found
 from .rate_limit import WriteRateLimiter
 from .schemas import LatencyRead, SessionRead, ToolCallRead
 from .stream_slots import StreamSlots
 
 _RETRY = {"Retry-After": "1"}
-
-
-def _moving(sid: str) -> ProblemError:
-    return ProblemError(503, "session_moving", f"Session {sid!r} is moving to another node; retry.", headers=_RETRY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,74 +88,24 @@ async def active_session(host: SessionHost, sid: str) -> AgentSession:
     """The live session, ready for commands; 409 when it exists but is not active, 404 when it never existed."""
     view = await known_session(host, sid)
     await owned_here(host, view)
-    if view.live is not None and view.live.state == SessionStatus.SUSPENDED and host.settings.cluster_mode:
-        raise _moving(sid)  # this node is draining: the session carries on on another one
-    if view.live is None or view.state != SessionStatus.ACTIVE:
+    # a session being handed over (a drain) still takes input and speeches durably, for its next owner; other
+    # commands answer 503 session_moving (``SessionSuspended``)
+    if view.live is None or view.state not in (SessionStatus.ACTIVE, SessionStatus.SUSPENDED):
         raise ProblemError(409, "session_not_active", f"Session {sid!r} is {view.state}.")
     return view.live
 
 
-def _moving_from_here(host: SessionHost, view: SessionView) -> bool:
-    """This node let go of the session (late lease renewals, a drain's hand-over: it may still be suspending here)
-    while the database still names this node, or no node, its owner: it moves to another node in a moment. It is
-    not over, so a command answers 503 ``session_moving`` (retried), not 409 ``session_not_active``."""
-    lease = host.lease
-    if lease is None or view.id not in lease.fence.lost:
-        return False
-    return view.record.owner_node in (host.node_id, None) and SessionStatus(view.record.state).live
-
-
 async def owned_here(host: SessionHost, view: SessionView) -> None:
-    """A command for a live session another node runs: forwarded there in cluster mode (``SessionElsewhere``), else
-    503 (this instance was replaced: the session is the new one's)."""
-    owner = view.record.owner_node
-    if _moving_from_here(host, view):
-        raise ProblemError(
-            503, "session_moving", f"Session {view.id!r} is moving to another node; retry.", headers=_RETRY
-        )
-    if view.live is not None or not SessionStatus(view.state).live:
-        return
-    if owner is None:
-        if host.settings.cluster_mode:  # handed over by a draining node, not adopted yet: in a moment
-            raise _moving(view.id)
-        return
-    if owner == host.node_id:
-        if host.lease is None:
-            return
-        if not host.lease.fence.owns(view.id):
-            if host.settings.cluster_mode:  # being handed over (draining), or just lost: another node has it soon
-                raise _moving(view.id)
-            return
-        # claimed, and being recovered here: it answers in a moment
-        raise ProblemError(503, "session_recovering", f"Session {view.id!r} is being recovered; retry.", headers=_RETRY)
-    if host.settings.cluster_mode:
-        raise SessionElsewhere(view.id, owner, await host.store.nodes.live_url(owner))
-    raise ProblemError(
-        503,
-        "session_moved",
-        f"Session {view.id!r} is run by node {owner}, not this one; retry.",
-        headers={"Retry-After": "1"},
-    )
-
-
-async def owner_elsewhere(services: Services, view: SessionView, request: Request) -> Response | None:
-    """Cluster mode: a read of a live session another node runs, answered by that node (None: answer here, from
-    the database: the session is not live, runs here, or its owner did not answer)."""
-    host = services.host
-    owner = view.record.owner_node
-    if (
-        not services.settings.cluster_mode
-        or view.live is not None
-        or owner is None
-        or owner == host.node_id
-        or not SessionStatus(view.state).live
-        or FORWARDED_HEADER in request.headers
-    ):
-        return None
-    url = await host.store.nodes.live_url(owner)
-    if url is None:
-        return None
-    return await read_from_owner(request, owner, url, services.forwarder, services.settings.cluster_secret)
+    """A command for a live session this node does not run answers 503 (retry): it is moving or being recovered, or
+    another node runs it. In cluster mode the routing seam (``routing.OwnerRouting``) sent such a request to the
+    owner before any route ran; one that reaches a route anyway was forwarded here by a node that saw this one as
+    the owner (and is never forwarded twice), or this instance was replaced (a single node)."""
+    where = await locate(host, view.id, view.record)
+    if isinstance(where, Unavailable):
+        raise ProblemError(503, where.retry.value, where.detail, headers=_RETRY)
+    if isinstance(where, Elsewhere):
+        detail = f"Session {view.id!r} is run by node {where.node_id}, not this one; retry."
+        raise ProblemError(503, Retry.MOVED.value, detail, headers=_RETRY)
 
 
 async def _forwarded(conn: HTTPConnection) -> bool:

@@ -30,8 +30,27 @@ logger = logging.getLogger("switchboard.api.forward")
 
 FORWARDED_HEADER = "x-switchboard-forwarded"
 # what is passed on to the owner, and back from it
-_REQUEST_HEADERS = ("authorization", "content-type", "accept", "idempotency-key")
-_RESPONSE_HEADERS = ("content-type", "retry-after", "idempotent-replayed", "location")
+# Every header travels both ways (a route's own header, a report credential, cannot be forgotten), but those of the
+# hop itself: the connection's, and what the client sending the forwarded request sets anew.
+_HOP_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-encoding",
+        "accept-encoding",
+        "date",
+        "server",
+        FORWARDED_HEADER,
+    }
+)
 READ_TIMEOUT_S = 2.0  # a read the owner does not answer by then is answered from the database
 LOOPBACK_SECRET = "loopback"  # the header's value when no secret is set (cluster mode on loopback only)
 CLOSE_FORBIDDEN = 4403  # a WebSocket that claims to be relayed by another node without the secret
@@ -47,25 +66,25 @@ class SessionElsewhere(Exception):
         self.url = url
 
 
-def _moved(err: SessionElsewhere, why: str) -> Response:
+def _moved(session_id: str, node_id: str, why: str) -> Response:
     return problem_response(
         503,
         "session_moved",
-        f"Session {err.session_id!r} is run by node {err.node_id}; {why}; retry.",
+        f"Session {session_id!r} is run by node {node_id}; {why}; retry.",
         headers={"Retry-After": "1"},
     )
 
 
 def _outgoing(request: Request, node_url: str, secret: str | None) -> tuple[str, dict[str, str]]:
     """The URL and headers of ``request`` sent on to the node at ``node_url``."""
-    headers = {name: value for name, value in request.headers.items() if name.lower() in _REQUEST_HEADERS}
+    headers = {name: value for name, value in request.headers.items() if name.lower() not in _HOP_HEADERS}
     headers[FORWARDED_HEADER] = forwarded_secret(secret)
     url = node_url.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
     return url, headers
 
 
 def _answer(answer: httpx.Response) -> Response:
-    kept = {name: value for name, value in answer.headers.items() if name.lower() in _RESPONSE_HEADERS}
+    kept = {name: value for name, value in answer.headers.items() if name.lower() not in _HOP_HEADERS}
     return Response(answer.content, status_code=answer.status_code, headers=kept)
 
 
@@ -81,23 +100,37 @@ async def forward(
     *,
     count: Callable[[str, float | None], None] = _uncounted,
 ) -> Response:
-    """Send ``request`` to the node that runs the session and answer with its answer. ``count(outcome, seconds)``
-    records what happened (``Metrics.on_forward``)."""
+    """Send ``request`` to the node ``err`` names (a new session placed there) and answer with its answer."""
     if err.url is None:
         count("not_live", None)
-        return _moved(err, "that node is not live")
+        return _moved(err.session_id, err.node_id, "that node is not live")
     if FORWARDED_HEADER in request.headers:
         count("loop", None)
-        return _moved(err, "this node received it forwarded and does not forward again")
-    url, headers = _outgoing(request, err.url, secret)
+        return _moved(err.session_id, err.node_id, "this node received it forwarded and does not forward again")
+    return await forward_to(request, err.node_id, err.url, client, secret, count=count, session_id=err.session_id)
+
+
+async def forward_to(
+    request: Request,
+    node_id: str,
+    node_url: str,
+    client: httpx.AsyncClient,
+    secret: str | None,
+    *,
+    count: Callable[[str, float | None], None] = _uncounted,
+    session_id: str | None = None,
+) -> Response:
+    """Send ``request`` to the node at ``node_url`` and answer with its answer (503 ``session_moved`` when it does
+    not answer). ``count(outcome, seconds)`` records what happened (``Metrics.on_forward``)."""
+    url, headers = _outgoing(request, node_url, secret)
     body = await request.body()
     sent = time.perf_counter()
     try:
         answer = await client.request(request.method, url, content=body, headers=headers)
     except httpx.HTTPError as exc:
-        logger.warning("forwarding %s %s to node %s failed: %r", request.method, request.url.path, err.node_id, exc)
+        logger.warning("forwarding %s %s to node %s failed: %r", request.method, request.url.path, node_id, exc)
         count("unreachable", None)
-        return _moved(err, "that node did not answer")
+        return _moved(session_id or "(new)", node_id, "that node did not answer")
     count("answered", time.perf_counter() - sent)
     return _answer(answer)
 

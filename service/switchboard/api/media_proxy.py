@@ -28,7 +28,7 @@ from websockets.frames import Close
 
 from ..control.metrics import Metrics
 from ..runtime.aio import cancel_and_wait
-from .forward import FORWARDED_HEADER, SessionElsewhere, forwarded_secret
+from .forward import FORWARDED_HEADER, forwarded_secret
 from .media_codes import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_MESSAGE_TOO_BIG,
@@ -78,16 +78,23 @@ def _sendable(code: int | None) -> int:
 
 
 async def relay(
-    ws: WebSocket, err: SessionElsewhere, *, secret: str | None, max_frame_chars: int, metrics: Metrics
+    ws: WebSocket,
+    session_id: str,
+    node_id: str,
+    node_url: str,
+    *,
+    secret: str | None,
+    max_frame_chars: int,
+    metrics: Metrics,
 ) -> None:
-    """Relay the accepted edge ``ws`` to the node that runs the session, until either side closes."""
-    assert err.url is not None
+    """Relay the accepted edge ``ws`` to the node that runs the session (``node_id`` at ``node_url``), until either
+    side closes."""
     headers = {FORWARDED_HEADER: forwarded_secret(secret)}
     if (authorization := ws.headers.get("authorization")) is not None:
         headers["Authorization"] = authorization
     try:
         upstream = await connect(
-            owner_media_url(err.url, ws),
+            owner_media_url(node_url, ws),
             additional_headers=headers,
             user_agent_header=None,
             compression=None,  # node to node: latency over bytes
@@ -100,21 +107,21 @@ async def relay(
             max_queue=RELAY_QUEUE_FRAMES,
         )
     except (OSError, TimeoutError, websockets.InvalidHandshake) as exc:
-        logger.warning("session %s: node %s did not take its media edge (%r)", err.session_id, err.node_id, exc)
+        logger.warning("session %s: node %s did not take its media edge (%r)", session_id, node_id, exc)
         metrics.on_media_relay("unreachable")
-        await _close(ws, CLOSE_NOT_ACTIVE, f"node {err.node_id} runs this session and did not answer; connect again")
+        await _close(ws, CLOSE_NOT_ACTIVE, f"node {node_id} runs this session and did not answer; connect again")
         return
     metrics.on_media_relay("connected")
     metrics.media_relays_open.inc()
     end: _End | None = None
     try:
-        end = await _Relay(ws, upstream, err.node_id, max_frame_chars).run()
+        end = await _Relay(ws, upstream, node_id, max_frame_chars).run()
     finally:
         metrics.media_relays_open.dec()
         if end is None:  # cancelled (this node stopping): the owner sees its edge leave at once
             upstream.transport.abort()
     if end.lost:
-        logger.warning("session %s: node %s went away under its media edge", err.session_id, err.node_id)
+        logger.warning("session %s: node %s went away under its media edge", session_id, node_id)
         metrics.on_media_relay("lost")
     if end.edge is not None:
         await _close(ws, *end.edge)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
+from ..control.routing import Elsewhere, Unavailable, locate
 from ..control.settings import Settings
 from ..runtime.aio import cancel_and_wait
 from ..runtime.media import EdgePlayout, MediaEdge
@@ -34,7 +35,6 @@ from ..runtime.session import AgentSession
 from ..runtime.status import SessionClosed, SessionStatus, SessionSuspended
 from . import deps
 from .auth import AuthError, authenticate, bearer, check, url_token
-from .forward import FORWARDED_HEADER, SessionElsewhere
 from .media_codes import (
     CLOSE_FORBIDDEN,
     CLOSE_INTERNAL_ERROR,
@@ -50,7 +50,6 @@ from .media_codes import (
     OUTBOX_FRAMES,
     SEND_TIMEOUT_S,
 )
-from .media_proxy import relay
 from .routes_events import _close
 
 logger = logging.getLogger("switchboard.api.media")
@@ -109,8 +108,9 @@ def _authorize(ws: WebSocket, sid: str) -> None:
 
 
 async def _live_session(ws: WebSocket, sid: str) -> AgentSession:
-    """The session, live here and active; ``SessionElsewhere`` when another live node runs it (cluster mode: the
-    edge is relayed there); else why not, as a close."""
+    """The session, live here and active; else why not, as a close. In cluster mode an edge for a session another node
+    runs was relayed there by the routing seam before this route ran (``routing.OwnerRouting``): one that reaches it
+    anyway was relayed here by a node that saw this one as the owner, and is told to connect again."""
     services = deps.services(ws)
     host = services.host
     view = await host.find(sid)
@@ -121,18 +121,14 @@ async def _live_session(ws: WebSocket, sid: str) -> AgentSession:
         return live
     if SessionStatus(view.state).ended:  # for good: nothing to connect again to (4410 would have the edge retry)
         raise _Closed(CLOSE_NORMAL, f"session {view.state}")
-    owner = view.record.owner_node
-    elsewhere = services.settings.cluster_mode and owner is not None and owner != host.node_id
-    if live is None and elsewhere and owner is not None and SessionStatus(view.state).live:
-        url = await host.store.nodes.live_url(owner)
-        if url is None:
-            services.metrics.on_media_relay("not_live")
-            raise _Closed(CLOSE_NOT_ACTIVE, f"node {owner} runs this session and is not live; connect again")
-        if FORWARDED_HEADER in ws.headers:  # relayed here by a node that saw this one as the owner: no further
-            services.metrics.on_media_relay("loop")
-            raise _Closed(CLOSE_NOT_ACTIVE, f"session moved to node {owner}; connect again")
-        raise SessionElsewhere(sid, owner, url)
-    raise _Closed(CLOSE_NOT_ACTIVE, f"session is {view.state}")
+    where = await locate(host, sid, view.record)
+    if isinstance(where, Elsewhere):
+        services.metrics.on_media_relay("loop")
+        raise _Closed(CLOSE_NOT_ACTIVE, f"session moved to node {where.node_id}; connect again")
+    if isinstance(where, Unavailable):
+        raise _Closed(CLOSE_NOT_ACTIVE, f"{where.retry.value}: connect again in a moment")
+    state = live.state if live is not None else view.state
+    raise _Closed(CLOSE_NOT_ACTIVE, f"session {state} here; connect again")
 
 
 @router.websocket("/v1/sessions/{sid}/media")
@@ -140,7 +136,7 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
     """Connect as the session's media edge: speeches are sent here to be played (`speech.*`), and the edge reports
     playback (`playback.*`) and the user (`user.*`). A second edge replaces the first (closed with 4409). Needs the
     `media:connect` scope (docs/media-edge.md). In cluster mode any node takes it: it is relayed to the session's
-    node."""
+    node (``routing.OwnerRouting``)."""
     await ws.accept()
     services = deps.services(ws)
     try:
@@ -148,16 +144,6 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
         session = await _live_session(ws, sid)
     except _Closed as closed:
         await _close(ws, closed.code, closed.reason)
-        return
-    except SessionElsewhere as elsewhere:
-        settings = services.settings
-        await relay(
-            ws,
-            elsewhere,
-            secret=settings.cluster_secret,
-            max_frame_chars=max_frame_chars(settings.max_text_chars),
-            metrics=services.metrics,
-        )
         return
     playout = session.playout
     if not isinstance(playout, EdgePlayout):  # pragma: no cover - every hosted session plays through one

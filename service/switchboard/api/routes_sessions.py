@@ -158,8 +158,7 @@ async def list_sessions(
 async def get_session(session: KnownSession, services: ServicesDep, request: Request) -> SessionRead | Response:
     """Read one session. In cluster mode a node that does not run it asks the node that does (its agent state and
     current speech are only there), or answers from the database when that node does not answer."""
-    answer = await deps.owner_elsewhere(services, session, request)
-    return answer if answer is not None else deps.session_read(session, services.host)
+    return deps.session_read(session, services.host)
 
 
 @router.delete(
@@ -311,9 +310,6 @@ async def get_speech(sid: str, speech_id: str, services: ServicesDep, request: R
     """One speech: its state, whether it was interrupted, what was generated and what was heard (in cluster mode,
     as the node that runs the session knows it)."""
     session = await deps.known_session(services.host, sid)
-    answer = await deps.owner_elsewhere(services, session, request)
-    if answer is not None:
-        return answer
     info = await session.speech(speech_id)
     if info is None:
         raise not_found("speech", speech_id)
