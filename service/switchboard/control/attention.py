@@ -15,7 +15,9 @@ and the others are read from the live session when asked:
 - ``store_failing``: the database is unreachable and the session has writes waiting, or a write failed for good
   since the last chat item it wrote.
 
-The tracker sees the events of the sessions this process hosts; it is fed from the same place as the event hub.
+The tracker sees the events of the sessions this process hosts; it is fed from the same place as the event hub. A
+session adopted from another node (a failover, a drain) is fed its latest durable events of these kinds first, and
+the sessions that failed are read from the database: nothing here is known only to the node where it happened.
 """
 
 from __future__ import annotations
@@ -248,3 +250,6 @@ _HANDLERS = {
     "tool.ended": _tool_ended,
     "session.failed": _session_failed,
 }
+
+#: The kinds of event the tracker learns from: what a node reads of a session's durable log when it adopts it
+ATTENTION_EVENTS: tuple[str, ...] = (*_HANDLERS, "session.closed")

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from ..integrations.model_profiles import ModelProfiles
@@ -24,7 +25,7 @@ from ..runtime.recovery import end_orphaned_calls, recover, report_missing
 from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..store import QuotaFull, SessionData, SessionExists, SessionRecord, Store
-from .attention import AttentionReason, AttentionTracker, Thresholds
+from .attention import ATTENTION_EVENTS, KEEP_FAILED, AttentionReason, AttentionTracker, Thresholds
 from .catalog import AgentCatalog, ModelSummary, summarize_model
 from .hub import EventHub
 from .model_meter import MeteredLLM, ModelObserver, model_label
@@ -38,6 +39,10 @@ logger = logging.getLogger("switchboard.control.host")
 # Sessions recovered at once. Each one awaits its first commits; as many as the store writer puts in one batch
 # (its default batch_max) share a group commit, so 1,000 sessions take a handful of transactions, not hundreds.
 RECOVERY_CONCURRENCY = 256
+# a session adopted from another node brings this many of its latest events of the kinds that say why it needs an
+# operator (an input waiting for its answer, a failed model or tool): enough for the turn under way
+ATTENTION_HISTORY = 32
+FAILED_LISTED_S = 24 * 3600.0  # a session that failed is listed as needing attention this long
 FENCED_REMEMBERED = 1000
 
 
@@ -388,12 +393,15 @@ class SessionHost:
         return self.attention.reasons(view.id, view.live, store_unavailable=self.store.writer.unavailable)
 
     async def needing_attention(self, *, agent: str | None = None) -> list[SessionView]:
-        """The sessions this process knows need an operator: live ones with a reason, and those that failed; the
-        longest waiting first."""
+        """The sessions that need an operator as this node knows them: its live ones with a reason (the reasons
+        of one adopted from another node come from its durable log), and those that failed in the last
+        ``FAILED_LISTED_S`` on any node (read from the database); the longest waiting first."""
         views = [SessionView(self.records[sid], live, self.store) for sid, live in list(self.sessions.items())]
-        for sid in self.attention.failed_sessions():
-            rec = await self.store.get_session(sid)
-            if rec is not None and sid not in self.sessions:
+        since = utcnow() - timedelta(seconds=FAILED_LISTED_S)
+        for rec, failure in await self.store.failed_sessions(since=since, limit=KEEP_FAILED):
+            if rec.id not in self.sessions:
+                if failure is not None:
+                    self.attention.observe(failure, None)
                 views.append(SessionView(rec, None, self.store))
         found = [(reasons, v) for v in views if (reasons := self.attention_reasons(v))]
         found = [
@@ -440,7 +448,9 @@ class SessionHost:
             if not records:
                 return
             with _gc_paused():
-                loaded = await self.store.load_sessions_bulk([rec.id for rec in records])
+                loaded = await self.store.load_sessions_bulk(
+                    [rec.id for rec in records], recent_types=ATTENTION_EVENTS, recent_limit=ATTENTION_HISTORY
+                )
         except BaseException:
             self._unrecovered |= retry  # claimed (or kept) but not recovered: the next round tries again
             raise
@@ -516,6 +526,8 @@ class SessionHost:
             return
         self.sessions[rec.id] = session
         self.records[rec.id] = rec
+        for event in data.recent:  # why it needs an operator is in its durable log, whichever node wrote it
+            self.attention.observe(event, None)
         try:
             await recover(session, tool_calls=data.tool_calls, speeches=data.speeches, reported=data.reported)
         except Exception:

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ..runtime.chat import ChatItem
+from ..runtime.events import Event
 from ..runtime.ports import Reported
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import SessionStatus
@@ -88,6 +89,7 @@ class SessionData:
     speeches: list[SpeechInfo] = field(default_factory=list)
     last_seq: int = 0
     reported: Reported = field(default_factory=Reported)  # what its durable event log reports
+    recent: list[Event] = field(default_factory=list)  # its latest events of the kinds asked for, oldest first
 
 
 @dataclass(frozen=True, slots=True)

@@ -254,6 +254,29 @@ class Store:
             out += self._convert(rows, session_from_row, "sessions")
         return sorted(out, key=lambda rec: (rec.created_at, rec.id))
 
+    async def failed_sessions(self, *, since: datetime, limit: int) -> list[tuple[SessionRecord, Event | None]]:
+        """Sessions that failed (could not be recovered) at ``since`` or later, the latest first (at most ``limit``),
+        each with its ``session.failed`` event (None if it has none)."""
+        t, ev = m.sessions, m.events
+        stmt = (
+            sa.select(t)
+            .where(t.c.state == SessionStatus.FAILED.value, t.c.updated_at >= since)
+            .order_by(t.c.updated_at.desc(), t.c.id)
+            .limit(limit)
+        )
+        records = self._convert(await self._fetch(stmt), session_from_row, "sessions")
+        if not records:
+            return []
+        failures = (
+            sa.select(ev.c.id, ev.c.session_id, ev.c.seq, ev.c.type, ev.c.at, ev.c.data)
+            .where(ev.c.session_id.in_([rec.id for rec in records]), ev.c.type == "session.failed")
+            .order_by(ev.c.seq)
+        )
+        found = {
+            event.session_id: event for event in self._convert(await self._fetch(failures), event_from_row, "events")
+        }
+        return [(rec, found.get(rec.id)) for rec in records]
+
     async def mark_session(self, sid: str, state: SessionStatus, *, epoch: int | None = None) -> None:
         """Set a session's state (e.g. ``failed``), in order with the writes queued before it; under the claim of
         ``epoch`` (as ``chat_store``)."""
@@ -387,9 +410,13 @@ class Store:
             value = await conn.scalar(sa.select(sa.func.max(t.c.seq)).where(t.c.session_id == sid))
         return int(value or 0)
 
-    async def load_sessions_bulk(self, ids: Sequence[str]) -> dict[str, SessionData]:
+    async def load_sessions_bulk(
+        self, ids: Sequence[str], *, recent_types: Sequence[str] = (), recent_limit: int = 0
+    ) -> dict[str, SessionData]:
         """Chat items (ordered), tool calls, speeches and last event ``seq`` of many sessions (what recovery needs),
-        in four queries per ``BULK_CHUNK`` sessions on one connection, instead of four per session."""
+        in a few queries per ``BULK_CHUNK`` sessions on one connection, instead of several per session; with
+        ``recent_types``, also each session's latest ``recent_limit`` events of those types (``SessionData.recent``:
+        what its node needs to know of its recent past, e.g. why it needs an operator)."""
         out = {sid: SessionData() for sid in ids}
         ci, tc, sp, ev = m.chat_items, m.tool_calls, m.speeches, m.events
         async with self.engine.connect() as conn:
@@ -412,6 +439,10 @@ class Store:
                     out[sid].last_seq = int(top or 0)
                 for sid, event_type, subject in await conn.execute(_REPORTED.where(ev.c.session_id.in_(chunk))):
                     out[sid].reported.add(event_type, subject)
+                if recent_types and recent_limit > 0:
+                    rows = (await conn.execute(_recent_events(chunk, recent_types, recent_limit))).mappings().all()
+                    for row, event in self._convert_pairs(rows, event_from_row, "events"):
+                        out[row["session_id"]].recent.append(event)
         return out
 
     # -- idempotency (I7) -------------------------------------------------------------------------------------
@@ -493,6 +524,26 @@ class Store:
             err,
             extra={"session_id": sid},
         )
+
+
+def _recent_events(sids: Sequence[str], types: Sequence[str], limit: int) -> sa.Select[Any]:
+    """The latest ``limit`` events of each of ``sids`` whose type is one of ``types``, each session's oldest first."""
+    t = m.events
+    ranked = (
+        sa.select(
+            t.c.id,
+            t.c.session_id,
+            t.c.seq,
+            t.c.type,
+            t.c.at,
+            t.c.data,
+            sa.func.row_number().over(partition_by=t.c.session_id, order_by=t.c.seq.desc()).label("rank"),
+        )
+        .where(t.c.session_id.in_(list(sids)), t.c.type.in_(list(types)))
+        .subquery()
+    )
+    columns = [ranked.c.id, ranked.c.session_id, ranked.c.seq, ranked.c.type, ranked.c.at, ranked.c.data]
+    return sa.select(*columns).where(ranked.c.rank <= limit).order_by(ranked.c.session_id, ranked.c.seq)
 
 
 def _owner_lock_key(owner: str) -> int:
