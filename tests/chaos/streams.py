@@ -52,7 +52,8 @@ class _Resuming:
                             await self._on_frame(ws, json.loads(raw))
                     finally:
                         self._ws = None
-                        self.closes.append([now(), ws.close_code, ws.close_reason or ""])
+                        if not self._stop.is_set():  # the harness's own close at the end is not the server's
+                            self.closes.append([now(), ws.close_code, ws.close_reason or ""])
             except (OSError, websockets.WebSocketException, TimeoutError) as err:
                 if isinstance(err, websockets.InvalidStatus):
                     self.closes.append([now(), err.response.status_code, "handshake"])
