@@ -10,8 +10,10 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -72,7 +74,6 @@ class Node:
     paused: bool = False
     skew_s: float = 0.0
     starts: int = 0
-    log_paths: list[Path] = field(default_factory=list)
 
     @property
     def pid(self) -> int | None:
@@ -82,6 +83,22 @@ class Node:
     @property
     def running(self) -> bool:
         return self.pid is not None
+
+
+def admin_dsn() -> str:
+    return make_url(PG_URL).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def check_faketime(skew_s: float) -> None:
+    """libfaketime must move a Python child's wall clock by ``skew_s`` (and leave its monotonic clock alone)."""
+    code = "import time; print(time.time())"
+    env = {**os.environ, **faketime_env(skew_s)}
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
+    after = time.time()
+    seen = float(out.stdout.strip())
+    if not before + skew_s - 0.5 <= seen <= after + skew_s + 0.5:
+        raise RuntimeError(f"libfaketime did not skew a Python child by {skew_s} s: {seen - after:+.2f} s")
 
 
 def faketime_env(skew_s: float) -> dict[str, str]:
@@ -97,7 +114,7 @@ class ChaosCluster:
         self.dbname = f"sbchaos_{uuid.uuid4().hex[:10]}"
         url = make_url(PG_URL)
         self._pg = url
-        self.admin_dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.admin_dsn = admin_dsn()
         # the harness and the checker read the database directly, never through the fault proxy
         self.dsn = url.set(drivername="postgresql", database=self.dbname).render_as_string(hide_password=False)
         self.redis = RedisServer(workdir)
@@ -113,6 +130,8 @@ class ChaosCluster:
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
     async def start(self, balancer: Balancer) -> None:
+        for skew in (1.6, -1.6):
+            await asyncio.to_thread(check_faketime, skew)
         admin = await asyncpg.connect(self.admin_dsn, timeout=10)
         try:
             await admin.execute(f'CREATE DATABASE "{self.dbname}"')

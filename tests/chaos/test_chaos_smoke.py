@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from .cluster import FAKETIME_LIB, ChaosCluster
+from .cluster import FAKETIME_LIB, admin_dsn
 from .run import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(900)]
@@ -18,13 +18,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(900)]
 SEED = 7
 FAULT_S = 40.0  # sizes the schedule: each node fault and each backing-service fault at least once
 SESSIONS = 8
+HAVE_FAKETIME = Path(FAKETIME_LIB).exists()
 
 
-async def _require(tmp_path: Path) -> None:
+async def _require() -> None:
     """PostgreSQL and libfaketime are needed; without them the smoke is skipped, except under CI where it fails."""
-    problem = None if os.path.exists(FAKETIME_LIB) else f"libfaketime is not installed ({FAKETIME_LIB})"
+    problem = None if HAVE_FAKETIME else f"libfaketime is not installed ({FAKETIME_LIB})"
     try:
-        conn = await asyncpg.connect(ChaosCluster(tmp_path, 0, 1.0).admin_dsn, timeout=3)
+        conn = await asyncpg.connect(admin_dsn(), timeout=3)
         await conn.close()
     except (OSError, asyncpg.PostgresError, TimeoutError) as err:
         problem = f"PostgreSQL is unreachable: {err!r}"
@@ -35,7 +36,7 @@ async def _require(tmp_path: Path) -> None:
 
 
 async def test_chaos_smoke_finds_no_violation(tmp_path: Path) -> None:
-    await _require(tmp_path)
+    await _require()
     outcome = await run(SEED, FAULT_S, tmp_path, SESSIONS)
     print(outcome.text)
     faults = outcome.figures["faults"]
