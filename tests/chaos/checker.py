@@ -294,8 +294,11 @@ class Checker:
             wrong = _first_wrong(seqs)
             if wrong is not None:
                 kind = "repeated" if wrong < len(seqs) and wrong > 0 and seqs[wrong] <= seqs[wrong - 1] else "missed"
-                self.add("stream", sid, f"session stream {kind} an event: ... {seqs[max(0, wrong - 2) : wrong + 2]}")
-            for seq, kind, _ in stream["frames"]:
+                near = [
+                    f"{f[0]}@{f[3] if len(f) > 3 else '?'}" for f in stream["frames"][max(0, wrong - 2) : wrong + 2]
+                ]
+                self.add("stream", sid, f"session stream {kind} an event (seq@connection): ... {near}")
+            for seq, kind, *_ in stream["frames"]:
                 if durable.get((sid, seq)) != kind:
                     self.add(
                         "stream",

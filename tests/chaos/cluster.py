@@ -43,6 +43,7 @@ SCOPES = [
 ]
 NODE_START_S = 120.0  # a node's start (the first one migrates) on a loaded machine
 DRAIN_WAIT_S = 90.0
+START_ATTEMPTS = 3
 
 AGENTS_FILE = """
 - name: hooks
@@ -125,6 +126,7 @@ class ChaosCluster:
         self.backend.answers["lookup"] = [(200, {"output": "looked up"})]
         self.nodes: list[Node] = []
         self.balancer: Balancer | None = None
+        self.start_failures: list[str] = []  # starts that exited (e.g. the database reset under a node's start)
         self._db_created = False
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -205,8 +207,30 @@ class ChaosCluster:
             node.server.env.update(faketime_env(skew_s))
         node.skew_s = skew_s
         node.paused = False
-        node.starts += 1
-        await asyncio.to_thread(node.server.start, NODE_START_S)
+        for attempt in range(START_ATTEMPTS):  # as a supervisor restarts a process that exited at its start
+            node.starts += 1
+            try:
+                await asyncio.to_thread(node.server.start, NODE_START_S)
+                return
+            except RuntimeError as err:
+                self.start_failures.append(f"{node.id}: {str(err).splitlines()[0]}")
+                if attempt == START_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(1.0)
+
+    async def busiest(self) -> Node:
+        """The running node that owns the most sessions (the first of them on a tie)."""
+        conn = await self.connect()
+        try:
+            rows = await conn.fetch(
+                "SELECT owner_node, count(*) AS n FROM sessions WHERE state NOT IN ('closed', 'failed') "
+                "GROUP BY owner_node"
+            )
+        finally:
+            await conn.close()
+        owned = {r["owner_node"]: r["n"] for r in rows}
+        running = [n for n in self.nodes if n.running and not n.paused] or self.nodes
+        return max(running, key=lambda n: owned.get(n.id, 0))
 
     def kill(self, node: Node) -> None:
         if node.pid is not None:

@@ -29,7 +29,7 @@ FAILOVER_WATCH_S = 120.0
 @dataclass
 class Fault:
     kind: str
-    node: int = 0  # which node, for the nodes' lane
+    node: int = 0  # which node a drain or a skew hits (a kill or a pause hits the busiest node)
     hold_s: float = 0.0  # how long the fault holds (a pause, a hang, a freeze)
     gap_s: float = 0.0  # the quiet time after it
     variant: str = ""  # kill: "" ; redis_freeze: "thaw" | "restart"; redis_hang: "release" | "reset"; skew: "+"/"-"
@@ -94,14 +94,20 @@ class Injector:
         record["target"] = node.id
         return node
 
+    async def _busiest(self, record: dict[str, Any]) -> Node:
+        """A crash or a freeze hits the node that owns the most sessions, so that failover has work to measure."""
+        node = await self.cluster.busiest()
+        record["target"] = node.id
+        return node
+
     async def _kill(self, fault: Fault, record: dict[str, Any]) -> None:
-        node = self._node(fault, record)
+        node = await self._busiest(record)
         await self._watch_failover(node, "kill", lambda: self.cluster.kill(node))
         await asyncio.sleep(fault.hold_s)
         await self.cluster.start_node(node)
 
     async def _pause(self, fault: Fault, record: dict[str, Any]) -> None:
-        node = self._node(fault, record)
+        node = await self._busiest(record)
         await self._watch_failover(node, "pause", lambda: self.cluster.pause(node))
         await asyncio.sleep(fault.hold_s)  # past its lease
         self.cluster.resume(node)

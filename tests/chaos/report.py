@@ -81,6 +81,7 @@ def figures(history: History, durable: dict[str, list[Row]]) -> dict[str, Any]:
     out["stream_connections"] = sum(reconnects)
     out["edge_connections"] = sum(e["connections"] for e in history.of("edge"))
     out["sessions"] = sum(1 for _ in history.of("session"))
+    out["start_failures"] = [r["detail"] for r in history.of("start_failed")]
     return out
 
 
@@ -96,7 +97,9 @@ def render(violations: list[Violation], figs: dict[str, Any]) -> str:
     lines += ["", "figures", "-------"]
     lines.append("faults:     " + ", ".join(f"{k} {v}" for k, v in figs["faults"].items()))
     for error in figs["fault_errors"]:
-        lines.append(f"  fault error: {error}")
+        lines.append(f"  fault error: {error[:300]}")
+    for failure in figs["start_failures"]:
+        lines.append(f"  a node start exited (started again): {failure[:300]}")
     lines.append("operations: " + ", ".join(f"{k}: {v}" for k, v in figs["ops"].items()))
     lines.append(
         f"sessions {figs['sessions']}, stream connections {figs['stream_connections']}, "

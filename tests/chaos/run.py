@@ -123,6 +123,8 @@ async def run(seed: int, duration_s: float, workdir: Path, max_sessions: int, le
             await api.aclose()
         (workdir / "nodes.log").write_text(cluster.logs())
         await cluster.aclose()
+    for failure in cluster.start_failures:
+        history.add("start_failed", detail=failure)
     history.save(workdir / "history.jsonl")
     (workdir / "durable.json").write_text(json.dumps(durable, default=str))
     violations = check(history, durable)

@@ -80,14 +80,14 @@ class SessionStream(_Resuming):
     def __init__(self, ws_url: str, key: str, sid: str) -> None:
         super().__init__(ws_url, key)
         self.sid = sid
-        self.frames: list[list[Any]] = []  # [seq, type, received at]
+        self.frames: list[list[Any]] = []  # [seq, type, received at, connection number]
         self.last_seq = 0
 
     def _url(self) -> str:
         return f"{self.ws_url}/v1/sessions/{self.sid}/events?since={self.last_seq}"
 
     async def _on_frame(self, ws: Any, frame: dict[str, Any]) -> None:
-        self.frames.append([frame["seq"], frame["type"], now()])
+        self.frames.append([frame["seq"], frame["type"], now(), self.connections])
         self.last_seq = int(frame["seq"])
 
     def record(self, history: History) -> None:
