@@ -3,7 +3,7 @@
 Classes (DESIGN.md's invariants, as they must hold across processes):
 
 - ``lost-input``: a create, input or `say` answered 2xx whose effect is not durable (no session, no chat item, no
-  `speech.created`).
+  speech).
 - ``duplicate-effect``: one Idempotency-Key applied twice (two sessions, two chat messages, two speeches, or two
   different answers for one key).
 - ``idempotency-record``: a keyed command answered 2xx with no record of its key (a retry would apply it again).
@@ -12,7 +12,8 @@ Classes (DESIGN.md's invariants, as they must hold across processes):
 - ``unreplied-result``: a completed tool result, in a session no client interrupts, with no generation after it.
 - ``call-ends``: a call left `running`, without exactly one `function_call` and one `function_call_output`, or whose
   row disagrees with its one durable `tool.ended` (also how a stale epoch's late write shows).
-- ``event-log``: a session's `seq` not 1..N, an effect reported twice, an accepted input without its event.
+- ``event-log``: a session's `seq` not 1..N, an effect reported twice (an input, a speech created or done, a chat
+  item), an accepted input or `say` durable without its event.
 - ``stream``: a client stream that missed or repeated an event, saw one the database does not hold, or never caught
   up at the end.
 - ``unowned-session``: a session not owned by a live node at the end, or failed.
@@ -155,7 +156,10 @@ class Checker:
                 self.add("duplicate-effect", sid, f"say {key}: {len(rows)} speeches, {len(said)} chat messages")
             speech_id = accepted[0]["body"]["speech_id"]
             if self._event_seq(sid, "speech.created", "speech_id", speech_id) is None:
-                self.add("lost-input", sid, f"say {key} answered 202 (speech {speech_id}), no speech.created")
+                if any(row["id"] == speech_id for row in speeches):
+                    self.add("event-log", sid, f"say {key}: speech {speech_id} is durable without speech.created")
+                else:
+                    self.add("lost-input", sid, f"say {key} answered 202 (speech {speech_id}), no such speech")
 
     def check_idempotency_records(self) -> None:
         recorded = {row["key"] for row in self.durable.get("idempotency_keys", [])}
@@ -266,7 +270,12 @@ class Checker:
     # -- the event log and the streams --------------------------------------------------------------------------
 
     def check_event_log(self) -> None:
-        unique = {"user.input": "item_id", "speech.created": "speech_id", "tool.started": "call_id"}
+        unique = {
+            "user.input": "item_id",
+            "speech.created": "speech_id",
+            "speech.done": "speech_id",
+            "tool.started": "call_id",
+        }
         for sid, events in self.events.items():
             seqs = [e["seq"] for e in events]
             if seqs != list(range(1, len(seqs) + 1)):

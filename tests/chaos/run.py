@@ -135,6 +135,15 @@ async def run(seed: int, duration_s: float, workdir: Path, max_sessions: int, le
     return Outcome(violations, figs, text, workdir)
 
 
+def recheck(workdir: Path) -> int:
+    """Run the checker again on the history and durable state a run left (after a change to the checker)."""
+    history = History.load(workdir / "history.jsonl")
+    durable = json.loads((workdir / "durable.json").read_text())
+    violations = check(history, durable)
+    print(f"chaos run in {workdir}, checked again" + render(violations, figures(history, durable)))
+    return 1 if violations else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
     parser.add_argument("--seed", type=int, default=1)
@@ -142,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=16, help="sessions the load creates")
     parser.add_argument("--lease", type=float, default=LEASE_S)
     parser.add_argument("--workdir", type=Path, default=None, help="where logs, history and durable state go")
+    parser.add_argument("--check", type=Path, default=None, help="check a finished run's work directory again")
     args = parser.parse_args(argv)
+    if args.check is not None:
+        return recheck(args.check)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sbchaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     outcome = asyncio.run(run(args.seed, args.duration, workdir, args.sessions, args.lease))
