@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint fmt openapi bench sim clean
+.PHONY: install run test lint fmt openapi bench sim chaos clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -47,6 +47,14 @@ bench: $(STAMP)
 SEEDS ?= 10000
 sim: $(STAMP)
 	$(BIN)/python -m tests.sim.schedules --seeds $(SEEDS)
+
+# a long chaos run of cluster mode (docs/chaos.md): three nodes on a fresh PostgreSQL database and a Redis of its own,
+# faults from the seed for about DURATION seconds, then the checker; exit status 1 when it finds a violation
+SEED ?= 1
+DURATION ?= 300
+CHAOS_SESSIONS ?= 16
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos --seed $(SEED) --duration $(DURATION) --sessions $(CHAOS_SESSIONS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
