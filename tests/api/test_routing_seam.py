@@ -3,8 +3,11 @@ and a route added later is sent to the session's node unless it is declared othe
 
 from __future__ import annotations
 
+import pytest
 from fastapi import APIRouter
+from sqlalchemy import exc as sa_exc
 
+from switchboard.api import routing
 from switchboard.api.app import create_app
 from switchboard.api.routing import PLACEMENTS, WS, Placement, placement_of, session_routes
 from switchboard.control.settings import Settings
@@ -71,3 +74,29 @@ def test_the_seam_knows_the_credential_each_route_needs() -> None:
     assert needs[(WS, "/v1/sessions/{sid}/media")] == "media:connect"
     # every route the seam sends on is checked before it is: it knows what each one needs
     assert all(scope is not None for key, scope in needs.items() if EXPECTED[key] != ANY)
+
+
+class _Unreachable:
+    """A host whose database does not answer (a connection reset)."""
+
+    def __init__(self, err: Exception) -> None:
+        self.err = err
+        self.store = self
+
+    def live(self, sid: str) -> None:
+        return None
+
+    async def get_session(self, sid: str) -> None:
+        raise self.err
+
+
+async def test_the_seam_answers_that_the_database_is_unavailable_rather_than_failing() -> None:
+    """Outside the routes, a database error would reach the client as a 500: the seam answers 503 instead (a chaos
+    run saw 500s while PostgreSQL was reset)."""
+    reset = sa_exc.OperationalError("SELECT", {}, ConnectionResetError("reset"), connection_invalidated=True)
+    assert await routing._locate(_Unreachable(reset), "s1") is None  # type: ignore[arg-type]
+    answer = routing.unavailable()
+    assert answer.status_code == 503 and b"database_unavailable" in answer.body
+    bad = sa_exc.ProgrammingError("SELECT", {}, Exception("no such column"))
+    with pytest.raises(sa_exc.ProgrammingError):  # a bug is not an outage
+        await routing._locate(_Unreachable(bad), "s1")  # type: ignore[arg-type]

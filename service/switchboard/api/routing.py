@@ -33,13 +33,15 @@ from starlette.routing import Route, Router, WebSocketRoute, compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from ..control.routing import Elsewhere, Retry, Unavailable, locate
+from ..control.host import SessionHost
+from ..control.routing import Elsewhere, Location, Retry, Unavailable, locate
+from ..store import DATABASE_ERRORS, is_transient
 from .auth import ANONYMOUS, AuthError, Principal, Require, authenticate, bearer, check, refuse_session_token, url_token
 from .deps import services
 from .forward import FORWARDED_HEADER, forward_to, read_from_owner
 from .media_codes import CLOSE_FORBIDDEN, CLOSE_NOT_ACTIVE, CLOSE_UNAUTHENTICATED
 from .media_proxy import relay
-from .problems import problem_response
+from .problems import UNAVAILABLE_CLOSE, UNAVAILABLE_RETRY_AFTER_S, problem_response
 from .rate_limit import COMMAND_METHODS, WriteRateLimiter
 from .routes_events import _close
 from .routes_media import max_frame_chars
@@ -183,7 +185,10 @@ class OwnerRouting:
         if principal is None or not _allowed(principal, needs, sid):
             await self.app(scope, receive, send)  # the route refuses it, the way it refuses any bad credential
             return
-        where = await locate(found.host, sid)
+        where = await _locate(found.host, sid)
+        if where is None:
+            await unavailable()(scope, receive, send)
+            return
         if isinstance(where, Unavailable):
             if placement == Placement.OWNER_READ:  # what the database knows, answered here
                 await self.app(scope, receive, send)
@@ -233,7 +238,11 @@ class OwnerRouting:
             await ws.accept()
             await _close(ws, CLOSE_FORBIDDEN, "forbidden")
             return
-        where = await locate(found.host, sid)
+        where = await _locate(found.host, sid)
+        if where is None:
+            await ws.accept()
+            await _close(ws, UNAVAILABLE_CLOSE, "the database is unavailable; connect again")
+            return
         if isinstance(where, Unavailable):
             if where.retry == Retry.MOVED:
                 found.metrics.on_media_relay("not_live")
@@ -254,6 +263,27 @@ class OwnerRouting:
             max_frame_chars=max_frame_chars(settings.max_text_chars),
             metrics=found.metrics,
         )
+
+
+async def _locate(host: SessionHost, sid: str) -> Location | None:
+    """Where ``sid`` runs; None while the database cannot say (it is unavailable: the caller answers 503). Here,
+    outside the routes, a database error would otherwise reach the client as a 500."""
+    try:
+        return await locate(host, sid)
+    except DATABASE_ERRORS as err:
+        if not is_transient(err):
+            raise
+        logger.warning("session %s: cannot find where it runs (%r); the database is unavailable", sid, err)
+        return None
+
+
+def unavailable() -> Response:
+    return problem_response(
+        503,
+        "database_unavailable",
+        "The database is unreachable; retry.",
+        headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
+    )
 
 
 async def _charge(request: Request, principal: Principal) -> Response | None:
