@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from switchboard import Agent, RunContext, SpeechInterrupted, function_tool
-from switchboard.runtime import executor as executor_module
+from switchboard.runtime import call_ends as call_ends_module
 from switchboard.runtime.chat import AgentHandoff, FunctionCallOutput
 from switchboard.runtime.memory import MemoryStore
 from switchboard.runtime.ports import Commit
@@ -213,7 +213,7 @@ async def test_I5_tool_end_the_store_refused_for_a_while_is_written_again_while_
 ):
     """Both the end and its note were refused: the call is not left `running` in the store for as long as the
     session lives; its end is written again in the background and reported once it is durable."""
-    monkeypatch.setattr(executor_module, "END_REPAIR_FIRST_S", 0.05)
+    monkeypatch.setattr(call_ends_module, "END_REPAIR_FIRST_S", 0.05)
     turns = [{"text": "", "tool_calls": [{"name": "lookup", "id": "c1"}]}]
     h = Harness(Desk(), turns)
     store = picky(h)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from typing import Any, TypeVar
 
 from . import event_types as ev
 from .agent import Agent, complete_user_turn
-from .aio import cancel_and_wait, forget_when_done, spawn
+from .aio import forget_when_done, spawn
 from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id, order_items
 from .commit import CommitPipeline
 from .event_types import InputRole as Role
@@ -19,6 +18,7 @@ from .events import EventLog, EventSink
 from .executor import Outcome, RunningCall, ToolExecutor
 from .generation import Generation
 from .handoff import HandoffStep
+from .lifecycle import SessionEnds
 from .llm.base import LLM, LLMRequest
 from .options import SessionOptions
 from .playout import Playout
@@ -37,8 +37,6 @@ from .tools import FunctionTool, ToolCallInfo, ToolStatus
 
 logger = logging.getLogger("switchboard.runtime.session")
 
-SUSPEND_SPEECH_TIMEOUT_S = 2.0
-SUSPEND_FLUSH_TIMEOUT_S = 5.0  # a shutdown waits this long at most for a session's writes and events to be durable
 
 T = TypeVar("T")
 
@@ -49,7 +47,7 @@ class InputResult:
     speech_id: str | None
 
 
-class AgentSession:
+class AgentSession(SessionEnds):
     """A live session. Everything it changes is committed through ``store`` and reported through ``events``.
 
     >>> session = AgentSession(session_id="s1", agent=MyAgent(), llm=ScriptedLLM(...),
@@ -169,53 +167,8 @@ class AgentSession:
             await asyncio.shield(self._closing)
             return
         if self._suspending is None:
-            self._suspending = self._track(self._suspend(tool_grace=tool_grace), f"suspend:{self.id}")
+            self._suspending = self._track(self._hand_over(tool_grace=tool_grace), f"suspend:{self.id}")
         await asyncio.shield(self._suspending)
-
-    async def _suspend(self, *, tool_grace: bool) -> None:
-        async with self._op_lock:
-            if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED, SessionStatus.SUSPENDED):
-                return
-            self.state = SessionStatus.SUSPENDED
-        await self.speculation.abandon()
-        await cancel_and_wait(*self._hooks)
-        await self._hand_over_speeches()
-        if tool_grace:
-            await self.executor.grace_for_uncancellable(self.options.shutdown_tool_grace_s)
-            await self.handoff.hand_over()
-        else:
-            await cancel_and_wait(*self.handoff.tasks)  # fenced: recovery elsewhere ends its call
-        await self.executor.abandon()
-        await self.llm.aclose()
-        if not tool_grace:  # fenced: nothing of this session can be written here any more
-            await self.writes.landed()
-            return
-        async with self._op_lock:  # owed input accepted until now is committed (commands hold the lock)
-            self._sealed = True
-        # every write under way lands and every event reported so far is durable before the process goes; bounded
-        # (the store may be going away: recovery then emits the events a durable change lacks), and never cancelling
-        # a write that is still under way
-        settled = self._track(self.writes.settled(), f"settle:{self.id}")
-        done, _ = await asyncio.wait({settled}, timeout=SUSPEND_FLUSH_TIMEOUT_S)
-        if not done:
-            logger.warning("session %s: suspended before its last writes and events were durable", self.id)
-
-    async def _hand_over_speeches(self) -> None:
-        """Stop the speech under way as a move, not an interruption (``SpeechHandle.hand_over``: what was heard is
-        committed, the speech stays owed), and stop the scheduler. Queued speeches stay owed as they are in the
-        store; those an interrupt already ended while they waited are ended durably now (nothing owes them)."""
-        current = self.speeches.scheduler.current
-        if current is not None and not current.done:
-            current.hand_over()
-            with contextlib.suppress(TimeoutError):  # bounded: the store may be going away
-                async with asyncio.timeout(SUSPEND_SPEECH_TIMEOUT_S):
-                    await current.wait_done()
-        await self.speeches.scheduler.stop()
-        for job in self.speeches.scheduler.queued:
-            if job.speech.interrupted:
-                await self.speeches.scheduler.finish_unstarted(job)
-            elif job.preemptive is not None:
-                await job.preemptive.aclose()
 
     async def aclose(self, *, reason: str | None = None) -> None:
         """Close: stop speaking, cancel cancellable tools, await the others, emit the final events (with ``reason``
@@ -235,48 +188,6 @@ class AgentSession:
             and self.idle
             and not self.executor.running()
         )
-
-    async def _close(self, reason: str | None = None) -> None:
-        async with self._op_lock:
-            if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
-                return
-            self.state = SessionStatus.CLOSING
-        await self.speculation.discard()
-        await cancel_and_wait(*self._hooks)
-        if self.speeches.deferring is not None:  # a deferred reply being committed: queue it, then close it
-            await asyncio.shield(self.speeches.deferring)
-        await self.speeches.owed_settled()  # so is one a call's end is committing with it
-        for job in self.speeches.scheduler.queued:
-            job.speech.interrupt(force=True)
-        current = self.speeches.scheduler.current
-        if current is not None:
-            current.interrupt(force=True)
-            await current.wait_done()
-        await self.speeches.scheduler.stop()
-        await self.speeches.scheduler.end_queued()
-        await self.executor.aclose(timeout_s=self.options.close_timeout_s)
-        if self.handoff.tasks:  # each has ended its call by now (or finds it ended by the teardown)
-            await asyncio.gather(*self.handoff.tasks, return_exceptions=True)
-        await self.llm.aclose()
-        await self.executor.stop_repairs()
-        await self.writes.settled()
-        self.state = SessionStatus.CLOSED
-        self.set_agent_state("listening")
-        # a call's end the store kept refusing rides on the last write: the session is stored closed only with every
-        # call ended (if that write fails too, the store keeps the session live, and recovery settles the call)
-        unwritten = self.executor.unwritten_ends()
-        last = Commit(session=self.snapshot())
-        for record in unwritten:
-            last.items.extend(record.items)
-            last.tool_calls.append(record.info)
-        try:
-            await self.commit(last, then=lambda: self.executor.report_written(unwritten))
-        except Exception:  # logged by the pipeline: the store keeps the session live, and recovery settles it
-            logger.error("session %s: its close could not be stored; it stays live there", self.id)
-            await self.writes.landed()
-            return
-        await self.events.emit(ev.SessionClosed(reason=reason) if reason else ev.SessionClosed())
-        await self.writes.landed()
 
     def snapshot(self) -> SessionState:
         return SessionState(
