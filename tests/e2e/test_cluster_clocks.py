@@ -18,7 +18,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from .cluster_support import FORWARDED, SECRET, RedisServer, start_all
+from .cluster_support import FORWARDED, SECRET, TOKEN_SECRET, RedisServer, start_all
 from .server import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -58,6 +58,7 @@ def node(tmp_path: Path, database_url: str, redis: RedisServer, node_id: str, **
         SWITCHBOARD_NODE_ID=node_id,
         SWITCHBOARD_LEASE_S=str(LEASE_S),
         SWITCHBOARD_CLUSTER_SECRET=SECRET,
+        SWITCHBOARD_TOKEN_SECRET=TOKEN_SECRET,
         **env,
     )
 

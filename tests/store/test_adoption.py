@@ -81,8 +81,8 @@ def while_loading(host: SessionHost, monkeypatch: pytest.MonkeyPatch, meanwhile:
     """Run ``meanwhile`` once the round has claimed its sessions and read them, before it recovers any."""
     load = host.store.load_sessions_bulk
 
-    async def load_then(ids: Any) -> dict[str, SessionData]:
-        found = await load(ids)
+    async def load_then(ids: Any, **kw: Any) -> dict[str, SessionData]:
+        found = await load(ids, **kw)
         await meanwhile()
         return found
 
