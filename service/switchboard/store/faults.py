@@ -31,14 +31,15 @@ _CLOSED_TRANSPORT = "the handler is closed"
 
 
 def _causes(err: BaseException) -> Iterator[BaseException]:
-    """``err``, then what it wraps (SQLAlchemy's ``orig``, the driver adapter's cause), outermost first."""
-    seen: set[int] = set()
+    """``err``, then the driver's error SQLAlchemy wrapped in it (``orig``; the dialect's adapter of an asyncpg error
+    carries its SQLSTATE). Never an arbitrary ``__cause__``: an error raised *from* a database error is not one."""
     found: BaseException | None = err
-    while found is not None and id(found) not in seen:
-        seen.add(id(found))
+    for _ in range(3):
+        if found is None:
+            return
         yield found
         orig = getattr(found, "orig", None)
-        found = orig if isinstance(orig, BaseException) else found.__cause__
+        found = orig if isinstance(orig, BaseException) and orig is not found else None
 
 
 def connection_lost(err: BaseException) -> bool:
@@ -86,4 +87,4 @@ def watch_connections(engine: AsyncEngine) -> None:
     dialect = engine.sync_engine.dialect
     event.listen(engine.sync_engine, "handle_error", _on_error)
     # per engine: each has its own dialect instance
-    dialect.do_ping = _ping_or_replace(dialect.do_ping, dialect.loaded_dbapi.Error)  # type: ignore[method-assign]
+    dialect.do_ping = _ping_or_replace(dialect.do_ping, dialect.loaded_dbapi.Error)  # type: ignore[method-assign,assignment]
