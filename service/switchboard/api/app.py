@@ -155,7 +155,7 @@ def create_app(
         store = Store.from_url(
             settings.database_url, idle_in_transaction_ms=idle_ms, timeout_s=settings.database_timeout_s
         )
-        # a start that overlaps a database outage waits for it (DATABASE_WAIT_S), every step below under one deadline
+        # a start that overlaps a database outage waits for it (DATABASE_WAIT_S), at each step below
         wait = app.state.database_wait = DatabaseWait(settings.database_wait_s)
         lease = NodeLease(store, settings)
         try:

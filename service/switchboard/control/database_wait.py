@@ -1,9 +1,9 @@
 """A start that overlaps a database outage: the node waits for its database instead of giving up.
 
 Every step of a start that needs the database (the migration, the registration, the first recovery) is retried while
-it fails because the database is unavailable (refused, reset, timed out, locked), under one deadline for the whole
-start: ``DATABASE_WAIT_S`` (default 30 s). A database still unavailable then is ``DatabaseUnavailable``, and the
-process exits with its own status (4), told apart from another instance holding the database (3).
+it fails because the database is unavailable (refused, reset, timed out, locked), for up to ``DATABASE_WAIT_S``
+(default 30 s) from its first failure. A database still unavailable then is ``DatabaseUnavailable``, and the process
+exits with its own status (4), told apart from another instance holding the database (3).
 """
 
 from __future__ import annotations
@@ -29,25 +29,27 @@ class DatabaseUnavailable(Exception):
 
 
 class DatabaseWait:
-    """One deadline, ``wait_s`` from now, for every step of a start that needs the database."""
+    """How the steps of a start wait for their database: each for up to ``wait_s`` of it being unavailable."""
 
     def __init__(self, wait_s: float) -> None:
         self.wait_s = wait_s
-        self.deadline = time.monotonic() + wait_s
         self.retries = 0
         self.gave_up: DatabaseUnavailable | None = None  # why the start was given up, for its exit status
 
     async def retry(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
         """``step()``, again (with backoff, each failure logged) while it fails because the database is unavailable;
-        ``DatabaseUnavailable`` once the deadline has passed. Any other error is raised as it is."""
+        ``DatabaseUnavailable`` once it has for ``wait_s``. Any other error is raised as it is."""
         delay_s = RETRY_MIN_S
+        deadline: float | None = None
         while True:
             try:
                 return await step()
             except DATABASE_ERRORS as err:
                 if not is_transient(err):
                     raise
-                left_s = self.deadline - time.monotonic()
+                # counted from this step's first failure: a long wait for another instance to stop spends none of it
+                deadline = deadline if deadline is not None else time.monotonic() + self.wait_s
+                left_s = deadline - time.monotonic()
                 if left_s <= 0:
                     self.gave_up = DatabaseUnavailable(
                         f"the database is unavailable: {what} failed for {self.wait_s:g}s ({err!r}); "

@@ -133,10 +133,9 @@ class NodeLease:
         return await nodes.register(self._record(), gone=gone, conflicts=self._conflicts)
 
     async def start(self, wait: DatabaseWait | None = None) -> None:
-        """Register this node (waiting up to ``takeover_wait_s`` for a conflicting live instance to stop, and while the
-        database is unavailable until ``wait``'s deadline: ``database_wait_s`` from now unless given), fence the
-        store's writes with its claims and start renewing the lease. Raises ``AnotherInstanceRunning`` or
-        ``DatabaseUnavailable``."""
+        """Register this node (waiting up to ``takeover_wait_s`` for a conflicting live instance to stop, and for up to
+        ``database_wait_s`` while the database is unavailable: ``wait``), fence the store's writes with its claims and
+        start renewing the lease. Raises ``AnotherInstanceRunning`` or ``DatabaseUnavailable``."""
         wait = wait or DatabaseWait(self.settings.database_wait_s)
         deadline = time.monotonic() + self.settings.takeover_wait_s
         waited = False
@@ -159,7 +158,7 @@ class NodeLease:
 
     async def _try_register(self, wait: DatabaseWait) -> list[NodeRecord]:
         """``_register_once``, retried while the database is unavailable or locked (a SQLite database stays locked
-        while a frozen instance holds its write lock) until ``wait``'s deadline."""
+        while a frozen instance holds its write lock), as ``wait`` allows."""
         sent = time.monotonic()
 
         async def register() -> list[NodeRecord]:

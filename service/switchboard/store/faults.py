@@ -34,7 +34,7 @@ def _causes(err: BaseException) -> Iterator[BaseException]:
     """``err``, then the driver's error SQLAlchemy wrapped in it (``orig``; the dialect's adapter of an asyncpg error
     carries its SQLSTATE). Never an arbitrary ``__cause__``: an error raised *from* a database error is not one."""
     found: BaseException | None = err
-    for _ in range(3):
+    for _ in range(3):  # the error, the driver's under it, and no further: a bound, whatever ``orig`` holds
         if found is None:
             return
         yield found
