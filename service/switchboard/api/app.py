@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from .. import __version__
 from ..control import tracing
 from ..control.cluster_feed import ClusterFeed
+from ..control.database_wait import DatabaseWait
 from ..control.drain import drain
 from ..control.fanout import RedisFanout
 from ..control.host import SessionHost
@@ -155,11 +156,13 @@ def create_app(
         store = Store.from_url(
             settings.database_url, idle_in_transaction_ms=idle_ms, timeout_s=settings.database_timeout_s
         )
-        if settings.migrate_on_start:
-            await store.migrate()
+        # a start that overlaps a database outage waits for it (DATABASE_WAIT_S), at each step below
+        wait = app.state.database_wait = DatabaseWait(settings.database_wait_s)
         lease = NodeLease(store, settings)
         try:
-            await lease.start()
+            if settings.migrate_on_start:
+                await wait.retry("migrating the database", store.migrate)
+            await lease.start(wait)
         except BaseException as err:
             if isinstance(err, AnotherInstanceRunning):  # the service does not start: say why on one line
                 logger.error("not starting: %s", err)
@@ -218,13 +221,13 @@ def create_app(
         if fanout is not None and feed is not None:
             fanout.on_wake = host.wake_adopt
             fanout.start()
-            await feed.start()
+            await wait.retry("reading the cluster's event position", feed.start)
             metrics.bind_cluster(fanout, feed)
         if settings.cluster_mode:  # run by `switchboard serve` on SIGTERM while it still serves HTTP
             wake = fanout.wake_adopters if fanout is not None else None
             app.state.drain = lambda: drain(host, wake=wake, timeout_s=settings.drain_timeout_s)
         try:
-            await host.recover_all()
+            await wait.retry("recovering the sessions", host.recover_all)
             tasks.append(asyncio.create_task(_expire_sessions(host, store, settings), name="session-expiry"))
             # take over the sessions of nodes that die (cluster mode); retry a session whose recovery failed (both)
             adopt = host.adopt_forever(lease.lease_s / 2, claim=settings.cluster_mode)

@@ -20,6 +20,9 @@ from .runner import run_bounded
 from .session_commands import add_session_commands
 
 GC_YOUNG_THRESHOLD = 10_000  # CPython's default is 700 allocations
+# `serve` exit statuses of a start given up (2: a setting is invalid)
+EXIT_NOT_STARTED = 3  # another instance runs on the database (or the start failed otherwise)
+EXIT_DATABASE_UNAVAILABLE = 4  # the database stayed unavailable for DATABASE_WAIT_S
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -102,9 +105,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     server = _draining_server_class()(config)
-    run_bounded(server.serve(), loop_factory=config.get_loop_factory())
-    # a lifespan that failed to start (another instance on the database, say) has logged why
-    return 0 if server.started else 3
+    try:
+        run_bounded(server.serve(), loop_factory=config.get_loop_factory())
+    except SystemExit:
+        if server.started:
+            raise
+        # uvicorn's own exit when the lifespan failed to start (its status, 3, whatever the reason): ours says which
+    if server.started:
+        return 0
+    # a lifespan that failed to start (another instance on the database, the database unavailable) has logged why
+    wait = getattr(app.state, "database_wait", None)
+    return EXIT_DATABASE_UNAVAILABLE if wait is not None and wait.gave_up is not None else EXIT_NOT_STARTED
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -28,8 +28,9 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from ..runtime.aio import cancel_and_wait
-from ..store import DATABASE_ERRORS, Fence, NodeMode, NodeRecord, Nodes, NodeState, Store, is_transient, sibling_engine
+from ..store import DATABASE_ERRORS, Fence, NodeMode, NodeRecord, Nodes, NodeState, Store, sibling_engine
 from ..store.records import now_utc
+from .database_wait import DatabaseWait
 from .settings import Settings
 
 logger = logging.getLogger("switchboard.control.ownership")
@@ -134,12 +135,14 @@ class NodeLease:
         gone = [node.id for node in live if node.id != self.node_id and _process_gone(node, self.hostname)]
         return await nodes.register(self._record(), gone=gone, conflicts=self._conflicts)
 
-    async def start(self) -> None:
-        """Register this node (waiting up to ``takeover_wait_s`` for a conflicting live instance to stop), fence the
-        store's writes with its claims and start renewing the lease. Raises ``AnotherInstanceRunning``."""
+    async def start(self, wait: DatabaseWait | None = None) -> None:
+        """Register this node (waiting up to ``takeover_wait_s`` for a conflicting live instance to stop, and for up to
+        ``database_wait_s`` while the database is unavailable: ``wait``), fence the store's writes with its claims and
+        start renewing the lease. Raises ``AnotherInstanceRunning`` or ``DatabaseUnavailable``."""
+        wait = wait or DatabaseWait(self.settings.database_wait_s)
         deadline = time.monotonic() + self.settings.takeover_wait_s
         waited = False
-        while blocking := await self._try_register(deadline):
+        while blocking := await self._try_register(wait):
             if time.monotonic() >= deadline:
                 raise AnotherInstanceRunning(self._refusal(blocking))
             if not waited:
@@ -156,21 +159,20 @@ class NodeLease:
         self._renewer = _Renewer(self)
         self._renewer.start()
 
-    async def _try_register(self, deadline: float) -> list[NodeRecord]:
+    async def _try_register(self, wait: DatabaseWait) -> list[NodeRecord]:
         """``_register_once``, retried while the database is unavailable or locked (a SQLite database stays locked
-        while a frozen instance holds its write lock) until ``deadline``."""
-        while True:
-            try:
-                sent = time.monotonic()
-                blocking = await self._register_once(self.store.nodes)
-                if not blocking:
-                    self._renewed(sent)
-                return blocking
-            except DATABASE_ERRORS as err:
-                if not is_transient(err) or time.monotonic() >= deadline:
-                    raise
-                logger.warning("node %s: cannot register yet (%r); retrying", self.node_id, err)
-            await asyncio.sleep(REGISTER_POLL_S)
+        while a frozen instance holds its write lock), as ``wait`` allows."""
+        sent = time.monotonic()
+
+        async def register() -> list[NodeRecord]:
+            nonlocal sent
+            sent = time.monotonic()
+            return await self._register_once(self.store.nodes)
+
+        blocking = await wait.retry(f"node {self.node_id}: registering", register)
+        if not blocking:
+            self._renewed(sent)
+        return blocking
 
     @property
     def _wait_s(self) -> float:

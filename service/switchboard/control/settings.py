@@ -112,6 +112,8 @@ class Settings(BaseSettings):
     lease_s: float | None = Field(default=None, ge=0.5, le=300)
     # Alone on a database: how long a new instance waits for a live one to stop before it refuses to start
     takeover_wait_s: float = Field(default=15.0, ge=0)
+    # How long a start waits for its database while it is unavailable (refused, reset, locked) before it gives up
+    database_wait_s: float = Field(default=30.0, ge=0)
     # Cluster mode, on SIGTERM: how long a node spends handing its sessions over before it stops anyway
     drain_timeout_s: float = Field(default=20.0, ge=0, le=600)
     # PostgreSQL: the bound of every statement (the server's statement_timeout; the client gives up 1 s later) and of

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from .faults import watch_connections
 from .text import decode_json_text, encode_json_text
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
@@ -120,6 +121,7 @@ def make_engine(
             connect_args=connect_args,
             **pool_args,
         )
+        watch_connections(engine)  # a connection lost in any form is thrown away, not handed out again
         engine.sync_engine.update_execution_options(**{_MADE_WITH: made_with})
         return engine
     raise ValueError(f"unsupported database URL {u.render_as_string(hide_password=True)!r}: use SQLite or PostgreSQL")

@@ -29,6 +29,7 @@ from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event
 from ..runtime.status import ENDED_STATUSES
 from .engine import IMMEDIATE, sqlite_writer_engine
+from .faults import connection_lost
 from .ownership import Fence, Owners, read_owners, refusal
 from .records import SessionFenced, StoreClosed
 from .writes import DurableCallback, Op, apply_batch
@@ -46,7 +47,9 @@ _TRANSIENT_SQLSTATES = frozenset({"57014", "55P03", "57P01", "57P02", "57P03", "
 
 # What a failing database surfaces as (wrapped by SQLAlchemy, raw at connect time, or a call past its bound: asyncpg's
 # ``TimeoutError`` is an ``OSError``; the pool's, a SQLAlchemy ``TimeoutError``); ``is_transient`` tells which.
-DATABASE_ERRORS: tuple[type[Exception], ...] = (sa_exc.DBAPIError, OSError, sa_exc.TimeoutError)
+# A connection that uvloop closed under asyncpg while one was being opened can still surface raw as a ``RuntimeError``
+# (``faults``): only that one is transient.
+DATABASE_ERRORS: tuple[type[Exception], ...] = (sa_exc.DBAPIError, OSError, sa_exc.TimeoutError, RuntimeError)
 
 
 def _sqlstate(err: sa_exc.DBAPIError) -> str | None:
@@ -61,6 +64,8 @@ def _sqlstate(err: sa_exc.DBAPIError) -> str | None:
 
 def is_transient(err: BaseException) -> bool:
     """True when ``err`` says the database is unavailable (retry), not that the operation is bad (give up)."""
+    if connection_lost(err):  # in whatever form the driver reported it (``faults``)
+        return True
     if isinstance(err, sa_exc.DBAPIError):
         if err.connection_invalidated or _sqlstate(err) in _TRANSIENT_SQLSTATES:
             return True
