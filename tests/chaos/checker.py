@@ -18,8 +18,8 @@ Classes (DESIGN.md's invariants, as they must hold across processes):
   up at the end.
 - ``unowned-session``: a session not owned by a live node at the end, or failed.
 - ``answer-5xx``: a 5xx other than 503; ``answer-503-other``: a 503 whose code is not one of docs/cluster.md's
-  retryable ones (``database_unavailable`` and ``unavailable`` are documented for a single node, not for a cluster's
-  failover); ``no-answer``: a command still failing (transport error, 503) when its client's retry time ran out.
+  retryable ones ("Retryable answers"); ``no-answer``: a command still failing (transport error, 503) when its
+  client's retry time ran out.
 - ``report-refused``: a webhook backend's report refused (403/404, or 409 `not_awaiting_report` to the end).
 - ``edge-close``: a "session ended"-style close (1000, 4404) to a media edge while the session lived on.
 - ``not-settled``: the cluster did not settle (every node up, every session owned, no call running) in time.
@@ -35,7 +35,19 @@ from typing import Any
 from .history import History, Record
 
 Row = dict[str, Any]
-RETRYABLE = frozenset({"session_recovering", "session_moving", "session_moved", "node_draining"})
+# docs/cluster.md, "Retryable answers"
+RETRYABLE = frozenset(
+    {
+        "session_recovering",
+        "session_moving",
+        "session_moved",
+        "node_draining",
+        "idempotency_key_in_use",
+        "database_unavailable",
+        "unavailable",
+        "deadline_exceeded",
+    }
+)
 CLIENT_INTERRUPTS = ("interrupt", "barge_in")
 ENDED_STATES = ("closed", "failed")
 KEYED_OPS = ("create", "input", "say", "interrupt", "cancel", "progress", "result")

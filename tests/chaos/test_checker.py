@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from .checker import Violation, check
+from .checker import RETRYABLE, Violation, check
 from .history import History
 
 SID = "sess_1"
@@ -241,3 +242,10 @@ def _renumber(records: list[dict[str, Any]], durable: dict[str, list[dict[str, A
             record["frames"] = [[e["seq"], e["type"], 0.0] for e in durable["events"]]
         elif record["kind"] == "multi":
             record["frames"] = [[e["id"], SID, e["seq"], e["type"]] for e in durable["events"]]
+
+
+def test_the_checker_retries_exactly_what_the_cluster_documents_as_retryable() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cluster.md").read_text()
+    table = doc.split("### Retryable answers", 1)[1].split("\n### ", 1)[0]
+    documented = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
+    assert documented == set(RETRYABLE)
