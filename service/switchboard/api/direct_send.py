@@ -52,7 +52,7 @@ class DirectSend:
         self,
         send_text: Callable[[str], Coroutine[Any, Any, None]],
         sub: Subscription,
-        frames: Callable[[Event, str], Sequence[str]],
+        frames: Callable[[Event, str | None], Sequence[str]],
         resume: list[int],
         sends: SendClock,
         terminal: Sequence[str],
