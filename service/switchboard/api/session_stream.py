@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from ..control.hub import EventHub, Subscription
@@ -111,20 +110,11 @@ async def pump_log(
     try:
         async with contextlib.aclosing(log):
             async for item in log:
-                await direct.settled()  # a direct send still finishing goes first
                 if item is None:
                     if keepalive is not None:
+                        await direct.settled()
                         await keepalive()
                     continue
-                event, text = item
-                if event.seq <= direct.resume[0]:
-                    # sent already: directly from the hub, or it reached this node twice (in cluster mode, read
-                    # from the database while Redis was down, then published by its node once Redis was back)
-                    continue
-                for frame in direct.frames(event, text):
-                    direct.sends.since = time.monotonic()
-                    await direct.send_text(frame)
-                    direct.sends.since = None
-                direct.resume[0] = event.seq
+                await direct.send(*item)
     finally:
         await direct.aclose()
