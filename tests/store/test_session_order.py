@@ -187,3 +187,18 @@ async def test_the_database_wins_over_a_message_that_says_otherwise(store: Store
             got.append((event.seq, event.type, event.data))
     assert got == [(e.seq, e.type, e.data) for _, e in pairs]
     assert _order(hub).discarded == 1
+
+
+async def test_the_missing_events_that_arrive_behind_a_gap_release_it_at_once(store: Store, hub: EventHub):
+    """The events a gap waits for, arriving late (through Redis, or from the session's previous owner), release
+    what was held behind them at once, without a read."""
+    sub = hub.subscribe(session_ids=["s1"])
+    await hub.in_order("s1")
+    pairs = await _durable(store, "s1", 1, 3)
+    hub.publish([pairs[2]])
+    hub.publish([pairs[0]])
+    hub.publish([pairs[1]])
+    assert sub.pending() == 3
+    assert await _seqs(sub, 3) == [1, 2, 3]
+    await asyncio.sleep(0.3)
+    assert _order(hub).repairs == 0

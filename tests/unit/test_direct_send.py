@@ -201,3 +201,25 @@ async def test_a_stream_stopped_mid_publish_resumes_after_the_last_event_its_cli
     assert resume == [1]
     reader.cancel()
     sub.close()
+
+
+async def test_an_event_at_or_below_the_streams_position_is_not_sent_again_whichever_way_it_comes():
+    """The replay and the live events overlap (an event the replay read may reach the hub after the stream went
+    live), and in cluster mode an event can reach a node twice: the stream's position is the gate of the publish's
+    sends and of the pump's alike."""
+    hub, socket = EventHub(), Socket()
+    sub = hub.subscribe(session_ids=["s"], maxsize=100)
+    resume = [5]  # the replay sent up to seq 5
+    direct = DirectSend(socket.send_text, sub, lambda e, _: [f"{e.seq}"], resume, Clock(), ["session.closed"])
+    sub.direct = direct
+    waiting = asyncio.create_task(sub.get())
+    await asyncio.sleep(0)
+    hub.publish([(4, event(4)), (5, event(5)), (6, event(6))])
+    hub.publish([(5, event(5)), (6, event(6))])
+    assert socket.sent == ["6"] and resume == [6] and sub.pending() == 0 and not waiting.done()
+    waiting.cancel()
+    for seq in (3, 6, 7, 7):  # the pump's own: replayed, or buffered while it was busy
+        await direct.send(event(seq), None)
+    assert socket.sent == ["6", "7"] and resume == [7]
+    await direct.aclose()
+    sub.close()

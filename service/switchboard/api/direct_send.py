@@ -8,6 +8,11 @@ message, an HTTP body chunk) whose socket accepts more data completes without su
 frames stay in order. A WebSocket that offers ``send_shared`` (``ws_protocol``) writes the frames' bytes, encoded
 once for every subscriber.
 
+The pump's own events (the replay, and what was buffered while it was busy) go through ``DirectSend.send``, so every
+frame of a stream passes one gate: the stream's position, the last ``seq`` its client got. An event at or below it is
+not sent again, whichever way it came: the replay and the live events overlap (an event the replay read may reach the
+hub after the stream went live), and in cluster mode an event can reach a node twice.
+
 The events of one publish (a commit's events: a progress update, a turn's start) are written together, in one write
 to the socket: a socket write costs about as much as everything else a subscriber's event costs, and a burst of events
 to a thousand subscribers would otherwise pay it for every frame.
@@ -52,7 +57,7 @@ class DirectSend:
         self,
         send_text: Callable[[str], Coroutine[Any, Any, None]],
         sub: Subscription,
-        frames: Callable[[Event, str], Sequence[str]],
+        frames: Callable[[Event, str | None], Sequence[str]],
         resume: list[int],
         sends: SendClock,
         terminal: Sequence[str],
@@ -74,35 +79,18 @@ class DirectSend:
         """Send the events of one publish, from the first up to a terminal one; how many were taken."""
         if self.pending is not None or self.sub.error is not None:
             return 0  # the pump sends them
-        frames: list[str] = []
-        ends: list[int | None] = []  # per frame: the seq of the event it completes (None: more frames of it follow)
-        taken = 0
         try:
-            for _, event, text in items:
-                if event.type in self.terminal:
-                    break  # the pump sends it, and ends the stream
-                made = self.frames(event, text)
-                if made:
-                    frames += made
-                    if len(made) > 1:
-                        ends += [None] * (len(made) - 1)
-                    ends.append(event.seq)
-                elif ends:  # no frame of its own: delivered with the frame before it
-                    ends[-1] = event.seq
-                else:  # no frame, and nothing before it waits: delivered now
-                    self.resume[0] = event.seq
-                taken += 1
+            taken, frames, ends, last = self._collect(items)
         except Exception as err:  # a frame that cannot be made ends this stream (its pump raises), not the publish
             self.sub.fail(err)
             return len(items)
         if taken == 0:
             return 0
-        seq = items[taken - 1][1].seq
         if self.joined and len(frames) > 1:
-            frames, ends = ["".join(frames)], [seq]
+            frames, ends = ["".join(frames)], [last]
         try:
             if not frames or (self.shared is not None and self.shared(*frames)):
-                self.resume[0] = seq
+                self.resume[0] = last
                 return taken
             for i, frame in enumerate(frames):
                 coro = self.send_text(frame)
@@ -118,8 +106,47 @@ class DirectSend:
         except Exception as err:  # a failed send ends the stream, through its pump
             self.sub.fail(err)
             return taken
-        self.resume[0] = seq
+        self.resume[0] = last
         return taken
+
+    def _collect(self, items: Sequence[Item]) -> tuple[int, list[str], list[int | None], int]:
+        """The frames of ``items`` up to a terminal one, without the events the stream has sent already: how many
+        items that takes, the frames, per frame the seq of the event it completes (None: more frames of it follow),
+        and the stream's position once they are written."""
+        frames: list[str] = []
+        ends: list[int | None] = []
+        taken, last = 0, self.resume[0]
+        for _, event, text in items:
+            if event.seq <= last:  # sent already: the replay read it before the hub got it, or it came twice
+                taken += 1
+                continue
+            if event.type in self.terminal:
+                break  # the pump sends it, and ends the stream
+            made = self.frames(event, text)
+            if made:
+                frames += made
+                if len(made) > 1:
+                    ends += [None] * (len(made) - 1)
+                ends.append(event.seq)
+            elif ends:  # no frame of its own: delivered with the frame before it
+                ends[-1] = event.seq
+            else:  # no frame, and nothing before it waits: delivered now
+                self.resume[0] = event.seq
+            last = event.seq
+            taken += 1
+        return taken, frames, ends, last
+
+    async def send(self, event: Event, text: str | None) -> None:
+        """Send an event of the stream's pump (replayed, or buffered while the pump was busy), unless the stream has
+        sent it already."""
+        await self.settled()  # a direct send still finishing goes first
+        if event.seq <= self.resume[0]:
+            return
+        for frame in self.frames(event, text):
+            self.sends.since = time.monotonic()
+            await self.send_text(frame)
+            self.sends.since = None
+        self.resume[0] = event.seq
 
     def _sent(self, seq: int | None) -> None:
         """A frame is written: the stream resumes after its event once the event's last frame is."""

@@ -1,13 +1,12 @@
 """A session as an AG-UI event stream over Server-Sent Events, resumable with ``Last-Event-ID``.
 
-The log is the same as the WebSocket event stream's (``routes_events.session_log``: replay from the store, then live,
-gap-free); each session event becomes AG-UI events (``agui``) and the last of them carries ``id: <seq>``.
+The log is the same as the WebSocket event stream's (``session_stream``: replay from the store, then live, each event
+once and in order); each session event becomes AG-UI events (``agui``) and the last of them carries ``id: <seq>``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -25,14 +24,8 @@ from .agui import SHARED, AguiTranslator
 from .auth import AuthError, authenticate, bearer, check, url_token
 from .direct_send import DirectSend
 from .problems import ProblemError, not_found, problem_responses
-from .routes_events import (
-    CLOSE_TIMEOUT_S,
-    MAX_POSITION,
-    TERMINAL_EVENTS,
-    Sends,
-    fell_behind,
-    open_session_log,
-)
+from .routes_events import CLOSE_TIMEOUT_S, MAX_POSITION, Sends, fell_behind
+from .session_stream import TERMINAL_EVENTS, open_session_log, pump_log
 from .stream_slots import TooManyStreams
 
 logger = logging.getLogger("switchboard.api.agui")
@@ -145,11 +138,15 @@ class AguiStream(StreamingResponse):
     async def _stream(self, send: Send) -> bool:
         """Send the session's events until it ends; True when the stream fell behind."""
         resume, sends = [self._since], Sends()
+        services = self._services
         sub, log = await open_session_log(
-            self._services,
+            services.host.hub,
+            services.store,
             self._sid,
             self._since,
             None,
+            maxsize=services.settings.ws_buffer,
+            has_ended=self._has_ended,
             heartbeat_s=KEEPALIVE_S,
         )
         translator = AguiTranslator(self._sid)
@@ -159,6 +156,9 @@ class AguiStream(StreamingResponse):
             await send(_chunk(text))
             sends.since = None
 
+        async def keepalive() -> None:
+            await send_text(": keepalive\n\n")
+
         def frames(event: Event, text: str | None) -> list[str]:
             encoded = SHARED.sse(translator, event)
             return [encoded] if encoded else []  # a progress update's chat items make no AG-UI event
@@ -166,25 +166,10 @@ class AguiStream(StreamingResponse):
         # as on the WebSocket: on every node the hub hands the subscription its session's events in order
         direct = DirectSend(send_text, sub, frames, resume, sends, TERMINAL_EVENTS, joined=True)
         sub.direct = direct
-
-        async def pump() -> None:
-            try:
-                async with contextlib.aclosing(log):
-                    async for item in log:
-                        await direct.settled()  # a direct send still finishing goes first
-                        if item is None:
-                            await send_text(": keepalive\n\n")
-                            continue
-                        if item[0].seq <= resume[0]:
-                            continue  # sent already: directly from the hub, or it reached this node twice
-                        for frame in frames(item[0], None):
-                            await send_text(frame)
-                        resume[0] = item[0].seq
-            finally:
-                await direct.aclose()
+        pump = pump_log(log, direct, keepalive=keepalive)
 
         with sub:
-            tasks = [asyncio.create_task(pump(), name="sse-pump"), asyncio.create_task(fell_behind(sub, sends))]
+            tasks = [asyncio.create_task(pump, name="sse-pump"), asyncio.create_task(fell_behind(sub, sends))]
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -197,6 +182,10 @@ class AguiStream(StreamingResponse):
         if err is not None:
             raise err
         return False
+
+    async def _has_ended(self) -> bool:
+        session = await self._services.host.find(self._sid)
+        return session is not None and session.ended
 
 
 def _chunk(text: str) -> Message:

@@ -1,8 +1,7 @@
 """WebSocket event streams: one session's log (resumable by seq) and a multi-session stream (by cursor).
 
 Each connection is two pumps in a task group — events out, client messages in — plus an overflow watch; whichever
-ends first cancels the others. Replay from the store and the live hub are joined without gap or duplicate: the hub
-subscription starts before the replay query, and live events at or below the last replayed seq are skipped.
+ends first cancels the others. A session stream's replay and live events are joined in ``session_stream``.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
@@ -20,20 +19,18 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from ..control.hub import SubscriberOverflow, Subscription
 from ..runtime.aio import cancel_and_wait
-from ..runtime.events import Event, type_matcher
-from ..store import Store
+from ..runtime.events import Event
 from . import deps
 from .agui import SHARED, AguiTranslator
 from .auth import AuthError, Principal, authenticate, bearer, check, url_token
 from .direct_send import DirectSend
+from .session_stream import REPLAY_PAGE, TERMINAL_EVENTS, open_session_log, pump_log
 from .stream_slots import TooManyStreams
 from .ws_protocol import SendText, shared_sender, text_sender
 
 logger = logging.getLogger("switchboard.api.ws")
 router = APIRouter(tags=["events"])
 
-# a page of replayed events is held until sent: a slow reader of a large session holds one page, not its history
-REPLAY_PAGE = 100
 MAX_TYPE_GLOBS = 64  # each glob is one more term of the store's filter and of the compiled matcher
 MAX_TYPE_GLOB_CHARS = 100
 # all the globs together: compiling a filter takes event-loop time in proportion to its characters and wildcards
@@ -54,9 +51,8 @@ CLOSE_NOT_FOUND = 4404
 CLOSE_TOO_MANY_STREAMS = 4429
 CLOSE_SLOW_CONSUMER = 4008
 MAX_POSITION = 2**63 - 1  # since / cursor
-TERMINAL_EVENTS = ("session.closed", "session.failed")
 FORMAT_SWITCHBOARD = "switchboard"
-FORMAT_AGUI = "ag-ui"  # nothing follows them: a session stream then ends (1000)
+FORMAT_AGUI = "ag-ui"
 
 #: Every close code of the event streams and what it means to a client (published in the AsyncAPI document).
 CLOSE_CODES: dict[int, str] = {
@@ -284,82 +280,18 @@ async def session_events(ws: WebSocket, sid: str) -> None:
         release()
 
 
-async def session_log(
-    store: Store,
-    sub: Subscription,
-    sid: str,
-    since: int,
-    types: list[str] | None,
-    ended: bool,
-    *,
-    heartbeat_s: float | None = None,
-) -> AsyncGenerator[tuple[Event, str | None] | None, None]:
-    """One session's events after ``since``: replayed from the store, then live from ``sub`` (subscribed before the
-    replay began, its events in order and none missing: in cluster mode ``control.session_order`` sees to it once per
-    node), each exactly once and in order, until its terminal event. Live ones come with their JSON. With
-    ``heartbeat_s``, yields None after that long without an event. Raises ``SubscriberOverflow`` when ``sub`` fell
-    behind. ``ended``: the session had ended when ``sub`` was made (its terminal event is in the store)."""
-    last = since
-    while True:  # replay what is stored
-        page = await store.events(sid, since=last, limit=REPLAY_PAGE, types=types)
-        for event in page:
-            yield event, None
-            last = event.seq
-            if event.type in TERMINAL_EVENTS:
-                return
-        if len(page) < REPLAY_PAGE:
-            break
-    if ended:
-        return
-    matches = type_matcher(types)
-    while True:  # then live
-        if heartbeat_s is None:  # the common case, without a timer per event per subscriber
-            _, event, text = await sub.get()
-        else:
-            try:
-                async with asyncio.timeout(heartbeat_s):
-                    _, event, text = await sub.get()  # cancel-safe: an event is taken only once the wait is over
-            except TimeoutError:
-                yield None
-                continue
-        if event.seq <= last:
-            continue
-        if matches(event.type):
-            yield event, text
-        last = event.seq
-        if event.type in TERMINAL_EVENTS:
-            return
-
-
-async def open_session_log(
-    services: deps.Services,
-    sid: str,
-    since: int,
-    types: list[str] | None,
-    *,
-    heartbeat_s: float | None = None,
-) -> tuple[Subscription, AsyncGenerator[tuple[Event, str | None] | None, None]]:
-    """Subscribe to ``sid``'s live events, then make its gap-free log after ``since`` (``session_log``)."""
-    # the end of the session is seen even when the filter leaves its event out
-    hub_types = None if types is None else [*types, *TERMINAL_EVENTS]
-    hub = services.host.hub
-    sub = hub.subscribe(session_ids=[sid], types=hub_types, maxsize=services.settings.ws_buffer)
-    try:
-        await hub.in_order(sid)  # cluster mode: the session's live events are in order from here on
-    except BaseException:
-        sub.close()
-        raise
-    # checked after subscribing: a session that ends later reports it through the hub; one that has ended has its
-    # terminal event durable already (host.close() returns only after that), so the replay has all of it
-    session = await services.host.find(sid)
-    ended = session is not None and session.ended
-    log = session_log(services.store, sub, sid, since, types, ended, heartbeat_s=heartbeat_s)
-    return sub, log
-
-
 async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] | None, fmt: str) -> None:
     resume = [since]
-    sub, log = await open_session_log(deps.services(ws), sid, since, types)
+    services = deps.services(ws)
+    sub, log = await open_session_log(
+        services.host.hub,
+        services.store,
+        sid,
+        since,
+        types,
+        maxsize=services.settings.ws_buffer,
+        has_ended=lambda: _has_ended(services, sid),
+    )
     sends = Sends()
     translator = AguiTranslator(sid) if fmt == FORMAT_AGUI else None
 
@@ -375,25 +307,15 @@ async def _session_stream(ws: WebSocket, sid: str, since: int, types: list[str] 
     sub.direct = direct
 
     async def pump() -> None:
-        try:
-            async with contextlib.aclosing(log):
-                async for item in log:
-                    if item is None:
-                        continue
-                    event, text = item
-                    await direct.settled()  # a direct send still finishing goes first
-                    if event.seq <= resume[0]:
-                        # sent already: directly from the hub, or it reached this node twice (in cluster mode, read
-                        # from the database while Redis was down, then published by its node once Redis was back)
-                        continue
-                    for frame in frames(event, text):
-                        await _send(send_text, frame, sends)
-                    resume[0] = event.seq
-            raise _Closed(CLOSE_NORMAL, "session closed")
-        finally:
-            await direct.aclose()
+        await pump_log(log, direct)
+        raise _Closed(CLOSE_NORMAL, "session closed")
 
     await _run(ws, sub, pump(), resume, sends)
+
+
+async def _has_ended(services: deps.Services, sid: str) -> bool:
+    session = await services.host.find(sid)
+    return session is not None and session.ended
 
 
 @router.websocket("/v1/events")

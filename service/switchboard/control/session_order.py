@@ -98,7 +98,7 @@ class SessionOrder:
             if track.next is not None and event.seq == track.next and not track.held:
                 out.append((cursor, event))  # the common case
                 track.next += 1
-            elif track.next is None or event.seq > track.next:
+            elif track.next is None or event.seq >= track.next:  # the next one, behind a gap too: it fills it
                 track.held.setdefault(event.seq, (cursor, event))
                 self._gap(event.session_id, track, out)
             # else: released already
