@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from switchboard.api import routes_media
+from switchboard.api import media_codes, routes_media
 from switchboard.api.app import create_app
+from switchboard.cli import edge as edge_cli
 from switchboard.runtime.agent import AgentRegistry
 
 from .conftest import Api, make_settings
@@ -133,3 +134,30 @@ async def test_barge_in_latency_is_measured_from_the_frame_read_to_the_stop_writ
 
 async def _sent(ws: AsgiWebSocket, kind: str) -> bool:
     return any(f["type"] == kind for f in ws.frames)
+
+
+async def test_a_transcript_that_reaches_a_session_being_moved_is_not_lost(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session is handed over (a drain): a final transcript that arrives once it takes nothing more is refused
+    with a 4410 that says so, and the edge sends it again where the session runs next; the edge is never told that
+    the session ended (it would stop for good while the session lives on)."""
+    monkeypatch.setattr(routes_media, "WATCH_INTERVAL_S", 60.0)  # the connection does not notice the move itself
+    sid = await create(api, [{"text": "Fine."}])
+    ws = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media")
+    send(ws, {"type": "ping"})
+    await until(lambda: frames(ws, 1))
+    host = api.app.state.services.host
+    await host.sessions[sid].suspend()  # handed over: its last writes are settled
+    send(ws, {"type": "user.transcript", "text": "are you there?", "final": True})
+    code, reason = await ws.closed()
+    assert (code, reason) == (4410, media_codes.TRANSCRIPT_NOT_TAKEN)
+    assert reason.startswith(edge_cli.NOT_TAKEN)  # the reference edge recognises it
+
+
+def test_the_reference_edge_sends_a_transcript_the_moving_session_did_not_take_again() -> None:
+    said = edge_cli.Transcripts(last="are you there?")
+    said.closed(4410, media_codes.MOVING)
+    assert said.resend is None  # the session moved, but had taken it
+    said.closed(4410, media_codes.TRANSCRIPT_NOT_TAKEN)
+    assert said.resend == "are you there?"

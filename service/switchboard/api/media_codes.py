@@ -18,6 +18,11 @@ CLOSE_REPLACED = 4409
 CLOSE_NOT_ACTIVE = 4410
 CLOSE_TOO_MANY_FRAMES = 4429
 
+# the reasons of a 4410 while the session is being handed over to another node; the second one tells the edge that the
+# final transcript it just sent was not taken, and is to be sent again once connected again
+MOVING = "session moving to another node; connect again"
+TRANSCRIPT_NOT_TAKEN = "session moving; transcript not taken: connect again and send it again"
+
 #: Every close code of the media edge and what it means to the edge (published in the AsyncAPI document).
 CLOSE_CODES: dict[int, str] = {
     CLOSE_NORMAL: "The session ended (closed or failed; also when it had ended before the edge connected: the "
@@ -37,7 +42,9 @@ CLOSE_CODES: dict[int, str] = {
     "ended interrupted at its last reported position.",
     CLOSE_NOT_ACTIVE: "The session is not active here: it is being recovered, was suspended by a shutdown or moved "
     "to another node; in cluster mode also: the node that runs it could not be "
-    "reached, or went away (failover). Connect again in a moment, to any node.",
+    "reached, or went away (failover). Connect again in a moment, to any node. The reason "
+    f"`{TRANSCRIPT_NOT_TAKEN}` says that the final transcript the edge sent last was not taken: send it again once "
+    "connected again (the session moved as it arrived).",
     CLOSE_TOO_MANY_FRAMES: "Too many frames per second (`SWITCHBOARD_MEDIA_MAX_FRAMES_PER_S`, default 100, over a "
     "burst of twice as many).",
 }

@@ -28,6 +28,7 @@ from ..runtime.media_frames import (
     FrameRefused,
     SpeechStopFrame,
     UserSpeechStartedFrame,
+    UserTranscriptFrame,
     _Frame,
     parse_edge_frame,
 )
@@ -47,8 +48,10 @@ from .media_codes import (
     CLOSE_TOO_MANY_FRAMES,
     CLOSE_UNAUTHENTICATED,
     CLOSE_UNSUPPORTED_DATA,
+    MOVING,
     OUTBOX_FRAMES,
     SEND_TIMEOUT_S,
+    TRANSCRIPT_NOT_TAKEN,
 )
 from .routes_events import _close
 
@@ -222,6 +225,7 @@ class _EdgeConnection:
             await self._apply(text)
 
     async def _apply(self, text: str) -> None:
+        frame: object = None
         try:
             try:
                 data = json.loads(text)
@@ -234,7 +238,10 @@ class _EdgeConnection:
         except FrameRefused as refused:
             self._enqueue(refused.error_frame())
         except SessionSuspended:  # moving to another node: the edge connects again, to any node, and goes on there
-            raise _Closed(CLOSE_NOT_ACTIVE, "session moving to another node; connect again") from None
+            # a final transcript the session could no longer take (its hand-over is sealed): the edge sends it again
+            # once connected again, where the session runs next (docs/media-edge.md, 4410)
+            lost = isinstance(frame, UserTranscriptFrame) and frame.final
+            raise _Closed(CLOSE_NOT_ACTIVE, TRANSCRIPT_NOT_TAKEN if lost else MOVING) from None
         except SessionClosed:
             raise _Closed(CLOSE_NORMAL, "session ended") from None
         except Exception:  # a store failure, say: the edge is told, the connection and the session go on

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ from .output import printable, short
 DEFAULT_URL = "http://127.0.0.1:8080"
 FRAME_S = 0.02  # audio is played, written and measured in frames of this length
 SESSION_CLOSED = 1000
+MOVED = 4410
+NOT_TAKEN = "session moving; transcript not taken"  # the start of that 4410's reason (docs/media-edge.md)
 SEGMENT_MEMORY = 256  # speeches whose segments are counted (for their file names)
 RECONNECT_FIRST_S = 0.25
 RECONNECT_MAX_S = 2.0
@@ -90,12 +92,27 @@ class Playback:
         self.sinks = []
 
 
+@dataclass
+class Transcripts:
+    """The user's last final transcript, and one to send again first on the next connection: the session was being
+    handed over to another node as it arrived and did not take it (a 4410 whose reason says so)."""
+
+    last: str | None = None
+    resend: str | None = None
+
+    def closed(self, code: int, reason: str) -> None:
+        """The connection closed with ``code`` and ``reason``: the last transcript is sent again if it was not taken."""
+        if code == MOVED and reason.startswith(NOT_TAKEN) and self.last is not None:
+            self.resend = self.last
+
+
 @dataclass(frozen=True)
 class EdgeOptions:
     engine: Espeak
     out: Path | None  #: the directory of the WAV files, if any
     player: str | None  #: the sound device's player (aplay, pw-play), if any
     barge_in: bool  #: each user line first says the user started talking
+    transcripts: Transcripts = field(default_factory=lambda: Transcripts())
 
 
 class Edge:
@@ -107,6 +124,7 @@ class Edge:
         self.out = options.out
         self.player = options.player
         self.barge_in = options.barge_in
+        self.options = options
         self.say = say
         self.speeches: dict[str, Playback] = {}  # the latest segment of each speech not yet finalised
         self._segments: dict[str, int] = {}
@@ -283,12 +301,17 @@ class Edge:
     # -- the user --------------------------------------------------------------------------------------------------
 
     async def _user(self, lines: asyncio.Queue[str | None]) -> None:
+        said = self.options.transcripts
+        if said.resend is not None:  # not taken on the last connection: the session moved as it arrived
+            text, said.resend = said.resend, None
+            await self.conn.send_transcript(text, final=True)
         while (line := await lines.get()) is not None:
             text = line.strip()
             if not text:
                 continue
             if self.barge_in:
                 await self._barge_in()
+            said.last = text
             await self.conn.send_transcript(text, final=True)
         await asyncio.Event().wait()  # stdin has ended; the edge plays on until the session closes
 
@@ -365,6 +388,7 @@ async def run_edge(args: argparse.Namespace) -> int:
             if code == SESSION_CLOSED:
                 _say(f"session {args.sid} closed")
                 return 0
+            options.transcripts.closed(code, reason)
             first = retry.failing_since is None
             delay = retry.after(code)
             if delay is None:
