@@ -38,6 +38,7 @@ from sqlalchemy.engine import make_url
 from ..runtime.aio import cancel_and_wait
 from ..runtime.events import Event
 from .hub import EventHub
+from .shared_buckets import REDIS_ERRORS
 
 logger = logging.getLogger("switchboard.control.fanout")
 
@@ -123,7 +124,7 @@ class RedisFanout:
                 await self._redis.publish(
                     self.wake_channel, sign(self._key, self.wake_channel, {"node": self._node_id})
                 )
-        except (aioredis.RedisError, OSError, TimeoutError) as err:
+        except REDIS_ERRORS as err:
             logger.warning("fan-out: cannot wake the other nodes through Redis (%r); they look on their own", err)
 
     async def _publish_forever(self) -> None:
@@ -134,7 +135,7 @@ class RedisFanout:
                 try:
                     async with asyncio.timeout(CALL_TIMEOUT_S):
                         await self._redis.publish(self.channel, message)
-                except (aioredis.RedisError, OSError, TimeoutError) as err:
+                except REDIS_ERRORS as err:
                     self._set(publishing=False, err=err)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX_S)
@@ -155,7 +156,7 @@ class RedisFanout:
                     async with asyncio.timeout(CALL_TIMEOUT_S):
                         await pubsub.subscribe(self.channel, self.wake_channel)
                     await self._listen(pubsub)
-            except (aioredis.RedisError, OSError, TimeoutError) as err:
+            except REDIS_ERRORS as err:
                 delay = RETRY_MIN_S if self._listening else min(delay * 2, RETRY_MAX_S)
                 self._set(listening=False, err=err)
                 await asyncio.sleep(delay)

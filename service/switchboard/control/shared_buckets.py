@@ -49,6 +49,11 @@ return {1}
 """
 
 
+# What a call to Redis that failed raises: redis-py's errors, the socket's, a deadline, and the RuntimeError uvloop
+# raises when a closed transport is written to (a connection Redis reset). Any of them is Redis being unavailable.
+REDIS_ERRORS: tuple[type[BaseException], ...] = (aioredis.RedisError, OSError, TimeoutError, RuntimeError)
+
+
 class SharedBucketsUnavailable(Exception):
     """Redis did not answer in time (or at all): charge the node's own buckets."""
 
@@ -83,7 +88,7 @@ class SharedBuckets:
         try:
             async with asyncio.timeout(self.timeout_s):
                 answer = await self._script(keys=[self.key(subject)], args=args)
-        except (aioredis.RedisError, OSError, TimeoutError) as err:
+        except REDIS_ERRORS as err:
             raise SharedBucketsUnavailable(repr(err)) from None
         if int(answer[0]) == 1:
             return None

@@ -201,10 +201,11 @@ async def _on_interrupted(session: ReplySession, speech: SpeechHandle, step: _St
 
 
 async def _on_moved(session: ReplySession, speech: SpeechHandle, step: _Step | None, played: str) -> None:
-    """The session moves to another process (``SpeechHandle.hand_over``): what this step played is committed (a
-    message cut short), and nothing else. The speech is not ended nor reported interrupted: it stays owed in the
-    store, and the next owner plays it again (a reply is generated anew from the chat as it is then)."""
-    if step is not None and played.strip():
+    """The session moves to another process (``SpeechHandle.hand_over``): the speech is not ended nor reported
+    interrupted: it stays owed in the store, and the next owner plays it again. A reply is generated anew from the
+    chat as it is then, so what this step played is committed (a message cut short: the model knows what was said);
+    a say is said again whole and committed once, then."""
+    if step is not None and played.strip() and speech.source != "say":
         await _commit_message(session, speech, step, played, interrupted=True)
 
 
