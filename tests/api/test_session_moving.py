@@ -4,6 +4,8 @@ names this node its owner is moving, not over: commands answer 503 ``session_mov
 
 from __future__ import annotations
 
+from switchboard.runtime.status import SessionStatus
+
 from .conftest import Api
 
 
@@ -18,3 +20,18 @@ async def test_a_command_for_a_session_this_node_let_go_of_answers_moving(api: A
     # reads still answer, from the database (the session is live, owned by this node until it moves)
     got = await api.client.get(f"/v1/sessions/{sid}")
     assert got.status_code == 200 and got.json()["state"] == "active"
+
+
+async def test_a_command_for_a_session_being_recovered_here_answers_recovering(api: Api) -> None:
+    """A session a node adopted is in its hands before it has started again (its recovery settles what was in
+    flight first): a command meanwhile answers 503 ``session_recovering``, never 409 ``session_not_active`` (a chaos
+    run saw inputs given up on that way)."""
+    sid = (await api.create())["id"]
+    session = api.app.state.services.host.sessions[sid]
+    session.state = SessionStatus.INITIALIZING  # as during its recovery, before it starts
+    try:
+        r = await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "hello?"})
+        assert r.status_code == 503, r.text
+        assert r.json()["code"] == "session_recovering" and r.headers["retry-after"] == "1"
+    finally:
+        session.state = SessionStatus.ACTIVE

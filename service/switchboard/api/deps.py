@@ -88,6 +88,9 @@ async def active_session(host: SessionHost, sid: str) -> AgentSession:
     """The live session, ready for commands; 409 when it exists but is not active, 404 when it never existed."""
     view = await known_session(host, sid)
     await owned_here(host, view)
+    if view.live is not None and view.live.state == SessionStatus.INITIALIZING:  # being recovered (or started) here
+        detail = f"Session {sid!r} is being recovered; retry."
+        raise ProblemError(503, Retry.RECOVERING.value, detail, headers=_RETRY)
     # a session being handed over (a drain) still takes input and speeches durably, for its next owner; other
     # commands answer 503 session_moving (``SessionSuspended``)
     if view.live is None or view.state not in (SessionStatus.ACTIVE, SessionStatus.SUSPENDED):
