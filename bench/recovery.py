@@ -6,11 +6,12 @@
 
 The database is filled through the store (``create_session``, ``ChatStore.commit``, ``EventSink.publish``): per
 session 100 chat items (20 exchanges of user message, assistant message, tool call, tool output, assistant message),
-20 completed tool calls, one finished speech and their events (a chat.item per item, a tool.ended per call, a
-speech.done) plus 30 more; one session in 20 also has a tool call left ``running``
-(a crash in the middle of a tool). Each run then starts a fresh store and ``SessionHost`` on a fresh copy of that
-database (as ``app.py`` does on start) and times ``SessionHost.recover_all()``: every session rebuilt with its chat
-context, ``seq`` continued, the running calls ended ``interrupted`` with their output, ``session.recovered`` emitted.
+20 completed tool calls, one finished speech and their events (a user.input per user message, a chat.item per item,
+a tool.ended per call, a speech.created and a speech.done) plus 9 more, 151 in all; one session in 20 also has a
+tool call left ``running`` (a crash in the middle of a tool). Each run then starts a fresh store and
+``SessionHost`` on a fresh copy of that database (as ``app.py`` does on start) and times
+``SessionHost.recover_all()``: every session rebuilt with its chat context, ``seq`` continued, the running calls
+ended ``interrupted`` with their output, ``session.recovered`` emitted.
 "recover_all" is the call itself; "+ durable" adds the wait until every write it queued is committed.
 
 Budget (DESIGN.md): < 3 s for 1,000 sessions x 100 items. The script exits non-zero if the SQLite median is over.
@@ -54,7 +55,7 @@ from switchboard.store import SessionRecord, Store
 
 PG_URL = os.environ.get("SWITCHBOARD_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 BUDGET_S = 3.0
-EVENTS_PER_SESSION = 30
+EVENTS_PER_SESSION = 9  # with the ones above, 151 events per session
 RUNNING_EVERY = 20  # one session in RUNNING_EVERY has a tool call left running
 FILL_CONCURRENCY = 50
 
@@ -148,7 +149,13 @@ async def fill(url: str, schema: str | None, sessions: int, items: int) -> None:
                 calls.append(running)
             await chat.commit(sid, Commit(items=content, tool_calls=calls, speeches=speeches))
             # what was committed is reported (recovery would emit any event that is missing), then some more
-            payloads: list[ev.EventPayload] = [ev.ChatItemAdded(item=it) for it in content]
+            payloads: list[ev.EventPayload] = [
+                ev.UserInput(item_id=it.id, text=it.text, final=True, role="user")
+                for it in content
+                if isinstance(it, ChatMessage) and it.role == "user"
+            ]
+            payloads += [ev.SpeechCreated(speech_id=sp.id, source="reply") for sp in speeches]
+            payloads += [ev.ChatItemAdded(item=it) for it in content]
             payloads += [
                 ev.ToolEnded(call_id=c.call_id, name=c.name, status=c.status, output=c.output or "", is_error=False)
                 for c in calls

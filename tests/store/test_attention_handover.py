@@ -100,3 +100,32 @@ async def test_recent_events_of_chosen_kinds_are_read_with_the_sessions(db: Db) 
     loaded = await store.load_sessions_bulk(["a"], recent_types=["speech.created"], recent_limit=3)
     assert [e.data["speech_id"] for e in loaded["a"].recent] == ["sp2", "sp3", "sp4"]
     assert (await store.load_sessions_bulk(["a"]))["a"].recent == []
+
+
+async def test_of_the_tools_that_ended_only_each_tools_last_end_is_read_and_only_when_it_failed(db: Db) -> None:
+    # a tool ends at every call: the window holds the other kinds, and of the tools the ones failing now
+    store = db.store()
+    await store.migrate()
+    await store.start()
+    await store.create_session(SessionRecord(id="a", agent="worker", state="active"))
+    events = EventLog("a", store.event_sink())
+
+    def ended(n: int, name: str, status: str) -> None:
+        events.emit(ev.ToolEnded(call_id=f"c{n}", name=name, status=status, output=f"out {n}", is_error=False))
+
+    ended(1, "pay", "failed")  # older than the window, and still pay's last end
+    ended(2, "book", "failed")
+    ended(3, "book", "completed")  # book works again
+    for n in range(4, 9):
+        ended(n, "look", "completed")
+    for n in range(3):
+        events.emit(ev.SpeechCreated(speech_id=f"sp{n}", source="reply"))
+    await events.flushed()
+    kinds = ["speech.created", "tool.ended"]
+    recent = (await store.load_sessions_bulk(["a"], recent_types=kinds, recent_limit=2))["a"].recent
+    assert [(e.type, e.data.get("call_id") or e.data.get("speech_id")) for e in recent] == [
+        ("tool.ended", "c1"),
+        ("speech.created", "sp1"),
+        ("speech.created", "sp2"),
+    ]
+    await store.aclose()
