@@ -22,7 +22,7 @@ and exits non-zero if the p99 budget is missed or any heard text differs.
 
 With ``--nodes N`` (2 or more) the sessions run on a cluster instead (``N`` nodes on a fresh PostgreSQL database and
 a redis-server of the benchmark's own, as ``cluster_common.py`` starts them): half the edges connect to the node that
-runs their session, the other half to another node, which relays them (``api/media_proxy.py``), and both halves are
+runs their session, the other half to another node, which relays them (``api/cluster/relay.py``), and both halves are
 reported side by side, measured in the same rounds.
 
 Run: ``.venv/bin/python bench/media_edge.py [--sessions 200] [--rounds 5] [--period-ms 20] [--progress-ms 300]

@@ -92,9 +92,9 @@ async def one_run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, An
     import httpx
     import uvicorn
 
-    from switchboard.api.agui import AguiTranslator, encode_ws
     from switchboard.api.app import create_app
-    from switchboard.api.ws_protocol import EventStreamProtocol
+    from switchboard.api.streams.agui import AguiTranslator, encode_ws
+    from switchboard.api.streams.ws_protocol import EventStreamProtocol
     from switchboard.cli.main import GC_YOUNG_THRESHOLD
     from switchboard.control.settings import Settings
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft7Validator
 
-from switchboard.api import routes_events
+from switchboard.api.streams import events as event_routes
 from switchboard.cli.main import asyncapi_spec, main
 from switchboard.runtime.event_types import EVENT_PAYLOADS, EVENT_TYPES
 
@@ -110,8 +110,8 @@ def test_query_parameters_are_those_the_routes_read():
     spec = asyncapi_spec()
     session_query = spec["channels"]["sessionEvents"]["bindings"]["ws"]["query"]["properties"]
     all_query = spec["channels"]["allEvents"]["bindings"]["ws"]["query"]["properties"]
-    assert set(session_query) == _query_params_read(routes_events.session_events) | {"token"}
-    assert set(all_query) == _query_params_read(routes_events.all_events) | {"token"}
+    assert set(session_query) == _query_params_read(event_routes.session_events) | {"token"}
+    assert set(all_query) == _query_params_read(event_routes.all_events) | {"token"}
     assert spec["channels"]["sessionEvents"]["parameters"] == {"sid": {"description": "The session id."}}
 
 
@@ -128,9 +128,9 @@ def _query_params_read(route: Any) -> set[str]:
 
 
 def _close_codes_used() -> set[int]:
-    """Every close code ``routes_events`` passes to ``_Closed(code, ...)`` or ``_close(ws, code, ...)``."""
+    """Every close code ``api.streams.events`` passes to ``_Closed(code, ...)`` or ``_close(ws, code, ...)``."""
     codes: set[int] = set()
-    for node in ast.walk(ast.parse(inspect.getsource(routes_events))):
+    for node in ast.walk(ast.parse(inspect.getsource(event_routes))):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
             continue
         if node.func.id in ("_Closed", "_close"):
@@ -140,7 +140,7 @@ def _close_codes_used() -> set[int]:
                 if isinstance(candidate, ast.Constant):
                     codes.add(candidate.value)
                 elif isinstance(candidate, ast.Name):
-                    codes.add(getattr(routes_events, candidate.id))
+                    codes.add(getattr(event_routes, candidate.id))
     return codes
 
 
@@ -151,8 +151,8 @@ def test_close_codes_document_every_code_the_streams_use():
     session_codes = {c["code"] for c in spec["channels"]["sessionEvents"]["x-close-codes"]}
     all_codes = {c["code"] for c in spec["channels"]["allEvents"]["x-close-codes"]}
     assert used <= session_codes
-    assert used - {routes_events.CLOSE_NOT_FOUND} <= all_codes
-    assert routes_events.CLOSE_NOT_FOUND not in all_codes  # the multi-session stream names no session
+    assert used - {event_routes.CLOSE_NOT_FOUND} <= all_codes
+    assert event_routes.CLOSE_NOT_FOUND not in all_codes  # the multi-session stream names no session
     assert all(c["meaning"] for c in spec["channels"]["sessionEvents"]["x-close-codes"])
     for channel in spec["channels"].values():
         for code in channel["x-close-codes"]:

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from switchboard.api.forward import FORWARDED_HEADER, ForwardedGuard
+from switchboard.api.cluster.forward import FORWARDED_HEADER, ForwardedGuard
 from switchboard.api.problems import problem_response
 from switchboard.control.settings import Settings
 

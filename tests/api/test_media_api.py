@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from switchboard.api import media_codes, routes_media
 from switchboard.api.app import create_app
+from switchboard.api.media import codes as media_codes
+from switchboard.api.media import routes as media_routes
 from switchboard.cli import edge as edge_cli
 from switchboard.runtime.agent import AgentRegistry
 
@@ -43,7 +44,7 @@ async def speech(api: Api, sid: str, speech_id: str) -> dict[str, Any]:
 async def test_an_edge_that_stops_reading_is_closed_and_its_speech_ends_interrupted(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(routes_media, "OUTBOX_FRAMES", 50)
+    monkeypatch.setattr(media_routes, "OUTBOX_FRAMES", 50)
     sid = await create(api, [{"text": WORDS}, {"text": "Fine."}])
     ws = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media")
     send(ws, {"type": "ping"})
@@ -103,7 +104,7 @@ async def test_a_transcript_at_the_text_limit_is_taken_however_its_frame_escapes
     async with edge_with_text_limit(tmp_path, registry, 300) as (api, sid, ws):
         text = "\u00e9" * 300  # 300 characters, each escaped in the frame
         frame = json.dumps({"type": "user.transcript", "text": text}, ensure_ascii=True)
-        assert len(frame) > 300 + routes_media.FRAME_OVERHEAD_CHARS
+        assert len(frame) > 300 + media_routes.FRAME_OVERHEAD_CHARS
         send(ws, frame)
         send(ws, {"type": "ping"})
         await until(lambda: _user_text(api, sid, text))
@@ -142,7 +143,7 @@ async def test_a_transcript_that_reaches_a_session_being_moved_is_not_lost(
     """The session is handed over (a drain): a final transcript that arrives once it takes nothing more is refused
     with a 4410 that says so, and the edge sends it again where the session runs next; the edge is never told that
     the session ended (it would stop for good while the session lives on)."""
-    monkeypatch.setattr(routes_media, "WATCH_INTERVAL_S", 60.0)  # the connection does not notice the move itself
+    monkeypatch.setattr(media_routes, "WATCH_INTERVAL_S", 60.0)  # the connection does not notice the move itself
     sid = await create(api, [{"text": "Fine."}])
     ws = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media")
     send(ws, {"type": "ping"})

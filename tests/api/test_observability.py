@@ -14,9 +14,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from switchboard.api import routes_events
 from switchboard.api.app import create_app
 from switchboard.api.auth import issue_token
+from switchboard.api.streams import events as event_routes
 from switchboard.control import logs
 from switchboard.control.settings import ALL_SCOPES, ApiKey
 from switchboard.runtime.agent import AgentRegistry
@@ -217,7 +217,7 @@ async def test_websocket_connections_and_dropped_slow_consumers(api: Api):
 async def test_a_stalled_send_is_a_slow_consumer_too(api: Api, monkeypatch: pytest.MonkeyPatch):
     """A client that stops reading on a quiet session: no buffer overflows, but the send times out. It is closed
     with 4008 and the seq to resume from (not a plain 1000, which would tell it the stream is over)."""
-    monkeypatch.setattr(routes_events, "SEND_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(event_routes, "SEND_TIMEOUT_S", 0.2)
     sid = await create(api, [])
     ws = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/events")
     await until(lambda: _has(ws, "agent.state"))

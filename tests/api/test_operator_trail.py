@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from switchboard.api import routes_export
 from switchboard.api.app import create_app
-from switchboard.api.routes_export import EXPORT_EVENTS_PAGE
+from switchboard.api.sessions import export
+from switchboard.api.sessions.export import EXPORT_EVENTS_PAGE
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.chat import ChatItem
 from switchboard.store import store as store_module
@@ -167,7 +167,7 @@ async def test_export_of_an_ended_session_reads_its_chat_a_page_at_a_time(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The export read an ended session's whole chat at once: each export of a long chat held all of it."""
-    monkeypatch.setattr(routes_export, "EXPORT_CHAT_PAGE", 7)
+    monkeypatch.setattr(export, "EXPORT_CHAT_PAGE", 7)
     await api.create(id="chatty", llm={"provider": "scripted", "turns": []})
     for i in range(30):
         r = await api.client.post("/v1/sessions/chatty/say", json={"text": f"line {i}", "add_to_chat": True})

@@ -1,5 +1,5 @@
-"""The routing seam knows every route about one session: each is served where its placement says (api/routing.py),
-and a route added later is sent to the session's node unless it is declared otherwise."""
+"""The routing seam knows every route about one session: each is served where its placement says
+(api/cluster/routing.py), and a route added later is sent to the session's node unless it is declared otherwise."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 from fastapi import APIRouter
 from sqlalchemy import exc as sa_exc
 
-from switchboard.api import routing
 from switchboard.api.app import create_app
-from switchboard.api.routing import PLACEMENTS, WS, Placement, placement_of, session_routes
+from switchboard.api.cluster import routing
+from switchboard.api.cluster.routing import PLACEMENTS, WS, Placement, placement_of, session_routes
 from switchboard.control.settings import Settings
 
 OWNER, READ, ANY = Placement.OWNER, Placement.OWNER_READ, Placement.ANYWHERE

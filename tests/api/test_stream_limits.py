@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from switchboard.api.app import create_app
-from switchboard.api.routes_events import (
+from switchboard.api.streams.events import (
     MAX_TYPE_CHARS,
     MAX_TYPE_GLOB_CHARS,
     MAX_TYPE_GLOBS,

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from sqlalchemy.engine import RowMapping, make_url
 
-from switchboard.api import routes_export
 from switchboard.api.app import create_app
+from switchboard.api.sessions import export
 from switchboard.runtime import executor as executor_module
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.tools import ToolCallInfo
@@ -198,7 +198,7 @@ async def test_export_of_an_ended_session_reads_its_tool_calls_a_page_at_a_time(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The export read every call of an ended session at once."""
-    monkeypatch.setattr(routes_export, "EXPORT_TOOL_CALLS_PAGE", 7, raising=False)
+    monkeypatch.setattr(export, "EXPORT_TOOL_CALLS_PAGE", 7, raising=False)
     sid = await _many_calls(api, 30)
     every = await _every_page(api, sid, limit=1000)
     assert (await api.client.delete(f"/v1/sessions/{sid}")).status_code == 204

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 import websockets
 from sqlalchemy.engine import make_url
 
-from switchboard.control.fanout import CHANNEL_PREFIX, message_key, sign
+from switchboard.control.cluster.fanout import CHANNEL_PREFIX, message_key, sign
 from switchboard.runtime.events import Event
 
 from .cluster_support import (

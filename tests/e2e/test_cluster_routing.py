@@ -1,6 +1,6 @@
-"""One routing seam (api/routing.py): behind a non-sticky load balancer every request about a session reaches the
-node that runs it, whichever node it arrived at. Real nodes on PostgreSQL and a Redis of the test's own; webhook tools
-answered by a real backend, which reports its results to whichever node it reaches."""
+"""One routing seam (api/cluster/routing.py): behind a non-sticky load balancer every request about a session reaches
+the node that runs it, whichever node it arrived at. Real nodes on PostgreSQL and a Redis of the test's own; webhook
+tools answered by a real backend, which reports its results to whichever node it reaches."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from switchboard.api.cluster_attention import ATTENTION_TIMEOUT_S, MISSING_NODES_HEADER
+from switchboard.api.cluster.attention import ATTENTION_TIMEOUT_S, MISSING_NODES_HEADER
 from switchboard.client import AsyncClient
 
 from .cluster_support import FORWARDED, LEASE_S, SECRET, RedisServer, cluster_node, start_all, until

@@ -1,6 +1,6 @@
-"""Shared event frames (``api/ws_protocol``): a message sent to many WebSockets is framed and compressed once per
-encoding, and every client (compressing or not) reads it; a connection that cannot take it at once says so, and the
-frame goes the usual way.
+"""Shared event frames (``api/streams/ws_protocol``): a message sent to many WebSockets is framed and compressed once
+per encoding, and every client (compressing or not) reads it; a connection that cannot take it at once says so, and
+the frame goes the usual way.
 
 The server is a real uvicorn with the protocol ``switchboard serve`` uses, in this process (the encode counter is
 read), serving a minimal app whose endpoint sends through ``shared_sender``.
@@ -23,7 +23,7 @@ from starlette.websockets import WebSocket
 from websockets.extensions.permessage_deflate import PerMessageDeflate
 from websockets.frames import Frame, Opcode
 
-from switchboard.api.ws_protocol import (
+from switchboard.api.streams.ws_protocol import (
     FRAMES,
     SHARED_FRAMES,
     EventStreamProtocol,

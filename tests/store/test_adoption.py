@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from switchboard.control.cluster.ownership import NodeLease
 from switchboard.control.host import SessionHost
 from switchboard.control.hub import EventHub
-from switchboard.control.ownership import NodeLease
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.store import SessionData, SessionRecord
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from switchboard.control.cluster_feed import ClusterFeed
+from switchboard.control.cluster.feed import ClusterFeed
 from switchboard.control.hub import EventHub, Subscription
 from switchboard.runtime.events import Event
 from switchboard.store import Store

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from switchboard.control.fanout import RedisFanout, message_key, sign
+from switchboard.control.cluster.fanout import RedisFanout, message_key, sign
 from switchboard.control.hub import EventHub, Subscription
 from switchboard.runtime.events import Event
 from tests.e2e.cluster_support import RedisServer

@@ -200,7 +200,7 @@ async def test_claim_orphans_takes_a_share_when_nodes_split_a_dead_nodes_session
 
 
 def test_this_hosts_dead_process_is_recognised() -> None:
-    from switchboard.control.ownership import _process_gone
+    from switchboard.control.cluster.ownership import _process_gone
 
     here = socket.gethostname()
     mine = replace(node("me", pid=os.getpid()), hostname=here)

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 import asyncpg
 import pytest
 
-from switchboard.control.ownership import NodeDraining, NodeLease
+from switchboard.control.cluster.ownership import NodeDraining, NodeLease
 from switchboard.control.settings import Settings
 from switchboard.store import NodeState, SessionRecord
 from switchboard.store.records import now_utc

@@ -12,9 +12,9 @@ import asyncpg
 import pytest
 
 from switchboard import Agent, RunContext, function_tool
+from switchboard.control.cluster.ownership import NodeLease
 from switchboard.control.host import SessionHost
 from switchboard.control.hub import EventHub
-from switchboard.control.ownership import NodeLease
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.ports import Commit
 from switchboard.store import SessionRecord

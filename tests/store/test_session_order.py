@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from switchboard.control.cluster.session_order import HELD_MAX, Item, SessionOrder
 from switchboard.control.hub import EventHub, Subscription
-from switchboard.control.session_order import HELD_MAX, Item, SessionOrder
 from switchboard.runtime.events import Event
 from switchboard.store import Store
 

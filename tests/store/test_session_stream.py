@@ -15,12 +15,13 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from switchboard.api.direct_send import DirectSend
-from switchboard.api.session_stream import TERMINAL_EVENTS, open_session_log, pump_log
-from switchboard.control import cluster_feed, session_order
-from switchboard.control.cluster_feed import ClusterFeed
+from switchboard.api.streams.direct_send import DirectSend
+from switchboard.api.streams.session_stream import TERMINAL_EVENTS, open_session_log, pump_log
+from switchboard.control.cluster import feed as cluster_feed
+from switchboard.control.cluster import session_order
+from switchboard.control.cluster.feed import ClusterFeed
+from switchboard.control.cluster.session_order import SessionOrder
 from switchboard.control.hub import EventHub, Subscription
-from switchboard.control.session_order import SessionOrder
 from switchboard.runtime.events import Event
 from switchboard.store import SessionRecord, Store
 

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from switchboard.api.rate_limit import SHARED_RETRY_S, SharedWriteLimits, WriteRateLimiter
-from switchboard.control.shared_buckets import SharedBuckets, SharedBucketsUnavailable, key_prefix
+from switchboard.control.cluster.shared_buckets import SharedBuckets, SharedBucketsUnavailable, key_prefix
 from tests.e2e.cluster_support import RedisServer
 
 REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -8,7 +8,7 @@ from typing import Any
 
 from ag_ui_validate.pytest_plugin import assert_valid_agui
 
-from switchboard.api.agui import AguiTranslator, SharedEncodings, encode_sse, encode_ws
+from switchboard.api.streams.agui import AguiTranslator, SharedEncodings, encode_sse, encode_ws
 from switchboard.runtime.events import Event
 
 LOG: list[tuple[str, dict[str, Any]]] = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from switchboard.api.direct_send import DirectSend
+from switchboard.api.streams.direct_send import DirectSend
 from switchboard.control.hub import EventHub
 from switchboard.runtime.events import Event
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from switchboard.api.rate_limit import SharedWriteLimits
-from switchboard.control.shared_buckets import SharedBuckets
+from switchboard.control.cluster.shared_buckets import SharedBuckets
 
 
 async def test_a_command_is_limited_by_the_nodes_own_bucket_when_the_call_to_redis_breaks() -> None:

@@ -18,16 +18,16 @@ from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
 from .. import __version__
 from ..control import tracing
-from ..control.cluster_feed import ClusterFeed
+from ..control.cluster.drain import drain
+from ..control.cluster.fanout import RedisFanout
+from ..control.cluster.feed import ClusterFeed
+from ..control.cluster.ownership import AnotherInstanceRunning, NodeLease
+from ..control.cluster.shared_buckets import SharedBuckets, key_prefix
 from ..control.database_wait import DatabaseWait
-from ..control.drain import drain
-from ..control.fanout import RedisFanout
 from ..control.host import SessionHost
 from ..control.hub import EventHub
 from ..control.metrics import Metrics
-from ..control.ownership import AnotherInstanceRunning, NodeLease
 from ..control.settings import Settings
-from ..control.shared_buckets import SharedBuckets, key_prefix
 from ..integrations.agents_file import load_agents_file
 from ..integrations.demo import AGENTS as DEMO_AGENTS
 from ..integrations.demo import DEFAULT_LLMS as DEMO_LLMS
@@ -36,27 +36,22 @@ from ..integrations.webhooks import Webhooks
 from ..runtime.agent import AgentRegistry
 from ..runtime.aio import cancel_and_wait
 from ..store import Store
-from . import (
-    asyncapi,
-    problems,
-    routes_agents,
-    routes_agui,
-    routes_cluster,
-    routes_events,
-    routes_export,
-    routes_health,
-    routes_media,
-    routes_reports,
-    routes_sessions,
-    routes_tools,
-)
+from . import asyncapi, problems, routes_agents, routes_health
+from .cluster import routes as cluster_routes
+from .cluster.forward import ForwardedGuard, SessionElsewhere, forward
+from .cluster.routing import OwnerRouting
 from .deps import Services, services
-from .forward import ForwardedGuard, SessionElsewhere, forward
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
+from .media import routes as media_routes
 from .rate_limit import SharedWriteLimits, WriteRateLimiter
-from .routing import OwnerRouting
-from .stream_slots import StreamSlots
+from .sessions import export as session_export
+from .sessions import routes as session_routes
+from .streams import agui_routes
+from .streams import events as event_routes
+from .streams.stream_slots import StreamSlots
+from .tools import reports as tool_reports
+from .tools import routes as tool_routes
 from .traces import CommandSpans
 
 logger = logging.getLogger("switchboard.api.app")
@@ -276,12 +271,12 @@ def create_app(
             request, exc, found.forwarder, found.settings.cluster_secret, count=found.metrics.on_forward
         )
 
-    routers = (routes_sessions, routes_export, routes_tools, routes_reports, routes_agents, routes_cluster)
+    routers = (session_routes, session_export, tool_routes, tool_reports, routes_agents, cluster_routes)
     for router in (module.router for module in routers):
         app.include_router(router, responses=problems.problem_responses(*problems.API_ERRORS))
-    app.include_router(routes_events.router)
-    app.include_router(routes_media.router)
-    app.include_router(routes_agui.router, responses=problems.problem_responses(*problems.API_ERRORS))
+    app.include_router(event_routes.router)
+    app.include_router(media_routes.router)
+    app.include_router(agui_routes.router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_health.router)
     app.include_router(asyncapi.router)  # GET /asyncapi.json, like /openapi.json: outside the schema
     # the operator console: static ES modules, a pure client of the public API (/console redirects to /console/)

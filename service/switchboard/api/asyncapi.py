@@ -15,10 +15,10 @@ from pydantic.json_schema import models_json_schema
 
 from .. import __version__
 from ..runtime.event_types import EVENT_PAYLOADS, EventPayload
-from .asyncapi_media import CHANNEL as MEDIA_CHANNEL
-from .asyncapi_media import media_channel, media_messages, media_operations, media_schemas
-from .routes_events import CLOSE_CODES, CLOSE_NOT_FOUND
-from .session_stream import TERMINAL_EVENTS
+from .media.asyncapi import CHANNEL as MEDIA_CHANNEL
+from .media.asyncapi import media_channel, media_messages, media_operations, media_schemas
+from .streams.events import CLOSE_CODES, CLOSE_NOT_FOUND
+from .streams.session_stream import TERMINAL_EVENTS
 
 ASYNCAPI_VERSION = "3.0.0"
 WS_BINDING_VERSION = "0.1.0"

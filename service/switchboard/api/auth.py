@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import Request
 
 from ..control.settings import Settings
+from .cluster.forward import FORWARDED_HEADER
 from .deps import SettingsDep, services
-from .forward import FORWARDED_HEADER
 from .problems import ProblemError
 from .rate_limit import COMMAND_METHODS, WriteRateLimiter
 

@@ -13,11 +13,11 @@ import httpx
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
-from ..control.fanout import RedisFanout
+from ..control.cluster.fanout import RedisFanout
+from ..control.cluster.routing import Elsewhere, Retry, Unavailable, locate
 from ..control.host import SessionHost
 from ..control.hub import EventHub
 from ..control.metrics import Metrics
-from ..control.routing import Elsewhere, Retry, Unavailable, locate
 from ..control.session_view import SessionView
 from ..control.settings import Settings
 from ..integrations.webhooks import Webhooks
@@ -25,11 +25,11 @@ from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
 from ..store import NodeState, Store
-from .forward import FORWARDED_HEADER, SessionElsewhere
+from .cluster.forward import FORWARDED_HEADER, SessionElsewhere
 from .problems import ProblemError, not_found
 from .rate_limit import WriteRateLimiter
 from .schemas import LatencyRead, SessionRead, ToolCallRead
-from .stream_slots import StreamSlots
+from .streams.stream_slots import StreamSlots
 
 _RETRY = {"Retry-After": "1"}
 
@@ -46,7 +46,7 @@ class Services:
     metrics: Metrics
     streams: StreamSlots
     writes: WriteRateLimiter
-    forwarder: httpx.AsyncClient  # commands for sessions other nodes run (``forward``)
+    forwarder: httpx.AsyncClient  # commands for sessions other nodes run (``cluster.forward``)
     fanout: RedisFanout | None = None  # cluster mode: events to and from the other nodes
 
 
@@ -100,7 +100,7 @@ async def active_session(host: SessionHost, sid: str) -> AgentSession:
 
 async def owned_here(host: SessionHost, view: SessionView) -> None:
     """A command for a live session this node does not run answers 503 (retry): it is moving or being recovered, or
-    another node runs it. In cluster mode the routing seam (``routing.OwnerRouting``) sent such a request to the
+    another node runs it. In cluster mode the routing seam (``cluster.routing.OwnerRouting``) sent such a request to the
     owner before any route ran; one that reaches a route anyway was forwarded here by a node that saw this one as
     the owner (and is never forwarded twice), or this instance was replaced (a single node)."""
     where = await locate(host, view.id, view.record)

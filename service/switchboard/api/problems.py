@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..control.cluster.ownership import NodeDeposed, NodeDraining
 from ..control.host import (
     InvalidSessionConfig,
     ModelNotConfigured,
@@ -21,7 +22,6 @@ from ..control.host import (
     SessionQuotaExceeded,
     TooManySessions,
 )
-from ..control.ownership import NodeDeposed, NodeDraining
 from ..runtime.agent import UnknownAgent
 from ..runtime.executor import AlreadyEnded, NotCancellable, ToolCallNotFound
 from ..runtime.speech import NotInterruptible

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..control.shared_buckets import SharedBuckets, SharedBucketsUnavailable
+from ..control.cluster.shared_buckets import SharedBuckets, SharedBucketsUnavailable
 
 logger = logging.getLogger("switchboard.api.rate_limit")
 

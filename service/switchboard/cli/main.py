@@ -44,8 +44,8 @@ def _draining_server_class() -> type[Any]:
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
-        """On SIGTERM a cluster node first hands its sessions to the other nodes (``control.drain``) while it still
-        serves HTTP, then stops as usual."""
+        """On SIGTERM a cluster node first hands its sessions to the other nodes (``control.cluster.drain``) while it
+        still serves HTTP, then stops as usual."""
 
         async def shutdown(self, sockets: Any = None) -> None:
             app = self.config.app
@@ -64,7 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..api.app import create_app
-    from ..api.ws_protocol import EventStreamProtocol
+    from ..api.streams.ws_protocol import EventStreamProtocol
     from ..integrations.agents_file import AgentsFileError
     from ..runtime.agent import AgentsImportError
 

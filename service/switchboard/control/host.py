@@ -27,9 +27,9 @@ from ..runtime.status import SessionStatus
 from ..store import QuotaFull, SessionData, SessionExists, SessionRecord, Store
 from .attention import ATTENTION_EVENTS, KEEP_FAILED, AttentionReason, AttentionTracker, Thresholds
 from .catalog import AgentCatalog, ModelSummary, summarize_model
+from .cluster.ownership import NodeLease
 from .hub import EventHub
 from .model_meter import MeteredLLM, ModelObserver, model_label
-from .ownership import NodeLease
 from .session_config import SessionConfig
 from .session_view import SessionView
 from .settings import Settings

@@ -24,7 +24,7 @@ class SubscriberOverflow(Exception):
 
 
 class Sequencer(Protocol):
-    """``control.session_order.SessionOrder``: puts each watched session's events in order (cluster mode)."""
+    """``control.cluster.session_order.SessionOrder``: puts each watched session's events in order (cluster mode)."""
 
     def track(self, sid: str) -> Awaitable[None]: ...
 
@@ -140,10 +140,10 @@ class EventHub:
     node); ordered subscriptions (the multi-session stream) get every session's events in cursor order.
 
     One node commits its events in cursor order, so ``publish`` feeds both. In cluster mode events reach a node from
-    several writers, out of cursor order and with gaps: ``ordered_by`` (``control.cluster_feed``) then puts them in
+    several writers, out of cursor order and with gaps: ``ordered_by`` (``control.cluster.feed``) then puts them in
     cursor order, filling gaps from the database, and hands them back through ``publish_ordered``; ``sequencer``
-    (``control.session_order``) puts each watched session's events in ``seq`` order, once per node, for the session
-    subscriptions."""
+    (``control.cluster.session_order``) puts each watched session's events in ``seq`` order, once per node, for the
+    session subscriptions."""
 
     def __init__(self, *, default_buffer: int = 1000) -> None:
         self.default_buffer = default_buffer

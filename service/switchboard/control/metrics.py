@@ -11,11 +11,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..runtime.events import Event
-from .fanout import REJECT_REASONS
+from .cluster.fanout import REJECT_REASONS
 
 if TYPE_CHECKING:
-    from .cluster_feed import ClusterFeed
-    from .fanout import RedisFanout
+    from .cluster.fanout import RedisFanout
+    from .cluster.feed import ClusterFeed
     from .host import SessionHost
 
 

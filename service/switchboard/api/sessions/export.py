@@ -11,15 +11,15 @@ from fastapi import APIRouter, Depends
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..control.host import SessionHost
-from ..control.session_view import SessionView
-from ..runtime.chat import ChatItem, utcnow
-from ..runtime.tools import ToolCallInfo
-from . import deps
-from .auth import Require
-from .deps import HostDep, KnownSession
-from .problems import problem_responses
-from .schemas import ExportedEvent, SessionExport
+from ...control.host import SessionHost
+from ...control.session_view import SessionView
+from ...runtime.chat import ChatItem, utcnow
+from ...runtime.tools import ToolCallInfo
+from .. import deps
+from ..auth import Require
+from ..deps import HostDep, KnownSession
+from ..problems import problem_responses
+from ..schemas import ExportedEvent, SessionExport
 
 router = APIRouter(tags=["sessions"])
 logger = logging.getLogger(__name__)

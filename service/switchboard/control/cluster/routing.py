@@ -1,7 +1,7 @@
-"""Where a session runs: the one answer every session-scoped request is routed by (``api.routing``), whichever node it
-reached. Nothing here is kept in memory for the cluster: a session live on this node is served here, and any other
-is looked up in the database, which names its owner (``sessions.owner_node``) and whether that node holds its lease
-(by the database's clock).
+"""Where a session runs: the one answer every session-scoped request is routed by (``api.cluster.routing``), whichever
+node it reached. Nothing here is kept in memory for the cluster: a session live on this node is served here, and any
+other is looked up in the database, which names its owner (``sessions.owner_node``) and whether that node holds its
+lease (by the database's clock).
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..runtime.status import SessionStatus
-from ..store import SessionRecord
-from .host import SessionHost
+from ...runtime.status import SessionStatus
+from ...store import SessionRecord
+from ..host import SessionHost
 
 
 class Retry(StrEnum):

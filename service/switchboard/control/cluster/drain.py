@@ -20,9 +20,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from .host import SessionHost
+from ..host import SessionHost
 
-logger = logging.getLogger("switchboard.control.drain")
+logger = logging.getLogger("switchboard.control.cluster.drain")
 
 ADOPTION_POLL_S = 0.1
 

@@ -27,13 +27,13 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
-from ..runtime.aio import cancel_and_wait
-from ..store import DATABASE_ERRORS, Fence, NodeMode, NodeRecord, Nodes, NodeState, Store, sibling_engine
-from ..store.records import now_utc
-from .database_wait import DatabaseWait
-from .settings import Settings
+from ...runtime.aio import cancel_and_wait
+from ...store import DATABASE_ERRORS, Fence, NodeMode, NodeRecord, Nodes, NodeState, Store, sibling_engine
+from ...store.records import now_utc
+from ..database_wait import DatabaseWait
+from ..settings import Settings
 
-logger = logging.getLogger("switchboard.control.ownership")
+logger = logging.getLogger("switchboard.control.cluster.ownership")
 
 # A node stops acting on its sessions once this fraction of its lease has passed without a renewal (measured from when
 # it sent the renewal, on its monotonic clock): the others take them over only after the whole lease, counted on the

@@ -9,25 +9,25 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from ..control.session_view import SessionView
-from ..control.settings import Settings
-from ..runtime.session import InputResult
-from ..runtime.speech import SpeechHandle
-from ..runtime.status import SessionStatus
-from ..store import InvalidCursor, SessionRecord
-from . import audit, deps
-from .auth import Require, issue_token, principal_of, seal_token, token_scopes, unseal_token
-from .cluster_attention import (
+from ...control.session_view import SessionView
+from ...control.settings import Settings
+from ...runtime.session import InputResult
+from ...runtime.speech import SpeechHandle
+from ...runtime.status import SessionStatus
+from ...store import InvalidCursor, SessionRecord
+from .. import audit, deps
+from ..auth import Require, issue_token, principal_of, seal_token, token_scopes, unseal_token
+from ..cluster.attention import (
     ATTENTION_TIMEOUT_S,
     MISSING_NODES_DESCRIPTION,
     MISSING_NODES_HEADER,
     ClusterAttention,
     merged,
 )
-from .deps import HostDep, KnownSession, ServicesDep, SettingsDep
-from .idempotency import Idem, idempotent, idempotent_sealed
-from .problems import POST_ERRORS, ProblemError, not_found, problem_responses
-from .schemas import (
+from ..deps import HostDep, KnownSession, ServicesDep, SettingsDep
+from ..idempotency import Idem, idempotent, idempotent_sealed
+from ..problems import POST_ERRORS, ProblemError, not_found, problem_responses
+from ..schemas import (
     CHAT_PAGE_DEFAULT,
     CHAT_PAGE_MAX,
     MAX_SESSIONS_PAGE,

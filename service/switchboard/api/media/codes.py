@@ -1,4 +1,4 @@
-"""The media edge's close codes and the limits they name (``routes_media``, ``media_proxy``; published in the
+"""The media edge's close codes and the limits they name (``media.routes``, ``cluster.relay``; published in the
 AsyncAPI document)."""
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
-from ..control.hub import Item, Subscription
-from ..runtime.events import Event
+from ...control.hub import Item, Subscription
+from ...runtime.events import Event
 from .ws_protocol import SendShared
 
 

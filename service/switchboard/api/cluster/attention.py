@@ -20,12 +20,12 @@ import httpx
 from fastapi import Request
 from pydantic import ValidationError
 
-from ..store import NodeState
-from .deps import Services
+from ...store import NodeState
+from ..deps import Services
+from ..schemas import MAX_SESSIONS_PAGE, SessionList, SessionRead
 from .forward import FORWARDED_HEADER, forwarded_secret
-from .schemas import MAX_SESSIONS_PAGE, SessionList, SessionRead
 
-logger = logging.getLogger("switchboard.api.cluster_attention")
+logger = logging.getLogger("switchboard.api.cluster.attention")
 
 ATTENTION_TIMEOUT_S = 1.0  # how long a node waits for the others' lists
 MISSING_NODES_HEADER = "Switchboard-Missing-Nodes"

@@ -40,8 +40,8 @@ from ag_ui.core import (
     ToolCallStartEvent,
 )
 
-from ..runtime.chat import UPDATE_MARK
-from ..runtime.events import Event
+from ...runtime.chat import UPDATE_MARK
+from ...runtime.events import Event
 
 PROTOCOL_VERSION = "1.0"
 CUSTOM_PREFIX = "switchboard."  # CUSTOM event names: `switchboard.<event type>`

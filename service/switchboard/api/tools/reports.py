@@ -13,15 +13,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header
 
-from ..control.host import SessionHost
-from ..integrations.webhooks import REPORT_TOKEN_HEADER, BackendResult, CallAlreadyEnded, NotAwaitingReport
-from ..runtime.tools import ToolCallInfo
-from . import deps
-from .auth import Require
-from .deps import ServicesDep
-from .idempotency import Idem, idempotent
-from .problems import ProblemError, not_found, problem_responses
-from .schemas import ToolProgressReport, ToolReportRead, ToolResultReport
+from ...control.host import SessionHost
+from ...integrations.webhooks import REPORT_TOKEN_HEADER, BackendResult, CallAlreadyEnded, NotAwaitingReport
+from ...runtime.tools import ToolCallInfo
+from .. import deps
+from ..auth import Require
+from ..deps import ServicesDep
+from ..idempotency import Idem, idempotent
+from ..problems import ProblemError, not_found, problem_responses
+from ..schemas import ToolProgressReport, ToolReportRead, ToolResultReport
 
 router = APIRouter(tags=["tools"])
 

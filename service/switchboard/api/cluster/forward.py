@@ -10,7 +10,7 @@ The header is a privilege (a new session is placed where it arrives, a command i
 checks it (``ForwardedGuard``): a request that carries it with anything but this cluster's secret (or, on a cluster
 without one, which runs on loopback only, the loopback marker) is refused with 403 ``forward_unauthenticated``, as
 is any forwarded request to a node that is not in cluster mode. A WebSocket (a media edge relayed by another node,
-``media_proxy``) is held to the same rule: accepted and closed with 4403.
+``relay``) is held to the same rule: accepted and closed with 4403.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import httpx
 from fastapi import Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .problems import problem_response
+from ..problems import problem_response
 
-logger = logging.getLogger("switchboard.api.forward")
+logger = logging.getLogger("switchboard.api.cluster.forward")
 
 FORWARDED_HEADER = "x-switchboard-forwarded"
 # what is passed on to the owner, and back from it

@@ -16,19 +16,19 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Send
 
-from ..control.hub import SubscriberOverflow
-from ..runtime.aio import cancel_and_wait
-from ..runtime.events import Event
-from . import deps
+from ...control.hub import SubscriberOverflow
+from ...runtime.aio import cancel_and_wait
+from ...runtime.events import Event
+from .. import deps
+from ..auth import AuthError, authenticate, bearer, check, url_token
+from ..problems import ProblemError, not_found, problem_responses
 from .agui import SHARED, AguiTranslator
-from .auth import AuthError, authenticate, bearer, check, url_token
 from .direct_send import DirectSend
-from .problems import ProblemError, not_found, problem_responses
-from .routes_events import CLOSE_TIMEOUT_S, MAX_POSITION, Sends, fell_behind
+from .events import CLOSE_TIMEOUT_S, MAX_POSITION, Sends, fell_behind
 from .session_stream import TERMINAL_EVENTS, open_session_log, pump_log
 from .stream_slots import TooManyStreams
 
-logger = logging.getLogger("switchboard.api.agui")
+logger = logging.getLogger("switchboard.api.streams.agui")
 router = APIRouter(tags=["events"])
 
 TOO_SLOW = ": too slow; reconnect with Last-Event-ID\n\n"

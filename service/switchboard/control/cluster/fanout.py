@@ -1,9 +1,9 @@
 """RedisFanout: in cluster mode, the durable events of this node's sessions reach the event streams of every node.
 
 Redis carries them and never decides anything: an event is published only after it is durable, and a stream that
-misses one (Redis down, a message lost) repairs the gap from the database (``control.cluster_feed``,
-``control.session_order``). Each node publishes what its store made durable and hands what the others publish to its
-own ``EventHub``.
+misses one (Redis down, a message lost) repairs the gap from the database (``control.cluster.feed``,
+``control.cluster.session_order``). Each node publishes what its store made durable and hands what the others publish
+to its own ``EventHub``.
 
 Anyone who can PUBLISH on the cluster's Redis could otherwise show events on every node's streams, so every message
 carries an HMAC under a key derived from the cluster secret, over the channel and the body (which names the sender):
@@ -35,12 +35,12 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from sqlalchemy.engine import make_url
 
-from ..runtime.aio import cancel_and_wait
-from ..runtime.events import Event
-from .hub import EventHub
+from ...runtime.aio import cancel_and_wait
+from ...runtime.events import Event
+from ..hub import EventHub
 from .shared_buckets import REDIS_ERRORS
 
-logger = logging.getLogger("switchboard.control.fanout")
+logger = logging.getLogger("switchboard.control.cluster.fanout")
 
 CHANNEL_PREFIX = "switchboard:events:"  # + the database: clusters sharing one Redis do not see each other's events
 QUEUE_MAX = 10_000  # events waiting to be published; past it they are dropped (streams repair from the database)

@@ -5,7 +5,7 @@ Each route has a placement (``PLACEMENTS``; any route not listed needs the live 
 
 - ``OWNER``: commands, webhook reports, the media edge, and anything a new route adds: run where the session runs.
   Another node's session is forwarded there (``forward.forward_to``), or relayed for a WebSocket
-  (``media_proxy.relay``); one that is moving answers 503 with ``Retry-After`` (4410 for a WebSocket).
+  (``relay``); one that is moving answers 503 with ``Retry-After`` (4410 for a WebSocket).
 - ``OWNER_READ``: what only the live session knows (its agent state, the speech under way): asked of the node that runs
   it, answered here from the database when that node does not answer in time or the session is moving.
 - ``ANYWHERE``: served from the database or the cluster's event fan-out by whichever node the request reached (the
@@ -33,20 +33,30 @@ from starlette.routing import Route, Router, WebSocketRoute, compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from ..control.host import SessionHost
-from ..control.routing import Elsewhere, Location, Retry, Unavailable, locate
-from ..store import DATABASE_ERRORS, is_transient
-from .auth import ANONYMOUS, AuthError, Principal, Require, authenticate, bearer, check, refuse_session_token, url_token
-from .deps import services
+from ...control.cluster.routing import Elsewhere, Location, Retry, Unavailable, locate
+from ...control.host import SessionHost
+from ...store import DATABASE_ERRORS, is_transient
+from ..auth import (
+    ANONYMOUS,
+    AuthError,
+    Principal,
+    Require,
+    authenticate,
+    bearer,
+    check,
+    refuse_session_token,
+    url_token,
+)
+from ..deps import services
+from ..media.codes import CLOSE_FORBIDDEN, CLOSE_NOT_ACTIVE, CLOSE_UNAUTHENTICATED
+from ..media.routes import max_frame_chars
+from ..problems import UNAVAILABLE_CLOSE, UNAVAILABLE_RETRY_AFTER_S, problem_response
+from ..rate_limit import COMMAND_METHODS, WriteRateLimiter
+from ..streams.events import _close
 from .forward import FORWARDED_HEADER, forward_to, read_from_owner
-from .media_codes import CLOSE_FORBIDDEN, CLOSE_NOT_ACTIVE, CLOSE_UNAUTHENTICATED
-from .media_proxy import relay
-from .problems import UNAVAILABLE_CLOSE, UNAVAILABLE_RETRY_AFTER_S, problem_response
-from .rate_limit import COMMAND_METHODS, WriteRateLimiter
-from .routes_events import _close
-from .routes_media import max_frame_chars
+from .relay import relay
 
-logger = logging.getLogger("switchboard.api.routing")
+logger = logging.getLogger("switchboard.api.cluster.routing")
 
 SESSION_PREFIX = "/v1/sessions/"
 SESSION_ROUTE = "/v1/sessions/{sid}"

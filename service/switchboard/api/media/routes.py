@@ -4,7 +4,7 @@ One edge per session: it plays the session's speeches and reports their playback
 transcripts. The protocol lives in ``runtime/media.py``; this is its transport. Three pumps per connection — frames
 in, frames out, and a watch (session gone, edge replaced, outbox overflowed) — whichever ends first ends the others.
 In cluster mode an edge that reaches a node that does not run its session is relayed to the one that does
-(``media_proxy``).
+(``cluster.relay``).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from ..control.routing import Elsewhere, Unavailable, locate
-from ..control.settings import Settings
-from ..runtime.aio import cancel_and_wait
-from ..runtime.media import EdgePlayout, MediaEdge
-from ..runtime.media_frames import (
+from ...control.cluster.routing import Elsewhere, Unavailable, locate
+from ...control.settings import Settings
+from ...runtime.aio import cancel_and_wait
+from ...runtime.media import EdgePlayout, MediaEdge
+from ...runtime.media_frames import (
     ErrorFrame,
     FrameRefused,
     SpeechStopFrame,
@@ -32,11 +32,12 @@ from ..runtime.media_frames import (
     _Frame,
     parse_edge_frame,
 )
-from ..runtime.session import AgentSession
-from ..runtime.status import SessionClosed, SessionStatus, SessionSuspended
-from . import deps
-from .auth import AuthError, authenticate, bearer, check, url_token
-from .media_codes import (
+from ...runtime.session import AgentSession
+from ...runtime.status import SessionClosed, SessionStatus, SessionSuspended
+from .. import deps
+from ..auth import AuthError, authenticate, bearer, check, url_token
+from ..streams.events import _close
+from .codes import (
     CLOSE_FORBIDDEN,
     CLOSE_INTERNAL_ERROR,
     CLOSE_MESSAGE_TOO_BIG,
@@ -53,7 +54,6 @@ from .media_codes import (
     SEND_TIMEOUT_S,
     TRANSCRIPT_NOT_TAKEN,
 )
-from .routes_events import _close
 
 logger = logging.getLogger("switchboard.api.media")
 router = APIRouter(tags=["media"])
@@ -112,8 +112,8 @@ def _authorize(ws: WebSocket, sid: str) -> None:
 
 async def _live_session(ws: WebSocket, sid: str) -> AgentSession:
     """The session, live here and active; else why not, as a close. In cluster mode an edge for a session another node
-    runs was relayed there by the routing seam before this route ran (``routing.OwnerRouting``): one that reaches it
-    anyway was relayed here by a node that saw this one as the owner, and is told to connect again."""
+    runs was relayed there by the routing seam before this route ran (``cluster.routing.OwnerRouting``): one that
+    reaches it anyway was relayed here by a node that saw this one as the owner, and is told to connect again."""
     services = deps.services(ws)
     host = services.host
     view = await host.find(sid)
@@ -139,7 +139,7 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
     """Connect as the session's media edge: speeches are sent here to be played (`speech.*`), and the edge reports
     playback (`playback.*`) and the user (`user.*`). A second edge replaces the first (closed with 4409). Needs the
     `media:connect` scope (docs/media-edge.md). In cluster mode any node takes it: it is relayed to the session's
-    node (``routing.OwnerRouting``)."""
+    node (``cluster.routing.OwnerRouting``)."""
     await ws.accept()
     services = deps.services(ws)
     try:

@@ -17,12 +17,12 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from ..control.hub import SubscriberOverflow, Subscription
-from ..runtime.aio import cancel_and_wait
-from ..runtime.events import Event
-from . import deps
+from ...control.hub import SubscriberOverflow, Subscription
+from ...runtime.aio import cancel_and_wait
+from ...runtime.events import Event
+from .. import deps
+from ..auth import AuthError, Principal, authenticate, bearer, check, url_token
 from .agui import SHARED, AguiTranslator
-from .auth import AuthError, Principal, authenticate, bearer, check, url_token
 from .direct_send import DirectSend
 from .session_stream import REPLAY_PAGE, TERMINAL_EVENTS, open_session_log, pump_log
 from .stream_slots import TooManyStreams
@@ -347,7 +347,7 @@ async def _multi_stream(
     cursor = start or 0
     services = deps.services(ws)
     store, settings = services.store, services.settings
-    # every matching event in cursor order (in cluster mode too: ``control.cluster_feed``), so that resuming by the
+    # every matching event in cursor order (in cluster mode too: ``control.cluster.feed``), so that resuming by the
     # last cursor received misses nothing
     sub = services.hub.subscribe(session_ids=session_ids, types=types, maxsize=settings.ws_buffer, ordered=True)
     resume = [cursor]

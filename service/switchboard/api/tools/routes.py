@@ -6,15 +6,15 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from ..control import tool_pages
-from ..runtime.tools import ToolCallInfo, ToolStatus
-from ..store import InvalidCursor
-from . import audit, deps
-from .auth import Require
-from .deps import HostDep, KnownSession, SettingsDep
-from .idempotency import Idem, idempotent
-from .problems import ProblemError, not_found, problem_responses
-from .schemas import TOOL_CALL_PAGE_DEFAULT, TOOL_CALL_PAGE_MAX, ToolCallCancel, ToolCallList, ToolCallRead
+from ...control import tool_pages
+from ...runtime.tools import ToolCallInfo, ToolStatus
+from ...store import InvalidCursor
+from .. import audit, deps
+from ..auth import Require
+from ..deps import HostDep, KnownSession, SettingsDep
+from ..idempotency import Idem, idempotent
+from ..problems import ProblemError, not_found, problem_responses
+from ..schemas import TOOL_CALL_PAGE_DEFAULT, TOOL_CALL_PAGE_MAX, ToolCallCancel, ToolCallList, ToolCallRead
 
 router = APIRouter(tags=["tools"])
 

@@ -26,10 +26,9 @@ from fastapi import WebSocket
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.frames import Close
 
-from ..control.metrics import Metrics
-from ..runtime.aio import cancel_and_wait
-from .forward import FORWARDED_HEADER, forwarded_secret
-from .media_codes import (
+from ...control.metrics import Metrics
+from ...runtime.aio import cancel_and_wait
+from ..media.codes import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_MESSAGE_TOO_BIG,
     CLOSE_NORMAL,
@@ -38,7 +37,8 @@ from .media_codes import (
     CLOSE_UNSUPPORTED_DATA,
     SEND_TIMEOUT_S,
 )
-from .routes_events import _close
+from ..streams.events import _close
+from .forward import FORWARDED_HEADER, forwarded_secret
 
 logger = logging.getLogger("switchboard.api.media")
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from ..runtime.media_frames import EDGE_FRAMES, SERVER_FRAMES, _Frame
-from .media_codes import CLOSE_CODES
+from ...runtime.media_frames import EDGE_FRAMES, SERVER_FRAMES, _Frame
+from .codes import CLOSE_CODES
 
 SCHEMAS = "#/components/schemas/"
 CHANNEL = "sessionMedia"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from .auth import Require
-from .deps import ServicesDep
-from .schemas import NodeList, NodeRead
+from ..auth import Require
+from ..deps import ServicesDep
+from ..schemas import NodeList, NodeRead
 
 router = APIRouter(tags=["cluster"])
 

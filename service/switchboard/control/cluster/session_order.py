@@ -25,11 +25,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from ..runtime.aio import cancel_and_wait
-from ..runtime.events import Event
-from ..store import Store
+from ...runtime.aio import cancel_and_wait
+from ...runtime.events import Event
+from ...store import Store
 
-logger = logging.getLogger("switchboard.control.session_order")
+logger = logging.getLogger("switchboard.control.cluster.session_order")
 
 GAP_WAIT_S = 0.2  # a missing event is usually on its way (through Redis, or from a session's previous owner)
 RETRY_MAX_S = 2.0  # the database is unavailable: retry the repair up to this often

@@ -13,8 +13,8 @@ database's row replaces an event a message announced differently. It also reads 
 late) and every ``SAFETY_POLL_S`` otherwise (a message Redis lost at the tail of a burst, with nothing after it to show
 the gap).
 An event read from the database that the node had not received goes to the session streams too, through the
-hub's ``SessionOrder`` (``control.session_order``), which the feed installs: it puts each watched session's events in
-``seq`` order once per node, so that a session stream on any node sends them as on a single node.
+hub's ``SessionOrder`` (``control.cluster.session_order``), which the feed installs: it puts each watched session's
+events in ``seq`` order once per node, so that a session stream on any node sends them as on a single node.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from ..runtime.aio import cancel_and_wait
-from ..runtime.events import Event
-from ..store import Store
-from .hub import EventHub
+from ...runtime.aio import cancel_and_wait
+from ...runtime.events import Event
+from ...store import Store
+from ..hub import EventHub
 from .session_order import SessionOrder
 
-logger = logging.getLogger("switchboard.control.cluster_feed")
+logger = logging.getLogger("switchboard.control.cluster.feed")
 
 GAP_WAIT_S = 0.2  # an event from another node is usually on its way through Redis
 POLL_S = 0.5  # Redis down: how often the database is read for the other nodes' events

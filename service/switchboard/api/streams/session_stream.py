@@ -12,9 +12,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-from ..control.hub import EventHub, Subscription
-from ..runtime.events import Event, type_matcher
-from ..store import Store
+from ...control.hub import EventHub, Subscription
+from ...runtime.events import Event, type_matcher
+from ...store import Store
 from .direct_send import DirectSend
 
 # a page of replayed events is held until sent: a slow reader of a large session holds one page, not its history
@@ -35,8 +35,8 @@ async def session_log(
     heartbeat_s: float | None = None,
 ) -> AsyncGenerator[LogItem | None, None]:
     """One session's events after ``since``: replayed from the store, then live from ``sub`` (subscribed before the
-    replay began, its events in order and none missing: in cluster mode ``control.session_order`` sees to it once per
-    node), each exactly once and in order, until its terminal event. Live ones come with their JSON. With
+    replay began, its events in order and none missing: in cluster mode ``control.cluster.session_order`` sees to it
+    once per node), each exactly once and in order, until its terminal event. Live ones come with their JSON. With
     ``heartbeat_s``, yields None after that long without an event. Raises ``SubscriberOverflow`` when ``sub`` fell
     behind. ``ended``: the session had ended when ``sub`` was made (its terminal event is in the store)."""
     last = since
