@@ -67,14 +67,9 @@ class RedisServer:
 
 
 def cluster_node(tmp_path: Path, database_url: str, node_id: str, redis_url: str, **env: str) -> Server:
-    env = {"SWITCHBOARD_TOKEN_SECRET": TOKEN_SECRET, **env}
+    env = {"SWITCHBOARD_TOKEN_SECRET": TOKEN_SECRET, "SWITCHBOARD_LEASE_S": str(LEASE_S), **env}
     return Server(
-        tmp_path,
-        database_url=database_url,
-        SWITCHBOARD_REDIS_URL=redis_url,
-        SWITCHBOARD_NODE_ID=node_id,
-        SWITCHBOARD_LEASE_S=str(LEASE_S),
-        **env,
+        tmp_path, database_url=database_url, SWITCHBOARD_REDIS_URL=redis_url, SWITCHBOARD_NODE_ID=node_id, **env
     )
 
 
