@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from switchboard.integrations.webhooks import REPORT_TOKEN_HEADER
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.tools import MAX_PROGRESS_CHARS
 from tests.agents_fixture import AGENTS as TEST_AGENTS
+from tests.ports import free_port
 from tests.webhook_backend import FakeBackend
 
 from .conftest import make_settings
@@ -60,13 +60,6 @@ def agents_file(tmp_path: Path, backend: FakeBackend) -> Path:
     path = tmp_path / "agents.yaml"
     path.write_text(yaml.safe_dump(agents))
     return path
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on (connections are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Hooks:
