@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,17 +12,10 @@ from switchboard.api.cluster_attention import merged
 from switchboard.api.schemas import AttentionRead, SessionRead
 from switchboard.control.attention import AttentionCode, AttentionReason
 from switchboard.runtime.agent import AgentRegistry
+from tests.waiting import until
 
 from .conftest import Api, make_settings
 from .test_sessions_api import assert_problem
-
-
-async def until(check: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:
-    async with asyncio.timeout(timeout):
-        while not (value := await check()):
-            await asyncio.sleep(0.01)
-        return value
-
 
 SAME = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 

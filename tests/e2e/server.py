@@ -17,6 +17,7 @@ import httpx
 import websockets
 
 from tests.ports import free_port
+from tests.waiting import WAIT_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,7 +134,7 @@ class EventStream:
         return [f["type"] for f in self.frames]
 
     async def wait_for(
-        self, type: str, pred: Callable[[dict[str, Any]], bool] = lambda f: True, timeout: float = 5.0
+        self, type: str, pred: Callable[[dict[str, Any]], bool] = lambda f: True, timeout: float = WAIT_S
     ) -> dict[str, Any]:
         async with asyncio.timeout(timeout):
             while True:
