@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint fmt openapi bench sim chaos clean
+.PHONY: install run test stress lint fmt openapi bench sim chaos clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -35,6 +35,15 @@ PYTEST_WORKERS ?= 3
 
 test: lint
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+
+# the suite (or TESTS, a pytest selection) RUNS times, with HOG busy-looping processes beside it, to see a flaky test
+# before CI does (docs/reliability.md); KEEP_GOING=1 runs them all even after a failure
+RUNS ?= 5
+HOG ?= 2
+TESTS ?=
+KEEP_GOING ?=
+stress: $(STAMP)
+	$(BIN)/python -m tests.stress --runs $(RUNS) --hog $(HOG) --workers $(PYTEST_WORKERS) $(if $(KEEP_GOING),--keep-going) $(TESTS)
 
 openapi: $(STAMP)
 	$(BIN)/switchboard openapi --output openapi/openapi.json

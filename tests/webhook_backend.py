@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from switchboard.integrations.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
+from tests.waiting import WAIT_S
 
 Answer = tuple[int, Any]  # (status, JSON body or None)
 
@@ -62,7 +63,7 @@ class FakeBackend:
             await self._task
         self._sock.close()
 
-    async def next(self, kind: str, timeout: float = 5.0) -> dict[str, Any]:
+    async def next(self, kind: str, timeout: float = WAIT_S) -> dict[str, Any]:
         """The next delivery (``"call"``) or cancel notice (``"cancel"``); fails on anything else first."""
         async with asyncio.timeout(timeout):
             got, payload = await self.received.get()

@@ -11,12 +11,14 @@ from switchboard.control.settings import Settings
 from switchboard.integrations.demo import AGENTS as DEMO_AGENTS
 from switchboard.runtime.agent import AgentRegistry
 from tests.agents_fixture import AGENTS as TEST_AGENTS
+from tests.waiting import WAIT_S
 
 
 def make_settings(tmp_path: Any, **kw: Any) -> Settings:
     kw.setdefault("database_url", f"sqlite+aiosqlite:///{tmp_path}/api.db")
     kw.setdefault("words_per_second", 100.0)
-    kw.setdefault("request_timeout_s", 5.0)
+    # a backstop for a request that hangs, not a claim of speed (the tests of the deadline set their own)
+    kw.setdefault("request_timeout_s", WAIT_S)
     kw.setdefault("allowed_hosts", ["test"])  # the in-process client's host name (http://test)
     kw.setdefault("scripted_model", "allow")  # the tests script their sessions' models, with auth on too
     return Settings(**kw)

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from switchboard.api.app import create_app
+from switchboard.api.cluster_attention import merged
+from switchboard.api.schemas import AttentionRead, SessionRead
+from switchboard.control.attention import AttentionCode, AttentionReason
 from switchboard.runtime.agent import AgentRegistry
+from tests.waiting import until
 
 from .conftest import Api, make_settings
 from .test_sessions_api import assert_problem
 
-
-async def until(check: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:
-    async with asyncio.timeout(timeout):
-        while not (value := await check()):
-            await asyncio.sleep(0.01)
-        return value
+SAME = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
 
 async def reasons(api: Api, sid: str) -> list[dict[str, Any]]:
@@ -260,3 +258,40 @@ async def test_model_fallbacks_metrics_and_latency_through_the_api(tmp_path: Any
             assert 'switchboard_generation_failures_total{model="scripted"} 1.0' in metrics
             assert 'switchboard_model_time_to_first_token_seconds_count{model="scripted"}' in metrics
             assert 'switchboard_model_tokens_total{kind="completion",model="scripted"}' in metrics
+
+
+async def test_sessions_waiting_since_the_same_instant_are_listed_in_one_order(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reasons that began at the same instant (the clock's resolution, or one fault hitting many sessions) used to
+    be listed in whatever order the sessions happened to be held, so ``limit`` cut the list differently from one
+    read, or one node, to the next: ties go by session id."""
+    host = api.app.state.services.host
+    reason = AttentionReason(code=AttentionCode.GENERATION_FAILED, message="the model failed", since=SAME)
+    monkeypatch.setattr(host, "attention_reasons", lambda view: [reason])
+    for sid in ("sess-c", "sess-a", "sess-b"):
+        await api.create(id=sid, llm={"provider": "scripted", "turns": []})
+    assert await queue(api) == ["sess-a", "sess-b", "sess-c"]
+    assert await queue(api, limit=2) == ["sess-a", "sess-b"]
+
+
+def test_the_clusters_attention_list_orders_ties_by_session_id_whichever_node_answered_first() -> None:
+    def waiting(sid: str, node: str) -> SessionRead:
+        reason = AttentionRead(code=AttentionCode.GENERATION_FAILED, message="the model failed", since=SAME)
+        now = SAME + timedelta(seconds=5)
+        return SessionRead(
+            id=sid,
+            agent="tester",
+            state="active",
+            agent_state="listening",
+            current_speech_id=None,
+            created_at=SAME,
+            metadata={},
+            owner_node=node,
+            last_activity_at=now,
+            attention=[reason],
+        )
+
+    here, there = [waiting("sess-b", "node-a")], [waiting("sess-a", "node-b"), waiting("sess-c", "node-b")]
+    assert [s.id for s in merged(here, there)] == ["sess-a", "sess-b", "sess-c"]
+    assert [s.id for s in merged(there, here)] == ["sess-a", "sess-b", "sess-c"]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from switchboard.integrations import demo
+from tests.waiting import WAIT_S
 
 from .conftest import Api
 
@@ -19,7 +20,7 @@ async def said(api: Api, sid: str) -> list[str]:
     return [i["text"] for i in items if i["type"] == "message" and i["role"] == "assistant"]
 
 
-async def until_said(api: Api, sid: str, words: str, timeout: float = 10.0) -> list[str]:
+async def until_said(api: Api, sid: str, words: str, timeout: float = WAIT_S) -> list[str]:
     texts: list[str] = []
     try:
         async with asyncio.timeout(timeout):

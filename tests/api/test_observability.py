@@ -7,7 +7,7 @@ import asyncio
 import io
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -21,6 +21,7 @@ from switchboard.control import logs
 from switchboard.control.settings import ALL_SCOPES, ApiKey
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.events import Event
+from tests.waiting import until
 
 from .conftest import Api, make_settings
 
@@ -49,15 +50,6 @@ async def scrape(api: Api) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
 
 def sample(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-async def until(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    async with asyncio.timeout(timeout):
-        while True:
-            value = await check()
-            if value:
-                return value
-            await asyncio.sleep(0.01)
 
 
 async def create(api: Api, turns: list[dict[str, Any]], **kw: Any) -> str:

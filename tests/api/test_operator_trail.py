@@ -3,7 +3,6 @@ heard so far of a speech that is still playing."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -42,19 +41,17 @@ async def keyed(tmp_path: Any, registry: AgentRegistry) -> AsyncIterator[Api]:
             yield Api(client, app)
 
 
-async def events(api: Api, sid: str, type_: str | None = None) -> list[dict[str, Any]]:
-    """The session's durable events (of ``type_``), read once they have settled: a command answers before its audit
-    event is durable (it is written with the session's next group commit)."""
-    last: list[dict[str, Any]] | None = None
-    for _ in range(50):
+async def events(api: Api, sid: str, type_: str | None = None, *, count: int = 0) -> list[dict[str, Any]]:
+    """The session's durable events (of ``type_``), once there are at least ``count`` of them: a command answers
+    before its audit event is durable (it is written with the session's next group commit)."""
+
+    async def found() -> list[dict[str, Any]] | None:
         r = await api.client.get(f"/v1/sessions/{sid}/export")
         assert r.status_code == 200, r.text
-        found = [e for e in json.loads(r.content)["events"] if type_ is None or e["type"] == type_]
-        if found and found == last:
-            return found
-        last = found
-        await asyncio.sleep(0.1)
-    return last or []
+        logged = [e for e in json.loads(r.content)["events"] if type_ is None or e["type"] == type_]
+        return logged if len(logged) >= count else None
+
+    return list(await until(found)) if count else list(await found() or [])
 
 
 async def test_each_applied_command_is_in_the_trail_with_who_and_the_key(keyed: Api) -> None:
@@ -79,7 +76,7 @@ async def test_each_applied_command_is_in_the_trail_with_who_and_the_key(keyed: 
     assert_problem(await c.post(f"/v1/sessions/t1/tool-calls/{call}/cancel"), 409, "already_ended")
     assert (await c.delete("/v1/sessions/t1")).status_code == 204
 
-    trail = await events(api, "t1", "operator.action")
+    trail = await events(api, "t1", "operator.action", count=6)
     digest = trail[2]["data"]["actor"]
     assert digest.startswith("key:") and READER_KEY[:4] not in digest
     assert [(e["data"]["action"], e["data"]["actor"], e["data"].get("idempotency_key")) for e in trail] == [
@@ -114,7 +111,7 @@ async def _running(api: Api, sid: str) -> str | None:
 async def test_without_keys_the_actor_is_anonymous(api: Api) -> None:
     await api.create(id="a1", llm={"provider": "scripted", "turns": []})
     assert (await api.client.post("/v1/sessions/a1/say", json={"text": "Hello."})).is_success
-    [action] = await events(api, "a1", "operator.action")
+    [action] = await events(api, "a1", "operator.action", count=1)
     assert action["data"] == {"action": "say", "actor": "anonymous", "speech_id": action["data"]["speech_id"]}
 
 
@@ -157,7 +154,7 @@ async def test_export_streams_a_log_longer_than_a_page(api: Api) -> None:
     async def all_done() -> bool:
         return len(await events(api, "long", "speech.done")) == says
 
-    await until(all_done, timeout=20)
+    await until(all_done)
     log = await events(api, "long")
     assert len(log) > EXPORT_EVENTS_PAGE
     assert [e["seq"] for e in log] == list(range(1, len(log) + 1))

@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from switchboard.api.app import create_app
 from switchboard.runtime.status import SessionClosed
+from tests.waiting import until
 
 from .conftest import Api, make_settings
 
 PROBLEM = "application/problem+json"
 LONG = " ".join(f"w{i}" for i in range(300))
-
-
-async def until(pred: Callable[[], Any], timeout: float = 3.0) -> Any:
-    async with asyncio.timeout(timeout):
-        while True:
-            value = await pred() if asyncio.iscoroutinefunction(pred) else pred()
-            if value:
-                return value
-            await asyncio.sleep(0.01)
 
 
 def assert_problem(r: Any, status: int, code: str) -> dict[str, Any]:

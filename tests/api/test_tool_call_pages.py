@@ -176,8 +176,10 @@ async def test_running_calls_across_sessions_come_in_pages(any_api: Api) -> None
         sids.append(s["id"])
 
     async def running() -> list[dict[str, Any]]:
+        """Every call running and settled: moved to the background by its first update, which comes a moment after
+        the call is listed (a snapshot taken before that would differ from every later page)."""
         calls = (await any_api.client.get("/v1/tool-calls", params={"limit": 1000})).json()["items"]
-        return calls if len(calls) == 6 else []
+        return calls if len(calls) == 6 and all(c["background"] and c["progress"] for c in calls) else []
 
     every = await until(running, timeout=10)
     assert [c["started_at"] for c in every] == sorted(c["started_at"] for c in every)  # oldest first

@@ -71,7 +71,7 @@ async def test_command_speech_generation_and_tool_spans_are_linked(
         speeches = [s for s in named(spans, "speech") if s.attributes["switchboard.speech_id"] == speech_id]
         return bool(tools) and bool(speeches)  # the result lands before the tool reply, which answers it
 
-    await until(finished, timeout=5)
+    await until(finished)
     spans = exporter.get_finished_spans()
     command = next(s for s in spans if s.name == "POST /v1/sessions/{sid}/input")
     # the caller's trace continues: its traceparent is the command's parent

@@ -19,6 +19,9 @@ from typing import Any
 import httpx
 import websockets
 
+from tests import waiting
+from tests.waiting import WAIT_S
+
 from .server import Server, free_port
 
 LEASE_S = 8.0  # long enough for a loaded test machine (production default: 2 s)
@@ -67,14 +70,9 @@ class RedisServer:
 
 
 def cluster_node(tmp_path: Path, database_url: str, node_id: str, redis_url: str, **env: str) -> Server:
-    env = {"SWITCHBOARD_TOKEN_SECRET": TOKEN_SECRET, **env}
+    env = {"SWITCHBOARD_TOKEN_SECRET": TOKEN_SECRET, "SWITCHBOARD_LEASE_S": str(LEASE_S), **env}
     return Server(
-        tmp_path,
-        database_url=database_url,
-        SWITCHBOARD_REDIS_URL=redis_url,
-        SWITCHBOARD_NODE_ID=node_id,
-        SWITCHBOARD_LEASE_S=str(LEASE_S),
-        **env,
+        tmp_path, database_url=database_url, SWITCHBOARD_REDIS_URL=redis_url, SWITCHBOARD_NODE_ID=node_id, **env
     )
 
 
@@ -91,11 +89,8 @@ def drain_stop(node: Server, timeout_s: float = 60.0) -> None:
     node.proc.wait(timeout_s)
 
 
-async def until(check: Any, timeout_s: float = 30.0, every_s: float = 0.1) -> Any:
-    async with asyncio.timeout(timeout_s):
-        while not (found := await check()):
-            await asyncio.sleep(every_s)
-    return found
+async def until(check: Any, timeout_s: float = WAIT_S, every_s: float = 0.1) -> Any:
+    return await waiting.until(check, timeout_s, every_s)
 
 
 def up(nodes: Sequence[Server]) -> list[Server]:
@@ -144,7 +139,7 @@ class ResumingStream:
     def of(self, sid: str) -> list[dict[str, Any]]:
         return [f for f in self.frames if f["session_id"] == sid]
 
-    async def wait_for(self, check: Any, timeout_s: float = 30.0) -> None:
+    async def wait_for(self, check: Any, timeout_s: float = WAIT_S) -> None:
         async def seen() -> bool:
             return bool(check(self.frames))
 

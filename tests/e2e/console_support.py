@@ -15,6 +15,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from tests.waiting import WAIT_S
+
 from .server import Server
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -103,7 +105,7 @@ def server_events(server: Server, sid: str, *, key: str | None = None, idle_s: f
                     return frames
 
 
-def wait_until(check: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02, what: str = "") -> Any:
+def wait_until(check: Callable[[], Any], timeout: float = WAIT_S, interval: float = 0.02, what: str = "") -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = check()

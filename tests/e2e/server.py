@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,10 @@ from typing import Any
 import httpx
 import websockets
 
+from tests.ports import free_port
+from tests.waiting import WAIT_S
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
@@ -138,7 +134,7 @@ class EventStream:
         return [f["type"] for f in self.frames]
 
     async def wait_for(
-        self, type: str, pred: Callable[[dict[str, Any]], bool] = lambda f: True, timeout: float = 5.0
+        self, type: str, pred: Callable[[dict[str, Any]], bool] = lambda f: True, timeout: float = WAIT_S
     ) -> dict[str, Any]:
         async with asyncio.timeout(timeout):
             while True:

@@ -27,6 +27,7 @@ from switchboard.client import (
     Unauthorized,
     ValidationFailed,
 )
+from tests.waiting import WAIT_S, until
 from tests.webhook_backend import FakeBackend
 
 from .server import Server
@@ -68,14 +69,6 @@ def scripted(*turns: dict[str, Any]) -> dict[str, Any]:
 
 
 SEARCH = {"text": "Searching.", "tool_calls": [{"name": "search", "arguments": {"query": "tables", "seconds": 30}}]}
-
-
-async def until(predicate: Any, timeout: float = 10.0) -> Any:
-    """Poll an async predicate until it returns something truthy."""
-    async with asyncio.timeout(timeout):
-        while not (found := await predicate()):
-            await asyncio.sleep(0.02)
-    return found
 
 
 async def test_every_operation_through_the_async_client(srv: Server):
@@ -196,7 +189,7 @@ async def _is_current(sb: AsyncClient, sid: str, speech_id: str) -> bool:
     return (await sb.get_speech(sid, speech_id)).state == "playing"
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float = WAIT_S) -> Any:
     deadline = time.monotonic() + timeout
     while not (found := predicate()):
         assert time.monotonic() < deadline, "timed out"

@@ -132,7 +132,7 @@ def test_timeline_fills_as_a_scripted_session_runs(srv: Server, client: httpx.Cl
             values.add(round(value, 3))
         return page.evaluate("() => document.querySelector('.row.tool').dataset.status") == "completed"
 
-    wait_until(progressed, timeout=8, interval=0.05, what="the tool to complete")
+    wait_until(progressed, interval=0.05, what="the tool to complete")
     intermediate = sorted(v for v in values if 0 < v < 1)
     assert len(intermediate) >= 2, f"the progress bar should advance step by step, saw {sorted(values)}"
     assert tool.query_selector(".output").inner_text() == "all 6 steps done"

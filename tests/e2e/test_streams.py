@@ -15,6 +15,8 @@ import httpx
 import pytest
 import websockets
 
+from tests.waiting import WAIT_S
+
 from .server import EventStream, Server
 
 pytestmark = pytest.mark.e2e
@@ -48,7 +50,7 @@ async def connect(url: str, **kw: Any) -> EventStream:
     return EventStream(await websockets.connect(url, **kw))
 
 
-async def wait_closed(stream: EventStream, timeout: float = 5.0) -> tuple[int, str]:
+async def wait_closed(stream: EventStream, timeout: float = WAIT_S) -> tuple[int, str]:
     """The close code and reason, once the server has closed the stream."""
     try:
         async with asyncio.timeout(timeout):

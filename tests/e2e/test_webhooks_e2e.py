@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from switchboard.integrations.webhooks import REPORT_TOKEN_HEADER
+from tests.waiting import WAIT_S
 from tests.webhook_backend import FakeBackend
 
 from .server import EventStream, Server
@@ -20,7 +21,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agents.yaml"
 SECRET = "e2e-webhook-secret"
 
 
-async def said(client: httpx.AsyncClient, text: str, timeout: float = 5.0) -> None:
+async def said(client: httpx.AsyncClient, text: str, timeout: float = WAIT_S) -> None:
     """Wait until the agent said ``text`` (so the next input does not cut its reply short)."""
     try:
         async with asyncio.timeout(timeout):

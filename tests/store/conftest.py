@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from switchboard.store import SessionRecord, Store, make_engine
+from tests.waiting import WAIT_S
 
 PG_URL = os.environ.get("SWITCHBOARD_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 PG_CONNECT_TIMEOUT_S = 3.0
@@ -141,7 +142,7 @@ async def store(db: Db) -> Store:
     return s
 
 
-async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+async def wait_for(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
     async with asyncio.timeout(timeout_s):
         while not predicate():
             await asyncio.sleep(0.01)

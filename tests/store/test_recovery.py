@@ -134,7 +134,7 @@ class Proc:
             found[:] = [e for e in self.events if e.session_id == sid and e.type == type and pred(e.data)]
             return bool(found)
 
-        await wait_for(seen, timeout_s=5.0)
+        await wait_for(seen)
         return found[0]
 
     async def said(self, sid: str, text: str) -> None:

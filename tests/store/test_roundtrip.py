@@ -171,6 +171,21 @@ async def test_running_tool_calls_across_sessions(store: Store) -> None:
     assert await store.running_tool_calls(limit=1) == [("s2", b)]
 
 
+async def test_running_tool_calls_that_started_at_the_same_instant_have_one_order(store: Store) -> None:
+    """Calls of several sessions started within the clock's resolution: the list is by (started_at, session, call),
+    so a limit cuts it at the same place on every read and in every database."""
+    for sid in ("s3", "s2"):
+        await store.create_session(SessionRecord(id=sid, agent="demo"))
+    same = at(5)
+    for sid in ("s3", "s1", "s2"):
+        calls = [ToolCallInfo(call_id=c, name="t", started_at=same) for c in ("z", "a", "m")]
+        await store.chat_store().commit(sid, Commit(tool_calls=calls))
+    order = [(sid, c) for sid in ("s1", "s2", "s3") for c in ("a", "m", "z")]
+    assert [(sid, info.call_id) for sid, info in await store.running_tool_calls()] == order
+    for limit in range(1, len(order)):
+        assert [(sid, info.call_id) for sid, info in await store.running_tool_calls(limit=limit)] == order[:limit]
+
+
 async def test_speeches_round_trip_and_update(store: Store) -> None:
     sp = SpeechInfo(
         id="sp1",

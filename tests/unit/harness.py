@@ -16,6 +16,7 @@ from switchboard.runtime.options import SessionOptions
 from switchboard.runtime.playout import Playout, SimulatedPlayout
 from switchboard.runtime.session import AgentSession
 from switchboard.runtime.tools import TERMINAL_STATUSES
+from tests.waiting import WAIT_S
 
 WPS = 100.0  # 10 ms per word
 
@@ -88,7 +89,9 @@ class Harness:
     def of_type(self, type: str) -> list[Event]:
         return self.events.of_type(self.sid, type)
 
-    async def wait_for(self, type: str, pred: Callable[[Event], bool] = lambda e: True, timeout: float = 3.0) -> Event:
+    async def wait_for(
+        self, type: str, pred: Callable[[Event], bool] = lambda e: True, timeout: float = WAIT_S
+    ) -> Event:
         """Wait for an event (already emitted or future) of ``type`` matching ``pred``."""
         async with asyncio.timeout(timeout):
             while True:
@@ -97,13 +100,13 @@ class Harness:
                         return e
                 await asyncio.sleep(0.002)
 
-    async def idle(self, timeout: float = 3.0) -> None:
+    async def idle(self, timeout: float = WAIT_S) -> None:
         """Wait until no speech is playing or queued."""
         async with asyncio.timeout(timeout):
             while not self.session.idle:
                 await asyncio.sleep(0.005)
 
-    async def tools_done(self, timeout: float = 3.0) -> None:
+    async def tools_done(self, timeout: float = WAIT_S) -> None:
         async with asyncio.timeout(timeout):
             while self.session.executor.running():
                 await asyncio.sleep(0.005)

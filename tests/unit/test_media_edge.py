@@ -12,6 +12,7 @@ from switchboard import Agent, RunContext, SpeechInterrupted, function_tool
 from switchboard.runtime.media import EdgePlayout, MediaEdge
 from switchboard.runtime.media_frames import FrameRefused, _Frame, parse_edge_frame
 from switchboard.runtime.playout import SimulatedPlayout
+from tests.waiting import WAIT_S
 
 from .harness import WPS, Harness
 
@@ -57,7 +58,7 @@ class Setup:
     def text(self, speech_id: str) -> str:
         return "".join(f["delta"] for f in self.sent if f["type"] == "speech.text" and f["speech_id"] == speech_id)
 
-    async def until_sent(self, kind: str, timeout: float = 5.0) -> dict[str, Any]:
+    async def until_sent(self, kind: str, timeout: float = WAIT_S) -> dict[str, Any]:
         async with asyncio.timeout(timeout):
             while True:
                 found = [f for f in self.sent if f["type"] == kind]

@@ -239,7 +239,7 @@ class Plain(Agent):
 
 async def _start_one(h: Harness, name: str) -> str:
     await h.session.input("go")
-    ev = await h.wait_for("tool.started", lambda e: e.data["name"] == name, timeout=1.0)
+    ev = await h.wait_for("tool.started", lambda e: e.data["name"] == name)
     return str(ev.data["call_id"])
 
 

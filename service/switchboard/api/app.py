@@ -108,6 +108,7 @@ def _write_limits(settings: Settings, metrics: Metrics) -> WriteRateLimiter:
         rate_per_s=settings.write_rate_per_s,
         burst=settings.write_burst,
         prefix=key_prefix(settings.database_url),
+        timeout_s=settings.rate_limit_redis_timeout_s,
     )
     return SharedWriteLimits(shared, on_fallback=metrics.rate_limit_fallbacks.inc)
 

@@ -409,7 +409,7 @@ class SessionHost:
             for r, v in found
             if agent is None or v.record.agent == agent or (v.live and v.live.agent.name == agent)
         ]
-        found.sort(key=lambda pair: pair[0][0].since)
+        found.sort(key=lambda pair: (pair[0][0].since, pair[1].id))  # a total order: ties are cut one way
         return [v for _, v in found]
 
     def live(self, sid: str) -> AgentSession | None:

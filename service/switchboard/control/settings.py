@@ -105,6 +105,9 @@ class Settings(BaseSettings):
 
     # Nodes and ownership (see docs/cluster.md). Cluster mode: ``redis_url`` set, on PostgreSQL.
     redis_url: str | None = None
+    # Cluster mode: how long a command waits for the cluster's rate-limit bucket in Redis before it charges its node's
+    # own instead (a command is never held up by Redis for longer)
+    rate_limit_redis_timeout_s: float = Field(default=0.05, gt=0, le=10)
     node_id: str | None = Field(default=None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")
     advertise_url: str | None = None  # how the other nodes reach this one (default: http://host:port)
     cluster_secret: str | None = Field(default=None, min_length=32)  # authenticates node-to-node calls

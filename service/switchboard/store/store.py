@@ -353,9 +353,11 @@ class Store:
         return self._first(rows, tool_call_from_row, "tool_calls")
 
     async def running_tool_calls(self, limit: int = 1000) -> list[tuple[str, ToolCallInfo]]:
-        """Tool calls still running, across sessions, oldest first: ``(session_id, call)``."""
+        """Tool calls still running, across sessions, oldest first: ``(session_id, call)``. Calls started at the same
+        instant (the clock's resolution) are ordered by session and call id, so ``limit`` cuts one order."""
         t = m.tool_calls
-        stmt = sa.select(t).where(t.c.status == ToolStatus.RUNNING.value).order_by(t.c.started_at).limit(limit)
+        running = sa.select(t).where(t.c.status == ToolStatus.RUNNING.value)
+        stmt = running.order_by(t.c.started_at, t.c.session_id, t.c.call_id).limit(limit)
         rows = await self._fetch(stmt)
         return [(row["session_id"], info) for row, info in self._convert_pairs(rows, tool_call_from_row, "tool_calls")]
 

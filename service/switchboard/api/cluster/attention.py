@@ -78,7 +78,8 @@ class ClusterAttention:
 
 
 def merged(*lists: list[SessionRead]) -> list[SessionRead]:
-    """One list, each session once, the longest waiting first (by its oldest reason)."""
+    """One list, each session once, the longest waiting first (by its oldest reason; sessions waiting since the
+    same instant by id, so every node answers one order, whichever node's list came first)."""
     by_id: dict[str, SessionRead] = {}
     for items in lists:
         for item in items:
@@ -86,5 +87,5 @@ def merged(*lists: list[SessionRead]) -> list[SessionRead]:
     return sorted(by_id.values(), key=_waiting_since)
 
 
-def _waiting_since(item: SessionRead) -> datetime:
-    return min((reason.since for reason in item.attention), default=item.last_activity_at)
+def _waiting_since(item: SessionRead) -> tuple[datetime, str]:
+    return min((reason.since for reason in item.attention), default=item.last_activity_at), item.id
