@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from switchboard.api.app import create_app
-from switchboard.api.cluster_attention import merged
+from switchboard.api.cluster.attention import merged
 from switchboard.api.schemas import AttentionRead, SessionRead
 from switchboard.control.attention import AttentionCode, AttentionReason
 from switchboard.runtime.agent import AgentRegistry
