@@ -353,6 +353,13 @@ class SimDatabase:
             claimed[sid] = rec.owner_epoch + 1
         return claimed
 
+    def owned_by(self, node_id: str) -> dict[str, int]:
+        return {rec.id: rec.owner_epoch for rec in self.live_sessions(None) if rec.owner_node == node_id}
+
+    def unowned(self, sids: Sequence[str]) -> list[str]:
+        wanted = set(sids)
+        return [rec.id for rec in self.live_sessions(None) if rec.id in wanted and rec.owner_node is None]
+
     def next_expiry_in(self, node_id: str) -> float | None:
         leases = [row.lease_until for row in self.nodes.values() if row.state in _LEASED and row.id != node_id]
         return min(leases) - self.lease_clock(node_id) if leases else None

@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 from switchboard.api.idempotency import Attempt, KeyLocks, _run_once
 from switchboard.api.problems import ProblemError
+from switchboard.control.drain import drain
 from switchboard.control.host import SessionHost
 from switchboard.control.hub import EventHub
 from switchboard.control.ownership import HEARTBEAT_S, RENEWALS_PER_LEASE, NodeLease
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
     from .world import ClusterWorld
 
 ADOPT_INTERVAL_S = 1.0
-DRAIN_BOUND_S = 30.0
+DRAIN_TIMEOUT_S = 10.0  # the service's drain_timeout_s
+DRAIN_BOUND_S = 40.0
 # what a command may fail with while its session moves: the API answers these 503 (retry), never 5xx
 RETRYABLE = (SessionSuspended, SessionFenced, StoreError, TimeoutError, OSError, asyncio.CancelledError)
 
@@ -132,23 +134,23 @@ class Node:
             await asyncio.sleep(self.lease.lease_s / RENEWALS_PER_LEASE)
             await self.lease.renew_once(self.store.nodes)  # type: ignore[arg-type]
 
-    async def drain(self) -> list[str]:
-        """SIGTERM: take no new session, hand every session over (suspended, released), tell the others (Redis),
-        write what is left, record the stop; then the process exits."""
-        handed: list[str] = []
+    async def drain(self) -> None:
+        """SIGTERM: the product's drain (take no new session, hand every session over, wake the others through Redis,
+        wait until they own them), then what the service's shutdown does: suspend what is left, write what is
+        queued, record the stop. Then the process exits."""
+
+        async def wake() -> None:
+            self.world.redis_publish(self, "handed-over")
+
         try:
             async with asyncio.timeout(DRAIN_BOUND_S):
-                with contextlib.suppress(TimeoutError, OSError):
-                    await self.lease.start_draining()
-                handed = await self.host.hand_off_all()
-                self.world.redis_publish(self, "handed-over")
+                await drain(self.host, wake=wake, timeout_s=DRAIN_TIMEOUT_S)
                 await self.host.aclose()
                 await self.store.writer.aclose(timeout_s=10.0)
                 with contextlib.suppress(TimeoutError, OSError):
                     await self.store.nodes.set_state(self.id, NodeState.STOPPED)
-        except TimeoutError:
-            self.world.note(f"{self.tag}: drain cut short after {DRAIN_BOUND_S:.0f}s")
-        return handed
+        except (TimeoutError, OSError) as err:
+            self.world.note(f"{self.tag}: drain cut short ({err!r})")
 
     # -- serving ------------------------------------------------------------------------------------------------
 

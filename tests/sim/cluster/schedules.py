@@ -158,10 +158,11 @@ async def play(schedule: Schedule, loop: ClusterLoop, out: list[ClusterWorld]) -
     return world
 
 
-def run_schedule(schedule: Schedule) -> ClusterWorld:
-    """Run one schedule on a fresh loop; raises ``Violation`` (or ``Stalled``...) when an oracle fails."""
+def run_schedule(schedule: Schedule, worlds: list[ClusterWorld] | None = None) -> ClusterWorld:
+    """Run one schedule on a fresh loop; raises ``Violation`` (or ``Stalled``...) when an oracle fails. ``worlds``
+    gets the world (to look at it after a failure)."""
     loop = ClusterLoop()
-    worlds: list[ClusterWorld] = []
+    worlds = [] if worlds is None else worlds
     try:
         with simulated(worlds, loop):
             loop.run_until_complete(play(schedule, loop, worlds))

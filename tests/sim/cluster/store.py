@@ -104,6 +104,12 @@ class SimNodes:
     async def release(self, node_id: str, claims: dict[str, int]) -> list[str]:
         return await self._run(self.db.release, node_id, claims)  # type: ignore[no-any-return]
 
+    async def owned_by(self, node_id: str) -> dict[str, int]:
+        return await self._run(self.db.owned_by, node_id)  # type: ignore[no-any-return]
+
+    async def unowned(self, sids: Sequence[str]) -> list[str]:
+        return await self._run(self.db.unowned, sids)  # type: ignore[no-any-return]
+
     async def claim_orphans(self, node_id: str, *, share: bool = False) -> dict[str, int]:
         return await self._run(self.db.claim_orphans, node_id, share)  # type: ignore[no-any-return]
 

@@ -105,6 +105,7 @@ class ClusterWorld:
         self.rng = random.Random(seed)
         self.requests: list[Request] = []
         self.clients: set[asyncio.Task[None]] = set()
+        self.dead_tasks: set[asyncio.Task[Any]] = set()
         self.redis_down_until = -1.0
         self.redis_cut: dict[str, float] = {}
         self.keys = 0
@@ -151,6 +152,8 @@ class ClusterWorld:
         node.gone = True
         self.loop.kill(node.tag)
         self.db.crashed.add(node.tag)
+        # its tasks wait for what will never come; held here, they are not collected as "destroyed while pending"
+        self.dead_tasks |= {t for t in asyncio.all_tasks(self.loop) if not t.done()}
 
     def redis_publish(self, sender: Node, what: str) -> None:
         """Redis carries wake-ups only: a lost one costs an adoption interval, never correctness."""
@@ -383,11 +386,8 @@ class ClusterWorld:
             for info in d.tool_calls.values():
                 expect(info.ended, "call-ends", f"{sid}: {info.call_id} still running in the store after settling")
             live_ids = {it.id for it in session.chat.items}
-            expect(
-                live_ids == set(d.items),
-                "live-vs-durable",
-                f"{sid}: only live {sorted(live_ids - set(d.items))[:3]}, only durable {sorted(set(d.items) - live_ids)[:3]}",
-            )
+            only_live, only_durable = sorted(live_ids - set(d.items))[:3], sorted(set(d.items) - live_ids)[:3]
+            expect(not only_live and not only_durable, "live-vs-durable", f"{sid}: {only_live=} {only_durable=}")
             self._check_answered(sid)
             self._check_replied(sid)
         self._check_lost()
@@ -426,12 +426,13 @@ class ClusterWorld:
                 expect(False, "unanswered-input", f"{sid}: input {req.cmd.key} ({item_id}) never answered")
 
     def _check_replied(self, sid: str) -> None:
-        """Every completed tool result is replied to, in a session no client interrupts."""
+        """Every completed tool result is replied to, in a session no client interrupts (a tool that returns nothing
+        asks the model for nothing: no reply is owed for it, by design)."""
         if any(r.cmd.sid == sid and (r.cmd.kind == "interrupt" or r.cmd.interrupt) for r in self.requests):
             return
         log = self.db.session_rows(sid).event_log()
         for e in log:
-            if e.type == "tool.ended" and e.data.get("status") == "completed":
+            if e.type == "tool.ended" and e.data.get("status") == "completed" and e.data.get("output"):
                 replied = any(later.seq > e.seq and later.type == "generation.started" for later in log)
                 expect(replied, "unreplied-result", f"{sid}: result of {e.data.get('call_id')} never replied to")
 
