@@ -5,7 +5,7 @@ speeches, events, nodes with their leases, idempotency keys) and answers the sta
 semantics (``test_conformance.py`` runs one sequence of operations against this model and against the real ``Store``
 and compares the answers). Leases are set and judged by the database's clock, which is the virtual clock.
 
-Faults: a stall (every statement waits until it ends), one node partitioned from the database (its statements wait),
+Faults: latency (each statement takes a while), a stall (every statement waits until it ends), one node partitioned from the database (its statements wait),
 a connection reset on a statement (before the statement, or after it committed: the caller cannot tell which), and a
 crashed node (its statements never return). Every statement has a timeout, as the service's every database call has:
 a statement kept waiting past it fails with ``TimeoutError``, which the store treats as the database being away.
@@ -94,6 +94,7 @@ class SimDatabase:
         self.partitioned: dict[str, float] = {}  # node id -> until when its statements cannot reach the database
         self.resets: list[tuple[str | None, bool]] = []  # (node or any, after the commit) for the next statements
         self.crashed: set[str] = set()  # store ids (node incarnations) whose statements never return
+        self.latency_s = 0.0  # each statement takes this long (a window for a crash between two of them)
         # the clock leases are judged by, for a statement of a node (the fix: the database's own, whoever asks)
         self.lease_clock: Callable[[str], float] = lambda node: self.clock()
         # what the oracles read
@@ -108,6 +109,8 @@ class SimDatabase:
         loop = asyncio.get_running_loop()
         if store_id in self.crashed:
             await loop.create_future()  # a dead process never hears back
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
         give_up_at = self.clock() + STATEMENT_TIMEOUT_S
         while (blocked := max(self.stalled_until, self.partitioned.get(node, -1.0))) > self.clock():
             if self.clock() >= give_up_at:

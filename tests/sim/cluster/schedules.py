@@ -42,15 +42,18 @@ def random_op(rng: random.Random, sessions: int, calm: set[int]) -> Op:
             return ("say", s, n)
         return ("input", s, n, s not in calm and rng.random() < 0.5)
     if roll < 0.70:
-        return ("advance", rng.choice((5, 50, 200, 500, 1500, 3000)))
+        return ("advance", rng.choice((1, 5, 20, 50, 200, 500, 1500, 3000)))
     fault = rng.choice(
         (
             "pause",
             "pause",
             "kill",
+            "crash-owner",
+            "crash-owner",
             "restart",
             "drain",
             "rolling",
+            "db-latency",
             "db-stall",
             "db-partition",
             "db-reset",
@@ -62,10 +65,14 @@ def random_op(rng: random.Random, sessions: int, calm: set[int]) -> Op:
     )
     if fault == "pause":
         return ("pause", n, rng.choice((300, 1000, 2500, 6000)))
+    if fault == "crash-owner":
+        return ("crash-owner", s, rng.choice((1, 10, 25, 45, 60)))
     if fault in ("kill", "restart"):
         return (fault, n)
     if fault == "drain":
         return ("drain", n, rng.random() < 0.7)
+    if fault == "db-latency":
+        return ("db-latency", rng.choice((0, 1, 5, 20)))
     if fault == "db-stall":
         return ("db-stall", rng.choice((100, 1000, 4000)))
     if fault == "db-partition":
@@ -77,7 +84,7 @@ def random_op(rng: random.Random, sessions: int, calm: set[int]) -> Op:
     if fault == "redis-cut":
         return ("redis-cut", n, rng.choice((1000, 10000)))
     if fault == "skew":
-        return ("skew", n, rng.choice((-1500, -400, 0, 400, 1500)))
+        return ("skew", n, rng.choice((-5000, -2500, -400, 0, 400, 2500, 5000)))
     return (fault,)
 
 
@@ -107,7 +114,8 @@ def generate(seed: int, fixes: Fixes | None = None) -> Schedule:
             }
         )
     calm = {i for i in range(len(sessions)) if i % 2 == 0}
-    ops = [random_op(rng, len(sessions), calm) for _ in range(rng.randint(5, 25))]
+    ops: list[Op] = [("db-latency", rng.choice((0, 1, 5, 20)))]
+    ops += [random_op(rng, len(sessions), calm) for _ in range(rng.randint(5, 25))]
     return Schedule(seed, nodes, sessions, ops, fixes or Fixes())
 
 

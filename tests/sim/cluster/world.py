@@ -236,6 +236,11 @@ class ClusterWorld:
             node = self.slots[self.node_ids[op[1] % len(self.node_ids)]]
             if not node.gone:
                 self.kill(node)
+        elif kind == "crash-owner":  # the node running a session dies a moment later (mid-command, mid-write)
+            await asyncio.sleep(op[2] / 1000)
+            owner = self.owner_of(self.sids[op[1] % len(self.sids)])
+            if owner is not None:
+                self.kill(owner)
         elif kind == "restart":
             node_id = self.node_ids[op[1] % len(self.node_ids)]
             if self.slots[node_id].gone:
@@ -245,6 +250,8 @@ class ClusterWorld:
         elif kind == "rolling":
             for node_id in self.node_ids:
                 await self._drain_and_restart(node_id, restart=True)
+        elif kind == "db-latency":
+            self.db.latency_s = op[1] / 1000
         elif kind == "db-stall":
             self.db.stalled_until = max(self.db.stalled_until, now + op[1] / 1000)
         elif kind == "db-partition":
@@ -341,6 +348,7 @@ class ClusterWorld:
         self.db.stalled_until = -1.0
         self.db.partitioned.clear()
         self.db.resets.clear()
+        self.db.latency_s = 0.0
         self.redis_down_until = -1.0
         self.redis_cut.clear()
         for node_id in self.node_ids:
