@@ -5,10 +5,11 @@ speeches, events, nodes with their leases, idempotency keys) and answers the sta
 semantics (``test_conformance.py`` runs one sequence of operations against this model and against the real ``Store``
 and compares the answers). Leases are set and judged by the database's clock, which is the virtual clock.
 
-Faults: latency (each statement takes a while), a stall (every statement waits until it ends), one node partitioned from the database (its statements wait),
-a connection reset on a statement (before the statement, or after it committed: the caller cannot tell which), and a
-crashed node (its statements never return). Every statement has a timeout, as the service's every database call has:
-a statement kept waiting past it fails with ``TimeoutError``, which the store treats as the database being away.
+Faults: latency (each statement takes a while), a stall (every statement waits until it ends), one node
+partitioned from the database (its statements wait), a connection reset on a statement (before the statement, or
+after it committed: the caller cannot tell which), and a crashed node (its statements never return). Every statement
+has a timeout, as the service's every database call has: a statement kept waiting past it fails with
+``TimeoutError``, which the store treats as the database being away.
 """
 
 from __future__ import annotations
