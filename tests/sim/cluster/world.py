@@ -100,6 +100,7 @@ class ClusterWorld:
         self.registry = AgentRegistry(AGENTS)
         self.node_ids = list(self.offsets)
         self.slots: dict[str, Node] = {}
+        self.every_node: list[Node] = []  # every incarnation, the dead ones too
         self.incarnations: Counter[str] = Counter()
         self.session_specs = sessions
         self.sids = [f"s{i}" for i in range(len(sessions))]
@@ -141,6 +142,7 @@ class ClusterWorld:
         node = Node(self, node_id, self.incarnations[node_id], self.settings(node_id))
         self.watch_claims(node)
         self.slots[node_id] = node
+        self.every_node.append(node)
         await run_in_node(node.tag, asyncio.ensure_future, node.start())
         return node
 
@@ -514,6 +516,11 @@ class ClusterWorld:
         for node in self.slots.values():
             if not node.gone:
                 self.db.crashed.add(node.tag)  # nothing more is written: the run is over
+        for node in self.every_node:
+            # what a process still had in its writer when it died (or when the run ends) fails as it is torn down:
+            # nobody is left to hear it
+            for fut in list(node.store.writer.made):
+                fut.add_done_callback(_forget)
         current = asyncio.current_task()
         for _ in range(6):
             pending = [t for t in asyncio.all_tasks(self.loop) if t is not current and not t.done()]
@@ -522,3 +529,8 @@ class ClusterWorld:
             for t in pending:
                 t.cancel()
             await asyncio.wait(pending, timeout=1.0)
+
+
+def _forget(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
