@@ -15,7 +15,7 @@ import pytest
 from .schedules import Schedule, generate, run_schedule
 from .world import Fixes, Violation
 
-CI_SEEDS = int(os.environ.get("SWITCHBOARD_SIM_CLUSTER_SEEDS", "40"))
+CI_SEEDS = int(os.environ.get("SWITCHBOARD_SIM_CLUSTER_SEEDS", "30"))
 SAY = [{"llm": {"provider": "scripted", "turns": [{"text": "t0 t1"}]}}]
 LONG_TOOL = [
     {
@@ -27,7 +27,7 @@ LONG_TOOL = [
 ]
 
 
-@pytest.mark.timeout(300)  # ~10 s on a quiet machine
+@pytest.mark.timeout(300)  # ~8 s on a quiet machine
 def test_seeded_cluster_schedules_keep_every_invariant() -> None:
     failures = []
     for seed in range(CI_SEEDS):
