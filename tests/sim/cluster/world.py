@@ -25,6 +25,7 @@ from switchboard.control.session_config import SessionConfig
 from switchboard.control.settings import Settings
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.chat import ChatMessage, FunctionCall, FunctionCallOutput
+from switchboard.runtime.speech import SpeechHandle
 from switchboard.runtime.status import SessionStatus
 
 from ..workload import AGENTS, EFFECTS
@@ -116,6 +117,7 @@ class ClusterWorld:
         self.notes: list[str] = []
         self.broken_contexts: list[str] = []
         self.split: list[str] = []
+        self.forced_before = SpeechHandle.forced_cancels
         self.resumed_at: dict[str, float] = {}
         EFFECTS.runs.clear()
         EFFECTS.completions.clear()
@@ -329,6 +331,7 @@ class ClusterWorld:
 
     def check_step(self) -> None:
         expect(not self.broken_contexts, "I2-broken-context", "; ".join(self.broken_contexts[:3]))
+        expect(SpeechHandle.forced_cancels == self.forced_before, "I3-safety-net-fired", "a forced cancel fired")
         expect(not self.db.stale_writes, "stale-epoch-write", "; ".join(self.db.stale_writes[:3]))
         expect(not self.split, "split-brain", "; ".join(self.split[:3]))
         for sid in self.sids:
