@@ -21,15 +21,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from switchboard.control import ownership
+from switchboard.runtime import recovery
 from switchboard.runtime.chat import validate
 from switchboard.runtime.llm.scripted import ScriptedLLM
+from switchboard.runtime.speech import SpeechHandle
 
 from ..schedules import classify, random_turns
 from ..vloop import check_nothing_lost, close_loop
 from .loop import ClusterLoop
 from .world import ClusterWorld, Fixes, Op
 
-FIXES = ("db_clock", "write_time_epochs", "receipts_with_effect")
+FIXES = ("db_clock", "write_time_epochs", "receipts_with_effect", "hand_over")
 
 
 def random_op(rng: random.Random, sessions: int, calm: set[int]) -> Op:
@@ -121,9 +123,10 @@ def generate(seed: int, fixes: Fixes | None = None) -> Schedule:
 
 
 @contextlib.contextmanager
-def simulated(world_of: list[ClusterWorld], loop: ClusterLoop) -> Iterator[None]:
+def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> Iterator[None]:
     """What the simulation replaces around the product for one run: the lease's monotonic clock is the virtual one,
-    and every context the model receives is checked (I2)."""
+    and every context the model receives is checked (I2). Without the hand-over fix, a move interrupts the speeches
+    and recovery owes none (the behaviour before it)."""
     real_time = ownership.time
     real_stream = ScriptedLLM.stream
 
@@ -140,11 +143,16 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop) -> Iterator[None]
 
     ownership.time = _Clock  # type: ignore[assignment]
     ScriptedLLM.stream = checked  # type: ignore[method-assign]
+    real_hand_over, real_owed = SpeechHandle.hand_over, recovery.owed_speeches
+    if not fixes.hand_over:  # before the fix: a move is an interruption, and the next owner owes nothing
+        SpeechHandle.hand_over = lambda self: not self.done and self.interrupt(force=True)  # type: ignore[method-assign]
+        recovery.owed_speeches = lambda unfinished: []
     try:
         yield
     finally:
         ownership.time = real_time
         ScriptedLLM.stream = real_stream  # type: ignore[method-assign]
+        SpeechHandle.hand_over, recovery.owed_speeches = real_hand_over, real_owed  # type: ignore[method-assign]
 
 
 async def play(schedule: Schedule, loop: ClusterLoop, out: list[ClusterWorld]) -> ClusterWorld:
@@ -174,7 +182,7 @@ def run_schedule(schedule: Schedule, worlds: list[ClusterWorld] | None = None) -
     asyncio.set_event_loop(loop)
     kept: list[ClusterWorld] = [] if worlds is None else worlds
     try:
-        with simulated(kept, loop):
+        with simulated(kept, loop, schedule.fixes):
             loop.run_until_complete(play(schedule, loop, kept))
     finally:
         close_loop(loop)

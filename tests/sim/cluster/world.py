@@ -65,6 +65,7 @@ class Fixes:
     db_clock: bool = True  # leases set and judged on the database's clock (else: each node's own)
     write_time_epochs: bool = True  # a write carries the epoch it was made under (else: the one held when queued)
     receipts_with_effect: bool = True  # an idempotency record commits with its effect (else: after it)
+    hand_over: bool = True  # a move hands the speeches over (else: it interrupts them, and recovery owes none)
 
     @classmethod
     def without(cls, fix: str) -> Fixes:
