@@ -25,14 +25,17 @@ from switchboard.control.host import SessionHost
 from switchboard.control.hub import EventHub
 from switchboard.control.ownership import HEARTBEAT_S, RENEWALS_PER_LEASE, NodeLease
 from switchboard.control.settings import Settings
+from switchboard.integrations.webhooks import BackendResult, CallAlreadyEnded, NotAwaitingReport, Webhooks
 from switchboard.runtime.session import AgentSession
 from switchboard.runtime.speech import NotInterruptible
 from switchboard.runtime.status import SessionClosed, SessionStatus, SessionSuspended
+from switchboard.runtime.tools import ToolCallInfo
 from switchboard.store.ownership import NodeState
 from switchboard.store.records import Holder, SessionFenced, StoreError
 
 from .loop import run_in_node
 from .store import SimStore
+from .webhooks import backend, registry
 
 if TYPE_CHECKING:
     from .world import ClusterWorld
@@ -46,11 +49,12 @@ RETRYABLE = (SessionSuspended, SessionFenced, StoreError, TimeoutError, OSError,
 
 @dataclass
 class Command:
-    kind: str  # input | say | interrupt
+    kind: str  # input | say | interrupt | progress | result (a webhook backend's reports)
     sid: str
     key: str | None = None
     text: str = ""
     interrupt: bool = False
+    call_id: str = ""
 
 
 @dataclass
@@ -76,10 +80,11 @@ class Node:
             receipts_with_effect=world.fixes.receipts_with_effect,
         )
         self.lease = NodeLease(self.store, settings)  # type: ignore[arg-type]
+        self.webhooks = Webhooks(transport=backend(world.delivered))
         self.lease.hostname = f"host-{node_id}"  # one machine each: no node takes another for its own dead process
         self.host = SessionHost(
             store=self.store,  # type: ignore[arg-type]
-            registry=world.registry,
+            registry=registry(self.webhooks),
             hub=EventHub(),
             settings=settings,
             lease=self.lease,
@@ -165,6 +170,12 @@ class Node:
             return await self._run_here(cmd)
         except ProblemError as err:
             return Answer(err.status, err.code)
+        except CallAlreadyEnded:
+            return Answer(409, "already_ended")
+        except NotAwaitingReport:
+            session = self.live(cmd.sid)
+            info = session.tool_call(cmd.call_id) if session is not None else None
+            return Answer(409, "already_ended" if info is not None and info.ended else "not_awaiting_report")
         except RETRYABLE as err:
             return Answer(503, type(err).__name__)
         except (SessionClosed, LookupError) as err:
@@ -216,4 +227,22 @@ class Node:
         if cmd.kind == "interrupt":
             speech = await session.interrupt()
             return {"speech_id": speech.id if speech else None}
-        raise ValueError(f"unknown command {cmd.kind}")
+        return await self._report(session, cmd, attempt)
+
+    async def _report(self, session: AgentSession, cmd: Command, attempt: Attempt | None) -> Any:
+        """A webhook backend's report, as the report routes apply it."""
+
+        def render(info: ToolCallInfo) -> dict[str, Any]:
+            return {"call_id": info.call_id, "status": info.status.value}
+
+        receipt = attempt.receipt(render) if attempt else None
+        broker = self.webhooks.broker
+        if cmd.kind == "progress":
+            await asyncio.shield(broker.progress(cmd.sid, cmd.call_id, cmd.text, 0.5, receipt))
+        elif cmd.kind == "result":
+            broker.result(cmd.sid, cmd.call_id, BackendResult(output=cmd.text, is_error=False), receipt)
+            await session.wait_tool_call(cmd.call_id)
+        else:
+            raise ValueError(f"unknown command {cmd.kind}")
+        info = session.tool_call(cmd.call_id)
+        return render(info) if info is not None else None

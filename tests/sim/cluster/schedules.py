@@ -109,9 +109,13 @@ def generate(seed: int, fixes: Fixes | None = None) -> Schedule:
     nodes = rng.choice((2, 2, 3, 4))
     sessions = []
     for _ in range(rng.randint(1, 3)):
+        turns = random_turns(rng)
+        for turn in turns:
+            if rng.random() < 0.25:  # a webhook tool, whose backend reports to any node
+                turn["tool_calls"].append({"name": "ticket", "arguments": {"ms": rng.choice((0, 200, 1500, 5000))}})
         sessions.append(
             {
-                "llm": {"provider": "scripted", "turns": random_turns(rng)},
+                "llm": {"provider": "scripted", "turns": turns},
                 "max_tool_steps": rng.choice((1, 3)),
                 "preemptive_generation": rng.random() < 0.3,
             }

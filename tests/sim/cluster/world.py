@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from switchboard.runtime.status import SessionStatus
 
 from ..workload import AGENTS, EFFECTS
 from .database import SimDatabase
-from .loop import ClusterLoop, run_in_node
+from .loop import NODE, ClusterLoop, run_in_node
 from .node import Answer, Command, Node
 
 Op = tuple[Any, ...]
@@ -216,6 +217,23 @@ class ClusterWorld:
             return await asyncio.wait_for(asyncio.shield(task), REQUEST_TIMEOUT_S)
         except TimeoutError:
             return Answer(503, "timeout")
+
+    def delivered(self, sid: str, call_id: str, arguments: dict[str, Any]) -> None:
+        """The backend took a webhook call (202): it reports progress, then the result, to any node."""
+        ctx = contextvars.copy_context()
+        ctx.run(NODE.set, None)  # the backend is no node's: a pause of the node that delivered does not stop it
+        task = self.loop.create_task(self._backend(sid, call_id, int(arguments.get("ms") or 0)), context=ctx)
+        self.clients.add(task)
+        task.add_done_callback(self.clients.discard)
+
+    async def _backend(self, sid: str, call_id: str, ms: int) -> None:
+        rng = random.Random(self.rng.random())
+        await asyncio.sleep(ms / 2000)
+        self.send(Command("progress", sid, self.new_key(), "half way", call_id=call_id), rng.choice(self.node_ids))
+        await asyncio.sleep(ms / 2000)
+        self.send(
+            Command("result", sid, self.new_key(), f"ticket for {call_id}", call_id=call_id), rng.choice(self.node_ids)
+        )
 
     def new_key(self) -> str:
         self.keys += 1
@@ -450,7 +468,24 @@ class ClusterWorld:
             for r in self.requests
         )
 
+    def _check_reports(self) -> None:
+        """A backend's result that was accepted is the call's end; one refused as not awaited while its call was
+        waiting for it is a report lost (the chaos checker's ``report-refused``)."""
+        for req in self.requests:
+            a, cmd = req.answer, req.cmd
+            if cmd.kind != "result" or a is None:
+                continue
+            info = self.db.session_rows(cmd.sid).tool_calls.get(cmd.call_id)
+            if a.status < 300:
+                expect(
+                    info is not None and info.status.value == "completed" and info.output == cmd.text,
+                    "report-lost",
+                    f"{cmd.sid}: result of {cmd.call_id} accepted, call stored as {info.status if info else None}",
+                )
+            expect(a.code != "not_awaiting_report", "report-refused", f"{cmd.sid}: {cmd.call_id}: {req.attempts[-3:]}")
+
     def _check_lost(self) -> None:
+        self._check_reports()
         for req in self.requests:
             a = req.answer
             if a is None or a.status != 202 or not isinstance(a.body, dict):
