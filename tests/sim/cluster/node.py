@@ -244,5 +244,9 @@ class Node:
             await session.wait_tool_call(cmd.call_id)
         else:
             raise ValueError(f"unknown command {cmd.kind}")
-        info = session.tool_call(cmd.call_id)
+        # answered as the route does: from the session as this node finds it now (the store's, once it moved)
+        live = self.live(cmd.sid)
+        info = live.tool_call(cmd.call_id) if live is not None else None
+        if info is None:
+            info = await self.store.tool_call(cmd.sid, cmd.call_id)
         return render(info) if info is not None else None

@@ -15,6 +15,7 @@ from typing import Any
 from switchboard.runtime.events import Event
 from switchboard.runtime.ports import ChatStore, Completion, EventSink
 from switchboard.runtime.status import SessionStatus
+from switchboard.runtime.tools import ToolCallInfo
 from switchboard.store.ownership import Fence, NodeRecord, NodeState
 from switchboard.store.records import Claim, Holder, SessionData, SessionRecord
 from switchboard.store.runtime_ports import StoreChatStore, StoreEventSink
@@ -203,6 +204,10 @@ class SimStore:
         await self._read()
         rec = self.db.sessions.get(sid)
         return rec.model_copy() if rec is not None else None
+
+    async def tool_call(self, sid: str, call_id: str) -> ToolCallInfo | None:
+        await self._read()
+        return self.db.session_rows(sid).tool_calls.get(call_id)
 
     async def live_sessions(self, ids: Sequence[str] | None = None) -> list[SessionRecord]:
         await self._read()

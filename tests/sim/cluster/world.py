@@ -469,14 +469,14 @@ class ClusterWorld:
         )
 
     def _check_reports(self) -> None:
-        """A backend's result that was accepted is the call's end; one refused as not awaited while its call was
-        waiting for it is a report lost (the chaos checker's ``report-refused``)."""
+        """A backend's result answered as the call's completion is the call's durable end; one refused as not awaited
+        while its call was waiting for it is a report lost (the chaos checker's ``report-refused``)."""
         for req in self.requests:
             a, cmd = req.answer, req.cmd
             if cmd.kind != "result" or a is None:
                 continue
             info = self.db.session_rows(cmd.sid).tool_calls.get(cmd.call_id)
-            if a.status < 300:
+            if a.status < 300 and isinstance(a.body, dict) and a.body.get("status") == "completed":
                 expect(
                     info is not None and info.status.value == "completed" and info.output == cmd.text,
                     "report-lost",
