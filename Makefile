@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test stress lint fmt openapi bench sim chaos clean
+.PHONY: install run test stress lint fmt openapi bench sim sim-cluster chaos clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -56,6 +56,12 @@ bench: $(STAMP)
 SEEDS ?= 10000
 sim: $(STAMP)
 	$(BIN)/python -m tests.sim.schedules --seeds $(SEEDS)
+
+# the cluster simulation (docs/simulation.md, "Cluster"): 1,000 seeds unless SEEDS is given; BEFORE=<fix> switches
+# one fix off (db_clock, write_time_epochs, receipts_with_effect, hand_over)
+sim-cluster: $(STAMP)
+	$(BIN)/python -m tests.sim.cluster --seeds $(if $(filter file,$(origin SEEDS)),1000,$(SEEDS)) \
+		$(if $(BEFORE),--before $(BEFORE))
 
 # a long chaos run of cluster mode (docs/chaos.md): three nodes on a fresh PostgreSQL database and a Redis of its own,
 # faults from the seed for about DURATION seconds, then the checker; exit status 1 when it finds a violation

@@ -197,3 +197,31 @@ async def test_a_node_whose_event_loop_is_stuck_stops_renewing_and_loses_its_ses
         assert await other.nodes.claim_orphans("b") == {"s1": 2}
     finally:
         await lease.aclose()
+
+
+async def test_a_claim_whose_answer_was_lost_is_settled_by_the_next_one(
+    db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the claim committed, then the connection dropped before its answer came back: the database names this node the
+    # owner of s1, no other node takes it (this node holds its lease), so this node must find it and run it (found by
+    # the cluster simulation: a session owned by a live node that never ran it)
+    lease = await started(db, "a")
+    try:
+        await lease.store.create_session(
+            SessionRecord(id="s1", agent="demo", state="active", owner_node="gone", owner_epoch=1)
+        )
+        claim = lease.store.nodes.claim_orphans
+
+        async def committed_then_reset(node_id: str, *, share: bool = False) -> dict[str, int]:
+            await claim(node_id, share=share)
+            raise ConnectionResetError("connection reset by peer")
+
+        monkeypatch.setattr(lease.store.nodes, "claim_orphans", committed_then_reset)
+        with pytest.raises(ConnectionResetError):
+            await lease.claim_orphans()
+        assert await owner(db, "s1") == ("a", 2) and not lease.fence.owns("s1")
+        monkeypatch.setattr(lease.store.nodes, "claim_orphans", claim)
+        assert await lease.claim_orphans() == {"s1": 2}
+        assert lease.fence.epochs == {"s1": 2}
+    finally:
+        await lease.aclose()

@@ -197,3 +197,34 @@ async def test_a_caller_cancelled_while_an_earlier_write_is_pending_still_has_it
             await asyncio.sleep(0.01)
         assert applied == ["first", "second"]
         assert stored(h) == ["first", "second"]
+
+
+class SlowStart(MemoryStore):
+    """Holds the write of the session's state (what ``start`` commits first) until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def write(self, session_id: str, commit: Commit) -> None:
+        if commit.session is not None and not self.release.is_set():
+            await self.release.wait()
+        await super().write(session_id, commit)
+
+
+@pytest.mark.parametrize("stop", ["suspend", "aclose"])
+async def test_a_session_stopped_while_its_start_is_written_does_not_start_playing(stop: str):
+    # a recovered session fenced (another node took it over) while its start was being written: the suspend (or a
+    # close) ran before the scheduler existed; the start must not then start it on a session that is over here, or a
+    # ghost of the session keeps running (its speeches, its model calls, its tools) with nothing left to stop it
+    h = Harness(Plain(), [{"text": "hello there"}])
+    h.store = h.session.writes.store = store = SlowStart()
+    starting = asyncio.create_task(h.session.start())
+    await asyncio.sleep(0.01)
+    stopping = asyncio.create_task(h.session.suspend(tool_grace=False) if stop == "suspend" else h.session.aclose())
+    await asyncio.sleep(0.01)
+    store.release.set()
+    await asyncio.wait_for(asyncio.gather(starting, stopping, return_exceptions=True), 1.0)
+    task = h.session.speeches.scheduler._task
+    assert task is None or task.done()
+    assert h.session.state != "active"

@@ -141,6 +141,8 @@ class SessionHost:
         self._unrecovered: set[str] = set()  # claimed, recovery failed: tried again on the next round
         self._uncertain: set[str] = set()  # created, but whether the row landed is unknown: settled on the next round
         self._adopt_ev = asyncio.Event()  # another node handed sessions over: adopt now, not at the next round
+        # held by a recovery round: a drain hands over what a round under way adds too (it waits for the round)
+        self._round_lock = asyncio.Lock()
         self._drops: set[asyncio.Task[None]] = set()
 
     @property
@@ -439,6 +441,10 @@ class SessionHost:
         A node recovers the sessions it claims (those no live node owns: ``NodeLease.claim_orphans``) and those it
         still owns whose recovery failed on an earlier round (``claim=False``: only those). A session whose recovery
         fails (a write error, lost meanwhile) does not stop the others: it is logged, and tried again if still owned."""
+        async with self._round_lock:
+            await self._recover_round(claim)
+
+    async def _recover_round(self, claim: bool) -> None:
         await self._settle_uncertain()
         retry, self._unrecovered = self._unrecovered, set()
         if self.lease is not None:
@@ -595,7 +601,9 @@ class SessionHost:
             released = await self.store.nodes.release(lease.node_id, {sid: epoch})
             return released[0] if released else None
 
-        found = await asyncio.gather(*(one(sid, s) for sid, s in list(self.sessions.items())), return_exceptions=True)
+        async with self._round_lock:  # a round under way may still add sessions; one starting now claims none
+            sessions = list(self.sessions.items())
+        found = await asyncio.gather(*(one(sid, s) for sid, s in sessions), return_exceptions=True)
         for err in (f for f in found if isinstance(f, BaseException)):
             logger.error("handing a session over failed (it is adopted once this node's lease passed)", exc_info=err)
         return [sid for sid in found if isinstance(sid, str)]

@@ -141,6 +141,10 @@ class AgentSession(SessionEnds):
         # handed off just before its process stopped) enters now. Marked in the same write: at most once
         enter, self.entered = not recovered or not self.entered, True
         await self.commit(Commit(session=self.snapshot()))
+        if self.state != SessionStatus.ACTIVE:
+            # suspended (fenced: another node took it over) or closed while its start was being written: that stop
+            # found nothing to stop yet, so nothing may start now, or a ghost of the session plays on here
+            return
         self.events.emit(
             ev.SessionRecovered(agent=self.agent.name, **event_data)
             if recovered

@@ -393,6 +393,13 @@ class Nodes:
         async with self.engine.connect() as conn:
             return [sid for (sid,) in await conn.execute(stmt)]
 
+    async def owned_by(self, node_id: str) -> dict[str, int]:
+        """The live sessions the database names ``node_id`` the owner of, with their epochs."""
+        s = m.sessions
+        stmt = sa.select(s.c.id, s.c.owner_epoch).where(s.c.owner_node == node_id, s.c.state.in_(_LIVE))
+        async with self.engine.connect() as conn:
+            return {sid: int(epoch) for sid, epoch in await conn.execute(stmt)}
+
     async def claim_orphans(self, node_id: str, *, share: bool = False) -> dict[str, int]:
         """Take over live sessions no live node owns (never claimed, or owned by a node that stopped or whose lease
         passed): each one's epoch is incremented and this node named its owner, in one transaction. With ``share``

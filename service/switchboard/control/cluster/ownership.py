@@ -105,6 +105,10 @@ class NodeLease:
         self._renewed_at = 0.0  # monotonic time the last successful renewal was sent
         # let go of its sessions (a late renewal, a burial): the database still names it their owner until it rejoins
         self._rejoin = False
+        # a claim failed after it may have committed (its answer lost with the connection): the database may name this
+        # node the owner of sessions it does not run, and no other node takes them (it holds its lease): settled by
+        # the next ``claim_orphans``
+        self._claims_unsettled = False
         self._loop_stalled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -233,10 +237,22 @@ class NodeLease:
         if self.deposed is not None or self.draining or self._rejoin:  # rejoining lets go of what it would claim
             return {}
         share = self.mode == NodeMode.CLUSTER
-        claimed = await self.store.nodes.claim_orphans(self.node_id, share=share)
+        claimed = await self._settle_claims() if self._claims_unsettled else {}
+        try:
+            claimed |= await self.store.nodes.claim_orphans(self.node_id, share=share)
+        except BaseException:
+            self._claims_unsettled = True
+            raise
         for sid, epoch in claimed.items():
             self.fence.claim(sid, epoch)
         return claimed
+
+    async def _settle_claims(self) -> dict[str, int]:
+        """The sessions an earlier claim took whose answer was lost: those the database names this node the owner of,
+        at an epoch it holds none for. (A session created here, at epoch 1, is the host's to settle.)"""
+        owned = await self.store.nodes.owned_by(self.node_id)
+        self._claims_unsettled = False
+        return {sid: epoch for sid, epoch in owned.items() if epoch > 1 and not self.fence.owns(sid)}
 
     async def next_adoption_in(self, interval_s: float) -> float:
         """How long to wait before the next look for orphaned sessions: ``interval_s``, or less when the lease of
