@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from switchboard.control import ownership
+from switchboard.control.cluster import ownership
 from switchboard.runtime import recovery
 from switchboard.runtime.chat import validate
 from switchboard.runtime.llm.scripted import ScriptedLLM
