@@ -321,3 +321,59 @@ async def test_input_and_speeches_a_crash_left_without_their_events_get_them_on_
     finally:
         await nxt.session.aclose()
     nxt.check_invariants()
+
+
+async def _crash_after_the_message_of(first: Harness, text: str) -> list[Harness]:
+    """Arrange for ``first``'s process to die right after the commit that holds the assistant message ``text``
+    lands, before anything after it (the speech's own end) does; the list gets what survives."""
+    dead: list[Harness] = []
+    write = first.store.write
+
+    async def write_then_die(session_id: str, commit: Any) -> None:
+        await write(session_id, commit)
+        said = any(isinstance(it, ChatMessage) and it.role == "assistant" and it.text == text for it in commit.items)
+        if said and not dead:
+            dead.append(_crashed(first))
+
+    first.store.write = write_then_die  # type: ignore[method-assign]
+    return dead
+
+
+async def test_a_say_heard_whole_is_not_said_again_when_its_end_was_not_yet_written() -> None:
+    """The say's message is committed once it was heard whole; the process dies before the speech's end lands. The
+    next owner must not say it again: the chat would hold it twice (one command, two effects)."""
+    first = _first(Booking(), [])
+    await first.session.start()
+    dead = await _crash_after_the_message_of(first, "Thank you for waiting.")
+    say = await first.session.say("Thank you for waiting.")
+    await first.wait_for("speech.done", lambda e: e.data["speech_id"] == say.id)
+    await first.session.aclose()
+    assert dead, "the say's message was never committed"
+
+    nxt = await _next_owner(dead[0], Booking(), [])
+    try:
+        await nxt.wait_for("session.recovered")
+        await nxt.wait_for("speech.done", lambda e: e.data["speech_id"] == say.id)
+        assert _assistant(nxt) == ["Thank you for waiting."]
+        assert nxt.of_type("session.recovered")[-1].data["resumed_speeches"] == []
+    finally:
+        await nxt.session.aclose()
+    nxt.check_invariants()
+
+
+async def test_a_reply_heard_whole_is_not_answered_again_when_its_end_was_not_yet_written() -> None:
+    first = _first(Booking(), [{"text": "All booked."}])
+    await first.session.start()
+    dead = await _crash_after_the_message_of(first, "All booked.")
+    res = await first.session.input("book it")
+    await first.wait_for("speech.done", lambda e: e.data["speech_id"] == res.speech_id)
+    await first.session.aclose()
+    assert dead, "the reply's message was never committed"
+
+    nxt = await _next_owner(dead[0], Booking(), [{"text": "All booked, again."}])
+    try:
+        await nxt.wait_for("speech.done", lambda e: e.data["speech_id"] == res.speech_id)
+        assert _assistant(nxt) == ["All booked."]
+    finally:
+        await nxt.session.aclose()
+    nxt.check_invariants()

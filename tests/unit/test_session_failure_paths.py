@@ -38,12 +38,13 @@ class Faulty(MemoryStore):
         self.hold_items = False  # hold writes that carry chat items until ``release`` is set
         self.holding = asyncio.Event()
         self.release = asyncio.Event()
-        self.reject_speech_end = 0  # reject this many writes that end a speech
+        self.reject_speech_end = 0  # reject this many writes of a speech's own end (the write after its last message)
         self.rejecting = asyncio.Event()  # set when a write that ends a speech is about to be rejected
         self.reject_after_s = 0.0  # how long the store takes to reject it
 
     async def write(self, session_id: str, commit: Commit) -> None:
-        if self.reject_speech_end and any(sp.state == SpeechState.DONE for sp in commit.speeches):
+        ends = not commit.items and any(sp.state == SpeechState.DONE for sp in commit.speeches)
+        if self.reject_speech_end and ends:
             self.reject_speech_end -= 1
             self.rejecting.set()
             await asyncio.sleep(self.reject_after_s)

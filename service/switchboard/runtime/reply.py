@@ -20,7 +20,7 @@ from .generation import Generation
 from .llm.base import LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage
 from .playout import Playout, PlayoutStream
 from .ports import Commit, Completion, completions
-from .speech import SpeechHandle
+from .speech import SpeechHandle, SpeechState
 from .status import AgentState
 from .tools import FunctionTool
 
@@ -149,10 +149,15 @@ async def _commit_message(
     interrupted: bool,
     report: ev.EventPayload | None = None,
     receipts: list[Completion] | None = None,
+    last: bool = False,
 ) -> None:
     """Commit the assistant message of one step (what was heard, never an empty message) with the speech (and the
     ``receipts`` of the commands it answers), then add it to the live chat and report it, and ``report`` after it:
-    one unit a cancelled speech cannot split."""
+    one unit a cancelled speech cannot split.
+
+    The ``last`` step of a speech heard whole commits the speech as done with it: a process that dies (or a session
+    that moves) before the speech's own end is written must not leave it owed, or the next owner would say it, or
+    answer the input, a second time."""
     text = text.strip()
     item = (
         ChatMessage(id=new_id("item"), role="assistant", text=text, interrupted=interrupted, created_at=step.created_at)
@@ -170,7 +175,10 @@ async def _commit_message(
             session.events.emit(report)
 
     items = [item] if item is not None else []
-    await session.commit(Commit(items=items, speeches=[speech.info()], receipts=receipts or []), then=apply)
+    info = speech.info()
+    if last:
+        info = info.model_copy(update={"state": SpeechState.DONE})
+    await session.commit(Commit(items=items, speeches=[info], receipts=receipts or []), then=apply)
 
 
 def _interrupt_receipts(speech: SpeechHandle) -> list[Completion]:
@@ -250,7 +258,7 @@ async def _say(session: ReplySession, job: ReplyJob) -> None:
         return
     speech.played_text = step.stream.played_text
     if job.add_to_chat:
-        await _commit_message(session, speech, step, speech.played_text, interrupted=False)
+        await _commit_message(session, speech, step, speech.played_text, interrupted=False, last=True)
     speech.end_step()
 
 
@@ -374,7 +382,8 @@ async def _play_out(session: ReplySession, speech: SpeechHandle, step: _Step) ->
         await _on_interrupted(session, speech, step)
         return False
     speech.played_text = (speech.played_text + " " + step.stream.played_text).strip()
-    await _commit_message(session, speech, step, step.stream.played_text, interrupted=False)
+    last = not step.calls  # a step that called no tool is the reply's last (an error line is one too)
+    await _commit_message(session, speech, step, step.stream.played_text, interrupted=False, last=last)
     speech.end_step()
     return True
 
