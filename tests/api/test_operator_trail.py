@@ -51,7 +51,7 @@ async def events(api: Api, sid: str, type_: str | None = None, *, count: int = 0
         logged = [e for e in json.loads(r.content)["events"] if type_ is None or e["type"] == type_]
         return logged if len(logged) >= count else None
 
-    return list(await until(found)) if count else list(await found() or [])
+    return list(await until(found, every_s=0.1)) if count else list(await found() or [])
 
 
 async def test_each_applied_command_is_in_the_trail_with_who_and_the_key(keyed: Api) -> None:
@@ -154,7 +154,7 @@ async def test_export_streams_a_log_longer_than_a_page(api: Api) -> None:
     async def all_done() -> bool:
         return len(await events(api, "long", "speech.done")) == says
 
-    await until(all_done)
+    await until(all_done, every_s=0.2)  # each look exports the whole log: not so often that it slows the session
     log = await events(api, "long")
     assert len(log) > EXPORT_EVENTS_PAGE
     assert [e["seq"] for e in log] == list(range(1, len(log) + 1))

@@ -158,6 +158,7 @@ class ChaosCluster:
             "SWITCHBOARD_WRITE_BURST": "1000",
             "SWITCHBOARD_WORDS_PER_SECOND": "20",
             "CHAOS_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            "SWITCHBOARD_REQUEST_TIMEOUT_S": "10",  # the product's default, under the clients' 20 s (not the tests')
         }
         for name in ("a", "b", "c"):
             node_dir = self.workdir / f"node-{name}"

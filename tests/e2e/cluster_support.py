@@ -203,7 +203,7 @@ class Load:
 
     async def _run(self) -> None:
         n = 0
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(timeout=WAIT_S) as client:
             while not self._stop.is_set():
                 n += 1
                 await asyncio.gather(*(self.send(client, sid, f"n{n} {sid}") for sid in self.sids))

@@ -38,6 +38,9 @@ class Server:
             "SWITCHBOARD_WORDS_PER_SECOND": "50",
             "SWITCHBOARD_LOG_LEVEL": "WARNING",
             "SWITCHBOARD_SCRIPTED_MODEL": "allow",  # the tests script their sessions' models, with auth on too
+            # a backstop for a request that hangs, not a claim of speed: a create took over 11 s on a loaded machine
+            # (the tests of the deadline set their own)
+            "SWITCHBOARD_REQUEST_TIMEOUT_S": str(WAIT_S),
             **env,
         }
         self.proc: subprocess.Popen[bytes] | None = None

@@ -19,6 +19,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 from switchboard.runtime.event_types import EVENT_TYPES
+from tests.waiting import WAIT_S
 
 from .server import Server
 
@@ -135,7 +136,7 @@ async def _post(client: httpx.AsyncClient, path: str, body: dict[str, Any] | Non
 
 
 async def _before_restart(server: Server, streams: list[Stream]) -> tuple[str, str]:
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         llm = {"provider": "scripted", "turns": TURNS, "fallback": {"text": "OK."}}
         sid = (await _post(client, "/v1/sessions", {"agent": "tester", "llm": llm, "preemptive_generation": True}))[
             "id"
@@ -181,7 +182,7 @@ async def _after_restart(server: Server, sid: str, retired: str, since: int, cur
     recovered = await session.wait_for("session.recovered")
     assert len(recovered["data"]["interrupted_calls"]) == 1
     await session.wait_for("tool.ended", lambda d: d["name"] == "search" and d["status"] == "interrupted")
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         await _post(client, f"/v1/sessions/{sid}/input", {"text": "transfer me", "final": False})
         await session.wait_for("generation.speculative", lambda d: d["state"] == "started")
         await _post(client, f"/v1/sessions/{sid}/input", {"text": "transfer me"})

@@ -16,6 +16,7 @@ import websockets
 
 from switchboard.api.auth import issue_token
 from switchboard.control.settings import ALL_SCOPES, Settings
+from tests.waiting import WAIT_S
 
 from .server import Server
 
@@ -51,14 +52,14 @@ def bearer(key: str) -> dict[str, str]:
 
 
 async def new_session(server: Server) -> str:
-    async with httpx.AsyncClient(base_url=server.url, headers=bearer(ADMIN)) as client:
+    async with httpx.AsyncClient(base_url=server.url, headers=bearer(ADMIN), timeout=WAIT_S) as client:
         r = await client.post("/v1/sessions", json={"agent": "tester"})
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
 
 
 async def session_token(server: Server, sid: str, key: str = READER) -> str:
-    async with httpx.AsyncClient(base_url=server.url, headers=bearer(key)) as client:
+    async with httpx.AsyncClient(base_url=server.url, headers=bearer(key), timeout=WAIT_S) as client:
         r = await client.post(f"/v1/sessions/{sid}/tokens", json={"ttl_s": 60})
         assert r.status_code == 201, r.text
         return str(r.json()["token"])
@@ -82,7 +83,7 @@ async def first_frame(url: str, headers: dict[str, str] | None = None) -> dict[s
 
 
 async def assert_no_stream_left(server: Server) -> None:
-    async with httpx.AsyncClient(base_url=server.url, headers=bearer(ADMIN)) as client:  # metrics:read
+    async with httpx.AsyncClient(base_url=server.url, headers=bearer(ADMIN), timeout=WAIT_S) as client:  # metrics:read
         async with asyncio.timeout(5):
             while True:
                 text = (await client.get("/metrics")).text
@@ -193,7 +194,7 @@ async def test_credentials_never_reach_the_server_log(server: Server):
     both = f"{server.ws_url}/v1/sessions/{sid}/events?token={READER}&token={token}"
     assert await refused(both) == (4401, "key_in_url")
     await refused(f"{server.ws_url}/v1/events?api_key={ADMIN}")
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         assert (await client.get(f"/v1/sessions?key={READER}")).status_code == 401
         assert (await client.get(f"/v1/sessions/{NO_EVENTS}", headers=bearer(ADMIN))).status_code == 404
         assert (await client.get(f"/v1/sessions/{sid}", headers=bearer(token))).status_code == 200

@@ -21,6 +21,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from switchboard.cli.operator import Style, tail
 from switchboard.client import AsyncClient
+from tests.waiting import WAIT_S
 
 from .console_support import create_session, server_events, wait_until
 from .server import Server
@@ -105,7 +106,9 @@ def wait_for_event(server: Server, sid: str, kind: str) -> dict[str, Any]:
 
 def test_operator_commands(srv: Server, client: httpx.Client) -> None:
     turns = [
-        {"text": LONG, "tool_calls": [{"name": "search", "arguments": {"query": "flights", "seconds": 30}}]},
+        # a search that runs until it is cancelled: the commands before the cancel, each a process of its own, took
+        # over 30 s on a loaded machine
+        {"text": LONG, "tool_calls": [{"name": "search", "arguments": {"query": "flights", "seconds": 3600}}]},
         {"text": "Searching."},
     ]
     sid = create_session(client, turns)
@@ -213,7 +216,9 @@ async def test_tail_honours_4008_and_resumes_without_gaps(srv: Server) -> None:
         {"text": "Counting.", "tool_calls": [{"name": "progress", "arguments": {"steps": 6, "step_s": 0.05}}]},
         {"text": "In the background."},
     ]
-    async with httpx.AsyncClient(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}) as client:
+    async with httpx.AsyncClient(
+        base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=WAIT_S
+    ) as client:
         r = await client.post("/v1/sessions", json={"agent": "tester", "llm": {"provider": "scripted", "turns": turns}})
         sid = r.json()["id"]
         out, notes = io.StringIO(), []
@@ -238,7 +243,7 @@ async def test_tail_honours_4008_and_resumes_without_gaps(srv: Server) -> None:
 def test_tail_resumes_across_a_server_restart(tmp_path: Path) -> None:
     first = Server(tmp_path).start()
     try:
-        with httpx.Client(base_url=first.url) as c:
+        with httpx.Client(base_url=first.url, timeout=WAIT_S) as c:
             turns = [{"text": "Working.", "tool_calls": [{"name": "slow", "arguments": {"seconds": 30}}]}]
             sid = create_session(c, turns)
             proc = Tail(sid, "--url", first.url, "--color", "never", env=cli_env(first, key=None))
@@ -250,7 +255,7 @@ def test_tail_resumes_across_a_server_restart(tmp_path: Path) -> None:
     second.port = first.port  # the same address: the tail reconnects to it
     second.start()
     try:
-        with httpx.Client(base_url=second.url) as c:
+        with httpx.Client(base_url=second.url, timeout=WAIT_S) as c:
             wait_for_recovered = lambda: any(  # noqa: E731
                 e["type"] == "session.recovered" for e in server_events(second, sid, idle_s=0.1)
             )

@@ -7,6 +7,8 @@ import json
 import httpx
 import pytest
 
+from tests.waiting import WAIT_S
+
 from .console_support import server_events, wait_until
 from .server import Server
 from .test_cli import KEY, run, srv
@@ -20,7 +22,7 @@ def test_create_say_and_close_a_session(srv: Server) -> None:
     r = run(srv, "create", "tester", "--id", "cli-1", "--meta", "caller=+41 79 000 00 00", "--meta", "desk=2")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "session cli-1 (tester) is active"
-    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}) as client:
+    with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=WAIT_S) as client:
         assert client.get("/v1/sessions/cli-1").json()["metadata"] == {"caller": "+41 79 000 00 00", "desk": "2"}
     r = run(srv, "say", "cli-1", "Your taxi is on its way.")
     assert r.returncode == 0 and r.stdout.startswith("cli-1 will say it in speech "), r.stderr

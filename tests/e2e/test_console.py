@@ -12,6 +12,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from tests.waiting import WAIT_S
+
 from .console_support import (
     checked_page,
     create_session,
@@ -332,7 +334,7 @@ def test_api_errors_are_shown_in_plain_words(srv: Server, client: httpx.Client, 
 def test_recovered_session_shows_a_divider(tmp_path: Path, browser: Any) -> None:
     server = Server(tmp_path).start()
     try:
-        with httpx.Client(base_url=server.url) as c:
+        with httpx.Client(base_url=server.url, timeout=WAIT_S) as c:
             turns = [{"text": "Long job.", "tool_calls": [{"name": "slow", "arguments": {"seconds": 30}}]}]
             sid = create_session(c, turns)
             c.post(f"/v1/sessions/{sid}/input", json={"text": "go"})
@@ -417,7 +419,7 @@ def auth_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def test_auth_on_key_stays_out_of_urls(auth_srv: Server, browser: Any) -> None:
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    with httpx.Client(base_url=auth_srv.url, headers=admin) as c:
+    with httpx.Client(base_url=auth_srv.url, headers=admin, timeout=WAIT_S) as c:
         sid = create_session(c, [{"text": "Hello operator."}])
     context = browser.new_context()
     page = context.new_page()
@@ -448,7 +450,7 @@ def test_auth_on_key_stays_out_of_urls(auth_srv: Server, browser: Any) -> None:
 
 def test_embedded_with_a_session_token_is_read_only(auth_srv: Server, browser: Any) -> None:
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    with httpx.Client(base_url=auth_srv.url, headers=admin) as c:
+    with httpx.Client(base_url=auth_srv.url, headers=admin, timeout=WAIT_S) as c:
         sid = create_session(c, [{"text": "Watched from a dashboard."}])
         c.post(f"/v1/sessions/{sid}/input", json={"text": "hi"})
         token = c.post(f"/v1/sessions/{sid}/tokens", json={}).json()["token"]

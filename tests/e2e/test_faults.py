@@ -27,6 +27,8 @@ import websockets
 import yaml
 from sqlalchemy.engine import make_url
 
+from tests.waiting import WAIT_S
+
 from .server import EventStream, Server
 from .traffic import assert_gap_free, assert_valid_chat, check_session, gauges, quiesce, replay, wait_closed
 
@@ -63,7 +65,7 @@ async def test_sigkill_mid_stream_then_subscribers_resume_without_loss_or_duplic
     event lost or seen twice. The tool, cut off, ends `interrupted` with its output (I1, I5)."""
     first = Server(tmp_path).start()
     try:
-        async with httpx.AsyncClient(base_url=first.url) as client:
+        async with httpx.AsyncClient(base_url=first.url, timeout=WAIT_S) as client:
             sid = await create(client, [progress_turn(400, 0.01)])
             stream = await EventStream.open(first, sid)
             multi = EventStream(await websockets.connect(f"{first.ws_url}/v1/events?session_ids={sid}"))
@@ -83,7 +85,7 @@ async def test_sigkill_mid_stream_then_subscribers_resume_without_loss_or_duplic
 
     second = Server(tmp_path, database_url=first.database_url).start()
     try:
-        async with httpx.AsyncClient(base_url=second.url) as client:
+        async with httpx.AsyncClient(base_url=second.url, timeout=WAIT_S) as client:
             resumed = await EventStream.open(second, sid, since=before[-1]["seq"])
             cursor = multi_before[-1]["cursor"]
             multi_resumed = EventStream(
@@ -427,7 +429,7 @@ async def test_malformed_websocket_frames_are_closed_and_the_server_stays_health
     server = Server(tmp_path, SWITCHBOARD_WS_MAX_MESSAGE_BYTES="8192")
     await asyncio.to_thread(server.start)
     try:
-        async with httpx.AsyncClient(base_url=server.url) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
             baseline = await gauges(client)
             sid = await create(client, [progress_turn(20, 0.02)])
             url = f"{server.ws_url}/v1/sessions/{sid}/events"
@@ -495,7 +497,7 @@ async def test_a_websocket_handshake_too_large_to_read_is_answered_and_closed(tm
         for status, request in too_large.items():
             answer = await asyncio.to_thread(_answer_until_closed, server.port, request)
             assert answer.startswith(b"HTTP/1.1 " + status.strip()), answer[:200]
-        async with httpx.AsyncClient(base_url=server.url) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
             assert (await client.get("/healthz")).status_code == 200
     finally:
         await asyncio.to_thread(server.stop)

@@ -8,6 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.waiting import WAIT_S
+
 from .server import EventStream, Server
 
 pytestmark = pytest.mark.e2e
@@ -45,7 +47,7 @@ def assert_gap_free(frames: list[dict[str, Any]], start: int = 1) -> None:
 
 async def test_interrupt_keeps_completed_tool_result(server: Server):
     turns = [{"text": LONG, "tool_calls": [{"name": "book", "arguments": {"what": "table 7"}}]}]
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, turns, llm_extra={"fallback": {"text": "You have {{tool_output:book}}"}})
         events = await EventStream.open(server, sid)
         await client.post(f"/v1/sessions/{sid}/input", json={"text": "book table 7"})
@@ -67,7 +69,7 @@ async def test_interrupt_unblocks_wait_for_playout_and_answers_input(server: Ser
         {"text": LONG, "tool_calls": [{"name": "heard", "arguments": {}}]},
         {"text": "Stopping now."},
     ]
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, turns)
         events = await EventStream.open(server, sid)
         await client.post(f"/v1/sessions/{sid}/input", json={"text": "go"})
@@ -88,7 +90,7 @@ async def test_interrupt_unblocks_wait_for_playout_and_answers_input(server: Ser
 
 async def test_preemptive_generation_never_runs_during_a_tool(server: Server):
     turns = [{"text": "Working on it.", "tool_calls": [{"name": "slow", "arguments": {"seconds": 0.5}}]}]
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, turns, preemptive_generation=True)
         events = await EventStream.open(server, sid)
         await client.post(f"/v1/sessions/{sid}/input", json={"text": "do it"})
@@ -109,7 +111,7 @@ async def test_async_tool_progress_streamed_in_order(server: Server):
         {"text": "It runs in the background."},
         {"text": "Result: {{tool_output:progress}}"},
     ]
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, turns)
         events = await EventStream.open(server, sid, types="tool.*")
         await client.post(f"/v1/sessions/{sid}/input", json={"text": "go"})
@@ -130,7 +132,7 @@ async def test_cancel_via_rest(server: Server):
         {"text": "On it."},
         {"text": "Search ended: {{tool_output:search}}"},
     ]
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, turns)
         events = await EventStream.open(server, sid)
         await client.post(f"/v1/sessions/{sid}/input", json={"text": "search"})
@@ -147,7 +149,7 @@ async def test_cancel_via_rest(server: Server):
 
 async def test_resume_after_disconnect_loses_nothing(server: Server):
     turns = [{"text": "Counting.", "tool_calls": [{"name": "progress", "arguments": {"steps": 20, "step_s": 0.02}}]}]
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, turns)
         first = await EventStream.open(server, sid)
         await client.post(f"/v1/sessions/{sid}/input", json={"text": "count"})
@@ -171,7 +173,7 @@ async def test_restart_keeps_chat_tool_calls_and_event_log(tmp_path):
         {"text": "Booked. Now the long one.", "tool_calls": [{"name": "slow", "arguments": {"seconds": 30}}]},
     ]
     try:
-        async with httpx.AsyncClient(base_url=server.url) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
             sid = await create(
                 client, turns, llm_extra={"fallback": {"text": "Before the restart you had {{tool_output:book}}"}}
             )
@@ -189,7 +191,7 @@ async def test_restart_keeps_chat_tool_calls_and_event_log(tmp_path):
 
     restarted = Server(tmp_path, database_url=server.database_url).start()
     try:
-        async with httpx.AsyncClient(base_url=restarted.url) as client:
+        async with httpx.AsyncClient(base_url=restarted.url, timeout=WAIT_S) as client:
             items = await chat(client, sid)
             completed = [i for i in items if i["type"] == "function_call_output" and i["name"] == "book"]
             assert [c["output"] for c in completed] == ["booked room"]
@@ -220,7 +222,7 @@ async def test_restart_keeps_chat_tool_calls_and_event_log(tmp_path):
 
 async def test_flood_of_inputs_and_interrupts_leaves_valid_chat(server: Server):
     turns = [{"text": LONG, "tool_calls": [{"name": "book", "arguments": {"what": f"t{i}"}}]} for i in range(20)]
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, turns, llm_extra={"fallback": {"text": "ok " * 30}})
 
         async def poke(i: int) -> int:

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.waiting import WAIT_S
+
 from .edge_client import Edge
 from .server import ROOT, EventStream, Server
 
@@ -20,7 +22,6 @@ pytestmark = pytest.mark.e2e
 WORDS = " ".join(f"word{i}" for i in range(40))
 KEY = "media-test-key-0123456789"
 READ_KEY = "media-read-key-0123456789"
-WAIT_S = 30.0  # generous: the machine running e2e tests may be loaded
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ async def speaking(client: httpx.AsyncClient, edge: Edge, sid: str, text: str = 
 
 
 async def test_barge_in_commits_the_last_reported_progress_and_releases_the_tools_wait(server: Server) -> None:
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [{"text": WORDS, "tool_calls": [{"name": "heard"}]}])
         events = await EventStream.open(server, sid, types="speech.*,tool.*,agent.state")
         edge = await Edge.connect(server.ws_url, sid)
@@ -88,7 +89,7 @@ async def test_barge_in_commits_the_last_reported_progress_and_releases_the_tool
 
 
 async def test_a_speech_played_to_its_end_through_the_edge(server: Server) -> None:
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [{"text": "Hello there."}])
         events = await EventStream.open(server, sid, types="speech.*")
         edge = await Edge.connect(server.ws_url, sid)
@@ -109,7 +110,7 @@ async def test_a_speech_played_to_its_end_through_the_edge(server: Server) -> No
 async def test_disconnect_mid_speech_ends_it_interrupted_and_the_session_goes_on_without_an_edge(
     server: Server,
 ) -> None:
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [{"text": WORDS}, {"text": "Back to text only."}, {"text": "Audio again."}])
         events = await EventStream.open(server, sid, types="speech.*")
         edge = await Edge.connect(server.ws_url, sid)
@@ -141,7 +142,7 @@ async def test_disconnect_mid_speech_ends_it_interrupted_and_the_session_goes_on
 
 
 async def test_a_second_edge_replaces_the_first(server: Server) -> None:
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [{"text": WORDS}, {"text": "Now on the second edge."}])
         events = await EventStream.open(server, sid, types="speech.*")
         first = await Edge.connect(server.ws_url, sid)
@@ -165,7 +166,7 @@ async def test_a_second_edge_replaces_the_first(server: Server) -> None:
 
 
 async def test_bad_frames_get_error_frames_and_the_session_lives_on(server: Server) -> None:
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [{"text": WORDS}])
         edge = await Edge.connect(server.ws_url, sid)
         speech_id = await speaking(client, edge, sid)
@@ -206,7 +207,7 @@ async def test_bad_frames_get_error_frames_and_the_session_lives_on(server: Serv
 
 
 async def test_transcripts_drive_the_session_like_input(server: Server) -> None:
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [{"text": "You said something."}])
         events = await EventStream.open(server, sid, types="user.input,speech.*")
         edge = await Edge.connect(server.ws_url, sid)
@@ -223,7 +224,7 @@ async def test_transcripts_drive_the_session_like_input(server: Server) -> None:
 
 
 async def test_unknown_sessions_and_ended_sessions_are_refused(server: Server) -> None:
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         edge = await Edge.connect(server.ws_url, "sess_missing")
         assert (await edge.wait_closed())[0] == 4404
         sid = await create(client, [])
@@ -244,7 +245,7 @@ async def test_media_connect_scope_from_a_key_or_a_minted_token(tmp_path: Any) -
     srv = Server(tmp_path, SWITCHBOARD_API_KEYS=json.dumps(keys)).start()
     try:
         headers = {"Authorization": f"Bearer {KEY}"}
-        async with httpx.AsyncClient(base_url=srv.url, headers=headers) as client:
+        async with httpx.AsyncClient(base_url=srv.url, headers=headers, timeout=WAIT_S) as client:
             sid = await create(client, [])
             edge = await Edge.connect(srv.ws_url, sid)
             assert (await edge.wait_closed())[0] == 4401
@@ -279,7 +280,7 @@ async def test_media_connect_scope_from_a_key_or_a_minted_token(tmp_path: Any) -
 async def test_the_edge_is_closed_when_it_sends_too_many_frames(tmp_path: Any) -> None:
     srv = Server(tmp_path, SWITCHBOARD_MEDIA_MAX_FRAMES_PER_S="5").start()
     try:
-        async with httpx.AsyncClient(base_url=srv.url) as client:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=WAIT_S) as client:
             sid = await create(client, [])
             edge = await Edge.connect(srv.ws_url, sid)
             for _ in range(30):
@@ -310,7 +311,7 @@ async def test_every_frame_both_ways_matches_the_asyncapi_document(server: Serve
         sent.append(frame)
         await edge.send(frame)
 
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [{"text": WORDS}, {"text": "Done."}])
         edge = await Edge.connect(server.ws_url, sid)
         await send(edge, {"type": "user.transcript", "text": "hel", "final": False})

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.waiting import WAIT_S
+
 from .server import Server
 from .traffic import quiesce, steady_traffic
 
@@ -30,7 +32,7 @@ def soak_server(tmp_path) -> Iterator[Server]:
 
 
 async def test_steady_traffic_leaves_no_task_or_subscriber_behind(soak_server: Server):
-    async with httpx.AsyncClient(base_url=soak_server.url) as client:
+    async with httpx.AsyncClient(base_url=soak_server.url, timeout=WAIT_S) as client:
         # warm up once (first-use imports, pools, caches), so that the baseline is the steady state
         await steady_traffic(soak_server, duration_s=0.5, lanes=1)
         idle = {"subscribers": 0.0, "ws_connections": 0.0, "sessions_live": 0.0}

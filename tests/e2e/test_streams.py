@@ -106,7 +106,7 @@ async def flood_until_dropped(client: httpx.AsyncClient, sid: str, timeout_s: fl
 
 
 async def test_replay_then_live_has_no_gap_or_duplicate_at_the_seam(server: Server):
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [progress_turn(60, 0.01)])
         full = await EventStream.open(server, sid)
         await client.post(f"/v1/sessions/{sid}/input", json={"text": "count"})
@@ -139,7 +139,7 @@ async def test_type_filters_with_globs_live_and_replayed(server: Server):
     def wanted(f: Frame) -> bool:
         return f["type"].startswith("tool.") or f["type"] == "speech.done"
 
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, turns)
         full = await EventStream.open(server, sid)
         filtered = await EventStream.open(server, sid, types=pattern)
@@ -166,7 +166,7 @@ async def test_type_filters_with_globs_live_and_replayed(server: Server):
 
 
 async def test_ping_pong_and_bad_messages(server: Server):
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [])
     async with asyncio.timeout(5):
         async with websockets.connect(f"{server.ws_url}/v1/sessions/{sid}/events") as ws:
@@ -191,7 +191,7 @@ async def test_ping_pong_and_bad_messages(server: Server):
 
 
 async def test_unknown_session_and_bad_parameters_are_closed(server: Server):
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [])
     assert await rejected(f"{server.ws_url}/v1/sessions/nope/events") == (4404, "session_not_found")
     assert (await rejected(f"{server.ws_url}/v1/sessions/nope/events?since=3"))[0] == 4404
@@ -203,7 +203,7 @@ async def test_unknown_session_and_bad_parameters_are_closed(server: Server):
 
 
 async def test_session_stream_closes_with_1000_after_session_closed(server: Server):
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [{"text": "Hello there."}])
         live = await EventStream.open(server, sid)
         await client.post(f"/v1/sessions/{sid}/input", json={"text": "hi"})
@@ -225,7 +225,7 @@ async def test_slow_consumer_is_closed_with_4008_and_resumes_without_loss(tmp_pa
     # stops reading blocks the server's sends while the tool keeps producing progress events.
     server = Server(tmp_path, SWITCHBOARD_WS_BUFFER="10", SWITCHBOARD_MAX_TEXT_CHARS="60000").start()
     try:
-        async with httpx.AsyncClient(base_url=server.url) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
             sid = await create(client, [progress_turn(80, 0.01), {"text": "Running."}])
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server blocks sooner
@@ -277,7 +277,7 @@ async def test_slow_consumer_is_closed_with_4008_and_resumes_without_loss(tmp_pa
 
 
 async def test_multi_session_stream_filters_by_session_and_type(server: Server):
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         a, b, c = [await create(client, [progress_turn(4, 0.01)]) for _ in range(3)]
         url = f"{server.ws_url}/v1/events?session_ids={a},{b}&types=tool.*,speech.done"
         stream = await connect(url)
@@ -319,7 +319,7 @@ async def test_multi_session_stream_filters_by_session_and_type(server: Server):
 
 
 async def test_multi_session_resume_by_cursor_delivers_everything_once_in_order(server: Server):
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         a = await create(client, [progress_turn(40, 0.01)])
         b = await create(client, [progress_turn(40, 0.01)])
         url = f"{server.ws_url}/v1/events?session_ids={a},{b}"
