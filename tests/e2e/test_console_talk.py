@@ -156,13 +156,14 @@ def test_talk_reconnects_by_itself_after_a_graceful_restart_and_speaks_again(tmp
         page.wait_for_selector('#talk-state[data-state="reconnecting"]')
         assert page.inner_text("#talk-connect") == "Disconnect audio" and page.is_disabled("#talk-text")
         srv.start()  # the same port and database: the session is recovered
-        page.wait_for_selector('#talk-state[data-state="connected"]', timeout=20000)
+        # the panel tries for ~35 s; a restart on a loaded machine takes well under that, but more than 20 s at times
+        page.wait_for_selector('#talk-state[data-state="connected"]', timeout=60000)
 
         states = talk_states(page)
         first = states.index(next(s for s in states if s[0] == "reconnecting"))
         # uvicorn says "service restart" (1012) before the suspended session's own 4410 can: either starts it
         reason = states[first][1]
-        assert "attempt 1 of 5" in reason and ("restarting" in reason or "not active here" in reason), states
+        assert "attempt 1 of 7" in reason and ("restarting" in reason or "not active here" in reason), states
         assert states[-1][0] == "connected" and "failed" not in [s[0] for s in states], states
         tokens = [u.split("token=", 1)[1] for u in urls]
         assert len(tokens) >= 2 and len(set(tokens)) == len(tokens), urls
@@ -209,7 +210,7 @@ def test_a_closed_session_is_not_reconnected_to(media_srv: Server, media_client:
 
 
 def test_reconnecting_is_bounded_and_disconnect_cancels_it(tmp_path: Path, page: Any) -> None:
-    """While the service is away, the panel tries five times with a pause, then gives up and says so; the operator's
+    """While the service is away, the panel tries seven times with a pause, then gives up and says so; the operator's
     Disconnect cancels a pending attempt."""
     srv = Server(tmp_path, SWITCHBOARD_API_KEYS=KEYS).start()
     try:
@@ -232,10 +233,10 @@ def test_reconnecting_is_bounded_and_disconnect_cancels_it(tmp_path: Path, page:
         page.wait_for_selector('#talk-state[data-state="connected"]')
         record_talk_states(page)
         srv.stop()
-        page.wait_for_selector('#talk-state[data-state="failed"]', timeout=30000)
-        assert "Gave up reconnecting after 5 attempts" in page.inner_text("#talk-state")
+        page.wait_for_selector('#talk-state[data-state="failed"]', timeout=90000)  # ~35 s of attempts
+        assert "Gave up reconnecting after 7 attempts" in page.inner_text("#talk-state")
         assert page.inner_text("#talk-connect") == "Connect audio"
         attempts = [int(m) for s in talk_states(page) if (m := s[1].partition("(attempt ")[2][:1])]
-        assert sorted(set(attempts)) == [1, 2, 3, 4, 5]
+        assert sorted(set(attempts)) == [1, 2, 3, 4, 5, 6, 7]
     finally:
         srv.stop()

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import websockets
 
+from switchboard.client import AsyncClient
 from tests.waiting import WAIT_S
 
 from .server import EventStream, Server
@@ -237,9 +238,11 @@ async def test_slow_consumer_is_closed_with_4008_and_resumes_without_loss(tmp_pa
             slow = await websockets.connect(url, sock=sock, max_queue=1, compression=None)
             await client.post(f"/v1/sessions/{sid}/input", json={"text": "count"})
             interim = await flood_until_dropped(client, sid)
+            # a slow client is slow for a while longer: past an ordinary close's wait (2 s), it still gets its 4008
+            await asyncio.sleep(3)
             # the client reads again: everything sent before the close, then the close with the seq to resume from
             frames: list[Frame] = []
-            async with asyncio.timeout(30):  # several MB through a 4 KB window, on a loaded machine
+            async with asyncio.timeout(WAIT_S):  # a few MB through a 4 KB window, on a loaded machine
                 try:
                     async for raw in slow:
                         frames.append(json.loads(raw))
@@ -250,23 +253,30 @@ async def test_slow_consumer_is_closed_with_4008_and_resumes_without_loss(tmp_pa
             assert match, slow.close_reason
             resume_from = int(match.group(1))
             assert_gap_free(frames)
-            assert frames and frames[-1]["seq"] == resume_from  # exactly what was delivered, nothing more
+            # exactly what was delivered, nothing more (on a loaded machine the server may have fallen behind before
+            # its first send: then nothing was delivered, and the close names the position the client asked for)
+            assert resume_from == (frames[-1]["seq"] if frames else 0), (resume_from, len(frames))
 
-            rest = await EventStream.open(server, sid, since=resume_from)
-            await rest.wait_for("tool.ended", timeout=15)
-            await rest.wait_for(
-                "user.input",
-                lambda d: len([f for f in frames + rest.frames if f["type"] == "user.input"]) == interim + 1,
-                timeout=15,
-            )
-            await rest.close()
-            union = frames + rest.frames
+            # the rest, read as a client does: resuming where each 4008 says (a reader at full speed may fall behind
+            # a 10-event buffer too while the machine is loaded; it resumes again and nothing is lost)
+            rest: list[Frame] = []
+            inputs = len([f for f in frames if f["type"] == "user.input"])
+            async with AsyncClient(server.url) as sb, sb.events(sid, since=resume_from) as stream:
+                async with asyncio.timeout(WAIT_S):
+                    async for event in stream:
+                        rest.append({"seq": event.seq, "type": event.type, "data": event.data})
+                        inputs += event.type == "user.input"
+                        ended = any(f["type"] == "tool.ended" for f in rest)
+                        if ended and inputs == interim + 1:
+                            break
+            union = frames + rest
             assert_gap_free(union)
             steps = [f["data"]["message"] for f in union if f["type"] == "tool.progress"]
             assert steps == [f"step {i}/80" for i in range(1, 81)]
             assert len([f for f in union if f["type"] == "user.input" and not f["data"]["final"]]) == interim
-            assert metric((await client.get("/metrics")).text, "switchboard_ws_slow_consumers_dropped_total") == 1
-            async with asyncio.timeout(5):  # the server notices the last disconnect
+            # this client, and the resuming one each time it fell behind
+            assert metric((await client.get("/metrics")).text, "switchboard_ws_slow_consumers_dropped_total") >= 1
+            async with asyncio.timeout(WAIT_S):  # the server notices the last disconnect
                 while metric((await client.get("/metrics")).text, "switchboard_ws_connections"):
                     await asyncio.sleep(0.02)
     finally:

@@ -70,7 +70,8 @@ def build_host(
     on_event: Callable[[Event], None] | None = None,
     wrap_sink: Callable[[EventSink], EventSink] | None = None,
 ) -> SessionHost:
-    settings = Settings(database_url="sqlite+aiosqlite://", words_per_second=500)
+    # a stop lets go at once of the tools still running (they never end) instead of granting the uncancellable 10 s
+    settings = Settings(database_url="sqlite+aiosqlite://", words_per_second=500, shutdown_tool_grace_s=0)
     registry = AgentRegistry(AGENTS)
     return SessionHost(
         store=store, registry=registry, hub=EventHub(), settings=settings, on_event=on_event, wrap_sink=wrap_sink

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from switchboard.control.cluster.drain import drain
 from switchboard.control.cluster.ownership import NodeLease
 from switchboard.control.host import SessionHost
 from switchboard.control.hub import EventHub
@@ -165,3 +166,31 @@ async def test_a_drain_during_a_round_hands_over_what_the_round_recovers(
     assert host.sessions == {}
     for sid in SIDS:
         assert (await owner(db, sid))[0] is None
+
+
+async def test_the_last_live_node_drains_without_waiting_for_adopters(db: Db, host: SessionHost) -> None:
+    # SIGTERM to the only live node of a cluster: nobody can adopt its sessions, so waiting DRAIN_TIMEOUT_S for it only
+    # delays the stop (past a supervisor's patience, which then kills it). The sessions are let go, durable, and the
+    # next node to start adopts them
+    await host.recover_all()
+    assert sorted(host.sessions) == SIDS
+    waiting = await asyncio.wait_for(drain(host, wake=None, timeout_s=60), 15)
+    assert sorted(waiting) == SIDS
+    for sid in SIDS:
+        assert (await owner(db, sid))[0] is None
+
+
+async def test_a_drain_waits_while_another_node_is_live_to_adopt(db: Db, host: SessionHost) -> None:
+    other = NodeLease(db.store(), cluster_settings(db, "b", lease_s=10.0))  # live, but it never adopts
+    await other.store.start()
+    await other.start()
+    try:
+        await host.recover_all()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        waiting = await drain(host, wake=None, timeout_s=2.0)
+        assert loop.time() - began >= 1.9  # it waited for b to adopt, up to its timeout
+        assert sorted(waiting) == SIDS
+    finally:
+        await other.aclose()
+        await other.store.aclose()

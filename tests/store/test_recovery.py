@@ -106,7 +106,8 @@ class Proc:
         self.store: Store = self.db.store()
         await self.store.migrate()
         await self.store.start()
-        settings = Settings(database_url=self.db.url, words_per_second=500)
+        # the tools here never end: a stop lets go of them at once instead of granting the uncancellable 10 s
+        settings = Settings(database_url=self.db.url, words_per_second=500, shutdown_tool_grace_s=0)
         self.host = SessionHost(
             store=self.store,
             registry=AgentRegistry(self.agents),
@@ -435,6 +436,7 @@ async def test_a_session_stored_with_an_earlier_config_row_recovers(db: Db) -> N
     try:
         assert sorted(proc.host.recovered) == ["bare", "old"] and proc.host.failed == []
         assert proc.host.sessions["old"].options.max_tool_steps == 1
+        assert proc.host.sessions["old"].options.shutdown_tool_grace_s == 0  # the server's setting, not the default
         await proc.host.sessions["old"].input("hello?")
         await proc.said("old", "Still here.")
     finally:

@@ -25,7 +25,9 @@ const CLOSE_NOTES = {
 const RECONNECT_CODES = new Set([4410, 1012]);
 // the close codes that end a reconnection too: the session, the credential or this edge's place is gone for good
 const FINAL_CODES = new Set([1000, 4401, 4403, 4404, 4409, 4429]);
-const RETRY_DELAYS_MS = [500, 1000, 2000, 4000, 4000]; // ~11.5 s of pauses: a restart or a failover takes a few
+// ~31.5 s of pauses: a failover takes a few seconds, but a restart on a busy host (stop, start, recover) can take
+// far longer than that, and an operator would rather wait than connect again by hand
+const RETRY_DELAYS_MS = [500, 1000, 2000, 4000, 8000, 8000, 8000];
 // a connection that stayed open this long held: a later 4410 starts a fresh round of attempts
 const HELD_MS = 10000;
 

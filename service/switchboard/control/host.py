@@ -256,6 +256,7 @@ class SessionHost:
                 update={
                     "max_tool_calls_per_turn": self.settings.max_tool_calls_per_turn,
                     "max_tool_calls_per_session": self.settings.max_tool_calls_per_session,
+                    "shutdown_tool_grace_s": self.settings.shutdown_tool_grace_s,
                 }
             ),
             items=items,

@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     database_wait_s: float = Field(default=30.0, ge=0)
     # Cluster mode, on SIGTERM: how long a node spends handing its sessions over before it stops anyway
     drain_timeout_s: float = Field(default=20.0, ge=0, le=600)
+    # When a session is handed over (a drain, a graceful restart): how long a tool call that cannot be cancelled gets
+    # to end and commit its result here before it is left to the next owner (which ends it or runs it again)
+    shutdown_tool_grace_s: float = Field(default=10.0, ge=0, le=600)
     # PostgreSQL: the bound of every statement (the server's statement_timeout; the client gives up 1 s later) and of
     # the wait for a pooled connection; opening one is bounded by min(5 s, this). A hang is an outage, not a wait.
     database_timeout_s: float = Field(default=10.0, gt=0, le=600)

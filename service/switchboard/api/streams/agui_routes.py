@@ -24,7 +24,7 @@ from ..auth import AuthError, authenticate, bearer, check, url_token
 from ..problems import ProblemError, not_found, problem_responses
 from .agui import SHARED, AguiTranslator
 from .direct_send import DirectSend
-from .events import CLOSE_TIMEOUT_S, MAX_POSITION, Sends, fell_behind
+from .events import CLOSE_TIMEOUT_S, MAX_POSITION, SLOW_CLOSE_TIMEOUT_S, Sends, fell_behind
 from .session_stream import TERMINAL_EVENTS, open_session_log, pump_log
 from .stream_slots import TooManyStreams
 
@@ -125,7 +125,7 @@ class AguiStream(StreamingResponse):
             if behind:
                 metrics.ws_dropped.inc()
             try:
-                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                async with asyncio.timeout(SLOW_CLOSE_TIMEOUT_S if behind else CLOSE_TIMEOUT_S):
                     if behind:  # nothing is lost: the client reconnects with the Last-Event-ID it holds
                         await send(_chunk(TOO_SLOW))
                     await send({"type": "http.response.body", "body": b"", "more_body": False})

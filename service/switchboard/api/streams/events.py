@@ -40,6 +40,9 @@ MAX_TYPE_WILDCARDS = 64
 MAX_SESSION_IDS = 500  # one query parameter each
 SEND_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 2.0
+# a client that fell behind gets as long to read up to its 4008 (queued behind what was already sent) as any send
+# gets: a client slow for a moment still learns where to resume; one that stopped reading loses only the close
+SLOW_CLOSE_TIMEOUT_S = SEND_TIMEOUT_S
 CLOSE_NORMAL = 1000
 CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_MESSAGE_TOO_BIG = 1009  # sent by the server itself (ws_max_message_bytes) before a handler sees the message
@@ -151,11 +154,11 @@ def _authorize(ws: WebSocket, session_id: str | None) -> Principal:
         raise _Closed(CLOSE_UNAUTHENTICATED if err.status == 401 else CLOSE_FORBIDDEN, err.code) from None
 
 
-async def _close(ws: WebSocket, code: int, reason: str) -> None:
+async def _close(ws: WebSocket, code: int, reason: str, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
     if ws.application_state == WebSocketState.CONNECTED and ws.client_state == WebSocketState.CONNECTED:
         # a client that never reads would hold the closing handshake (and this handler) until its ping timeout
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 await ws.close(code=code, reason=reason[:120])
 
 
@@ -248,6 +251,8 @@ async def _run(
     if isinstance(err, _Closed):
         if err.code == CLOSE_SLOW_CONSUMER:
             metrics.ws_dropped.inc()
+            await _close(ws, err.code, err.reason, SLOW_CLOSE_TIMEOUT_S)
+            return
         await _close(ws, err.code, err.reason)
         return
     if err is not None and not isinstance(err, WebSocketDisconnect | ConnectionError | TimeoutError | RuntimeError):
