@@ -211,7 +211,10 @@ def test_every_operation_through_the_blocking_client(srv: Server):
         assert interrupted.speech_id == said.speech_id and interrupted.interrupted
         assert sb.get_speech(sid, said.speech_id).interrupted
         sb.input(sid, "Find me a table.")
-        call_id = wait_until(lambda: sb.list_tool_calls(sid, status="running"))[0].call_id
+        # once it has reported its first progress, as the async test waits too (cancelled before it, on a loaded
+        # machine, the call has no `tool.progress` to stream)
+        running = wait_until(lambda: [c for c in sb.list_tool_calls(sid, status="running") if c.progress])
+        call_id = running[0].call_id
         assert sb.get_tool_call(sid, call_id).name == "search"
         assert call_id in {c.call_id for c in sb.list_running_tool_calls(limit=100)}
         assert sb.cancel_tool_call(sid, call_id).status == "cancelled"

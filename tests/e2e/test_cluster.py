@@ -160,6 +160,8 @@ async def test_three_nodes_a_killed_and_a_frozen_owner_lose_nothing(
             try:
                 await until(lambda: _adopted(http, c, frozen, {"node-c"}), timeout_s=LEASE_S + 40)
                 await until(lambda: _call_is(http, c, frozen, "slow", "interrupted"))
+                # and c has answered that end (its deferred reply): all it writes, so what follows is b's alone
+                await until(lambda: _replied_to_last_output(http, c, frozen))
                 before = (await _chat(http, c, frozen), await _calls(http, c, frozen))
             finally:
                 b.proc.send_signal(signal.SIGCONT)
@@ -247,6 +249,12 @@ async def _adopted(http: httpx.AsyncClient, node: Server, sid: str, owners: set[
 async def _call_is(http: httpx.AsyncClient, node: Server, sid: str, name: str, status: str) -> bool:
     calls = [c for c in await _calls(http, node, sid) if c["name"] == name]
     return bool(calls) and calls[-1]["status"] == status
+
+
+async def _replied_to_last_output(http: httpx.AsyncClient, node: Server, sid: str) -> bool:
+    items = await _chat(http, node, sid)
+    outputs = [n for n, i in enumerate(items) if i["type"] == "function_call_output"]
+    return bool(outputs) and any(i["type"] == "message" and i["role"] == "assistant" for i in items[outputs[-1] + 1 :])
 
 
 async def _answered(http: httpx.AsyncClient, node: Server, sid: str, text: str) -> bool:
