@@ -17,6 +17,7 @@ from switchboard.runtime.ports import Reported
 from switchboard.runtime.recovery import RESTART_OUTPUT, recover
 from switchboard.runtime.session import AgentSession
 from switchboard.runtime.speech import SpeechState
+from switchboard.runtime.status import SessionStatus
 from switchboard.runtime.tools import ToolStatus
 
 from .harness import WPS, Harness
@@ -204,6 +205,7 @@ async def test_a_handoff_under_way_when_the_session_moves_keeps_its_result_and_i
     assert any(isinstance(it, AgentHandoff) for it in first.store.chat(first.sid))
     state = first.store.sessions[first.sid]
     assert state.agent == "billing" and not state.entered  # its on_enter is owed
+    assert state.state == SessionStatus.ACTIVE  # live in the store, for its next owner (never stored `suspended`)
 
     nxt = await _next_owner(first, Billing(), [])
     try:

@@ -197,7 +197,9 @@ class AgentSession(SessionEnds):
         return SessionState(
             agent=self.agent.name,
             entered=self.entered,
-            state=self.state,
+            # a session being handed over is live in the store, for its next owner to recover: ``suspended`` is only
+            # what it is here (a handoff done during the hand-over once stored it, and no node ever ran it again)
+            state=SessionStatus.ACTIVE if self.state == SessionStatus.SUSPENDED else self.state,
             llm_state=self.llm.save_state(),
             current_speech_id=self.speeches.scheduler.current.id if self.speeches.scheduler.current else None,
         )
