@@ -236,6 +236,7 @@ export class Timeline {
     const notes = [];
     if (d.interrupted_calls?.length) notes.push(`${d.interrupted_calls.length} running tool call(s) ended interrupted`);
     if (d.retried_calls?.length) notes.push(`${d.retried_calls.length} tool call(s) re-run`);
+    if (d.resumed_calls?.length) notes.push(`${d.resumed_calls.length} tool call(s) resumed`);
     if (d.interrupted_speeches?.length) notes.push(`${d.interrupted_speeches.length} speech(es) cut off`);
     const text = `Session recovered after a restart${notes.length ? ` — ${notes.join(", ")}` : ""}`;
     return h(

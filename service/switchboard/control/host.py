@@ -24,6 +24,7 @@ from ..runtime.ports import ChatStore, EventSink, Receipt
 from ..runtime.recovery import end_orphaned_calls, recover, report_missing
 from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
+from ..runtime.tools import FunctionTool
 from ..store import QuotaFull, SessionData, SessionExists, SessionRecord, Store
 from .attention import ATTENTION_EVENTS, KEEP_FAILED, AttentionReason, AttentionTracker, Thresholds
 from .catalog import AgentCatalog, ModelSummary, summarize_model
@@ -536,7 +537,13 @@ class SessionHost:
         for event in data.recent:  # why it needs an operator is in its durable log, whichever node wrote it
             self.attention.observe(event, None)
         try:
-            await recover(session, tool_calls=data.tool_calls, speeches=data.speeches, reported=data.reported)
+            await recover(
+                session,
+                tool_calls=data.tool_calls,
+                speeches=data.speeches,
+                reported=data.reported,
+                tools_of=self._tools_of,
+            )
         except Exception:
             # half recovered: stop it here; the next round starts again from what is durable (as after a crash)
             if self.sessions.get(rec.id) is session:
@@ -545,6 +552,11 @@ class SessionHost:
             await session.suspend(tool_grace=False)
             raise
         self.recovered.append(rec.id)
+
+    def _tools_of(self, agent: str) -> Mapping[str, FunctionTool]:
+        """The tools of the registered agent ``agent`` (of a new instance of it): a call that agent made before the
+        session handed off from it resumes with its own tool."""
+        return self.registry.create(agent).tools if agent in self.registry else {}
 
     async def _fail(self, rec: SessionRecord, data: SessionData, *, reason: str, **extra: Any) -> None:
         """Mark a session that cannot be recovered ``failed``; the calls it left running still end (I5)."""

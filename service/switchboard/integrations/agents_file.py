@@ -45,7 +45,7 @@ from pydantic import (
 from ..runtime.agent import Agent, AgentFactory, AgentRegistry
 from ..runtime.executor import COMPANION_TOOLS
 from ..runtime.llm import MissingCredential, build_llm
-from ..runtime.tools import CONFIRM_FIELD, ToolPolicy
+from ..runtime.tools import CONFIRM_FIELD, OnRestart, ToolPolicy
 from .model_profiles import SESSION_TUNABLE
 from .schema_model import SchemaError, object_model
 from .webhooks import WebhookEndpoint, Webhooks, WebhookTool, default_cancel_url
@@ -67,8 +67,10 @@ class _Spec(BaseModel):
 
 
 class WebhookToolSpec(ToolPolicy):
-    """A webhook tool: where its calls go, what they take, and the policy fields of ``ToolPolicy`` beside them."""
+    """A webhook tool: where its calls go, what they take, and the policy fields of ``ToolPolicy`` beside them (a
+    webhook call goes on where its session runs next unless ``on_restart`` says otherwise)."""
 
+    on_restart: OnRestart = "resume"
     kind: Literal["webhook"]
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str = ""

@@ -9,6 +9,10 @@ backend can report on its own calls and on no one else's (``ReportCredentials``)
 are retried with backoff until the call's ``timeout_s``; any other status ends the call with an ``is_error`` output.
 Deliveries are at least once: a backend dedupes on ``call_id``. Cancellation is cooperative, as for Python tools:
 the call ends ``cancelled`` at once and the backend is told by a signed POST to ``cancel_url`` in the background.
+
+A call whose session stops where it runs while the backend works (a crash, a restart, a move to another node) goes
+on where the session runs next (``on_restart="resume"``, the default of webhook tools): it is not delivered again,
+it waits there for the backend's reports until its deadline (its start plus ``timeout_s``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -38,7 +43,6 @@ from ..runtime.text import valid_json, valid_text
 from ..runtime.tools import (
     CONFIRM_DESCRIPTION,
     CONFIRM_FIELD,
-    DEFAULT_POLICY,
     FunctionTool,
     RunContext,
     ToolCallInfo,
@@ -66,6 +70,8 @@ REMEMBER_ENDED = 10_000
 DETAIL_MAX_CHARS = 300
 #: The most of a backend's answer that is read: a bigger one fails the call (a JSON answer cut short is no answer).
 MAX_RESPONSE_BYTES = 1024 * 1024
+#: A webhook tool's policy unless it names one: its calls go on where their session runs next.
+RESUMING_POLICY = ToolPolicy(on_restart="resume")
 
 
 # -- signatures ---------------------------------------------------------------------------------------------------
@@ -175,12 +181,15 @@ class CallAlreadyEnded(Exception):
 
 @dataclass(eq=False)
 class PendingCall:
-    """A webhook call between its delivery and its end. ``lock`` orders progress reports before the end."""
+    """A webhook call between its delivery and its end. ``lock`` orders progress reports before the end.
+    ``session`` is the live session the call runs in (``ctx.session``: one incarnation of the session on this node),
+    so that whoever hands it a report waits for the end of this very call."""
 
     session_id: str
     call_id: str
     tool: str
     ctx: RunContext
+    session: object | None = None
     result_fut: asyncio.Future[BackendResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -206,18 +215,31 @@ class WebhookBroker:
         return len(self._pending)
 
     def open(self, ctx: RunContext, tool: str) -> PendingCall:
-        pending = PendingCall(ctx.session_id, ctx.call_id, tool, ctx)
-        self._pending[(pending.session_id, pending.call_id)] = pending
+        """Take the call's reports from now on. A call resumed here (its session moved to this node, or came back to
+        it) replaces the pending call of an earlier incarnation still being stopped: reports go to the one that
+        runs."""
+        try:
+            session: object | None = ctx.session
+        except RuntimeError:  # a call outside of any session (a bare executor)
+            session = None
+        pending = PendingCall(ctx.session_id, ctx.call_id, tool, ctx, session)
+        key = (pending.session_id, pending.call_id)
+        self._pending[key] = pending
+        self._ended.pop(key, None)
         return pending
 
-    async def close(self, pending: PendingCall) -> None:
-        """No report is accepted from now on; returns once a report being applied has landed."""
+    async def close(self, pending: PendingCall, *, ended: bool = True) -> None:
+        """No report is accepted from now on; returns once a report being applied has landed. ``ended=False``: the
+        call did not end, its session stopped here (a move, a shutdown) and it goes on where the session runs next,
+        so this process does not remember it as ended."""
         pending.closed = True
         key = (pending.session_id, pending.call_id)
-        self._pending.pop(key, None)
-        self._ended[key] = None
-        while len(self._ended) > self._remember:
-            self._ended.popitem(last=False)
+        if self._pending.get(key) is pending:  # not the pending call of a newer incarnation that resumed it
+            del self._pending[key]
+            if ended:
+                self._ended[key] = None
+                while len(self._ended) > self._remember:
+                    self._ended.popitem(last=False)
         async with pending.lock:
             pass
 
@@ -253,12 +275,19 @@ class WebhookBroker:
 
     def result(
         self, session_id: str, call_id: str, result: BackendResult, receipt: Receipt[ToolCallInfo] | None = None
-    ) -> None:
-        """Hand a reported result to the waiting call (which then ends with it: its end completes ``receipt``)."""
+    ) -> PendingCall:
+        """Hand a reported result to the waiting call (which then ends with it: its end completes ``receipt``).
+        Returns the call it was handed to."""
         pending = self._accepting(session_id, call_id)
         if receipt is not None:
             pending.ctx.receipt_on_end(receipt)
         pending.result_fut.set_result(result)
+        return pending
+
+    def waiting(self, session_id: str, call_id: str) -> PendingCall | None:
+        """The call waiting for reports under these ids on this process, if any."""
+        pending = self._pending.get((session_id, call_id))
+        return pending if pending is not None and pending.accepting else None
 
 
 # -- delivery -----------------------------------------------------------------------------------------------------
@@ -444,6 +473,10 @@ class WebhookTool(FunctionTool):
     """A tool declared with a JSON Schema whose body runs on a backend. Policies, progress and cancellation are
     exactly those of a Python ``FunctionTool``: the executor cannot tell them apart."""
 
+    #: A call goes on where its session runs next (``on_restart="resume"``, the default): it waits there for its
+    #: backend's report, without a second delivery.
+    can_resume = True
+
     def __init__(
         self,
         *,
@@ -452,7 +485,7 @@ class WebhookTool(FunctionTool):
         parameters: dict[str, Any],
         endpoint: WebhookEndpoint,
         webhooks: Webhooks,
-        policy: ToolPolicy = DEFAULT_POLICY,
+        policy: ToolPolicy = RESUMING_POLICY,
     ) -> None:
         self.declared_parameters = parameters
         self.endpoint = endpoint
@@ -492,39 +525,43 @@ class WebhookTool(FunctionTool):
 
     async def invoke(self, ctx: RunContext, arguments: dict[str, Any]) -> Any:
         pending = self._webhooks.broker.open(ctx, self.name)
+        # resumed: delivered by an earlier run, so the backend may hold the call: a cancel or a timeout must tell it
+        pending.sent = ctx.resumed
+        stopped = False
         try:
-            result = await ctx.wait_if_not_cancelled(self._result(pending, arguments))
+            result = await ctx.wait_if_not_cancelled(self._result(pending, arguments, ctx))
         except ToolCancelled:
             self._webhooks.notify_cancel(self.endpoint, pending, ctx.cancel_reason or "cancelled")
             raise
+        except asyncio.CancelledError:
+            # stopped without an end when its session stops here (a move, a shutdown): the call goes on where the
+            # session runs next; a forced cancel of a cancelled call ends it, as ``ToolCancelled`` does
+            stopped = not ctx.cancelled
+            raise
         finally:
-            await self._webhooks.broker.close(pending)
+            await self._webhooks.broker.close(pending, ended=not stopped)
         if result.is_error:
             raise ToolError(result.output)
         return result.output
 
-    async def _result(self, pending: PendingCall, arguments: dict[str, Any]) -> BackendResult:
-        args = {k: v for k, v in arguments.items() if k != CONFIRM_FIELD}
-        delivery = {
-            "call_id": pending.call_id,
-            "session_id": pending.session_id,
-            "tool": self.name,
-            "arguments": args,
-            "report_token": self._webhooks.credentials.issue(pending.session_id, pending.call_id),
-        }
-        body = json.dumps(delivery, separators=(",", ":")).encode()
+    async def _result(self, pending: PendingCall, arguments: dict[str, Any], ctx: RunContext) -> BackendResult:
+        """The call's result: delivered and answered, or reported; a resumed call (its session stopped where it ran
+        while the backend worked) is not delivered again and waits for the report until the call's own deadline."""
         timeout_s = self.endpoint.timeout_s
+        left_s = timeout_s
+        if ctx.resumed:
+            # from the call's start on the node that made it: its clock and this one's may differ a little (no
+            # lease is judged by it, only how long a call waits)
+            left_s -= (datetime.now(UTC) - ctx.started_at).total_seconds()
         try:
-            async with asyncio.timeout(timeout_s):
-                answered, response = await first_of(
-                    self._webhooks.deliver(self.endpoint, body, pending), pending.result_fut
-                )
-                if answered:
-                    assert response is not None
-                    result = self._answer(pending, response)
+            if left_s <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(left_s):
+                if not ctx.resumed:
+                    result = await self._delivered(pending, arguments)
                     if result is not None:
                         return result
-                # accepted (202), or a report overtook the answer: wait for the reported result
+                # accepted (202), resumed, or a report overtook the answer: wait for the reported result
                 await asyncio.wait({pending.result_fut})
                 return pending.result_fut.result()
         except TimeoutError:
@@ -535,6 +572,24 @@ class WebhookTool(FunctionTool):
                     f"({pending.last_error})."
                 ) from None
             raise ToolError(f"{self.name} failed: no result from its backend within {timeout_s:g} s.") from None
+
+    async def _delivered(self, pending: PendingCall, arguments: dict[str, Any]) -> BackendResult | None:
+        """Deliver the call: its result when the backend answered with it, None when it accepted the call (202) or a
+        report overtook the answer."""
+        args = {k: v for k, v in arguments.items() if k != CONFIRM_FIELD}
+        delivery = {
+            "call_id": pending.call_id,
+            "session_id": pending.session_id,
+            "tool": self.name,
+            "arguments": args,
+            "report_token": self._webhooks.credentials.issue(pending.session_id, pending.call_id),
+        }
+        body = json.dumps(delivery, separators=(",", ":")).encode()
+        answered, response = await first_of(self._webhooks.deliver(self.endpoint, body, pending), pending.result_fut)
+        if not answered:
+            return None
+        assert response is not None
+        return self._answer(pending, response)
 
     def _answer(self, pending: PendingCall, response: httpx.Response) -> BackendResult | None:
         status = response.status_code

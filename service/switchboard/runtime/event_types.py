@@ -67,6 +67,12 @@ class SessionRecovered(EventPayload):
     agent: str
     interrupted_calls: list[str] = Field(description="Calls that were running and ended `interrupted`.")
     retried_calls: list[str] = Field(description='Calls that were running and run again (`on_restart="retry"`).')
+    resumed_calls: list[str] = Field(
+        default_factory=list,
+        description='Calls that were running and go on where they were (`on_restart="resume"`, the default of webhook '
+        "tools): each waits for the work already under way (its backend's report) instead of starting it again, and "
+        "ends once, like any call.",
+    )
     interrupted_speeches: list[str] = Field(
         description="Speeches an interrupt had stopped whose end was not written yet; each ends interrupted."
     )

@@ -186,6 +186,31 @@ class ToolExecutor(CallEnds):
             rc.updates = 1 + self._chat.count_calls(f"{info.call_id}/update/")
         return rc
 
+    def resume(self, info: ToolCallInfo, *, tool: FunctionTool, tools: Mapping[str, FunctionTool]) -> RunningCall:
+        """Resume a call that its session left running when it stopped where it ran (a crash, a restart, a move to
+        another node), its tool declared ``on_restart="resume"``: the tool's body runs again, told so
+        (``ctx.resumed``), to pick up the work under way rather than start it again.
+
+        It goes on as the same call, run by ``tool`` (the tool of the agent that made it; ``tools`` are the session's
+        agent's): its record as it was (its start, its agent, a call already in the background stays there, with the
+        updates it made), no second ``tool.started``, and no duplicate check (it was admitted when it started).
+        """
+        item = self._chat.find_call(info.call_id) or FunctionCall(
+            id=new_id("item"),
+            call_id=info.call_id,
+            name=info.name,
+            arguments=info.arguments,
+            created_at=info.started_at,
+        )
+        rc = RunningCall(self, item, info, tool, None, 0, resumed=True)
+        if info.background:
+            rc.updates = 1 + self._chat.count_calls(f"{info.call_id}/update/")
+        validate_arguments(rc, tool)
+        self._calls[info.call_id] = rc
+        available = sorted({*tools, *(self._companions() if self.has_cancellable(tools) else {})})
+        rc.task = asyncio.create_task(self._run(rc, available), name=f"tool:{info.name}:{info.call_id}")
+        return rc
+
     @staticmethod
     def has_cancellable(tools: Mapping[str, FunctionTool]) -> bool:
         return any(t.policy.allow_cancellation for t in tools.values())
@@ -215,6 +240,8 @@ class ToolExecutor(CallEnds):
         await asyncio.shield(self._finish(rc, outcome))
 
     async def _start_and_execute(self, rc: RunningCall, available: list[str]) -> Outcome:
+        if rc.resumed:  # started before, and recorded then: it goes on
+            return await self._execute(rc, available)
         try:
             await self._commit(Commit(tool_calls=[rc.info]))
         except Exception:
@@ -273,7 +300,8 @@ class ToolExecutor(CallEnds):
             return Outcome(ToolStatus.FAILED, rc.invalid, is_error=True)
         args = rc.args
 
-        refused = await self._apply_duplicate_policy(rc, args) if rc.cancel_reason is None else None
+        judged = rc.cancel_reason is not None or rc.resumed  # a resumed call was admitted when it started
+        refused = await self._apply_duplicate_policy(rc, args) if not judged else None
         if refused is not None:
             return refused
         if rc.cancel_reason is not None:  # cancelled before its body started: it never runs
@@ -491,9 +519,14 @@ class ToolExecutor(CallEnds):
 
     async def grace_for_uncancellable(self, grace_s: float) -> None:
         """A deploy is not a crash: a call that cannot be cancelled (a booking) gets up to ``grace_s`` to end and
-        commit its pair before the process lets go of it (recovery then ends whatever is still running)."""
+        commit its pair before the process lets go of it (recovery then ends whatever is still running). A call
+        whose tool resumes it where the session runs next needs no grace: it goes on there."""
         # a call held for its handoff has its result already: the handoff step ends it (``HandoffStep.hand_over``)
-        pending = [rc.ended_fut for rc in self.running() if not rc.info.cancellable and rc.held is None]
+        pending = [
+            rc.ended_fut
+            for rc in self.running()
+            if not rc.info.cancellable and rc.held is None and not resumes(rc.tool)
+        ]
         if pending and grace_s > 0:
             await asyncio.wait(pending, timeout=grace_s)
 
@@ -510,6 +543,11 @@ class ToolExecutor(CallEnds):
         if self._companion_tools is None:
             self._companion_tools = companion_tools(self)
         return self._companion_tools
+
+
+def resumes(tool: FunctionTool | None) -> bool:
+    """A call of ``tool`` goes on where its session runs next (``on_restart="resume"``)."""
+    return tool is not None and tool.can_resume and tool.policy.on_restart == "resume"
 
 
 __all__ = [

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from . import event_types as ev
 from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .events import EventLog
+from .executor import resumes
 from .ports import ChatStore, Commit, Reported
 from .session import AgentSession
 from .speech import SpeechInfo, SpeechSource, SpeechState
@@ -24,6 +25,7 @@ async def recover(
     tool_calls: Sequence[ToolCallInfo],
     speeches: Sequence[SpeechInfo] = (),
     reported: Reported | None = None,
+    tools_of: Callable[[str], Mapping[str, FunctionTool]] | None = None,
 ) -> dict[str, list[str]]:
     """Start ``session`` as recovered and settle what was in flight when its previous process stopped (a crash, a
     drain, a graceful restart, a lost lease: the same durable obligations, derived from the store alone).
@@ -32,20 +34,25 @@ async def recover(
     holds) lacks gets its event, so nothing durable is left without one.
 
     Calls left ``running`` end ``interrupted`` with an is_error output (one pair, committed with the status in one
-    transaction), unless their tool is declared ``on_restart="retry"``: those are run again.
+    transaction), unless their tool is declared ``on_restart="retry"``: those are run again, or
+    ``on_restart="resume"``: those go on (their body runs again told it resumes, and waits for the work under way,
+    such as a webhook backend's report, instead of starting it again).
 
     Speeches that had not finished are owed (``owed_speeches``): each is queued again under its id, in order (a
     reply generated anew from the chat as it is now, a say with its text), since the user is still waiting for it.
     One an interrupt had stopped (durably interrupted) ends interrupted, and a deferred reply another owed reply
     makes redundant ends without playing. Returns the call ids by outcome.
+
+    ``tools_of`` gives the tools of an agent by name: a call that resumes goes on with the tool of the agent that
+    made it, also after a handoff that the session's move did at once while that call still ran.
     """
     if reported is not None:
         report_missing(session.events, session.chat.items, tool_calls, speeches, reported)
     for info in tool_calls:
         session.executor.adopt(info)
-    tools = session.agent.tools
-    interrupted, retry = _split_running(tool_calls, tools)
+    interrupted, retry, resume = _split_running(tool_calls, session.agent.tools, tools_of)
     retry_ids = sorted(info.call_id for info in retry)
+    resume_ids = sorted(info.call_id for info, _ in resume)
     unfinished = sorted((sp for sp in speeches if sp.state != SpeechState.DONE), key=lambda sp: sp.created_at)
     stopped = [sp for sp in unfinished if sp.interrupted]
     owed = owed_speeches(unfinished)
@@ -56,6 +63,7 @@ async def recover(
         recovered=True,
         interrupted_calls=[i.call_id for i in interrupted],
         retried_calls=retry_ids,
+        resumed_calls=resume_ids,
         interrupted_speeches=[sp.id for sp in stopped],
         resumed_speeches=[sp.id for sp in owed],
     )
@@ -68,10 +76,21 @@ async def recover(
     for sp in owed:
         logger.info("session %s: playing %s (%s), owed since before the restart", session.id, sp.id, sp.source)
         session.requeue(sp)
+    _restart_calls(session, retry, resume)
+    return {"interrupted": [i.call_id for i in interrupted], "retried": retry_ids, "resumed": resume_ids}
+
+
+def _restart_calls(
+    session: AgentSession, retry: Sequence[ToolCallInfo], resume: Sequence[tuple[ToolCallInfo, FunctionTool]]
+) -> None:
+    """Run again the calls whose tool asks for it, and resume those whose tool goes on where it was."""
+    tools = session.agent.tools
     for info in retry:
         logger.info("session %s: re-running %s (%s) after a restart", session.id, info.name, info.call_id)
         session.executor.rerun(info, tools=tools, agent=session.agent.name)
-    return {"interrupted": [i.call_id for i in interrupted], "retried": retry_ids}
+    for info, tool in resume:
+        logger.info("session %s: resuming %s (%s) after a restart", session.id, info.name, info.call_id)
+        session.executor.resume(info, tool=tool, tools=tools)
 
 
 def owed_speeches(unfinished: Sequence[SpeechInfo]) -> list[SpeechInfo]:
@@ -135,17 +154,32 @@ def _source(source: str) -> SpeechSource:
 
 
 def _split_running(
-    tool_calls: Sequence[ToolCallInfo], tools: Mapping[str, FunctionTool]
-) -> tuple[list[ToolCallInfo], list[ToolCallInfo]]:
-    """The calls a restart left running: those to end interrupted, and those whose tool asks to be re-run."""
+    tool_calls: Sequence[ToolCallInfo],
+    tools: Mapping[str, FunctionTool],
+    tools_of: Callable[[str], Mapping[str, FunctionTool]] | None,
+) -> tuple[list[ToolCallInfo], list[ToolCallInfo], list[tuple[ToolCallInfo, FunctionTool]]]:
+    """The calls a restart left running: those to end interrupted, those whose tool asks to be re-run, and those
+    whose tool resumes them, each with that tool (``on_restart``: ``fail``, ``retry``, ``resume``; a tool the agent no
+    longer has fails, unless the call resumes with the tool of the agent that made it)."""
     interrupted: list[ToolCallInfo] = []
     retry: list[ToolCallInfo] = []
+    resume: list[tuple[ToolCallInfo, FunctionTool]] = []
     for info in tool_calls:
         if info.ended:
             continue
         tool = tools.get(info.name)
-        (retry if tool is not None and tool.policy.on_restart == "retry" else interrupted).append(info)
-    return interrupted, retry
+        if tool is None and tools_of is not None and info.agent is not None:
+            # made by the agent the session handed off from as it moved (a hand-over does a handoff under way at once,
+            # leaving that agent's other calls running): one that resumes goes on with its own agent's tool
+            theirs = tools_of(info.agent).get(info.name)
+            tool = theirs if resumes(theirs) else None
+        if tool is not None and resumes(tool):
+            resume.append((info, tool))
+        elif tool is not None and tool.policy.on_restart == "retry":
+            retry.append(info)
+        else:
+            interrupted.append(info)
+    return interrupted, retry, resume
 
 
 async def _end_unfinished(session: AgentSession, unfinished: Sequence[SpeechInfo], *, interrupted: bool) -> None:

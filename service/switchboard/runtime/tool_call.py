@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from .agent import Agent
@@ -124,6 +125,7 @@ class RunningCall:
     invalid: str | None = None  # why the arguments do not validate (the model gets it as the output)
     args_key: str | None = None  # the validated arguments, canonical: what "the same arguments" means
     refusal: str | None = None  # the call is not run: it ends `rejected` with this output (a cap was reached)
+    resumed: bool = False  # resumes a call an earlier run left running (``on_restart="resume"``)
     needs_reply: bool = True
     updates: int = 0  # progress updates committed (each one a pair the model sees)
     cancel_reason: str | None = None
@@ -172,6 +174,10 @@ class RunningCall:
     @property
     def session(self) -> SessionControl | None:
         return self.executor.session
+
+    @property
+    def started_at(self) -> datetime:
+        return self.info.started_at
 
     async def report_progress(
         self, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None = None

@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 OnDuplicate = Literal["allow", "reject", "replace", "confirm"]
 DuplicateScope = Literal["name", "name_and_args"]
-OnRestart = Literal["fail", "retry"]
+OnRestart = Literal["fail", "retry", "resume"]
 ToolScope = Literal["agent", "session"]
 
 CONFIRM_FIELD = "confirm_duplicate"
@@ -48,8 +48,10 @@ class ToolPolicy(BaseModel):
       ``confirm_duplicate`` (``confirm``); ``duplicate_scope`` says whether "identical" means the same name or the
       same name and arguments.
     - ``allow_cancellation``: a running call may be cancelled (over REST, or by the model's companion tools).
-    - ``on_restart``: a call still running when the service stopped ends ``interrupted`` (``fail``) or runs again
-      (``retry``).
+    - ``on_restart``: a call still running when its session stopped here (a crash, a restart, a move to another node)
+      ends ``interrupted`` (``fail``), runs again (``retry``: its work is done a second time), or goes on where it was
+      (``resume``: its body runs again told so, ``ctx.resumed``, to wait for work under way elsewhere rather than start
+      it again; only for a tool that can resume, such as a webhook tool, whose default it is).
     - ``scope``: ``session`` calls go on across an agent handoff; a handoff first ends the ``agent`` calls
       (cancelling the cancellable ones, waiting for the others).
     """
@@ -143,6 +145,10 @@ def _strip_titles(schema: Any) -> Any:
 class FunctionTool:
     """A tool the model can call. Created by ``@function_tool``; binds like a method when defined on an Agent."""
 
+    #: Whether a call of this tool can go on after its session stopped where it ran (``on_restart="resume"``): its
+    #: body, run again with ``ctx.resumed``, picks up the work under way instead of starting it again.
+    can_resume: bool = False
+
     def __init__(
         self,
         fn: Callable[..., Awaitable[Any]],
@@ -159,6 +165,11 @@ class FunctionTool:
         self.description = description if description is not None else _describe(fn)
         self.policy = policy
         self._instance = instance
+        if policy.on_restart == "resume" and not self.can_resume:
+            raise ValueError(
+                f"tool {self.name}: on_restart='resume' needs a tool that can resume its calls (a webhook tool); "
+                "use 'fail' or 'retry'"
+            )
         self._ctx_param, self.args_model = self._build_model()
 
     def __repr__(self) -> str:
@@ -380,6 +391,16 @@ class CallControl(Protocol):
     def speech(self) -> SpeechHandle | None: ...
 
     @property
+    def started_at(self) -> datetime:
+        """When the call started (its first run's start, for a resumed call)."""
+        ...
+
+    @property
+    def resumed(self) -> bool:
+        """This run resumes a call an earlier run left running (``on_restart="resume"``)."""
+        ...
+
+    @property
     def userdata(self) -> dict[str, Any]: ...
 
     @property
@@ -433,6 +454,18 @@ class RunContext:
     def speech_handle(self) -> SpeechHandle | None:
         """The same as ``speech`` (the name LiveKit Agents uses)."""
         return self._call.speech
+
+    @property
+    def started_at(self) -> datetime:
+        """When the call started: for a resumed call, when its first run started (on whichever node that was)."""
+        return self._call.started_at
+
+    @property
+    def resumed(self) -> bool:
+        """True when this run resumes a call that its session left running when it stopped where it ran (a crash,
+        a restart, a move to another node) and whose tool is declared ``on_restart="resume"``: the call's work was
+        started by the earlier run, so pick it up (wait for its result) rather than start it again."""
+        return self._call.resumed
 
     @property
     def session(self) -> SessionControl:

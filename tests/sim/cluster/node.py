@@ -25,6 +25,7 @@ from switchboard.control.cluster.ownership import HEARTBEAT_S, RENEWALS_PER_LEAS
 from switchboard.control.host import SessionHost
 from switchboard.control.hub import EventHub
 from switchboard.control.settings import Settings
+from switchboard.control.webhook_reports import apply_result, refusal
 from switchboard.integrations.webhooks import BackendResult, CallAlreadyEnded, NotAwaitingReport, Webhooks
 from switchboard.runtime.session import AgentSession
 from switchboard.runtime.speech import NotInterruptible
@@ -84,7 +85,7 @@ class Node:
         self.lease.hostname = f"host-{node_id}"  # one machine each: no node takes another for its own dead process
         self.host = SessionHost(
             store=self.store,  # type: ignore[arg-type]
-            registry=registry(self.webhooks),
+            registry=registry(self.webhooks, resume=world.fixes.resume_calls),
             hub=EventHub(),
             settings=settings,
             lease=self.lease,
@@ -170,18 +171,24 @@ class Node:
             return await self._run_here(cmd)
         except ProblemError as err:
             return Answer(err.status, err.code)
-        except CallAlreadyEnded:
-            return Answer(409, "already_ended")
-        except NotAwaitingReport:
-            session = self.live(cmd.sid)
-            info = session.tool_call(cmd.call_id) if session is not None else None
-            return Answer(409, "already_ended" if info is not None and info.ended else "not_awaiting_report")
+        except (CallAlreadyEnded, NotAwaitingReport) as err:
+            return await self._refused(cmd, err)
         except RETRYABLE as err:
             return Answer(503, type(err).__name__)
         except (SessionClosed, LookupError) as err:
             return Answer(409, type(err).__name__)
         except NotInterruptible:
             return Answer(409, "not_interruptible")
+
+    async def _refused(self, cmd: Command, err: CallAlreadyEnded | NotAwaitingReport) -> Answer:
+        """A report no call here took, answered as the report routes answer it (``webhook_reports.refusal``)."""
+        try:
+            refused = await refusal(self.host, cmd.sid, cmd.call_id, err)
+        except RETRYABLE as read_err:  # the store's read failed: the route answers 503 too
+            return Answer(503, type(read_err).__name__)
+        if refused.retry:
+            return Answer(503, refused.code)
+        return Answer(404 if refused.code.endswith("not_found") else 409, refused.code)
 
     async def _route(self, cmd: Command, forwarded: bool) -> Answer:
         rec = await self.store.get_session(cmd.sid)
@@ -240,8 +247,8 @@ class Node:
         if cmd.kind == "progress":
             await asyncio.shield(broker.progress(cmd.sid, cmd.call_id, cmd.text, 0.5, receipt))
         elif cmd.kind == "result":
-            broker.result(cmd.sid, cmd.call_id, BackendResult(output=cmd.text, is_error=False), receipt)
-            await session.wait_tool_call(cmd.call_id)
+            result = BackendResult(output=cmd.text, is_error=False)
+            await asyncio.shield(apply_result(broker, cmd.sid, cmd.call_id, result, receipt))
         else:
             raise ValueError(f"unknown command {cmd.kind}")
         # answered as the route does: from the session as this node finds it now (the store's, once it moved)

@@ -31,7 +31,13 @@ from ..vloop import check_nothing_lost, close_loop
 from .loop import ClusterLoop
 from .world import ClusterWorld, Fixes, Op
 
-FIXES = ("db_clock", "write_time_epochs", "receipts_with_effect", "hand_over")
+FIXES = (
+    "db_clock",
+    "write_time_epochs",
+    "receipts_with_effect",
+    "hand_over",
+    "resume_calls",
+)
 
 
 def random_op(rng: random.Random, sessions: int, calm: set[int]) -> Op:

@@ -17,6 +17,14 @@ from .world import Fixes, Violation
 
 CI_SEEDS = int(os.environ.get("SWITCHBOARD_SIM_CLUSTER_SEEDS", "30"))
 SAY = [{"llm": {"provider": "scripted", "turns": [{"text": "t0 t1"}]}}]
+TICKET = [
+    {
+        "llm": {
+            "provider": "scripted",
+            "turns": [{"text": "t0 t1 t2 t3", "tool_calls": [{"name": "ticket", "arguments": {"ms": 1500}}]}],
+        }
+    }
+]
 LONG_TOOL = [
     {
         "llm": {
@@ -79,6 +87,9 @@ NEEDS_THE_FIX = {
         [("db-latency", 20), ("input", 0, 0, False), ("advance", 50), ("kill", 0), ("advance", 3000)],
         "duplicate-effect",
     ),
+    # s0's node dies while the backend works on its ticket (1.5 s): the call must go on where s0 is adopted, and
+    # take the backend's result there (before the fix recovery ended it interrupted, and the result got 409)
+    "resume_calls": (TICKET, [("input", 0, 1, False), ("crash-owner", 0, 10)], "report-lost"),
 }
 
 

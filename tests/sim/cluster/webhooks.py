@@ -14,6 +14,7 @@ import httpx
 
 from switchboard.integrations.webhooks import WebhookEndpoint, Webhooks, WebhookTool
 from switchboard.runtime.agent import Agent, AgentRegistry
+from switchboard.runtime.tools import ToolPolicy
 
 from ..workload import Billing, Desk
 
@@ -38,8 +39,9 @@ def backend(delivered: Delivered) -> httpx.MockTransport:
     return httpx.MockTransport(handle)
 
 
-def registry(webhooks: Webhooks) -> AgentRegistry:
-    """The workload's agents, the desk with a webhook tool delivering through this node's ``webhooks``."""
+def registry(webhooks: Webhooks, *, resume: bool = True) -> AgentRegistry:
+    """The workload's agents, the desk with a webhook tool delivering through this node's ``webhooks`` (its calls
+    resume where their session runs next, as webhook tools' do; ``resume=False``: they end interrupted, as before)."""
 
     def desk() -> Agent:
         agent = Desk()
@@ -49,6 +51,7 @@ def registry(webhooks: Webhooks) -> AgentRegistry:
             parameters=PARAMETERS,
             endpoint=ENDPOINT,
             webhooks=webhooks,
+            **({} if resume else {"policy": ToolPolicy(on_restart="fail")}),
         )
         agent._extra_tools.append(tool)
         return agent

@@ -33,6 +33,7 @@ from ..workload import AGENTS, EFFECTS
 from .database import SimDatabase
 from .loop import NODE, ClusterLoop, run_in_node
 from .node import Answer, Command, Node
+from .webhooks import ENDPOINT
 
 Op = tuple[Any, ...]
 LEASE_S = 2.0
@@ -44,6 +45,7 @@ SETTLE_S = 60.0
 SETTLE_MAX_S = 900.0
 PROBE_S = 30.0
 INTERRUPT_SLACK_S = 0.5
+TICKET_TIMEOUT_S = ENDPOINT.timeout_s
 WATCH_S = 0.1
 
 
@@ -67,6 +69,7 @@ class Fixes:
     write_time_epochs: bool = True  # a write carries the epoch it was made under (else: the one held when queued)
     receipts_with_effect: bool = True  # an idempotency record commits with its effect (else: after it)
     hand_over: bool = True  # a move hands the speeches over (else: it interrupts them, and recovery owes none)
+    resume_calls: bool = True  # a webhook call goes on where its session runs next (else: it ends interrupted)
 
     @classmethod
     def without(cls, fix: str) -> Fixes:
@@ -469,20 +472,32 @@ class ClusterWorld:
         )
 
     def _check_reports(self) -> None:
-        """A backend's result answered as the call's completion is the call's durable end; one refused as not awaited
-        while its call was waiting for it is a report lost (the chaos checker's ``report-refused``)."""
+        """A backend's result is never lost (I1: the work a tool did is never lost), whatever node its report reached
+        and wherever the session moved meanwhile: once everything settled, the call of every result a backend sent
+        is stored ``completed`` with that result. The one other end allowed is the call's own deadline: ``failed``
+        with the timeout's output, when the report could not land within the call's ``timeout_s`` and its backend was
+        never told it had (no 2xx answer: it got a 503 until it gave up, or a 409 once the call had timed out). A
+        result answered 2xx is the call's durable end, and one refused as not awaited while its call was waiting for
+        it is a report lost (the chaos checker's ``report-refused``)."""
         for req in self.requests:
             a, cmd = req.answer, req.cmd
-            if cmd.kind != "result" or a is None:
+            if cmd.kind != "result":
                 continue
             info = self.db.session_rows(cmd.sid).tool_calls.get(cmd.call_id)
-            if a.status < 300 and isinstance(a.body, dict) and a.body.get("status") == "completed":
+            stored = f"{info.status.value}: {info.output!r}" if info is not None else "no call"
+            completed = info is not None and info.status.value == "completed" and info.output == cmd.text
+            taken = a is not None and a.status < 300
+            timed_out = info is not None and info.status.value == "failed" and _timed_out(info.output) and not taken
+            expect(
+                completed or timed_out,
+                "report-lost",
+                f"{cmd.sid}: result of {cmd.call_id} sent, call stored {stored} (attempts {req.attempts[-4:]}, "
+                f"answered {a})",
+            )
+            if a is not None:
                 expect(
-                    info is not None and info.status.value == "completed" and info.output == cmd.text,
-                    "report-lost",
-                    f"{cmd.sid}: result of {cmd.call_id} accepted, call stored as {info.status if info else None}",
+                    a.code != "not_awaiting_report", "report-refused", f"{cmd.sid}: {cmd.call_id}: {req.attempts[-3:]}"
                 )
-            expect(a.code != "not_awaiting_report", "report-refused", f"{cmd.sid}: {cmd.call_id}: {req.attempts[-3:]}")
 
     def _check_lost(self) -> None:
         self._check_reports()
@@ -568,6 +583,11 @@ class ClusterWorld:
             for t in pending:
                 t.cancel()
             await asyncio.wait(pending, timeout=1.0)
+
+
+def _timed_out(output: str | None) -> bool:
+    """The output a webhook call ends with when its deadline passes without a result."""
+    return output is not None and f"no result from its backend within {TICKET_TIMEOUT_S:g} s" in output
 
 
 def _forget(fut: asyncio.Future[None]) -> None:

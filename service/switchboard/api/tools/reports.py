@@ -3,7 +3,9 @@
 A report needs the ``tools:report`` scope and the call's own report credential (the ``report_token`` of its delivery,
 in the ``X-Switchboard-Report-Token`` header), checked before anything is looked up: without it every report gets the
 same 403 ``report_refused``, whether the session and the call exist or not. With it, the backend hears how its call
-stands (409 ``already_ended``, ``not_awaiting_report``); the answer is the call's status, nothing more.
+stands (409 ``already_ended``, ``not_awaiting_report``); the answer is the call's status, nothing more. A report for
+a call that goes on, but not here or not yet (its session is being recovered or moved), answers 503 with
+``Retry-After``: sent again, it reaches the call where it runs (``control.webhook_reports``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header
 
 from ...control.host import SessionHost
+from ...control.webhook_reports import ALREADY_ENDED, NO_CALL, NO_SESSION, apply_result, refusal
 from ...integrations.webhooks import REPORT_TOKEN_HEADER, BackendResult, CallAlreadyEnded, NotAwaitingReport
 from ...runtime.tools import ToolCallInfo
 from .. import deps
@@ -32,6 +35,12 @@ REPORT_RESPONSES = problem_responses(
     408,
     (409, "already_ended (the call has its result, was cancelled or timed out), or not_awaiting_report"),
     413,
+    (
+        503,
+        "Not taken: not completed in time, the database is unreachable, or the call goes on but not here or not yet "
+        "(session_recovering, session_moving, session_moved). Retry after `Retry-After` seconds, with the same "
+        "Idempotency-Key",
+    ),
 )
 
 
@@ -66,18 +75,20 @@ async def _refused(
     host: SessionHost, sid: str, call_id: str, err: CallAlreadyEnded | NotAwaitingReport
 ) -> ProblemError:
     """Why the rightful backend's report was refused: the call ended (409), is not a webhook call waiting for one
-    (409), or its session is gone (404)."""
-    if isinstance(err, CallAlreadyEnded):
-        live = host.live(sid)
-        return _already_ended(call_id, live.tool_call(call_id) if live is not None else None)
-    session = await deps.known_session(host, sid)
-    info = await session.tool_call(call_id)
-    if info is None:
+    (409), its session is gone (404), or the call goes on but not here, or not yet (503: retry)."""
+    refused = await refusal(host, sid, call_id, err)
+    if refused.retry:
+        detail = f"Tool call {call_id!r} is not waiting here now (its session is moving or being recovered); retry."
+        return ProblemError(503, refused.code, detail, headers={"Retry-After": "1"})
+    if refused.code == NO_SESSION:
+        return not_found("session", sid)
+    if refused.code == NO_CALL:
         return not_found("tool_call", call_id)
-    if info.ended:
-        return _already_ended(call_id, info)
+    if refused.code == ALREADY_ENDED:
+        return _already_ended(call_id, refused.info)
+    name = refused.info.name if refused.info is not None else "?"
     return ProblemError(
-        409, "not_awaiting_report", f"Tool call {call_id!r} ({info.name}) is not a webhook call waiting for a report."
+        409, "not_awaiting_report", f"Tool call {call_id!r} ({name}) is not a webhook call waiting for a report."
     )
 
 
@@ -129,14 +140,14 @@ async def report_tool_result(
 ) -> ToolReportRead:
     """Report the result of a webhook call (its backend answered 202); `is_error` marks a failure. Returns the call's
     status once it has ended and its output is committed. A second result, or one after the call was cancelled or
-    timed out, is a 409 `already_ended` and changes nothing."""
+    timed out, is a 409 `already_ended` and changes nothing. A 503 (`session_moved`, `session_moving`,
+    `session_recovering`) means the result was not taken: send it again after `Retry-After`, with the same
+    `Idempotency-Key` (its session moved to another node, where the call waits for it)."""
+    result = BackendResult(output=body.output, is_error=body.is_error)
     try:
-        result = BackendResult(output=body.output, is_error=body.is_error)
-        services.webhooks.broker.result(sid, call_id, result, idem.receipt(_reported))
+        async with deps.deadline(services.settings):
+            # shielded: a client that goes away must not stop the wait for the end it decided
+            await asyncio.shield(apply_result(services.webhooks.broker, sid, call_id, result, idem.receipt(_reported)))
     except (CallAlreadyEnded, NotAwaitingReport) as err:
         raise await _refused(services.host, sid, call_id, err) from None
-    live = services.host.live(sid)
-    if live is not None:
-        async with deps.deadline(services.settings):
-            await live.wait_tool_call(call_id)
     return await _read(services.host, sid, call_id)
