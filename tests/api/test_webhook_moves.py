@@ -1,12 +1,13 @@
-"""A webhook call whose session moves while its backend works, through the API: the process that runs the session
-next resumes the call, and a report sent while it is not ready for it (the session is recovered, the resumed call is
-still starting) answers 503 ``session_recovering``, to be sent again, never 409 (which tells a backend to stop). Here
-the next process is this node started again on the same database (the single-node restart resumes calls the same way
-a failover does)."""
+"""A webhook call whose session moves while its backend works, through the API: a report that reaches a copy of the
+session another node has just taken over (this node has not learnt it yet) is not applied and answers 503
+``session_moved``, with its idempotency key left free; the backend's retry under the same key reaches the owner that
+resumed the call and is applied there. Here the other owner is this node started again on the same database (the
+single-node restart resumes calls the same way a failover does)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -68,6 +69,11 @@ def sql(settings: Settings, statement: str, *args: Any) -> list[tuple[Any, ...]]
         return conn.execute(statement, args).fetchall()
 
 
+def take_over(settings: Settings, sid: str) -> None:
+    """Another node adopts the session (its epoch moves on); this node has not heard of it yet."""
+    sql(settings, "UPDATE sessions SET owner_node = 'node-b', owner_epoch = owner_epoch + 1 WHERE id = ?", sid)
+
+
 def stored_call(settings: Settings, call_id: str) -> tuple[str, str | None]:
     ((status, output),) = sql(settings, "SELECT status, output FROM tool_calls WHERE call_id = ?", call_id)
     return status, output
@@ -80,6 +86,39 @@ async def running_lookup(hooks: Hooks, backend: FakeBackend) -> tuple[str, str]:
     call_id = str((await backend.next("call"))["call_id"])
     await hooks.call(sid, "lookup", "running")
     return sid, call_id
+
+
+async def test_a_result_that_reaches_a_stale_copy_is_not_applied_and_its_retry_reaches_the_new_owner(
+    settings: Settings, backend: FakeBackend
+) -> None:
+    async with serving(settings, backend) as hooks:
+        sid, call_id = await running_lookup(hooks, backend)
+        token = hooks.token(sid, call_id)
+        take_over(settings, sid)
+        r = await hooks.result(sid, call_id, "shipped on Monday", headers=KEY)
+        # the call took the result, but its end was refused by the fence: nothing landed, the backend retries
+        assert_problem(r, 503, "session_moved")
+        assert r.headers["retry-after"] == "1"
+        assert stored_call(settings, call_id) == ("running", None)
+        assert sql(settings, "SELECT state FROM idempotency_keys WHERE key = ?", KEY["Idempotency-Key"]) == []
+        # this node let go of the session: a retry here is sent on (here: the owner is not live, retry later)
+        again = await hooks.result(sid, call_id, "shipped on Monday", headers=KEY)
+        assert again.status_code == 503 and again.json()["code"] in ("session_moved", "session_moving"), again.text
+
+    async with serving(settings, backend) as owner:  # the session's next owner: it resumes the call
+        query = "SELECT data FROM events WHERE session_id = ? AND type = 'session.recovered'"
+        recovered = await until(lambda: sql(settings, query, sid))
+        assert json.loads(recovered[-1][0])["resumed_calls"] == [call_id]
+        r = await owner.client.post(
+            f"/v1/sessions/{sid}/tool-calls/{call_id}/result",
+            json={"output": "shipped on Monday"},
+            headers={"X-Switchboard-Report-Token": str(token), **KEY},
+        )
+        assert r.status_code == 200 and r.json() == {"call_id": call_id, "status": "completed"}, r.text
+        assert "idempotent-replayed" not in r.headers  # applied now, not the stale copy's answer replayed
+        assert stored_call(settings, call_id) == ("completed", "shipped on Monday")
+        await owner.said(sid, "Found: shipped on Monday")
+        assert len(backend.calls) == 1  # the backend was never asked twice
 
 
 async def test_a_report_while_the_new_owner_recovers_or_starts_the_resumed_call_answers_retry(

@@ -30,7 +30,9 @@ Without the header the route just runs. With it:
    holds (taken over, below) refuses the whole commit.
 3. **Outcomes without an effect.** A problem answer (a 4xx or a 5xx: nothing happened) deletes the reservation, so a
    retry runs the command again; so does a command forwarded to the node that owns its session (that node applies
-   the key: the scope is the same on every node). A success with no durable effect (an interrupt with nothing
+   the key: the scope is the same on every node), and one whose effect's commit the fence refused (the session was
+   taken over by another node as the command was applied here): it answers 503 ``session_moved`` whatever the
+   command returned, and its retry reaches the new owner. A success with no durable effect (an interrupt with nothing
    speaking, an interim transcript, a minted token) completes the reservation in a transaction of its own before it
    is answered: there is nothing to apply twice.
 4. **Others wait.** A request that finds the key ``done`` replays it (``Idempotent-Replayed: true``), or gets 409
@@ -74,7 +76,7 @@ from pydantic import BaseModel
 
 from ..control.settings import Settings
 from ..runtime.ports import Completion, Receipt
-from ..store import Holder, IdempotencyRecord, IdempotencyState, Store, is_transient
+from ..store import Holder, IdempotencyRecord, IdempotencyState, SessionFenced, Store, is_transient
 from .auth import principal_of
 from .deps import command_outlives_caller, services
 from .problems import ProblemError
@@ -189,6 +191,15 @@ class Attempt:
         issued = self.issued
         return issued is not None and issued.completion is not None and issued.completion.landed
 
+    @property
+    def fenced(self) -> SessionFenced | None:
+        """The commit of the command's effect, carrying its completion, was refused by the fence: its session was
+        taken over by another node as the command was applied here (this node's copy was stale). Nothing of the
+        effect landed, and nothing of it will from here, whatever the command itself made of it."""
+        issued = self.issued
+        refused = issued.completion.refused if issued is not None and issued.completion is not None else None
+        return refused if isinstance(refused, SessionFenced) else None
+
 
 class _Receipt(Generic[T]):
     """``runtime.ports.Receipt`` for one request: renders the answer once, for the first effect that produces one."""
@@ -287,6 +298,10 @@ async def _run_once(
         attempt.held = True
         try:
             result = await call()
+            if (fenced := attempt.fenced) is not None:
+                # whatever the route answered (a command may go on without its write, as progress does), its effect
+                # is not durable: the key is released, and the retry reaches the session's new owner
+                raise fenced
         except BaseException:  # no effect (or one that carried its answer): a retry runs it again, or replays it
             await _settle(attempt, "release", _release(attempt))
             raise

@@ -2,9 +2,12 @@
 simulation's nodes, which apply reports as the routes do).
 
 A report is handed to the call waiting for it on this node (``WebhookBroker``); a result is answered once the call's
-end, which carries it, has been written. A report no call here takes is answered from what this node and the store
-know (``refusal``): never "stop" (409) for a call that goes on, here in a moment (resumed by recovery:
-``on_restart="resume"``) or elsewhere.
+end, which carries it, is durable. Where the session runs can change under a report: another node may have taken the
+session over an instant before this one learns it (its lease renewal or a fenced write tells it). This node's copy is
+then stale, and the call's end is refused by the fence (``SessionFenced``): nothing of the report landed, so it is
+answered as not applied (503 ``session_moved``), and the backend's retry reaches the new owner, where the call was
+resumed (``on_restart="resume"``) and waits for it. A report no call here takes is answered from what this node
+and the store know (``refusal``): never "stop" (409) for a call that goes on, here in a moment or elsewhere.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ..runtime.ports import Receipt
 from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
+from ..store import SessionFenced
 from .cluster.routing import Retry, Unavailable, locate
 from .host import SessionHost
 
@@ -40,19 +44,25 @@ async def apply_result(
     receipt: Receipt[ToolCallInfo] | None = None,
 ) -> None:
     """Hand ``result`` to the call waiting for it on this node, and return once the call's end, carrying it (and
-    completing ``receipt``), has been written.
+    completing ``receipt``), is durable.
 
-    Raises ``CallAlreadyEnded`` or ``NotAwaitingReport`` when no call here takes it (``refusal`` says why)."""
+    Raises ``CallAlreadyEnded`` or ``NotAwaitingReport`` when no call here takes it (``refusal`` says why), and
+    ``SessionFenced`` when the call took it but its end was refused because the session moved meanwhile: nothing of
+    the report landed, and it is to be sent again (to the new owner)."""
     pending = broker.result(session_id, call_id, result, receipt)
     await end_landed(pending)
 
 
 async def end_landed(pending: PendingCall) -> None:
-    """Wait for the end of ``pending``'s call, in the incarnation of the session it runs in."""
+    """Wait for the end of ``pending``'s call, in the incarnation of the session it runs in; raise ``SessionFenced``
+    when that end was refused because the session was taken over meanwhile (this copy was stale)."""
     session = pending.session
     if not isinstance(session, AgentSession):  # a call outside of any session: nothing to wait for
         return
     await session.wait_tool_call(pending.call_id)
+    error = session.tool_call_end_error(pending.call_id)
+    if isinstance(error, SessionFenced):
+        raise error
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,19 +45,24 @@ class CallEnds:
     # writing them again: a call never stays `running` in the store while it ended here (I8)
     _unwritten: dict[str, tuple[EndRecord, str | None]]
     _repairs: set[asyncio.Task[Any]]
+    _calls: dict[str, RunningCall]
 
     def _forget_old_calls(self) -> None:
         raise NotImplementedError
 
-    async def _write_end(self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> tuple[EndRecord, bool]:
+    async def _write_end(
+        self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None
+    ) -> tuple[EndRecord, Exception | None]:
         """Write the call's end; on a permanent store error write it again a few times, the last attempts with
-        the output replaced by a note. Returns what was written (or, if nothing could be, the last attempt) and
-        whether it is durable."""
+        the output replaced by a note. Returns what was written (or, if nothing could be, the last attempt) and,
+        when nothing could be, the store's error on the last attempt (the store's fencing refusal when the session
+        moved to another process meanwhile: then no attempt can land); None once it is durable."""
         owed = tuple(self._owed_by_end(rc, outcome)) if self._owed_by_end is not None else ()
         full = replace(end_record(rc, outcome, handoff), owed=owed)
         note = STORE_ERROR_OUTPUT.format(status=outcome.status.value)
         fallback = replace(end_record(rc, replace(outcome, output=note, is_error=True), handoff), owed=owed)
         attempts = [full] * END_FULL_ATTEMPTS + [fallback] * (len(END_RETRY_BACKOFF_S) + 1 - END_FULL_ATTEMPTS)
+        error: Exception | None = None
         for attempt, record in enumerate(attempts):
             if attempt:
                 await asyncio.sleep(END_RETRY_BACKOFF_S[attempt - 1])
@@ -66,7 +71,8 @@ class CallEnds:
             receipts = completions(record.info, *rc.end_receipts) if attempt == 0 else []
             try:
                 await self._commit(record.commit(receipts))
-            except Exception:
+            except Exception as err:
+                error = err
                 logger.error(
                     "the end of tool call %s (%s) could not be stored (attempt %d of %d)",
                     rc.call_id,
@@ -76,7 +82,7 @@ class CallEnds:
                     extra={"session_id": self.session_id, "call_id": rc.call_id},
                 )
                 continue
-            return record, True
+            return record, None
         logger.error(
             "tool call %s (%s) ended %s but its end could not be stored; it ended in memory only",
             rc.call_id,
@@ -84,10 +90,12 @@ class CallEnds:
             outcome.status.value,
             extra={"session_id": self.session_id, "call_id": rc.call_id},
         )
-        return attempts[-1], False
+        return attempts[-1], error
 
     async def _commit_end(self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> None:
-        record, durable = await self._write_end(rc, outcome, handoff)
+        record, error = await self._write_end(rc, outcome, handoff)
+        durable = error is None
+        rc.end_error = error
         agent = rc.info.agent
         rc.info = record.info
         rc.needs_reply = outcome.needs_reply
@@ -125,6 +133,7 @@ class CallEnds:
                 pause = min(pause * 2, END_REPAIR_MAX_S)
                 continue
             if self._unwritten.pop(call_id, None) is not None:
+                self._written(call_id)
                 logger.warning(
                     "the end of tool call %s is stored at last", call_id, extra={"session_id": self.session_id}
                 )
@@ -140,7 +149,13 @@ class CallEnds:
         for record in records:
             found = self._unwritten.pop(record.info.call_id, None)
             if found is not None:
+                self._written(record.info.call_id)
                 self._emit_end(*found)
+
+    def _written(self, call_id: str) -> None:
+        rc = self._calls.get(call_id)
+        if rc is not None:
+            rc.end_error = None
 
     async def stop_repairs(self) -> None:
         await cancel_and_wait(*self._repairs)

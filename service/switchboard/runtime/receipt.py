@@ -30,6 +30,7 @@ class Completion(BaseModel):
     status_code: int
     body: Any = None
     _landed: bool = PrivateAttr(default=False)
+    _refused: Exception | None = PrivateAttr(default=None)
 
     @property
     def landed(self) -> bool:
@@ -38,6 +39,16 @@ class Completion(BaseModel):
 
     def mark_landed(self) -> None:
         self._landed = True
+
+    @property
+    def refused(self) -> Exception | None:
+        """The store's error when the commit that carried it failed for good (set by the store): nothing of that
+        commit landed, the effect included."""
+        return self._refused
+
+    def mark_refused(self, err: Exception) -> None:
+        if not self._landed:
+            self._refused = err
 
 
 T_contra = TypeVar("T_contra", contravariant=True)

@@ -246,6 +246,13 @@ class AgentSession(SessionEnds):
         if rc is not None:
             await asyncio.shield(rc.ended_fut)
 
+    def tool_call_end_error(self, call_id: str) -> Exception | None:
+        """Why the end of a call that ended here is not durable: the store's error on the write that carried it
+        (the store's fencing refusal when the session moved to another process meanwhile, and its end never will
+        be written here). None while the call runs, once its end is durable, and for a call unknown here."""
+        rc = self.executor.get(call_id)
+        return rc.end_error if rc is not None else None
+
     # -- operator commands ----------------------------------------------------------------------------------
 
     async def input(

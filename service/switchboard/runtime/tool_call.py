@@ -133,6 +133,9 @@ class RunningCall:
     tool_task: asyncio.Task[Any] | None = None
     held: Outcome | None = None  # the outcome of a call waiting for its handoff to be performed
     ending: bool = False  # its end is being committed (exactly once, I5)
+    # why its end, decided here, is not durable: the store's error on the write that carried it (and the commands that
+    # decided it), once every attempt failed; None while it runs and once its end is durable
+    end_error: Exception | None = None
     # the idempotency receipts of the commands that decide its end (a cancel, a reported result): its end commits them
     end_receipts: list[Receipt[ToolCallInfo]] = field(default_factory=list)
     cancel_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())

@@ -256,8 +256,8 @@ class GroupCommitWriter:
             err = self.fence.refused_locally(op.session_id, op.epoch)
             if err is None:
                 kept.append(op)
-            elif not op.fut.done():
-                op.fut.set_exception(err)
+            else:
+                _failed(op, err)
         return kept
 
     def _refuse(self, batch: Sequence[Op], refused: dict[Op, SessionFenced]) -> list[Op]:
@@ -269,8 +269,8 @@ class GroupCommitWriter:
             found = refused.get(op)
             if found is None:
                 written.append(op)
-            elif not op.fut.done():
-                op.fut.set_exception(found)
+            else:
+                _failed(op, found)
         return written
 
     def _learn_losses(self, held: dict[str, int | None], owners: Owners) -> None:
@@ -385,5 +385,15 @@ class GroupCommitWriter:
     @staticmethod
     def _fail(ops: Iterable[Op], err: BaseException) -> None:
         for op in ops:
-            if not op.fut.done():
-                op.fut.set_exception(err)
+            _failed(op, err)
+
+
+def _failed(op: Op, err: BaseException) -> None:
+    """``op`` failed for good with ``err``: nothing of it landed, so neither did the idempotency answers it carried
+    (their commands learn it: ``Completion.refused``)."""
+    if op.fut.done():
+        return
+    if op.commit is not None and isinstance(err, Exception):
+        for receipt in op.commit.receipts:
+            receipt.mark_refused(err)
+    op.fut.set_exception(err)

@@ -24,6 +24,8 @@ from switchboard.control.cluster import ownership
 from switchboard.runtime import recovery
 from switchboard.runtime.chat import validate
 from switchboard.runtime.llm.scripted import ScriptedLLM
+from switchboard.runtime.ports import Completion
+from switchboard.runtime.session import AgentSession
 from switchboard.runtime.speech import SpeechHandle
 
 from ..schedules import classify, random_turns
@@ -37,6 +39,7 @@ FIXES = (
     "receipts_with_effect",
     "hand_over",
     "resume_calls",
+    "fenced_reports",
 )
 
 
@@ -136,7 +139,9 @@ def generate(seed: int, fixes: Fixes | None = None) -> Schedule:
 def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> Iterator[None]:
     """What the simulation replaces around the product for one run: the lease's monotonic clock is the virtual one,
     and every context the model receives is checked (I2). Without the hand-over fix, a move interrupts the speeches
-    and recovery owes none (the behaviour before it)."""
+    and recovery owes none (the behaviour before it). Without the fenced-reports fix, a report applied to a stale copy
+    is answered as if it landed: the call's refused end is not seen by the report (``tool_call_end_error``), nor the
+    refused answer by the idempotency key (``Completion.mark_refused``), so it is answered from the store."""
     real_time = ownership.time
     real_stream = ScriptedLLM.stream
 
@@ -157,12 +162,18 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
     if not fixes.hand_over:  # before the fix: a move is an interruption, and the next owner owes nothing
         SpeechHandle.hand_over = lambda self: not self.done and self.interrupt(force=True)  # type: ignore[method-assign]
         recovery.owed_speeches = lambda unfinished: []
+    real_end_error, real_refused = AgentSession.tool_call_end_error, Completion.mark_refused
+    if not fixes.fenced_reports:  # before the fix: a report never hears that the fence refused what it decided
+        AgentSession.tool_call_end_error = lambda self, call_id: None  # type: ignore[method-assign]
+        Completion.mark_refused = lambda self, err: None  # type: ignore[method-assign]
     try:
         yield
     finally:
         ownership.time = real_time
         ScriptedLLM.stream = real_stream  # type: ignore[method-assign]
         SpeechHandle.hand_over, recovery.owed_speeches = real_hand_over, real_owed  # type: ignore[method-assign]
+        AgentSession.tool_call_end_error = real_end_error  # type: ignore[method-assign]
+        Completion.mark_refused = real_refused  # type: ignore[method-assign]
 
 
 async def play(schedule: Schedule, loop: ClusterLoop, out: list[ClusterWorld]) -> ClusterWorld:

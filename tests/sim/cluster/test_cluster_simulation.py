@@ -25,6 +25,7 @@ TICKET = [
         }
     }
 ]
+TICKET_CALL = {"name": "ticket", "arguments": {"ms": 0}}
 LONG_TOOL = [
     {
         "llm": {
@@ -90,6 +91,37 @@ NEEDS_THE_FIX = {
     # s0's node dies while the backend works on its ticket (1.5 s): the call must go on where s0 is adopted, and
     # take the backend's result there (before the fix recovery ended it interrupted, and the result got 409)
     "resume_calls": (TICKET, [("input", 0, 1, False), ("crash-owner", 0, 10)], "report-lost"),
+    # seed 95, shrunk: n0 is paused past its lease while s0's ticket waits for its result, s0 is adopted elsewhere
+    # (its call resumed there), and the result reaches n0 as it wakes, before it learns it lost s0: applied to that
+    # stale copy, its end refused by the fence. It must answer 503 session_moved and leave its key free, so that the
+    # backend's retry reaches the new owner (before the fix it answered from the store, `running`, and the key
+    # replayed that answer: the result was gone, and the call timed out)
+    "fenced_reports": (
+        [
+            {
+                "llm": {
+                    "provider": "scripted",
+                    "turns": [{"text": "t0 t1", "tool_calls": [TICKET_CALL], "word_ms": 10}],
+                },
+                "max_tool_steps": 1,
+                "preemptive_generation": True,
+            },
+            {
+                "llm": {
+                    "provider": "scripted",
+                    "turns": [
+                        {
+                            "text": "t0 t1 t2 t3 t4 t5 t6",
+                            "tool_calls": [{"name": "search", "arguments": {"ms": 3000, "out": "tool_error"}}],
+                            "ttft_ms": 20,
+                        }
+                    ],
+                },
+            },
+        ],
+        [("db-latency", 5), ("input", 0, 2, False), ("input", 0, 1, False), ("crash-owner", 1, 45), ("pause", 0, 2500)],
+        "report-lost",
+    ),
 }
 
 

@@ -70,6 +70,7 @@ class Fixes:
     receipts_with_effect: bool = True  # an idempotency record commits with its effect (else: after it)
     hand_over: bool = True  # a move hands the speeches over (else: it interrupts them, and recovery owes none)
     resume_calls: bool = True  # a webhook call goes on where its session runs next (else: it ends interrupted)
+    fenced_reports: bool = True  # a report whose effect the fence refused answers 503 (else: it is answered 200)
 
     @classmethod
     def without(cls, fix: str) -> Fixes:

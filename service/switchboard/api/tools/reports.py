@@ -4,8 +4,9 @@ A report needs the ``tools:report`` scope and the call's own report credential (
 in the ``X-Switchboard-Report-Token`` header), checked before anything is looked up: without it every report gets the
 same 403 ``report_refused``, whether the session and the call exist or not. With it, the backend hears how its call
 stands (409 ``already_ended``, ``not_awaiting_report``); the answer is the call's status, nothing more. A report for
-a call that goes on, but not here or not yet (its session is being recovered or moved), answers 503 with
-``Retry-After``: sent again, it reaches the call where it runs (``control.webhook_reports``).
+a call that goes on, but not here or not yet (its session is being recovered or moved, or this node's copy of it
+turned out stale as the report was applied), answers 503 with ``Retry-After``: sent again, it reaches the call where
+it runs (``control.webhook_reports``).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ REPORT_RESPONSES = problem_responses(
     (
         503,
         "Not taken: not completed in time, the database is unreachable, or the call goes on but not here or not yet "
-        "(session_recovering, session_moving, session_moved). Retry after `Retry-After` seconds, with the same "
-        "Idempotency-Key",
+        "(session_recovering, session_moving, session_moved; session_moved also when this node's copy of the session "
+        "turned out stale as the report was applied: nothing of it landed). Retry after `Retry-After` seconds, with "
+        "the same Idempotency-Key",
     ),
 )
 
