@@ -40,6 +40,7 @@ FIXES = (
     "hand_over",
     "resume_calls",
     "fenced_reports",
+    "live_when_moving",
 )
 
 
@@ -141,7 +142,9 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
     and every context the model receives is checked (I2). Without the hand-over fix, a move interrupts the speeches
     and recovery owes none (the behaviour before it). Without the fenced-reports fix, a report applied to a stale copy
     is answered as if it landed: the call's refused end is not seen by the report (``tool_call_end_error``), nor the
-    refused answer by the idempotency key (``Completion.mark_refused``), so it is answered from the store."""
+    refused answer by the idempotency key (``Completion.mark_refused``), so it is answered from the store. Without the
+    live-when-moving fix, what a session writes of itself during its hand-over (a handoff done at once) stores the
+    state it has here, ``suspended``."""
     real_time = ownership.time
     real_stream = ScriptedLLM.stream
 
@@ -162,6 +165,9 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
     if not fixes.hand_over:  # before the fix: a move is an interruption, and the next owner owes nothing
         SpeechHandle.hand_over = lambda self: not self.done and self.interrupt(force=True)  # type: ignore[method-assign]
         recovery.owed_speeches = lambda unfinished: []
+    real_snapshot = AgentSession.snapshot
+    if not fixes.live_when_moving:  # before the fix: the snapshot holds the session's own state, `suspended` included
+        AgentSession.snapshot = lambda self: real_snapshot(self).model_copy(update={"state": self.state})  # type: ignore[method-assign]
     real_end_error, real_refused = AgentSession.tool_call_end_error, Completion.mark_refused
     if not fixes.fenced_reports:  # before the fix: a report never hears that the fence refused what it decided
         AgentSession.tool_call_end_error = lambda self, call_id: None  # type: ignore[method-assign]
@@ -172,6 +178,7 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
         ownership.time = real_time
         ScriptedLLM.stream = real_stream  # type: ignore[method-assign]
         SpeechHandle.hand_over, recovery.owed_speeches = real_hand_over, real_owed  # type: ignore[method-assign]
+        AgentSession.snapshot = real_snapshot  # type: ignore[method-assign]
         AgentSession.tool_call_end_error = real_end_error  # type: ignore[method-assign]
         Completion.mark_refused = real_refused  # type: ignore[method-assign]
 

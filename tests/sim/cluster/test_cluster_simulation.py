@@ -91,6 +91,28 @@ NEEDS_THE_FIX = {
     # s0's node dies while the backend works on its ticket (1.5 s): the call must go on where s0 is adopted, and
     # take the backend's result there (before the fix recovery ended it interrupted, and the result got 409)
     "resume_calls": (TICKET, [("input", 0, 1, False), ("crash-owner", 0, 10)], "report-lost"),
+    # seed 93, shrunk: s0's node drains while its handoff tool still works (3 s); the tool ends within its grace and
+    # the handoff is done during the hand-over: the session must be stored live, for the next owner to adopt (before
+    # the fix it was stored `suspended`, which no node recovers: the session was gone)
+    "live_when_moving": (
+        [
+            {
+                "llm": {
+                    "provider": "scripted",
+                    "turns": [
+                        {"text": "t0 t1", "tool_calls": [{"name": "ticket", "arguments": {"ms": 1500}}]},
+                        {
+                            "text": "t0 t1 t2",
+                            "tool_calls": [{"name": "handoff", "arguments": {"ms": 3000}}],
+                            "word_ms": 10,
+                        },
+                    ],
+                }
+            }
+        ],
+        [("input", 0, 0, False), ("advance", 3000), ("drain", 0, True)],
+        "unowned-session",
+    ),
     # seed 95, shrunk: n0 is paused past its lease while s0's ticket waits for its result, s0 is adopted elsewhere
     # (its call resumed there), and the result reaches n0 as it wakes, before it learns it lost s0: applied to that
     # stale copy, its end refused by the fence. It must answer 503 session_moved and leave its key free, so that the
