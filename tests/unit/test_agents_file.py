@@ -93,6 +93,12 @@ def test_the_example_file_loads(tmp_path: Path):
     }
 
 
+def test_a_declared_webhook_tool_resumes_its_calls_unless_it_says_otherwise(tmp_path: Path):
+    assert webhook(tmp_path).policy.on_restart == "resume"  # its calls go on where their session runs next
+    assert webhook(tmp_path, on_restart="fail").policy.on_restart == "fail"
+    assert webhook(tmp_path, on_restart="retry").policy.on_restart == "retry"
+
+
 def test_the_readme_shows_the_example_file_as_it_is():
     readme = (EXAMPLE.parents[1] / "README.md").read_text()
     assert f"```yaml\n{EXAMPLE.read_text()}```" in readme
