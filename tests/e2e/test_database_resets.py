@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,18 +78,25 @@ async def test_requests_on_reset_connections_answer_503_and_succeed_once_the_dat
                     "provider": "scripted",
                     "turns": [{"tool_calls": [{"name": "search", "arguments": {"query": "x", "seconds": 120}}]}],
                 }
-                r = await client.post("/v1/sessions", json={"agent": "tester", "llm": {**llm, "fallback": {}}})
+                # the requests before and after the resets are sent as a client sends them, again under their key
+                # while the answer is a retryable 503: the 2 s deadline is overrun now and then on a loaded machine
+                body = {"agent": "tester", "llm": {**llm, "fallback": {}}}
+                r = await settled(lambda h=keyed(): client.post("/v1/sessions", json=body, headers=h))
                 assert r.status_code == 201, r.text
                 sid = r.json()["id"]
-                r = await client.post(f"/v1/sessions/{sid}/input", json={"text": "search"})
+                r = await settled(
+                    lambda h=keyed(): client.post(f"/v1/sessions/{sid}/input", json={"text": "search"}, headers=h)
+                )
                 assert r.status_code == 202, r.text
                 call_id = await running_call(client, sid)
-                r = await client.post("/v1/sessions", json={"agent": "tester"})
+                r = await settled(lambda h=keyed(): client.post("/v1/sessions", json={"agent": "tester"}, headers=h))
                 assert r.status_code == 201, r.text
                 closed = r.json()["id"]
-                assert (await client.delete(f"/v1/sessions/{closed}")).status_code == 204
+                assert (
+                    await settled(lambda h=keyed(): client.delete(f"/v1/sessions/{closed}", headers=h))
+                ).status_code == 204
                 for _ in range(4):  # connections in the pool, each to be reset on its next use
-                    assert (await client.get(f"/v1/sessions/{closed}/chat")).status_code == 200
+                    assert (await settled(lambda: client.get(f"/v1/sessions/{closed}/chat"))).status_code == 200
 
                 proxy.resetting = True
                 key = {"Idempotency-Key": f"input-{uuid.uuid4()}"}
@@ -105,19 +112,13 @@ async def test_requests_on_reset_connections_answer_503_and_succeed_once_the_dat
                 assert proxy.resets >= 2
 
                 proxy.resetting = False
-                # the database is back; as a client does, the input is sent again under its key while the answer is
-                # a retryable 503 (a loaded machine may still overrun the 3 s deadline once the connections heal)
-                deadline = asyncio.get_running_loop().time() + WAIT_S
-                while True:
-                    r = await client.post(f"/v1/sessions/{sid}/input", json={"text": "again"}, headers=key)
-                    if r.status_code != 503 or asyncio.get_running_loop().time() > deadline:
-                        break
-                    assert_retryable(r)
-                    await asyncio.sleep(0.2)
+                # the database is back; as a client does, the input is sent again under its key
+                r = await settled(lambda: client.post(f"/v1/sessions/{sid}/input", json={"text": "again"}, headers=key))
                 assert r.status_code == 202, r.text
-                assert (await client.get(f"/v1/sessions/{closed}/chat")).status_code == 200
-                assert (await client.get("/v1/sessions")).status_code == 200
-                assert (await client.post("/v1/sessions", json={"agent": "tester"})).status_code == 201
+                assert (await settled(lambda: client.get(f"/v1/sessions/{closed}/chat"))).status_code == 200
+                assert (await settled(lambda: client.get("/v1/sessions"))).status_code == 200
+                r = await settled(lambda h=keyed(): client.post("/v1/sessions", json={"agent": "tester"}, headers=h))
+                assert r.status_code == 201, r.text
                 call = await ended(client, sid, call_id)
                 assert call["status"] == "cancelled", call
                 users = [i["text"] for i in await chat(client, sid) if i.get("role") == "user"]
@@ -125,6 +126,23 @@ async def test_requests_on_reset_connections_answer_503_and_succeed_once_the_dat
         finally:
             await asyncio.to_thread(server.stop)
         assert "internal_error" not in server.logs() and "unhandled error" not in server.logs(), server.logs()[-4000:]
+
+
+def keyed() -> dict[str, str]:
+    return {"Idempotency-Key": f"k-{uuid.uuid4()}"}
+
+
+async def settled(request: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+    """``request`` sent again while its answer is a retryable 503 (bounded by the shared ceiling), as a client does;
+    one that changes anything carries an Idempotency-Key, the same on each try (``lambda h=keyed(): ...``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while True:
+        r = await request()
+        if r.status_code != 503 or loop.time() > deadline:
+            return r
+        assert_retryable(r)
+        await asyncio.sleep(0.2)
 
 
 async def running_call(client: httpx.AsyncClient, sid: str) -> str:
