@@ -233,3 +233,29 @@ async def test_a_lease_is_set_and_judged_on_the_databases_clock_not_the_nodes(db
     await expire(db, "ok")
     assert await store.nodes.live_url("ok") is None
     assert not {n.id: n for n in await store.nodes.list_nodes()}["ok"].leased
+
+
+async def test_a_node_whose_lease_passed_claims_nothing_and_buries_no_one(db: Db) -> None:
+    """A claim sent while its node held its lease can run after the lease passed (the database stalled for longer):
+    by then another node may be taking over this node's sessions, and anything it claimed would be run twice. Two
+    nodes whose claims waited out a stall each took the other's sessions and ran them at once, before this."""
+    store = db.store()
+    await store.migrate()
+    for nid in ("dead", "late", "other"):
+        assert await store.nodes.register(node(nid), conflicts=lambda _: False) == []
+    await store.create_session(SessionRecord(id="s0", agent="demo", state="active", owner_node="dead", owner_epoch=1))
+    await store.create_session(SessionRecord(id="s1", agent="demo", state="active", owner_node="late", owner_epoch=1))
+    await expire(db, "dead")
+    await expire(db, "late")
+
+    assert await store.nodes.claim_orphans("late") == {}
+    assert await owner(db, "s0") == ("dead", 1)
+    states = {n.id: n.state for n in await store.nodes.list_nodes()}
+    assert states == {"dead": NodeState.LIVE, "late": NodeState.LIVE, "other": NodeState.LIVE}  # no one buried
+
+    assert await store.nodes.claim_orphans("other") == {"s0": 2, "s1": 2}  # a node that holds its lease takes both
+    # a buried node takes nothing either, even with a lease that has not passed
+    await db.sql(db.q("UPDATE nodes SET lease_until = ? WHERE id = ?"), now_utc() + timedelta(seconds=30), "dead")
+    await db.sql(db.q("UPDATE sessions SET owner_node = NULL WHERE id = ?"), "s1")
+    assert await store.nodes.claim_orphans("dead") == {}
+    assert await owner(db, "s1") == (None, 2)

@@ -17,6 +17,7 @@ from switchboard.control.settings import Settings
 from switchboard.store import NodeState, SessionRecord
 from switchboard.store.records import now_utc
 
+from ..waiting import until
 from .conftest import ON_POSTGRESQL, Db, pg_dsn
 from .test_fencing import node
 
@@ -223,5 +224,35 @@ async def test_a_claim_whose_answer_was_lost_is_settled_by_the_next_one(
         monkeypatch.setattr(lease.store.nodes, "claim_orphans", claim)
         assert await lease.claim_orphans() == {"s1": 2}
         assert lease.fence.epochs == {"s1": 2}
+    finally:
+        await lease.aclose()
+
+
+async def test_a_claim_answered_after_the_node_had_to_stop_acting_runs_nothing_and_is_released(
+    db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the claim ran while the node held its lease, but its answer came back once the node had gone three quarters of
+    # its lease without a renewal: the others may take those sessions as soon as the lease passes, so the node must
+    # not start running them; it rejoins, which hands them back to the cluster
+    lease = await started(db, "a")
+    try:
+        await lease.store.create_session(
+            SessionRecord(id="s1", agent="demo", state="active", owner_node="gone", owner_epoch=1)
+        )
+        claim = lease.store.nodes.claim_orphans
+
+        async def answered_late(node_id: str, *, share: bool = False) -> dict[str, int]:
+            claimed = await claim(node_id, share=share)
+            lease._renewed_at = time.monotonic() - LEASE_S  # no renewal since: as if the answer took that long
+            return claimed
+
+        monkeypatch.setattr(lease.store.nodes, "claim_orphans", answered_late)
+        assert await lease.claim_orphans() == {}
+        assert not lease.fence.owns("s1")
+        assert await owner(db, "s1") == ("a", 2)
+        monkeypatch.setattr(lease.store.nodes, "claim_orphans", claim)
+        await until(lambda: not lease._rejoin)  # the renewal thread registers it again: s1 is released
+        assert await owner(db, "s1") == (None, 2)
+        assert await lease.claim_orphans() == {"s1": 3}
     finally:
         await lease.aclose()

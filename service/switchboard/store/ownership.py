@@ -405,12 +405,21 @@ class Nodes:
         passed): each one's epoch is incremented and this node named its owner, in one transaction. With ``share``
         it takes only its share: what brings it to an even load among the live nodes (and at least orphans / live
         nodes, rounded up), so the nodes split a dead node's sessions.
+        A node whose own lease has passed (or that was buried) takes nothing and buries no one: a claim sent while it
+        held its lease may run after it passed (a stalled database, a slow connection), and by then another node may
+        have taken its sessions, or be about to take those it would claim. Judged here, in the claim's transaction,
+        on the database's clock.
         Returns the sessions taken, with their new epochs."""
         n, s = m.nodes, m.sessions
         conn = await self._begin()
         try:
             async with conn.begin():
                 await self._lock(conn)
+                mine = sa.select(n.c.id).where(
+                    n.c.id == node_id, n.c.state.in_(_LEASED), n.c.lease_until >= db_now(conn.dialect.name)
+                )
+                if (await conn.execute(mine)).first() is None:
+                    return {}
                 await self._bury(conn, node_id, ())
                 live_nodes = sa.select(n.c.id).where(n.c.state == NodeState.LIVE)
                 leased = sa.select(n.c.id).where(n.c.state.in_(_LEASED))

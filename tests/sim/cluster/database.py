@@ -83,8 +83,9 @@ class SessionRows:
 
 
 class SimDatabase:
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], *, leased_claims: bool = True) -> None:
         self.clock = clock
+        self.leased_claims = leased_claims  # a claim checks its node's own lease (the product's, in the same statement)
         self.sessions: dict[str, SessionRecord] = {}
         self.rows: dict[str, SessionRows] = {}
         self.nodes: dict[str, NodeRow] = {}
@@ -337,6 +338,9 @@ class SimDatabase:
         return released
 
     def claim_orphans(self, node_id: str, share: bool) -> dict[str, int]:
+        me = self.nodes.get(node_id)
+        if self.leased_claims and (me is None or me.state not in _LEASED or me.lease_until < self.lease_clock(node_id)):
+            return {}  # its own lease passed: it takes nothing (and buries no one)
         self.bury(node_id, ())
         leased = self.leased()
         live_nodes = {row.id for row in self.nodes.values() if row.state == NodeState.LIVE}

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from switchboard.control.cluster import ownership
+from switchboard.control.cluster.ownership import NodeLease
 from switchboard.runtime import recovery
 from switchboard.runtime.chat import validate
 from switchboard.runtime.llm.scripted import ScriptedLLM
@@ -41,6 +42,7 @@ FIXES = (
     "resume_calls",
     "fenced_reports",
     "live_when_moving",
+    "leased_claims",
 )
 
 
@@ -139,12 +141,14 @@ def generate(seed: int, fixes: Fixes | None = None) -> Schedule:
 @contextlib.contextmanager
 def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> Iterator[None]:
     """What the simulation replaces around the product for one run: the lease's monotonic clock is the virtual one,
-    and every context the model receives is checked (I2). Without the hand-over fix, a move interrupts the speeches
+    and every context the model receives is checked (I2), and each forced cancel is shown to the world before it
+    counts (``ClusterWorld.frozen_net``). Without the hand-over fix, a move interrupts the speeches
     and recovery owes none (the behaviour before it). Without the fenced-reports fix, a report applied to a stale copy
     is answered as if it landed: the call's refused end is not seen by the report (``tool_call_end_error``), nor the
     refused answer by the idempotency key (``Completion.mark_refused``), so it is answered from the store. Without the
     live-when-moving fix, what a session writes of itself during its hand-over (a handoff done at once) stores the
-    state it has here, ``suspended``."""
+    state it has here, ``suspended``. Without the leased-claims fix, a claim lands whatever its node's lease (the
+    database's side, in ``database.py``) and the node acts on its answer however late it came."""
     real_time = ownership.time
     real_stream = ScriptedLLM.stream
 
@@ -159,6 +163,15 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
             world_of[0].broken_contexts.append(str(problems))
         return real_stream(self, request)
 
+    real_force = SpeechHandle._force_cancel
+
+    def force_cancel(self: SpeechHandle) -> None:
+        watchdog = self._watchdog
+        if world_of and watchdog is not None and not (self.done or self._task is None or self._task.done()):
+            world_of[0].frozen_net(self, watchdog.when())
+        real_force(self)
+
+    SpeechHandle._force_cancel = force_cancel  # type: ignore[method-assign]
     ownership.time = _Clock  # type: ignore[assignment]
     ScriptedLLM.stream = checked  # type: ignore[method-assign]
     real_hand_over, real_owed = SpeechHandle.hand_over, recovery.owed_speeches
@@ -168,6 +181,9 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
     real_snapshot = AgentSession.snapshot
     if not fixes.live_when_moving:  # before the fix: the snapshot holds the session's own state, `suspended` included
         AgentSession.snapshot = lambda self: real_snapshot(self).model_copy(update={"state": self.state})  # type: ignore[method-assign]
+    real_too_late = NodeLease._claimed_too_late
+    if not fixes.leased_claims:  # before the fix: a claim's answer is acted on however late it came
+        NodeLease._claimed_too_late = lambda self: False  # type: ignore[method-assign]
     real_end_error, real_refused = AgentSession.tool_call_end_error, Completion.mark_refused
     if not fixes.fenced_reports:  # before the fix: a report never hears that the fence refused what it decided
         AgentSession.tool_call_end_error = lambda self, call_id: None  # type: ignore[method-assign]
@@ -176,11 +192,13 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
         yield
     finally:
         ownership.time = real_time
+        SpeechHandle._force_cancel = real_force  # type: ignore[method-assign]
         ScriptedLLM.stream = real_stream  # type: ignore[method-assign]
         SpeechHandle.hand_over, recovery.owed_speeches = real_hand_over, real_owed  # type: ignore[method-assign]
         AgentSession.snapshot = real_snapshot  # type: ignore[method-assign]
         AgentSession.tool_call_end_error = real_end_error  # type: ignore[method-assign]
         Completion.mark_refused = real_refused  # type: ignore[method-assign]
+        NodeLease._claimed_too_late = real_too_late  # type: ignore[method-assign]
 
 
 async def play(schedule: Schedule, loop: ClusterLoop, out: list[ClusterWorld]) -> ClusterWorld:

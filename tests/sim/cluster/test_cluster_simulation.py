@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from switchboard.runtime.speech import SpeechHandle
+
 from .schedules import Schedule, generate, run_schedule
-from .world import Fixes, Violation
+from .world import ClusterWorld, Fixes, Violation
 
 CI_SEEDS = int(os.environ.get("SWITCHBOARD_SIM_CLUSTER_SEEDS", "30"))
 SAY = [{"llm": {"provider": "scripted", "turns": [{"text": "t0 t1"}]}}]
@@ -47,16 +49,18 @@ def test_seeded_cluster_schedules_keep_every_invariant() -> None:
     assert not failures, f"{len(failures)} schedule(s) broke an invariant:\n" + "\n".join(failures[:20])
 
 
-def violation_of(sessions: list[dict[str, Any]], ops: list[tuple[Any, ...]], fixes: Fixes) -> str | None:
+def violation_of(
+    sessions: list[dict[str, Any]], ops: list[tuple[Any, ...]], fixes: Fixes, nodes: int = 2
+) -> str | None:
     try:
-        run_schedule(Schedule(0, 2, sessions, ops, fixes))
+        run_schedule(Schedule(0, nodes, sessions, ops, fixes))
     except Violation as err:
         return err.kind
     return None
 
 
-# (the fix switched off, the schedule that needs it, the violation expected without it)
-NEEDS_THE_FIX = {
+# (the fix switched off, the schedule that needs it, the violation expected without it[, the number of nodes])
+NEEDS_THE_FIX: dict[str, tuple[Any, ...]] = {
     # node n1's clock runs 5 s ahead: judged on its own clock, n0's live lease has passed, and n1 takes s0 over
     # while n0 still runs it
     "db_clock": (SAY, [("skew", 1, 5000), ("advance", 3000)], "split-brain"),
@@ -144,11 +148,54 @@ NEEDS_THE_FIX = {
         [("db-latency", 5), ("input", 0, 2, False), ("input", 0, 1, False), ("crash-owner", 1, 45), ("pause", 0, 2500)],
         "report-lost",
     ),
+    # seed 960, shrunk: the database stalls for 4 s, past every node's lease; the adoption rounds' claims wait it
+    # out, then land one after the other for nodes whose own leases had passed (in seed 960: n0 takes the sessions
+    # of the nodes it buries, then n3, buried by n0, takes them from n0 at once), and two nodes run one session. A
+    # node claims only while it holds its lease, judged in the claim's statement, and acts on no claim answered
+    # once it had to stop acting
+    "leased_claims": (
+        [{"llm": {"provider": "scripted", "turns": []}, "max_tool_steps": steps} for steps in (1, 1, 3)],
+        [("input", 0, 0, False), ("db-stall", 4000), ("crash-owner", 2, 25), ("db-reset", 3, False), ("rolling",)],
+        "split-brain",
+        4,
+    ),
 }
 
 
 @pytest.mark.parametrize("fix", sorted(NEEDS_THE_FIX))
 def test_without_each_fix_the_simulation_finds_what_it_protects_against(fix: str) -> None:
-    sessions, ops, expected = NEEDS_THE_FIX[fix]
-    assert violation_of(sessions, ops, Fixes()) is None
-    assert violation_of(sessions, ops, Fixes.without(fix)) == expected
+    sessions, ops, expected, *nodes = NEEDS_THE_FIX[fix]
+    assert violation_of(sessions, ops, Fixes(), *nodes) is None
+    assert violation_of(sessions, ops, Fixes.without(fix), *nodes) == expected
+
+
+# seed 940, shrunk: s1's speech is interrupted while the database stalls (its interrupted message is being written),
+# and its node is frozen 1 ms later for 6 s, past the forced-cancel timeout (5 s) and its lease. The net's timer comes
+# due while the node is frozen and runs as it wakes, in the same instant as the speech's own end (its write refused:
+# the session moved). The process ran 1 ms of the net's 5 s: not a speech that would not stop
+FROZEN = [{"llm": {"provider": "scripted", "turns": []}, "max_tool_steps": 3} for _ in range(2)]
+FROZEN_OPS: list[tuple[Any, ...]] = [
+    ("say", 1, 0),
+    ("pause", 1, 1000),
+    ("db-stall", 1000),
+    ("interrupt", 1, 1),
+    ("crash-owner", 0, 1),
+    ("pause", 1, 6000),
+]
+
+
+def test_a_safety_net_that_fires_as_its_frozen_node_wakes_is_the_freezes_not_the_speechs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = SpeechHandle.forced_cancels
+    assert violation_of(FROZEN, FROZEN_OPS, Fixes()) is None
+    assert SpeechHandle.forced_cancels > before  # it fired, as the node woke
+    # had the node run all along, the same forced cancel is reported
+    frozen_net = ClusterWorld.frozen_net
+
+    def as_if_running(self: ClusterWorld, speech: SpeechHandle, due_at: float) -> None:
+        self.paused_spans.clear()
+        frozen_net(self, speech, due_at)
+
+    monkeypatch.setattr(ClusterWorld, "frozen_net", as_if_running)
+    assert violation_of(FROZEN, FROZEN_OPS, Fixes()) == "I3-safety-net-fired"

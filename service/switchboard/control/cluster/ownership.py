@@ -243,9 +243,26 @@ class NodeLease:
         except BaseException:
             self._claims_unsettled = True
             raise
+        if claimed and self._claimed_too_late():
+            return {}
         for sid, epoch in claimed.items():
             self.fence.claim(sid, epoch)
         return claimed
+
+    def _claimed_too_late(self) -> bool:
+        """A claim's answer came back after this node let go of its sessions, or once it must stop acting on them
+        (``STOP_FRACTION`` of its lease passed without a renewal): the database may already let another node take
+        what it claimed. It acts on none of it, and rejoins, which releases what the database names it the owner of."""
+        if self.deposed is not None:
+            return True
+        if self.mode != NodeMode.CLUSTER:
+            return False
+        if not self._rejoin and time.monotonic() - self._renewed_at < self.lease_s * STOP_FRACTION:
+            return False
+        if not self._rejoin:
+            logger.warning("node %s: a claim came back after its lease was due; rejoining", self.node_id)
+        self._rejoin = True
+        return True
 
     async def _settle_claims(self) -> dict[str, int]:
         """The sessions an earlier claim took whose answer was lost: those the database names this node the owner of,
