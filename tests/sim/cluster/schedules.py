@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from switchboard.api.media import routes as media_routes
 from switchboard.control.cluster import ownership
 from switchboard.runtime import recovery
 from switchboard.runtime.chat import validate
@@ -30,7 +31,9 @@ from switchboard.runtime.speech import SpeechHandle
 
 from ..schedules import classify, random_turns
 from ..vloop import check_nothing_lost, close_loop
-from .loop import ClusterLoop
+from .edges import cuts_noted
+from .links import relayed_in_simulation
+from .loop import NODE, ClusterLoop
 from .world import ClusterWorld, Fixes, Op
 
 FIXES = (
@@ -41,10 +44,26 @@ FIXES = (
     "resume_calls",
     "fenced_reports",
     "live_when_moving",
+    "transcript_ids",
 )
 
 
-def random_op(rng: random.Random, sessions: int, calm: set[int]) -> Op:
+def media_op(rng: random.Random, edges: list[int], calm: set[int]) -> Op:
+    """What a session's media edge does: a barge-in, a final transcript, an interim one, or a final transcript and its
+    connection dropped a moment later (the transcript, or its answer, may be lost on the way). A calm session's edge
+    (no client interrupts it, and an edge that leaves mid-speech does) only plays, and sends interim transcripts."""
+    s = rng.choice(edges)
+    if s in calm:
+        return ("transcript", s, False)
+    kind = rng.choices(("barge-in", "final", "interim", "drop"), weights=(3, 5, 2, 2))[0]
+    if kind == "drop":
+        return ("edge-drop", s, rng.choice((0, 1, 2, 5, 10, 20, 40)))
+    return ("barge-in", s) if kind == "barge-in" else ("transcript", s, kind == "final")
+
+
+def random_op(rng: random.Random, sessions: int, calm: set[int], edges: list[int] | None = None) -> Op:
+    if edges and rng.random() < 0.25:
+        return media_op(rng, edges, calm)
     roll = rng.random()
     s, n = rng.randrange(sessions), rng.randrange(4)
     if roll < 0.40:
@@ -132,7 +151,9 @@ def generate(seed: int, fixes: Fixes | None = None) -> Schedule:
         )
     calm = {i for i in range(len(sessions)) if i % 2 == 0}
     ops: list[Op] = [("db-latency", rng.choice((0, 1, 5, 20)))]
-    ops += [random_op(rng, len(sessions), calm) for _ in range(rng.randint(5, 25))]
+    edges = [i for i in range(len(sessions)) if rng.random() < 0.6]  # sessions with a media edge
+    ops += [("edge", i, rng.randrange(4)) for i in edges]
+    ops += [random_op(rng, len(sessions), calm, edges) for _ in range(rng.randint(5, 25))]
     return Schedule(seed, nodes, sessions, ops, fixes or Fixes())
 
 
@@ -144,7 +165,10 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
     is answered as if it landed: the call's refused end is not seen by the report (``tool_call_end_error``), nor the
     refused answer by the idempotency key (``Completion.mark_refused``), so it is answered from the store. Without the
     live-when-moving fix, what a session writes of itself during its hand-over (a handoff done at once) stores the
-    state it has here, ``suspended``."""
+    state it has here, ``suspended``. For the media edges: the media route's clock (its frame budget too) is the
+    virtual one, the routing seam relays an edge over the simulated network (``links.relay``), every forced cancel and
+    every speech a leaving edge cut are noted for the oracles; without the transcript-ids fix the edges send no ``id``
+    (``edges.py``)."""
     real_time = ownership.time
     real_stream = ScriptedLLM.stream
 
@@ -153,14 +177,33 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
         def monotonic() -> float:
             return loop.time()
 
+        perf_counter = monotonic
+
     def checked(self: ScriptedLLM, request: Any) -> Any:
         problems = validate(request.items)
         if problems and world_of:
             world_of[0].broken_contexts.append(str(problems))
         return real_stream(self, request)
 
+    class _Bucket(media_routes._Bucket):  # a media edge's frame budget, refilled on the virtual clock
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self.at = loop.time()
+
+    real_media_time, real_bucket = media_routes.time, media_routes._Bucket
+    media_routes.time = _Clock  # type: ignore[assignment]
+    media_routes._Bucket = _Bucket  # type: ignore[misc]
     ownership.time = _Clock  # type: ignore[assignment]
     ScriptedLLM.stream = checked  # type: ignore[method-assign]
+    real_force = SpeechHandle._force_cancel
+
+    def force(self: SpeechHandle) -> None:
+        fired = SpeechHandle.forced_cancels
+        real_force(self)
+        if SpeechHandle.forced_cancels != fired and world_of:
+            world_of[0].forced.append((NODE.get(), loop.time()))
+
+    SpeechHandle._force_cancel = force  # type: ignore[method-assign]
     real_hand_over, real_owed = SpeechHandle.hand_over, recovery.owed_speeches
     if not fixes.hand_over:  # before the fix: a move is an interruption, and the next owner owes nothing
         SpeechHandle.hand_over = lambda self: not self.done and self.interrupt(force=True)  # type: ignore[method-assign]
@@ -173,14 +216,17 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
         AgentSession.tool_call_end_error = lambda self, call_id: None  # type: ignore[method-assign]
         Completion.mark_refused = lambda self, err: None  # type: ignore[method-assign]
     try:
-        yield
+        with relayed_in_simulation(), cuts_noted(world_of):
+            yield
     finally:
+        media_routes.time, media_routes._Bucket = real_media_time, real_bucket  # type: ignore[misc]
         ownership.time = real_time
         ScriptedLLM.stream = real_stream  # type: ignore[method-assign]
         SpeechHandle.hand_over, recovery.owed_speeches = real_hand_over, real_owed  # type: ignore[method-assign]
         AgentSession.snapshot = real_snapshot  # type: ignore[method-assign]
         AgentSession.tool_call_end_error = real_end_error  # type: ignore[method-assign]
         Completion.mark_refused = real_refused  # type: ignore[method-assign]
+        SpeechHandle._force_cancel = real_force  # type: ignore[method-assign]
 
 
 async def play(schedule: Schedule, loop: ClusterLoop, out: list[ClusterWorld]) -> ClusterWorld:
