@@ -3,6 +3,7 @@ frame over the size limit is closed (1009), and the session stays usable after e
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -162,3 +163,76 @@ def test_the_reference_edge_sends_a_transcript_the_moving_session_did_not_take_a
     assert said.resend is None  # the session moved, but had taken it
     said.closed(4410, media_codes.TRANSCRIPT_NOT_TAKEN)
     assert said.resend == "are you there?"
+
+
+def _of(ws: AsgiWebSocket, kind: str) -> list[dict[str, Any]]:
+    return [f for f in ws.frames if f["type"] == kind]
+
+
+async def _pong(ws: AsgiWebSocket) -> bool:
+    return bool(_of(ws, "pong"))
+
+
+async def _user_messages(api: Api, sid: str, text: str) -> list[dict[str, Any]]:
+    chat = (await api.client.get(f"/v1/sessions/{sid}/chat")).json()["items"]
+    return [item for item in chat if item.get("role") == "user" and item.get("text") == text]
+
+
+async def test_a_final_transcript_sent_again_with_its_id_is_taken_once_and_answered_each_time(api: Api) -> None:
+    """An edge whose connection dropped cannot tell whether the final transcript it had just sent was taken (the node
+    died with it in its buffer, or after committing it). With an ``id`` it sends it again on its next connection: the
+    session takes it at most once, and each copy is answered ``transcript.taken`` with the same item (before, a
+    transcript had no id and no answer: sent again it was applied twice, not sent again it could be lost)."""
+    sid = await create(api, [{"text": "Booked."}, {"text": "Anything else?"}])
+    said = {"type": "user.transcript", "text": "book a table", "final": True, "id": "tr-1"}
+    first = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media")
+    send(first, said)
+    send(first, {"type": "ping"})  # read after the transcript is applied: its pong comes after the answer
+    await until(lambda: _pong(first))
+    taken = _of(first, "transcript.taken")
+    assert len(taken) == 1 and taken[0]["id"] == "tr-1"
+    [item] = await _user_messages(api, sid, "book a table")
+    assert taken[0]["item_id"] == item["id"]
+    await first.disconnect()
+
+    again = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media")  # the answer was lost with the connection
+    send(again, said)
+    send(again, {"type": "ping"})
+    await until(lambda: _pong(again))
+    assert _of(again, "transcript.taken") == taken  # answered again, not applied again
+    assert len(await _user_messages(api, sid, "book a table")) == 1
+    await again.disconnect()
+
+
+async def test_a_transcript_id_is_refused_for_another_text_and_a_refusal_names_the_id(
+    tmp_path: Any, registry: AgentRegistry
+) -> None:
+    async with edge_with_text_limit(tmp_path, registry, 100) as (api, sid, ws):
+        send(ws, {"type": "user.transcript", "text": "first", "id": "tr-1"})
+        send(ws, {"type": "user.transcript", "text": "second", "id": "tr-1"})
+        send(ws, {"type": "user.transcript", "text": "x" * 101, "id": "tr-2"})
+        send(ws, {"type": "ping"})
+        await until(lambda: _pong(ws))
+        errors = _of(ws, "error")
+        assert [(e["code"], e["frame_type"], e["id"]) for e in errors] == [
+            ("transcript_id_reused", "user.transcript", "tr-1"),
+            ("text_too_long", "user.transcript", "tr-2"),
+        ]
+        assert [f["id"] for f in _of(ws, "transcript.taken")] == ["tr-1"]
+        assert await _user_messages(api, sid, "first") and not await _user_messages(api, sid, "second")
+        await ws.disconnect()
+
+
+async def test_a_connection_cancelled_as_its_watch_closes_it_loses_no_task(api: Api) -> None:
+    """The edge is replaced (its watch ends the connection with 4409) and, before the connection hears of it, the
+    server cancels it (a shutdown): how the watch ended is still read (it was a task exception nobody retrieved)."""
+    sid = await create(api, [])
+    ws = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media")
+    send(ws, {"type": "ping"})
+    await until(lambda: _pong(ws))
+    session = api.app.state.services.host.sessions[sid]
+    session.playout.edge.close()  # replaced: the watch wakes up and ends the connection
+    await asyncio.sleep(0)  # the watch has ended; the connection has not run yet
+    ws.task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await ws.task

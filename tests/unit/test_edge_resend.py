@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from switchboard.cli.edge import Edge, EdgeOptions, Transcripts
+from switchboard.cli.edge import Edge, EdgeOptions, Transcripts, _Retry
 
 
 class Recording:
@@ -37,3 +37,12 @@ async def test_a_transcript_not_taken_is_sent_first_on_the_next_connection() -> 
         await asyncio.gather(user, return_exceptions=True)
     assert conn.sent == ["are you there?", "and then?"]
     assert options.transcripts == Transcripts(last="and then?", resend=None)
+
+
+def test_the_reference_edge_connects_again_after_the_database_was_unavailable() -> None:
+    """A node that cannot reach its database closes the edge 1013 ("try again later"): a blip of the database, after
+    which the session goes on; the reference edge connects again (it used to stop for good)."""
+    retry = _Retry(for_s=30.0)
+    assert retry.after(1013) is not None
+    assert retry.after(4410) is not None
+    assert retry.after(1000) is None and retry.after(4409) is None  # the session ended; another edge took over

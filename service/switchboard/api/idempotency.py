@@ -73,6 +73,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
+from starlette.requests import HTTPConnection
 
 from ..control.settings import Settings
 from ..runtime.ports import Completion, Receipt
@@ -219,7 +220,7 @@ class _Receipt(Generic[T]):
         return self.completion
 
 
-def _holder(request: Request) -> Holder:
+def _holder(request: HTTPConnection) -> Holder:
     lease = services(request).host.lease
     if lease is None:
         return Holder("local", _PROCESS_INCARNATION)
@@ -275,6 +276,28 @@ async def _run(
     tasks.add(task)
     task.add_done_callback(_settled(tasks))
     return await asyncio.shield(task)
+
+
+class KeyedCommands:
+    """Keyed commands that do not come as HTTP requests of their own (a media edge's final transcript, keyed by its
+    ``id``), applied at most once like an idempotent route's: ``run`` reserves the key in the database, runs the
+    command in a task of its own (a caller that goes away only stops waiting, and the key's answer is still recorded)
+    and returns the answer, or replays it for a key already done."""
+
+    def __init__(self) -> None:
+        self._locks = KeyLocks()
+        self._tasks: set[asyncio.Task[Response]] = set()
+
+    async def run(
+        self, conn: HTTPConnection, key: str, scope: str, body: Any, call: Callable[[Attempt], Awaitable[Any]]
+    ) -> Any:
+        """The answer (JSON) of the command ``call`` (given the attempt, to hand its effect a receipt) under ``key``
+        and ``scope`` for ``body``; raises what the command raised, or ``ProblemError`` (409 the key was used for
+        another body, 503 another holder still applies it)."""
+        found = services(conn)
+        attempt = Attempt(key, scope, found.store, found.settings, Response(status_code=200), 200, _holder(conn))
+        answer = await _run(attempt, key, body, self._locks, lambda: call(attempt), self._tasks)
+        return json.loads(bytes(answer.body)) if answer.body else None
 
 
 def _settled(tasks: set[asyncio.Task[Response]]) -> Callable[[asyncio.Task[Response]], None]:

@@ -36,8 +36,9 @@ NOT_TAKEN = "session moving; transcript not taken"  # the start of that 4410's r
 SEGMENT_MEMORY = 256  # speeches whose segments are counted (for their file names)
 RECONNECT_FIRST_S = 0.25
 RECONNECT_MAX_S = 2.0
-# a dropped connection, a restart, a stall (1011: missed keepalive; 4008: too slow), a session being recovered
-RETRY_CODES = frozenset({1006, 1011, 1012, 4008, 4410})
+# a dropped connection, a restart, a stall (1011: missed keepalive; 4008: too slow), the database away for a moment
+# (1013), a session being recovered or moved
+RETRY_CODES = frozenset({1006, 1011, 1012, 1013, 4008, 4410})
 CLOSE_NOTES = {
     4409: "Another edge connected to this session and replaced this one.",
     4410: "The session is not active.",

@@ -3,10 +3,11 @@
 // finished; the operator types (or, where the browser recognises speech, speaks) as the user, and "User starts
 // talking" barges in. Connecting replaces any other edge of the session, so it happens only on request.
 //
-// A 4410 ("not active here") is what an edge gets during a drain or a failover, and a 1012 ("service restart") when
-// the service stops gracefully: the session goes on in a moment, here or on another node. The panel then connects
-// again by itself, a few times with a growing pause (a fresh token each time), and says so; any other close code
-// ends the connection as before, and the operator connects again if they want to.
+// A 4410 ("not active here") is what an edge gets during a drain or a failover, a 1012 ("service restart") when
+// the service stops gracefully, and a 1013 ("try again later") while its database is unavailable: the session goes on
+// in a moment, here or on another node. The panel then connects again by itself, a few times with a growing pause (a
+// fresh token each time), and says so; any other close code ends the connection as before, and the operator connects
+// again if they want to.
 
 import { h } from "./dom.js";
 import { Chunker, codePoints, Speaker } from "./speaker.js";
@@ -21,8 +22,9 @@ const CLOSE_NOTES = {
   4429: "This browser sent too many frames per second.",
   1006: "The connection to the service was lost or could not be made.",
   1012: "The service is restarting.",
+  1013: "The service could not reach its database: connect again in a moment.",
 };
-const RECONNECT_CODES = new Set([4410, 1012]);
+const RECONNECT_CODES = new Set([4410, 1012, 1013]);
 // the close codes that end a reconnection too: the session, the credential or this edge's place is gone for good
 const FINAL_CODES = new Set([1000, 4401, 4403, 4404, 4409, 4429]);
 // ~31.5 s of pauses: a failover takes a few seconds, but a restart on a busy host (stop, start, recover) can take
@@ -156,7 +158,7 @@ export class TalkPanel {
     this._silence();
     const why = CLOSE_NOTES[ev.code] || `Disconnected (${ev.code}${ev.reason ? `: ${ev.reason}` : ""}).`;
     if (this._openedAt !== null && performance.now() - this._openedAt >= HELD_MS) this._retry = null;
-    // a 4410 or 1012 starts reconnecting; then only a final code stops it (an unreachable service does not)
+    // a 4410, 1012 or 1013 starts reconnecting; then only a final code stops it (an unreachable service does not)
     if (RECONNECT_CODES.has(ev.code) || (this._retry && !FINAL_CODES.has(ev.code))) return this._again(why);
     this._failed(ev.code === 1000 ? "idle" : "failed", why);
   }

@@ -33,6 +33,7 @@ from .media_frames import (
     _Frame,
 )
 from .playout import Playout, PlayoutStream, ReportedStream
+from .receipt import Receipt
 from .session import InputResult
 from .speech import NotInterruptible, SpeechHandle
 
@@ -54,7 +55,9 @@ class EdgeSession(Protocol):
 
     async def interrupt(self, *, force: bool = False) -> SpeechHandle | None: ...
 
-    async def input(self, text: str, *, final: bool = True) -> InputResult: ...
+    async def input(
+        self, text: str, *, final: bool = True, receipt: Receipt[InputResult] | None = None
+    ) -> InputResult: ...
 
 
 class EdgeStream(ReportedStream):
@@ -194,9 +197,16 @@ class MediaEdge:
             pass  # the speech said so in its speech.start: it plays on
 
     async def _transcript(self, frame: UserTranscriptFrame) -> None:
+        await self.transcript(frame)
+
+    async def transcript(self, frame: UserTranscriptFrame, receipt: Receipt[InputResult] | None = None) -> InputResult:
+        """Apply a transcript; ``receipt`` (the service's, for a final transcript's ``id``) is completed by the commit
+        of the input, which makes the transcript taken at most once."""
         if len(frame.text) > self._max_text_chars:
-            raise FrameRefused("text_too_long", f"text: at most {self._max_text_chars} characters", frame.type)
-        await self.session.input(frame.text, final=frame.final)
+            raise FrameRefused(
+                "text_too_long", f"text: at most {self._max_text_chars} characters", frame.type, frame.id
+            )
+        return await self.session.input(frame.text, final=frame.final, receipt=receipt)
 
     # -- the end of the connection ----------------------------------------------------------------------------
 

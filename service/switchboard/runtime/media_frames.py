@@ -10,6 +10,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
 
+TRANSCRIPT_ID_MAX_CHARS = 200  # as an Idempotency-Key
+
 
 class _Frame(BaseModel):
     # an edge may send fields a later version defines: ignored, so old servers and new edges get along
@@ -69,10 +71,28 @@ class ErrorFrame(_Frame):
     type: Literal["error"] = "error"
     code: str = Field(
         description="`bad_json`, `bad_frame`, `unknown_type`, `unknown_speech`, `played_chars_beyond_text`, "
-        "`played_chars_backwards`, `speech_not_ended`, `text_too_long`, `session_not_active`."
+        "`played_chars_backwards`, `speech_not_ended`, `text_too_long`, `session_not_active`, `command_failed` (the "
+        "server could not apply it: a transcript is sent again), `transcript_id_reused` (an `id` sent before with "
+        "another text)."
     )
     detail: str
     frame_type: str | None = Field(default=None, description="The `type` of the refused frame, when it had one.")
+    id: str | None = Field(
+        default=None,
+        description="The `id` of the refused `user.transcript`, when it had one: that transcript was not taken.",
+    )
+
+
+class TranscriptTakenFrame(_Frame):
+    """The final `user.transcript` with this `id` is taken: durable as the user's input (`item_id`).
+
+    Sent once the transcript is committed (its reply queued), and again, without applying it twice, each time it is
+    sent again with that `id` (its `transcript.taken` was lost with a connection)."""
+
+    direction = "server"
+    type: Literal["transcript.taken"] = "transcript.taken"
+    id: str
+    item_id: str
 
 
 class PongFrame(_Frame):
@@ -123,12 +143,19 @@ class UserSpeechStartedFrame(_Frame):
 
 class UserTranscriptFrame(_Frame):
     """What the user said, like `POST /input`: `final=false` is an interim transcript (reported, may start a
-    speculative reply), `final=true` the user's turn (interrupts, is committed, queues a reply)."""
+    speculative reply), `final=true` the user's turn (interrupts, is committed, queues a reply).
+
+    A final transcript with an `id` is taken at most once, whatever node or connection it is sent on, and answered
+    `transcript.taken` once durable: an edge keeps it until then and sends it again, with the same `id`, on each new
+    connection (like an `Idempotency-Key`)."""
 
     direction = "edge"
     type: Literal["user.transcript"] = "user.transcript"
     text: Annotated[StrictStr, Field(min_length=1)]
     final: StrictBool = True
+    id: Annotated[StrictStr, Field(min_length=1, max_length=TRANSCRIPT_ID_MAX_CHARS)] | None = Field(
+        default=None, description="Unique per final transcript of the session: it is taken at most once."
+    )
 
 
 class PingFrame(_Frame):
@@ -145,6 +172,7 @@ SERVER_FRAMES: tuple[type[_Frame], ...] = (
     SpeechStopFrame,
     ErrorFrame,
     PongFrame,
+    TranscriptTakenFrame,
 )
 EDGE_FRAMES: tuple[type[_Frame], ...] = (
     PlaybackStartedFrame,
@@ -169,14 +197,15 @@ _ADAPTERS: dict[str, TypeAdapter[Any]] = {name: TypeAdapter(model) for name, mod
 class FrameRefused(Exception):
     """A frame the edge sent was refused; ``error_frame()`` says why."""
 
-    def __init__(self, code: str, detail: str, frame_type: str | None = None) -> None:
+    def __init__(self, code: str, detail: str, frame_type: str | None = None, transcript_id: str | None = None) -> None:
         super().__init__(detail)
         self.code = code
         self.detail = detail
         self.frame_type = frame_type
+        self.transcript_id = transcript_id
 
     def error_frame(self) -> ErrorFrame:
-        return ErrorFrame(code=self.code, detail=self.detail, frame_type=self.frame_type)
+        return ErrorFrame(code=self.code, detail=self.detail, frame_type=self.frame_type, id=self.transcript_id)
 
 
 def parse_edge_frame(data: Any) -> EdgeFrame:
@@ -200,6 +229,7 @@ def parse_edge_frame(data: Any) -> EdgeFrame:
 __all__ = [
     "EDGE_FRAMES",
     "SERVER_FRAMES",
+    "TRANSCRIPT_ID_MAX_CHARS",
     "EdgeFrame",
     "ErrorFrame",
     "FrameRefused",
@@ -212,6 +242,7 @@ __all__ = [
     "SpeechStartFrame",
     "SpeechStopFrame",
     "SpeechTextFrame",
+    "TranscriptTakenFrame",
     "UserSpeechStartedFrame",
     "UserTranscriptFrame",
     "parse_edge_frame",

@@ -74,6 +74,7 @@ class SessionRows:
     tool_calls: dict[str, ToolCallInfo] = field(default_factory=dict)
     speeches: dict[str, SpeechInfo] = field(default_factory=dict)
     events: dict[int, Event] = field(default_factory=dict)
+    landed: dict[str, float] = field(default_factory=dict)  # chat item id -> when it became durable
 
     def chat(self) -> list[ChatItem]:
         return order_items(self.items.values())
@@ -187,7 +188,9 @@ class SimDatabase:
                     }
                 )
             for item in c.items:
-                d.items.setdefault(item.id, item)
+                if item.id not in d.items:
+                    d.items[item.id] = item
+                    d.landed[item.id] = self.clock()
             for info in c.tool_calls:
                 d.tool_calls[info.call_id] = info
             for sp in c.speeches:

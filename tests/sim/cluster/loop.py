@@ -78,7 +78,7 @@ class ClusterLoop(VirtualTimeLoop):
             node = _node_of(first)
             if node not in self.paused:
                 # a due timer of a running node: the base loop runs it; look past it for paused ones
-                due = [h for h in scheduled if h.when() < horizon and _node_of(h) in self.paused]
+                due = self._due_paused(scheduled, horizon)
                 if due:
                     for handle in due:
                         handle._scheduled = False  # type: ignore[attr-defined]
@@ -89,6 +89,19 @@ class ClusterLoop(VirtualTimeLoop):
             heapq.heappop(scheduled)
             first._scheduled = False  # type: ignore[attr-defined]
             self._held.setdefault(node or "", []).append(first)
+
+    def _due_paused(self, scheduled: list[TimerHandle], horizon: float) -> list[TimerHandle]:
+        """The due timers of paused nodes, in the heap's order: only the heap's due part is walked (a timer's
+        children are never due before it), not every timer of every node."""
+        found: list[int] = []
+        stack = [0]
+        while stack:
+            i = stack.pop()
+            if i < len(scheduled) and scheduled[i].when() < horizon:
+                if _node_of(scheduled[i]) in self.paused:
+                    found.append(i)
+                stack += (2 * i + 1, 2 * i + 2)
+        return [scheduled[i] for i in sorted(found)]
 
     def _run_once(self) -> None:
         if time.monotonic() > self._real_deadline:

@@ -34,6 +34,7 @@ from switchboard.runtime.tools import ToolCallInfo
 from switchboard.store.ownership import NodeState
 from switchboard.store.records import Holder, SessionFenced, StoreError
 
+from .links import app
 from .loop import run_in_node
 from .store import SimStore
 from .webhooks import backend, registry
@@ -91,8 +92,10 @@ class Node:
             lease=self.lease,
         )
         self.locks = KeyLocks()
+        self.app = app(self)  # what its routes find as ``ws.app`` (its services, its per-process tables)
         self.up = False  # registered and serving
         self.gone = False  # killed, or exited after a drain
+        self.drained = False  # its drain and shutdown ran to their end: it exits with nothing left unwritten
         self.tasks: set[asyncio.Task[Any]] = set()
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
@@ -155,6 +158,7 @@ class Node:
                 await self.store.writer.aclose(timeout_s=10.0)
                 with contextlib.suppress(TimeoutError, OSError):
                     await self.store.nodes.set_state(self.id, NodeState.STOPPED)
+                self.drained = not self.store.writer.made
         except (TimeoutError, OSError) as err:
             self.world.note(f"{self.tag}: drain cut short ({err!r})")
 

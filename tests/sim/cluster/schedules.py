@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from switchboard.api.media import routes as media_routes
 from switchboard.control.cluster import ownership
 from switchboard.control.cluster.ownership import NodeLease
 from switchboard.runtime import recovery
@@ -31,6 +32,8 @@ from switchboard.runtime.speech import SpeechHandle
 
 from ..schedules import classify, random_turns
 from ..vloop import check_nothing_lost, close_loop
+from .edges import cuts_noted
+from .links import relayed_in_simulation
 from .loop import ClusterLoop
 from .world import ClusterWorld, Fixes, Op
 
@@ -43,10 +46,26 @@ FIXES = (
     "fenced_reports",
     "live_when_moving",
     "leased_claims",
+    "transcript_ids",
 )
 
 
-def random_op(rng: random.Random, sessions: int, calm: set[int]) -> Op:
+def media_op(rng: random.Random, edges: list[int], calm: set[int]) -> Op:
+    """What a session's media edge does: a barge-in, a final transcript, an interim one, or a final transcript and its
+    connection dropped a moment later (the transcript, or its answer, may be lost on the way). A calm session's edge
+    (no client interrupts it, and an edge that leaves mid-speech does) only plays, and sends interim transcripts."""
+    s = rng.choice(edges)
+    if s in calm:
+        return ("transcript", s, False)
+    kind = rng.choices(("barge-in", "final", "interim", "drop"), weights=(3, 5, 2, 2))[0]
+    if kind == "drop":
+        return ("edge-drop", s, rng.choice((0, 1, 2, 5, 10, 20, 40)))
+    return ("barge-in", s) if kind == "barge-in" else ("transcript", s, kind == "final")
+
+
+def random_op(rng: random.Random, sessions: int, calm: set[int], edges: list[int] | None = None) -> Op:
+    if edges and rng.random() < 0.25:
+        return media_op(rng, edges, calm)
     roll = rng.random()
     s, n = rng.randrange(sessions), rng.randrange(4)
     if roll < 0.40:
@@ -134,7 +153,9 @@ def generate(seed: int, fixes: Fixes | None = None) -> Schedule:
         )
     calm = {i for i in range(len(sessions)) if i % 2 == 0}
     ops: list[Op] = [("db-latency", rng.choice((0, 1, 5, 20)))]
-    ops += [random_op(rng, len(sessions), calm) for _ in range(rng.randint(5, 25))]
+    edges = [i for i in range(len(sessions)) if rng.random() < 0.6]  # sessions with a media edge
+    ops += [("edge", i, rng.randrange(4)) for i in edges]
+    ops += [random_op(rng, len(sessions), calm, edges) for _ in range(rng.randint(5, 25))]
     return Schedule(seed, nodes, sessions, ops, fixes or Fixes())
 
 
@@ -142,13 +163,16 @@ def generate(seed: int, fixes: Fixes | None = None) -> Schedule:
 def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> Iterator[None]:
     """What the simulation replaces around the product for one run: the lease's monotonic clock is the virtual one,
     and every context the model receives is checked (I2), and each forced cancel is shown to the world before it
-    counts (``ClusterWorld.frozen_net``). Without the hand-over fix, a move interrupts the speeches
-    and recovery owes none (the behaviour before it). Without the fenced-reports fix, a report applied to a stale copy
+    counts (``ClusterWorld.frozen_net``). Without the hand-over fix, a move interrupts the speeches and recovery owes
+    none (the behaviour before it). Without the fenced-reports fix, a report applied to a stale copy
     is answered as if it landed: the call's refused end is not seen by the report (``tool_call_end_error``), nor the
     refused answer by the idempotency key (``Completion.mark_refused``), so it is answered from the store. Without the
     live-when-moving fix, what a session writes of itself during its hand-over (a handoff done at once) stores the
     state it has here, ``suspended``. Without the leased-claims fix, a claim lands whatever its node's lease (the
-    database's side, in ``database.py``) and the node acts on its answer however late it came."""
+    database's side, in ``database.py``) and the node acts on its answer however late it came. For the media edges:
+    the media route's clock (its frame budget too) is the virtual one, the routing seam relays an edge over the
+    simulated network (``links.relay``), every speech a leaving edge cut is noted for the oracles; without the
+    transcript-ids fix the edges send no ``id`` (``edges.py``)."""
     real_time = ownership.time
     real_stream = ScriptedLLM.stream
 
@@ -156,6 +180,8 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
         @staticmethod
         def monotonic() -> float:
             return loop.time()
+
+        perf_counter = monotonic
 
     def checked(self: ScriptedLLM, request: Any) -> Any:
         problems = validate(request.items)
@@ -172,6 +198,15 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
         real_force(self)
 
     SpeechHandle._force_cancel = force_cancel  # type: ignore[method-assign]
+
+    class _Bucket(media_routes._Bucket):  # a media edge's frame budget, refilled on the virtual clock
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self.at = loop.time()
+
+    real_media_time, real_bucket = media_routes.time, media_routes._Bucket
+    media_routes.time = _Clock  # type: ignore[assignment]
+    media_routes._Bucket = _Bucket  # type: ignore[misc]
     ownership.time = _Clock  # type: ignore[assignment]
     ScriptedLLM.stream = checked  # type: ignore[method-assign]
     real_hand_over, real_owed = SpeechHandle.hand_over, recovery.owed_speeches
@@ -189,8 +224,10 @@ def simulated(world_of: list[ClusterWorld], loop: ClusterLoop, fixes: Fixes) -> 
         AgentSession.tool_call_end_error = lambda self, call_id: None  # type: ignore[method-assign]
         Completion.mark_refused = lambda self, err: None  # type: ignore[method-assign]
     try:
-        yield
+        with relayed_in_simulation(), cuts_noted(world_of):
+            yield
     finally:
+        media_routes.time, media_routes._Bucket = real_media_time, real_bucket  # type: ignore[misc]
         ownership.time = real_time
         SpeechHandle._force_cancel = real_force  # type: ignore[method-assign]
         ScriptedLLM.stream = real_stream  # type: ignore[method-assign]

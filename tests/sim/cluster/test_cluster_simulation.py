@@ -85,6 +85,21 @@ NEEDS_THE_FIX: dict[str, tuple[Any, ...]] = {
         [("input", 0, 0, False), ("input", 0, 0, False), ("advance", 20), ("drain", 0, True), ("advance", 3000)],
         "unanswered-input",
     ),
+    # a media edge reaches s0 through n1, which relays it to n0; n0 dies 1 ms after the edge's final transcript
+    # reached it, its commit under way: the edge must send it again where s0 runs next (without an id, nothing says
+    # whether it was taken, and an edge that holds it taken unless told otherwise loses it)
+    "transcript_ids": (
+        SAY,
+        [
+            ("db-latency", 20),
+            ("edge", 0, 1),
+            ("advance", 100),
+            ("transcript", 0, True),
+            ("crash-owner", 0, 1),
+            ("advance", 3000),
+        ],
+        "lost-input",
+    ),
     # the owner of s0 dies after the input's effect committed and before its key's answer was recorded: the
     # client's retry (to the node that adopts s0) must replay the answer, not apply the input again
     "receipts_with_effect": (
@@ -160,6 +175,57 @@ NEEDS_THE_FIX: dict[str, tuple[Any, ...]] = {
         4,
     ),
 }
+
+
+def said(*texts: str) -> list[dict[str, Any]]:
+    """Sessions whose model says one text each, then falls back."""
+    return [{"llm": {"provider": "scripted", "turns": [{"text": text}]}} for text in texts]
+
+
+# schedules that found a fault, which must now keep every invariant: (seed of the world's own choices, nodes,
+# sessions, ops)
+FOUND = {
+    # the database resets the connection that would reserve the id of s1's transcript: it is refused
+    # `command_failed`, the connection stays, and the edge sends it again on it a moment later (the simulation's
+    # edge did not: the transcript was never taken)
+    "a transcript refused command_failed is sent again": (
+        0,
+        2,
+        said("t0", "t0 t1"),
+        [("edge", 1, 1), ("db-reset", None, False), ("transcript", 1, True), ("advance", 5)],
+    ),
+    # s0's edge reaches it through n1 (n3, its first node, died); n1 dies while s0 replies: the owner sees its edge
+    # leave mid-speech and ends the speech interrupted, by design, so its tool's result gets no reply; the edge never
+    # heard of that speech (its frames died with the relay), and the oracle took the missing reply for a lost one
+    "a speech its edge left is interrupted by the edge": (
+        693,
+        4,
+        [{"llm": {"provider": "scripted", "turns": [{"text": "t0 t1", "tool_calls": [{"name": "lookup"}]}]}}],
+        [("edge", 0, 3), ("kill", 3), ("advance", 1500), ("input", 0, 0, False), ("kill", 1)],
+    ),
+    # s1's owner dies under an input; an interrupt sent then is retried for seconds and applied after a later input,
+    # whose queued reply it ends: that input was interrupted (the oracle counted interrupts from when they were sent)
+    "an interrupt applied after a later input counts for it": (
+        654,
+        4,
+        said("t0", "t0 t1 t2", "t0"),
+        [
+            ("db-latency", 5),
+            ("input", 1, 1, False),
+            ("crash-owner", 1, 45),
+            ("interrupt", 1, 0),
+            ("advance", 1500),
+            ("input", 1, 3, False),
+            ("advance", 1),
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOUND))
+def test_schedules_that_found_a_fault_keep_every_invariant(name: str) -> None:
+    seed, nodes, sessions, ops = FOUND[name]
+    run_schedule(Schedule(seed, nodes, sessions, ops, Fixes()))
 
 
 @pytest.mark.parametrize("fix", sorted(NEEDS_THE_FIX))

@@ -4,7 +4,7 @@ Nodes (``node.Node``: the product's ``SessionHost`` and ``NodeLease``) share one
 (``database.SimDatabase``) on one virtual clock (``loop.ClusterLoop``). Clients send commands through a load
 balancer to any node and retry under the same idempotency key, at any node, until they get an answer; nodes are
 paused, killed, drained and restarted; the database stalls, resets connections and loses one node; Redis (wake-ups
-only) goes away.
+only) goes away. Media edges (``edges.py``) connect to any node, relayed to the owner (``links.py``).
 
 The oracles (``check_step`` after every op, ``check_end`` once everything settled) are named after the chaos
 checker's violation classes (tests/chaos/checker.py), plus those only a simulation can see at once: two running
@@ -31,6 +31,7 @@ from switchboard.runtime.status import SessionStatus
 
 from ..workload import AGENTS, EFFECTS
 from .database import SimDatabase
+from .edges import MEDIA_OPS, Media
 from .loop import NODE, ClusterLoop, run_in_node
 from .node import Answer, Command, Node
 from .webhooks import ENDPOINT
@@ -73,6 +74,9 @@ class Fixes:
     fenced_reports: bool = True  # a report whose effect the fence refused answers 503 (else: it is answered 200)
     live_when_moving: bool = True  # a session written during its hand-over stays live (else: stored `suspended`)
     leased_claims: bool = True  # only a node holding its lease claims orphans (else: a claim that ran late lands)
+    # a media edge's final transcript carries an id and is taken once acknowledged (else: the edge holds it taken
+    # unless a 4410 says it was not, the rule of edges that send no id)
+    transcript_ids: bool = True
 
     @classmethod
     def without(cls, fix: str) -> Fixes:
@@ -129,6 +133,7 @@ class ClusterWorld:
         self.forced_while_frozen = 0  # forced cancels whose process ran less than the net's time (``frozen_net``)
         self.paused_spans: dict[str, list[tuple[float, float]]] = {}  # node tag -> (paused at, resumed at)
         self.resumed_at: dict[str, float] = {}
+        self.media = Media(self)
         EFFECTS.runs.clear()
         EFFECTS.completions.clear()
         EFFECTS.playout_waits.clear()
@@ -153,6 +158,7 @@ class ClusterWorld:
         self.incarnations[node_id] += 1
         node = Node(self, node_id, self.incarnations[node_id], self.settings(node_id))
         self.watch_claims(node)
+        self.media.watch(node)
         self.slots[node_id] = node
         self.every_node.append(node)
         await run_in_node(node.tag, asyncio.ensure_future, node.start())
@@ -172,6 +178,7 @@ class ClusterWorld:
         node.gone = True
         self.loop.kill(node.tag)
         self.db.crashed.add(node.tag)
+        self.media.process_died(node)
         # its tasks wait for what will never come; held here, they are not collected as "destroyed while pending"
         self.dead_tasks |= {t for t in asyncio.all_tasks(self.loop) if not t.done()}
 
@@ -263,6 +270,8 @@ class ClusterWorld:
                 key = self.new_key()
                 text = f"{kind} {key}"
                 self.send(Command(kind, sid, key, text, interrupt=bool(op[3]) if kind == "input" else False), first)
+        elif kind in MEDIA_OPS:
+            await self.media.apply(op)
         elif kind == "pause":
             node = self.slots[self.node_ids[op[1] % len(self.node_ids)]]
             self.loop.pause(node.tag)
@@ -381,6 +390,8 @@ class ClusterWorld:
             self._check_log(sid)
             self._check_calls(sid)
         self._check_effects()
+        for kind, detail in self.media.check_step():
+            expect(False, kind, detail)
         for req in self.requests:
             a = req.answer
             if a is not None:
@@ -419,7 +430,7 @@ class ClusterWorld:
         for sid in self.sids:
             d = self.db.session_rows(sid)
             for it in d.items.values():
-                if isinstance(it, ChatMessage) and it.role == "user" and it.text.startswith("input k"):
+                if isinstance(it, ChatMessage) and it.role == "user" and it.text.startswith(("input k", "heard k")):
                     texts[(sid, it.text)] += 1
             for sp in d.speeches.values():
                 if sp.source == "say" and (sp.text or "").startswith("say k"):
@@ -485,12 +496,19 @@ class ClusterWorld:
             self._check_answered(sid)
             self._check_replied(sid)
         self._check_lost()
+        for kind, detail in self.media.check_end():
+            expect(False, kind, detail)
 
     def _interrupted_after(self, sid: str, at: float) -> bool:
+        """A client interrupted ``sid`` since ``at`` (its media edge too: a barge-in, a final transcript, leaving a
+        speech under way)."""
+        since = at - INTERRUPT_SLACK_S
         return any(
-            r.cmd.sid == sid and (r.cmd.kind == "interrupt" or r.cmd.interrupt) and r.sent_at >= at - INTERRUPT_SLACK_S
+            r.cmd.sid == sid
+            and (r.cmd.kind == "interrupt" or r.cmd.interrupt)
+            and (r.answered_at is None or r.answered_at >= since)  # sent before, it may be applied after (retried)
             for r in self.requests
-        )
+        ) or any(t >= since for t in self.media.interrupts(sid))
 
     def _check_reports(self) -> None:
         """A backend's result is never lost (I1: the work a tool did is never lost), whatever node its report reached
@@ -552,6 +570,8 @@ class ClusterWorld:
         """Every completed tool result is replied to, in a session no client interrupts (a tool that returns nothing
         asks the model for nothing: no reply is owed for it, by design)."""
         if any(r.cmd.sid == sid and (r.cmd.kind == "interrupt" or r.cmd.interrupt) for r in self.requests):
+            return
+        if self.media.interrupts(sid):
             return
         log = self.db.session_rows(sid).event_log()
         for e in log:

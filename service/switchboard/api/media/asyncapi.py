@@ -21,7 +21,8 @@ One edge per session: a second connection replaces the first (closed with 4409).
 
 Server -> edge: `speech.start`, `speech.text` (streamed as the model produces it), `speech.end`, `speech.stop` (on an
 interruption: stop now; the server does not wait for an answer), `error` (a refused frame; the connection and the
-session go on), `pong`.
+session go on), `pong`, `transcript.taken` (a final transcript with an `id` is durable: taken once, whatever node or
+connection it is sent again on).
 
 Edge -> server: `playback.started`, `playback.progress`, `playback.finished`, `user.speech_started` (barge-in),
 `user.transcript`, `ping`.

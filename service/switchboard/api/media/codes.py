@@ -3,6 +3,8 @@ AsyncAPI document)."""
 
 from __future__ import annotations
 
+from ..problems import UNAVAILABLE_CLOSE
+
 OUTBOX_FRAMES = 4096  # frames queued for a slow edge before it is closed (4008)
 SEND_TIMEOUT_S = 10.0
 
@@ -10,6 +12,7 @@ CLOSE_NORMAL = 1000
 CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_MESSAGE_TOO_BIG = 1009
 CLOSE_INTERNAL_ERROR = 1011
+CLOSE_TRY_AGAIN_LATER = UNAVAILABLE_CLOSE  # 1013: the database is unavailable
 CLOSE_SLOW_CONSUMER = 4008
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -31,6 +34,8 @@ CLOSE_CODES: dict[int, str] = {
     CLOSE_MESSAGE_TOO_BIG: "The edge sent a frame larger than the server accepts (the session's text limit, "
     "`SWITCHBOARD_MAX_TEXT_CHARS`, plus 1 KiB).",
     CLOSE_INTERNAL_ERROR: "The server failed, or the edge did not answer its keepalive pings: reconnect.",
+    CLOSE_TRY_AGAIN_LATER: "The database is unavailable (the node could not find where the session runs, or read "
+    "it): connect again in a moment, to any node.",
     CLOSE_SLOW_CONSUMER: f"Too slow: more than {OUTBOX_FRAMES} frames waited for the edge, or a send stalled for "
     f"{SEND_TIMEOUT_S:.0f} s. The speech it was playing ends interrupted; reconnect.",
     CLOSE_UNAUTHENTICATED: "No valid credential (an API key as a Bearer header, or a session token as `token` or a "
@@ -44,7 +49,8 @@ CLOSE_CODES: dict[int, str] = {
     "to another node; in cluster mode also: the node that runs it could not be "
     "reached, or went away (failover). Connect again in a moment, to any node. The reason "
     f"`{TRANSCRIPT_NOT_TAKEN}` says that the final transcript the edge sent last was not taken: send it again once "
-    "connected again (the session moved as it arrived).",
+    "connected again (the session moved as it arrived). An edge that gives its final transcripts an `id` sends "
+    "again, on its next connection, each one it has no `transcript.taken` for, whatever the close.",
     CLOSE_TOO_MANY_FRAMES: "Too many frames per second (`SWITCHBOARD_MEDIA_MAX_FRAMES_PER_S`, default 100, over a "
     "burst of twice as many).",
 }

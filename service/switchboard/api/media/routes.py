@@ -27,15 +27,19 @@ from ...runtime.media_frames import (
     ErrorFrame,
     FrameRefused,
     SpeechStopFrame,
+    TranscriptTakenFrame,
     UserSpeechStartedFrame,
     UserTranscriptFrame,
     _Frame,
     parse_edge_frame,
 )
-from ...runtime.session import AgentSession
+from ...runtime.receipt import Receipt
+from ...runtime.session import AgentSession, InputResult
 from ...runtime.status import SessionClosed, SessionStatus, SessionSuspended
 from .. import deps
-from ..auth import AuthError, authenticate, bearer, check, url_token
+from ..auth import AuthError, Principal, authenticate, bearer, check, url_token
+from ..idempotency import Attempt, KeyedCommands
+from ..problems import ProblemError
 from ..streams.events import _close
 from .codes import (
     CLOSE_FORBIDDEN,
@@ -101,11 +105,23 @@ class _Bucket:
         return True
 
 
-def _authorize(ws: WebSocket, sid: str) -> None:
+def _keyed_transcripts(ws: WebSocket) -> KeyedCommands:
+    """The service's final transcripts keyed by their id (one table per app: its locks are only a first gate, the
+    reservation in the database decides, across nodes too)."""
+    state = ws.app.state
+    found: KeyedCommands | None = getattr(state, "media_transcripts", None)
+    if found is None:
+        found = state.media_transcripts = KeyedCommands()
+    return found
+
+
+def _authorize(ws: WebSocket, sid: str) -> Principal:
     settings = deps.services(ws).settings
     try:
         credential = url_token(ws.query_params.getlist("token")) or bearer(None, ws.headers.get("authorization"))
-        check(authenticate(settings, credential), SCOPE, sid)
+        principal = authenticate(settings, credential)
+        check(principal, SCOPE, sid)
+        return principal
     except AuthError as err:
         raise _Closed(CLOSE_UNAUTHENTICATED if err.status == 401 else CLOSE_FORBIDDEN, err.code) from None
 
@@ -143,7 +159,7 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
     await ws.accept()
     services = deps.services(ws)
     try:
-        _authorize(ws, sid)
+        principal = _authorize(ws, sid)
         session = await _live_session(ws, sid)
     except _Closed as closed:
         await _close(ws, closed.code, closed.reason)
@@ -152,12 +168,16 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
     if not isinstance(playout, EdgePlayout):  # pragma: no cover - every hosted session plays through one
         await _close(ws, CLOSE_INTERNAL_ERROR, "this session cannot take a media edge")
         return
-    await _EdgeConnection(ws, session, playout, services.settings).run()
+    await _EdgeConnection(ws, session, playout, services.settings, principal).run()
 
 
 class _EdgeConnection:
-    def __init__(self, ws: WebSocket, session: AgentSession, playout: EdgePlayout, settings: Settings) -> None:
+    def __init__(
+        self, ws: WebSocket, session: AgentSession, playout: EdgePlayout, settings: Settings, principal: Principal
+    ) -> None:
         self.ws = ws
+        # a transcript's id is the caller's, as an Idempotency-Key is (a session token's caller is its session)
+        self.transcript_scope = f"{principal.identity} TRANSCRIPT /v1/sessions/{session.id}/media"
         self.session = session
         self.playout = playout
         self.outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=OUTBOX_FRAMES)
@@ -192,6 +212,9 @@ class _EdgeConnection:
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            for task in tasks:  # one that ended just as this connection was cancelled: nobody else reads its end
+                if task.done() and not task.cancelled():
+                    task.exception()
             await cancel_and_wait(*tasks)
             self.playout.detach(self.edge)
             self.edge.close()  # a speech it was playing ends interrupted where it was last reported
@@ -234,7 +257,10 @@ class _EdgeConnection:
             frame = parse_edge_frame(data)
             if isinstance(frame, UserSpeechStartedFrame) and self.edge.stops_current():
                 self.barge_in_at = time.perf_counter()  # until its speech.stop is written (a metric)
-            await self.edge.handle(frame)
+            if isinstance(frame, UserTranscriptFrame) and frame.final and frame.id is not None:
+                await self._take(frame, frame.id)
+            else:
+                await self.edge.handle(frame)
         except FrameRefused as refused:
             self._enqueue(refused.error_frame())
         except SessionSuspended:  # moving to another node: the edge connects again, to any node, and goes on there
@@ -246,7 +272,37 @@ class _EdgeConnection:
             raise _Closed(CLOSE_NORMAL, "session ended") from None
         except Exception:  # a store failure, say: the edge is told, the connection and the session go on
             logger.exception("session %s: a media frame failed", self.session.id, extra={"session_id": self.session.id})
-            self._enqueue(ErrorFrame(code="command_failed", detail="the server could not apply this frame"))
+            failed = frame if isinstance(frame, UserTranscriptFrame) else None
+            self._enqueue(
+                ErrorFrame(
+                    code="command_failed",
+                    detail="the server could not apply this frame",
+                    frame_type=failed.type if failed is not None else None,
+                    id=failed.id if failed is not None else None,
+                )
+            )
+
+    async def _take(self, frame: UserTranscriptFrame, transcript_id: str) -> None:
+        """A final transcript with an id: taken at most once for the session, on whatever node or connection it comes
+        (its id reserved as an Idempotency-Key, completed by the input's own commit), and answered
+        ``transcript.taken`` once durable; sent again after that answer was lost, it is answered again, not applied."""
+
+        async def take(attempt: Attempt) -> dict[str, str | None]:
+            receipt: Receipt[InputResult] | None = attempt.receipt(lambda result: {"item_id": result.item_id})
+            result = await self.edge.transcript(frame, receipt)
+            return {"item_id": result.item_id}
+
+        try:
+            answer = await _keyed_transcripts(self.ws).run(
+                self.ws, transcript_id, self.transcript_scope, {"text": frame.text}, take
+            )
+        except ProblemError as problem:
+            if problem.status == 503:  # another connection's copy is still being applied: its answer comes here next
+                raise _Closed(CLOSE_NOT_ACTIVE, TRANSCRIPT_NOT_TAKEN) from None
+            raise FrameRefused(
+                "transcript_id_reused", problem.detail or problem.code, frame.type, transcript_id
+            ) from None
+        self._enqueue(TranscriptTakenFrame(id=transcript_id, item_id=answer["item_id"]))
 
     async def _send(self) -> None:
         while True:
