@@ -199,3 +199,27 @@ async def test_a_drain_waits_while_another_node_is_live_to_adopt(db: Db, host: S
     finally:
         await other.aclose()
         await other.store.aclose()
+
+
+async def test_a_drain_whose_first_write_meets_a_reset_connection_still_hands_everything_over(
+    db: Db, host: SessionHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a chaos run: SIGTERM during a database reset; recording the drain failed once, the drain was given up ("stopping
+    # anyway") and nothing was handed over: its sessions, and the input accepted meanwhile, waited out the lease
+    await host.recover_all()
+    assert sorted(host.sessions) == SIDS
+    set_state = host.store.nodes.set_state
+    tries: list[object] = []
+
+    async def reset_twice(node_id: str, state: Any) -> None:
+        tries.append(state)
+        if len(tries) <= 2:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        await set_state(node_id, state)
+
+    monkeypatch.setattr(host.store.nodes, "set_state", reset_twice)
+    waiting = await asyncio.wait_for(drain(host, wake=None, timeout_s=60), 15)
+    assert len(tries) == 3
+    assert sorted(waiting) == SIDS and host.sessions == {}  # handed over (no other node is live to adopt them)
+    for sid in SIDS:
+        assert (await owner(db, sid))[0] is None

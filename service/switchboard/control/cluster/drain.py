@@ -22,12 +22,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from ...store import NodeState
+from ...store import DATABASE_ERRORS, NodeState
 from ..host import SessionHost
 
 logger = logging.getLogger("switchboard.control.cluster.drain")
 
 ADOPTION_POLL_S = 0.1
+RECORD_RETRY_S = 0.2
 ADOPTERS_POLL_S = 1.0  # how often a drain looks whether any node is left to adopt its sessions
 
 
@@ -41,7 +42,7 @@ async def drain(host: SessionHost, *, wake: Callable[[], Awaitable[None]] | None
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
-            await lease.start_draining()
+            await _until_recorded(lease.start_draining)
             handed = await host.hand_off_all()
             if wake is not None:
                 await wake()
@@ -52,6 +53,19 @@ async def drain(host: SessionHost, *, wake: Callable[[], Awaitable[None]] | None
         return waiting
     logger.info("drain: %d session(s) handed over in %.2fs", len(handed) - len(waiting), time.monotonic() - started)
     return waiting
+
+
+async def _until_recorded(start_draining: Callable[[], Awaitable[None]]) -> None:
+    """Record the drain, again while the database answers with a transient error (a reset connection, a stall past
+    its timeout): a drain given up at its first step stops the node without handing anything over, and its sessions
+    wait out its lease (bounded by the drain's own timeout)."""
+    while True:
+        try:
+            await start_draining()
+            return
+        except DATABASE_ERRORS as err:
+            logger.warning("drain: could not record the drain (%r); trying again", err)
+            await asyncio.sleep(RECORD_RETRY_S)
 
 
 async def _adopted(host: SessionHost, sids: list[str], me: str) -> list[str]:
