@@ -163,7 +163,7 @@ class ToolExecutor(CallEnds):
         if tool is not None and arguments_error is None and refusal is None:
             validate_arguments(rc, tool)  # now, in call order: a later duplicate compares against it
         self._calls[item.call_id] = rc
-        available = sorted({*tools, *(self._companions() if self.has_cancellable(tools) else {})})
+        available = self._available(tools)
         rc.task = asyncio.create_task(self._run(rc, available), name=f"tool:{item.name}:{item.call_id}")
         return rc
 
@@ -173,13 +173,7 @@ class ToolExecutor(CallEnds):
         A call that was already in the background stays there: its "running in the background" pair is committed,
         so its updates add no second pair and its result is a ``<call_id>/final`` pair.
         """
-        item = self._chat.find_call(info.call_id) or FunctionCall(
-            id=new_id("item"),
-            call_id=info.call_id,
-            name=info.name,
-            arguments=info.arguments,
-            created_at=info.started_at,
-        )
+        item = self._call_item(info)
         rc = self.start(item, tools=tools, speech=None, step=0, agent=agent)
         if info.background:  # safe: the runner has not started yet
             rc.info = rc.info.model_copy(update={"background": True, "progress": info.progress})
@@ -195,21 +189,29 @@ class ToolExecutor(CallEnds):
         agent's): its record as it was (its start, its agent, a call already in the background stays there, with the
         updates it made), no second ``tool.started``, and no duplicate check (it was admitted when it started).
         """
-        item = self._chat.find_call(info.call_id) or FunctionCall(
+        item = self._call_item(info)
+        rc = RunningCall(self, item, info, tool, None, 0, resumed=True)
+        if info.background:
+            rc.updates = 1 + self._chat.count_calls(f"{info.call_id}/update/")
+        validate_arguments(rc, tool)
+        self._calls[info.call_id] = rc
+        available = self._available(tools)
+        rc.task = asyncio.create_task(self._run(rc, available), name=f"tool:{info.name}:{info.call_id}")
+        return rc
+
+    def _call_item(self, info: ToolCallInfo) -> FunctionCall:
+        """The chat's item of a call left running by a restart (rebuilt from its record if the chat lacks it)."""
+        return self._chat.find_call(info.call_id) or FunctionCall(
             id=new_id("item"),
             call_id=info.call_id,
             name=info.name,
             arguments=info.arguments,
             created_at=info.started_at,
         )
-        rc = RunningCall(self, item, info, tool, None, 0, resumed=True)
-        if info.background:
-            rc.updates = 1 + self._chat.count_calls(f"{info.call_id}/update/")
-        validate_arguments(rc, tool)
-        self._calls[info.call_id] = rc
-        available = sorted({*tools, *(self._companions() if self.has_cancellable(tools) else {})})
-        rc.task = asyncio.create_task(self._run(rc, available), name=f"tool:{info.name}:{info.call_id}")
-        return rc
+
+    def _available(self, tools: Mapping[str, FunctionTool]) -> list[str]:
+        """The tool names a call's model could use: ``tools``, and the companions when one of them is cancellable."""
+        return sorted({*tools, *(self._companions() if self.has_cancellable(tools) else {})})
 
     @staticmethod
     def has_cancellable(tools: Mapping[str, FunctionTool]) -> bool:
