@@ -236,3 +236,64 @@ async def test_a_connection_cancelled_as_its_watch_closes_it_loses_no_task(api: 
     ws.task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await ws.task
+
+
+async def _connected(api: Api, sid: str, query: str) -> AsgiWebSocket:
+    """An edge connection, once the session plays through it (its ping answered)."""
+    ws = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media", query=query)
+    send(ws, {"type": "ping"})
+    await until(lambda: _pong(ws))
+    return ws
+
+
+async def test_a_late_connection_of_an_edge_is_refused_and_its_newer_one_goes_on(api: Api) -> None:
+    """An edge gave up on a connection (its node was paused, say) and connected again; the attempt it gave up on is
+    delivered afterwards. Before, it replaced the edge's live connection (4409, on which an edge stops for good): the
+    session was left without the edge that was talking to its user. Numbered, it is refused, the live one goes on."""
+    sid = await create(api, [])
+    playout = api.app.state.services.host.sessions[sid].playout
+    live = await _connected(api, sid, "edge_id=e1&connection=2")
+    late = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media", query="edge_id=e1&connection=1")
+    assert await late.closed() == (4409, "this edge connected again since")
+    again = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media", query="edge_id=e1&connection=2")  # delivered twice
+    assert (await again.closed())[0] == 4409
+    assert live.close is None and playout.edge is not None and not playout.edge.gone
+    send(live, {"type": "user.transcript", "text": "still here", "id": "tr-1"})
+    await until(lambda: _user_messages(api, sid, "still here"))
+
+    newer = await _connected(api, sid, "edge_id=e1&connection=3")  # the edge's next connection replaces its last
+    assert (await live.closed())[0] == 4409
+    await newer.disconnect()
+    # the edge is away (reconnecting): its stale attempt still does not take the session's playout
+    stale = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media", query="edge_id=e1&connection=2")
+    assert (await stale.closed())[0] == 4409 and playout.edge is None
+    # another edge (another run, or another device) replaces it, as does an edge that does not number its connections
+    other = await _connected(api, sid, "edge_id=e2&connection=1")
+    plain = await _connected(api, sid, "")
+    assert (await other.closed())[0] == 4409
+    await plain.disconnect()
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "edge_id=e1",
+        "connection=1",
+        "edge_id=e1&connection=0",
+        "edge_id=e1&connection=-1",
+        "edge_id=e1&connection=01",
+        "edge_id=e1&connection=1.5",
+        "edge_id=e1&connection=12345678901234567",
+        "edge_id=e1&connection=%D9%A3",  # an Arabic-Indic three: a digit to Python, not a number here
+        "edge_id=&connection=1",
+        f"edge_id={'e' * 65}&connection=1",
+        "edge_id=a%20b&connection=1",
+        "edge_id=e1&edge_id=e2&connection=1",
+    ],
+)
+async def test_edge_connection_parameters_are_checked(api: Api, query: str) -> None:
+    sid = await create(api, [])
+    ws = AsgiWebSocket(api.app, f"/v1/sessions/{sid}/media", query=query)
+    code, reason = await ws.closed()
+    assert code == 4400 and ("edge_id" in reason or "connection" in reason), (query, code, reason)
+    assert api.app.state.services.host.sessions[sid].playout.edge is None

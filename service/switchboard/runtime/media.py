@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from .media_frames import (
@@ -238,20 +239,42 @@ class MediaEdge:
             self._on_close()
 
 
+@dataclass(frozen=True)
+class EdgeConnection:
+    """Which edge a connection comes from (an id the edge chose for its run) and its number among that edge's
+    connections, counting up from 1."""
+
+    edge_id: str
+    number: int
+
+
+class StaleConnection(Exception):
+    """An edge's connection older than one of its own already taken: an attempt it gave up on (its node was paused,
+    or the network held it), delivered late. Taken, it would replace the edge's live connection."""
+
+
 class EdgePlayout:
     """A session's playout: through the connected edge, else ``fallback`` (the configured playout)."""
 
     def __init__(self, fallback: Playout) -> None:
         self.fallback = fallback
         self.edge: MediaEdge | None = None
+        self.latest: EdgeConnection | None = None  # the last numbered connection taken
 
     def start(self, speech_id: str) -> PlayoutStream:
         if self.edge is not None:
             return self.edge.open_stream(speech_id)
         return self.fallback.start(speech_id)
 
-    def attach(self, edge: MediaEdge) -> MediaEdge | None:
-        """Play through ``edge`` from now on; returns the edge it replaces (the caller closes it)."""
+    def attach(self, edge: MediaEdge, connection: EdgeConnection | None = None) -> MediaEdge | None:
+        """Play through ``edge`` from now on; returns the edge it replaces (the caller closes it). Another edge, or
+        one that does not number its connections, replaces the edge connected; a connection of the same edge is taken
+        only if newer than the last one taken (else ``StaleConnection``), whether that one is still connected or not."""
+        latest = self.latest
+        if connection is not None:
+            if latest is not None and latest.edge_id == connection.edge_id and connection.number <= latest.number:
+                raise StaleConnection
+            self.latest = connection
         previous, self.edge = self.edge, edge
         return previous
 
@@ -261,4 +284,4 @@ class EdgePlayout:
             self.edge = None
 
 
-__all__ = ["EdgePlayout", "EdgeSession", "EdgeStream", "MediaEdge"]
+__all__ = ["EdgeConnection", "EdgePlayout", "EdgeSession", "EdgeStream", "MediaEdge", "StaleConnection"]

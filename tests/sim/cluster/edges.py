@@ -6,14 +6,16 @@ An edge plays the speeches it is sent (``speech.*``) at its own pace, reporting 
 a ``speech.stop`` silences it at once. From the schedule it sends barge-ins (``user.speech_started``, after cutting
 its own audio, as a phone or a browser that hears its user does) and transcripts, interim and final (each final one
 with an ``id``, kept until ``transcript.taken`` names it); its connection may drop just after a final transcript.
-After any close but 1000 and 4404 (a 4410, a dropped connection, even a 4409), a keepalive that went unanswered or
-a connection that did not open, it connects again, after a retry delay, to any node, and first sends again each
-final transcript not yet taken. Without ids (``Fixes.transcript_ids`` off) it follows the reference edge's rule: a
-transcript sent is taken unless the connection closes 4410 ``TRANSCRIPT_NOT_TAKEN``. It stops only when told the
-session ended (1000, 4404).
+After any close but 1000, 4404 and 4409 (a 4410, a dropped connection), a keepalive that went unanswered or a
+connection that did not open, it connects again, after a retry delay, to any node, and first sends again each final
+transcript not yet taken. Without ids (``Fixes.transcript_ids`` off) it follows the reference edge's rule: a
+transcript sent is taken unless the connection closes 4410 ``TRANSCRIPT_NOT_TAKEN``. It numbers its connections
+(``edge_id``, ``connection``; not with ``Fixes.edge_connections`` off). It stops when told the session ended (1000,
+4404), or that another edge replaced it (4409), as the reference edges do.
 
 The oracles (``Media.check_step`` after every op, ``Media.check_end`` once settled), named as the world's classes:
-- ``edge-close``: the edge is never told the session ended (1000, 4404) while it lives on;
+- ``edge-close``: the edge is never told the session ended (1000, 4404) while it lives on, nor that another edge
+  replaced it (4409: each session has one edge; a connection it gave up on, delivered late, must not replace it);
 - ``lost-input``: a final transcript the edge holds as taken is durable as the user's input;
 - ``unanswered-input``: and answered (a generation after it), unless something interrupted it since;
 - ``duplicate-effect``: no transcript is applied twice (its text is its own: two messages with it are two effects);
@@ -33,7 +35,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from switchboard.api.media.codes import CLOSE_NORMAL, CLOSE_NOT_ACTIVE, CLOSE_NOT_FOUND, TRANSCRIPT_NOT_TAKEN
+from switchboard.api.media.codes import (
+    CLOSE_NORMAL,
+    CLOSE_NOT_ACTIVE,
+    CLOSE_NOT_FOUND,
+    CLOSE_REPLACED,
+    TRANSCRIPT_NOT_TAKEN,
+)
 from switchboard.runtime.aio import cancel_and_wait
 from switchboard.runtime.chat import ChatMessage
 from switchboard.runtime.media import EdgeStream, MediaEdge
@@ -52,6 +60,7 @@ RECONNECT_S = 0.25  # times 1, 2 or 4
 FIRST_AUDIO_S = 0.02
 CHARS_PER_S = 60.0  # about the simulated playout's 20 words per second
 ENDED = (CLOSE_NORMAL, CLOSE_NOT_FOUND)
+FINAL = (*ENDED, CLOSE_REPLACED)  # the closes after which an edge does not connect again
 
 
 @dataclass
@@ -107,6 +116,8 @@ class SimEdge:
         self.told_ended = False
         self.task: asyncio.Task[None] | None = None
         self.ids = self.world.fixes.transcript_ids  # final transcripts carry an id, and are taken once acknowledged
+        self.numbered = self.world.fixes.edge_connections  # each connection says which edge it is, and its number
+        self.connections = 0
 
     def start(self) -> None:
         ctx = contextvars.copy_context()
@@ -121,7 +132,9 @@ class SimEdge:
     async def run(self) -> None:
         target = self.first
         while not self.told_ended:
-            link = open_link(self.world, None, self.world.slots.get(target), self.sid, forwarded=False)
+            self.connections += 1
+            query = f"edge_id=edge-{self.sid}&connection={self.connections}" if self.numbered else ""
+            link = open_link(self.world, None, self.world.slots.get(target), self.sid, forwarded=False, query=query)
             if link is not None:
                 code, reason = await self._connected(link)
                 self._closed(link, code, reason)
@@ -166,10 +179,10 @@ class SimEdge:
         self.closes.append((self.now(), code, reason, link.server.tag))
         if code == CLOSE_NOT_ACTIVE and reason.startswith(TRANSCRIPT_NOT_TAKEN) and self.last_sent is not None:
             self.last_sent.taken = False  # sent again first on the next connection
-        if code in ENDED:
+        if code in FINAL:
             self.told_ended = True
             state = self.world.db.sessions[self.sid].state
-            if SessionStatus(state).live:
+            if SessionStatus(state).live or code == CLOSE_REPLACED:
                 self.media.violations.append(
                     ("edge-close", f"{self.sid}: edge closed {code} {reason!r} at t={self.now():.3f}, session {state}")
                 )

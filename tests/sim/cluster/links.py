@@ -105,12 +105,15 @@ class _Pipe:
 class Link:
     """One WebSocket connection from ``client`` (a node's tag, or None for an edge) to ``server``."""
 
-    def __init__(self, world: ClusterWorld, client: str | None, server: Node, sid: str, *, forwarded: bool) -> None:
+    def __init__(
+        self, world: ClusterWorld, client: str | None, server: Node, sid: str, *, forwarded: bool, query: str = ""
+    ) -> None:
         self.world = world
         self.client = client
         self.server = server
         self.sid = sid
         self.forwarded = forwarded
+        self.query = query  # the URL's query string (a relay passes the edge's on)
         loop = asyncio.get_running_loop()
         self.accepted: asyncio.Future[None] = loop.create_future()
         self._to_server: asyncio.Queue[Message] = asyncio.Queue()
@@ -228,11 +231,13 @@ def _answer(pong: asyncio.Future[None]) -> None:
         pong.set_result(None)
 
 
-def open_link(world: ClusterWorld, client: str | None, node: Node | None, sid: str, *, forwarded: bool) -> Link | None:
+def open_link(
+    world: ClusterWorld, client: str | None, node: Node | None, sid: str, *, forwarded: bool, query: str = ""
+) -> Link | None:
     """Connect to ``node``'s media route for ``sid`` (None: refused, the node is not serving)."""
     if node is None or node.gone or not node.up:
         return None
-    link = Link(world, client, node, sid, forwarded=forwarded)
+    link = Link(world, client, node, sid, forwarded=forwarded, query=query)
     link.on_read = world.media.read
     world.media.links.append(link)
     node.spawn(_serve(node, link), "media")
@@ -249,7 +254,7 @@ async def _serve(node: Node, link: Link) -> None:
         "path": path,
         "raw_path": path.encode(),
         "root_path": "",
-        "query_string": b"",
+        "query_string": link.query.encode(),
         "headers": headers,
         "scheme": "ws",
         "client": ("10.0.0.1", 40000),
@@ -289,7 +294,7 @@ async def relay(
     owner that went away (dropped, or silent past its keepalive) closes the edge with 4410."""
     here: Link = ws.scope["sim.link"]
     world = here.world
-    upstream = open_link(world, here.server.tag, world.slots.get(node_id), session_id, forwarded=True)
+    upstream = open_link(world, here.server.tag, world.slots.get(node_id), session_id, forwarded=True, query=here.query)
     if upstream is None or not await upstream.opened(CONNECT_TIMEOUT_S):
         metrics.on_media_relay("unreachable")
         await _close(ws, CLOSE_NOT_ACTIVE, f"node {node_id} runs this session and did not answer; connect again")

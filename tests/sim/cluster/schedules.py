@@ -47,6 +47,7 @@ FIXES = (
     "live_when_moving",
     "leased_claims",
     "transcript_ids",
+    "edge_connections",
 )
 
 

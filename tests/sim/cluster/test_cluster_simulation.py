@@ -100,6 +100,10 @@ NEEDS_THE_FIX: dict[str, tuple[Any, ...]] = {
         ],
         "lost-input",
     ),
+    # s0's edge connects first through n1, which is paused for 4 s: the edge gives up on that connection after 3 s
+    # and connects again, to n0 or n1; n1, back, serves the attempt given up on and relays it to n0, which runs s0:
+    # taken, it replaced the edge's live connection (4409, on which an edge stops: s0 lost its user's audio)
+    "edge_connections": (SAY, [("edge", 0, 1), ("pause", 1, 4000), ("advance", 3000)], "edge-close"),
     # the owner of s0 dies after the input's effect committed and before its key's answer was recorded: the
     # client's retry (to the node that adopts s0) must replay the answer, not apply the input again
     "receipts_with_effect": (

@@ -77,6 +77,9 @@ class Fixes:
     # a media edge's final transcript carries an id and is taken once acknowledged (else: the edge holds it taken
     # unless a 4410 says it was not, the rule of edges that send no id)
     transcript_ids: bool = True
+    # a media edge numbers its connections, and a late one does not replace its newer one (else: the last to arrive
+    # replaces the edge's connection, 4409, on which an edge stops)
+    edge_connections: bool = True
 
     @classmethod
     def without(cls, fix: str) -> Fixes:

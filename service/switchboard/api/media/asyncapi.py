@@ -91,7 +91,25 @@ def media_channel(auth_headers: dict[str, Any], token_query: dict[str, Any]) -> 
         "bindings": {
             "ws": {
                 "method": "GET",
-                "query": {"type": "object", "properties": {"token": token_query}},
+                "query": {
+                    "type": "object",
+                    "properties": {
+                        "token": token_query,
+                        "edge_id": {
+                            "type": "string",
+                            "pattern": "^[A-Za-z0-9._~-]{1,64}$",
+                            "description": "An id the edge chose for its run, sent with `connection` on each of its "
+                            "connections.",
+                        },
+                        "connection": {
+                            "type": "string",
+                            "pattern": "^[1-9][0-9]{0,15}$",
+                            "description": "This connection's number among the edge's own, counting up from 1: one "
+                            "not newer than the last taken from the same `edge_id` is refused (4409) rather than "
+                            "replacing it.",
+                        },
+                    },
+                },
                 "headers": auth_headers,
                 "bindingVersion": WS_BINDING_VERSION,
             }

@@ -14,6 +14,7 @@ CLOSE_MESSAGE_TOO_BIG = 1009
 CLOSE_INTERNAL_ERROR = 1011
 CLOSE_TRY_AGAIN_LATER = UNAVAILABLE_CLOSE  # 1013: the database is unavailable
 CLOSE_SLOW_CONSUMER = 4008
+CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
@@ -38,13 +39,17 @@ CLOSE_CODES: dict[int, str] = {
     "it): connect again in a moment, to any node.",
     CLOSE_SLOW_CONSUMER: f"Too slow: more than {OUTBOX_FRAMES} frames waited for the edge, or a send stalled for "
     f"{SEND_TIMEOUT_S:.0f} s. The speech it was playing ends interrupted; reconnect.",
+    CLOSE_BAD_REQUEST: "`edge_id` and `connection` are not both given, or not as described (an id of 1 to 64 "
+    "characters `A-Z a-z 0-9 . _ ~ -`; a whole number from 1).",
     CLOSE_UNAUTHENTICATED: "No valid credential (an API key as a Bearer header, or a session token as `token` or a "
     "Bearer header).",
     CLOSE_FORBIDDEN: "The credential lacks the `media:connect` scope, or is a session token of another session. "
     "Cluster mode: also a connection that claims to come from another node without the cluster secret.",
     CLOSE_NOT_FOUND: "No such session.",
     CLOSE_REPLACED: "Another edge connected to this session and replaced this one. The speech this one was playing "
-    "ended interrupted at its last reported position.",
+    "ended interrupted at its last reported position. Also the answer to a connection that is not newer than the "
+    "last one taken from the same `edge_id` (an attempt the edge gave up on, delivered late): it is refused, the "
+    "edge's newer connection goes on.",
     CLOSE_NOT_ACTIVE: "The session is not active here: it is being recovered, was suspended by a shutdown or moved "
     "to another node; in cluster mode also: the node that runs it could not be "
     "reached, or went away (failover). Connect again in a moment, to any node. The reason "

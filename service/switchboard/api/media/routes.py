@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ from starlette.websockets import WebSocketDisconnect
 from ...control.cluster.routing import Elsewhere, Unavailable, locate
 from ...control.settings import Settings
 from ...runtime.aio import cancel_and_wait
-from ...runtime.media import EdgePlayout, MediaEdge
+from ...runtime.media import EdgeConnection, EdgePlayout, MediaEdge, StaleConnection
 from ...runtime.media_frames import (
     ErrorFrame,
     FrameRefused,
@@ -42,6 +43,7 @@ from ..idempotency import Attempt, KeyedCommands
 from ..problems import ProblemError
 from ..streams.events import _close
 from .codes import (
+    CLOSE_BAD_REQUEST,
     CLOSE_FORBIDDEN,
     CLOSE_INTERNAL_ERROR,
     CLOSE_MESSAGE_TOO_BIG,
@@ -66,6 +68,8 @@ SCOPE = "media:connect"
 WATCH_INTERVAL_S = 0.25  # how often a connection checks that its session still runs here
 FRAME_OVERHEAD_CHARS = 1024  # a transcript frame's JSON around its text
 ESCAPED_CHARS = 6  # a character JSON-escaped as \uXXXX (what most encoders do with non-ASCII text by default)
+EDGE_ID = re.compile(r"[A-Za-z0-9._~-]{1,64}")
+CONNECTION_NUMBER = re.compile(r"[1-9][0-9]{0,15}")  # from 1, below 10**16
 
 
 def max_frame_chars(max_text_chars: int) -> int:
@@ -126,6 +130,21 @@ def _authorize(ws: WebSocket, sid: str) -> Principal:
         raise _Closed(CLOSE_UNAUTHENTICATED if err.status == 401 else CLOSE_FORBIDDEN, err.code) from None
 
 
+def _connection(ws: WebSocket) -> EdgeConnection | None:
+    """The edge's id and the number of this connection among its own (``edge_id``, ``connection``; both or neither):
+    a connection older than one already taken from the same edge is refused rather than replacing it."""
+    edge_id, number = ws.query_params.getlist("edge_id"), ws.query_params.getlist("connection")
+    if not edge_id and not number:
+        return None
+    if len(edge_id) != 1 or len(number) != 1:
+        raise _Closed(CLOSE_BAD_REQUEST, "edge_id and connection: one of each, or neither")
+    if not EDGE_ID.fullmatch(edge_id[0]):
+        raise _Closed(CLOSE_BAD_REQUEST, "edge_id: 1 to 64 characters of A-Z a-z 0-9 . _ ~ -")
+    if not CONNECTION_NUMBER.fullmatch(number[0]):
+        raise _Closed(CLOSE_BAD_REQUEST, "connection: a whole number from 1")
+    return EdgeConnection(edge_id[0], int(number[0]))
+
+
 async def _live_session(ws: WebSocket, sid: str) -> AgentSession:
     """The session, live here and active; else why not, as a close. In cluster mode an edge for a session another node
     runs was relayed there by the routing seam before this route ran (``cluster.routing.OwnerRouting``): one that
@@ -160,6 +179,7 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
     services = deps.services(ws)
     try:
         principal = _authorize(ws, sid)
+        connection = _connection(ws)
         session = await _live_session(ws, sid)
     except _Closed as closed:
         await _close(ws, closed.code, closed.reason)
@@ -168,7 +188,7 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
     if not isinstance(playout, EdgePlayout):  # pragma: no cover - every hosted session plays through one
         await _close(ws, CLOSE_INTERNAL_ERROR, "this session cannot take a media edge")
         return
-    await _EdgeConnection(ws, session, playout, services.settings, principal).run()
+    await _EdgeConnection(ws, session, playout, services.settings, principal).run(connection)
 
 
 class _EdgeConnection:
@@ -197,11 +217,23 @@ class _EdgeConnection:
             self.overflowed = True
             self.wake_ev.set()
 
-    async def run(self) -> None:
-        previous = self.playout.attach(self.edge)
+    async def run(self, connection: EdgeConnection | None) -> None:
+        log = {"session_id": self.session.id}
+        try:
+            previous = self.playout.attach(self.edge, connection)
+        except StaleConnection:
+            assert connection is not None
+            logger.info(
+                "session %s: refused connection %d of edge %s, older than one already taken",
+                self.session.id,
+                connection.number,
+                connection.edge_id,
+                extra=log,
+            )
+            await _close(self.ws, CLOSE_REPLACED, "this edge connected again since")
+            return
         if previous is not None:
             previous.close()  # its connection sees it and closes with 4409
-        log = {"session_id": self.session.id}
         logger.info("session %s: a media edge connected", self.session.id, extra=log)
         self.metrics.media_edges.inc()
         tasks = [
