@@ -15,7 +15,6 @@ import pytest
 from switchboard.api.app import create_app
 from switchboard.api.media import codes as media_codes
 from switchboard.api.media import routes as media_routes
-from switchboard.cli import edge as edge_cli
 from switchboard.runtime.agent import AgentRegistry
 
 from .conftest import Api, make_settings
@@ -154,15 +153,6 @@ async def test_a_transcript_that_reaches_a_session_being_moved_is_not_lost(
     send(ws, {"type": "user.transcript", "text": "are you there?", "final": True})
     code, reason = await ws.closed()
     assert (code, reason) == (4410, media_codes.TRANSCRIPT_NOT_TAKEN)
-    assert reason.startswith(edge_cli.NOT_TAKEN)  # the reference edge recognises it
-
-
-def test_the_reference_edge_sends_a_transcript_the_moving_session_did_not_take_again() -> None:
-    said = edge_cli.Transcripts(last="are you there?")
-    said.closed(4410, media_codes.MOVING)
-    assert said.resend is None  # the session moved, but had taken it
-    said.closed(4410, media_codes.TRANSCRIPT_NOT_TAKEN)
-    assert said.resend == "are you there?"
 
 
 def _of(ws: AsgiWebSocket, kind: str) -> list[dict[str, Any]]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -240,3 +243,78 @@ def test_reconnecting_is_bounded_and_disconnect_cancels_it(tmp_path: Path, page:
         assert sorted(set(attempts)) == [1, 2, 3, 4, 5, 6, 7]
     finally:
         srv.stop()
+
+
+class MediaRoute:
+    """Every media WebSocket of the page passes through here to the real service, frames recorded each way; the
+    connection can be lost right after the service took a final transcript, before its `transcript.taken` reached
+    the page (the node that ran the session went away: the edge is closed 4410, as a relaying node does)."""
+
+    def __init__(self, page: Any) -> None:
+        self.urls: list[str] = []
+        self.up: list[list[dict[str, Any]]] = []  # per connection: the page's frames
+        self.withheld: list[dict[str, Any]] = []
+        self.lose_next_taken = False
+        page.route_web_socket(re.compile(r"/v1/sessions/[^/]+/media"), self._route)
+
+    def _route(self, ws: Any) -> None:
+        server = ws.connect_to_server()
+        up: list[dict[str, Any]] = []
+        self.urls.append(ws.url)
+        self.up.append(up)
+
+        def to_server(message: str | bytes) -> None:
+            up.append(json.loads(message))
+            server.send(message)
+
+        def to_page(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame["type"] == "transcript.taken" and self.lose_next_taken:
+                self.lose_next_taken = False
+                self.withheld.append(frame)
+                server.close()
+                ws.close(code=4410, reason="session owner unreachable")
+                return
+            ws.send(message)
+
+        ws.on_message(to_server)
+        server.on_message(to_page)
+
+
+def test_talk_sends_a_line_again_with_its_id_until_the_service_says_it_took_it(
+    media_srv: Server, media_client: httpx.Client, page: Any
+) -> None:
+    """The connection is lost after the service took a typed line and before its `transcript.taken` reached the page:
+    the panel reconnects and sends the line again first, with the same id; the chat holds it once and the panel's
+    log shows it taken. Each connection carries the page's edge id and its attempt's number."""
+    sid = create_session(media_client, [{"text": "Booked."}])
+    route = MediaRoute(page)
+    page.goto(f"{media_srv.url}/console/#session={sid}")
+    page.click("#talk-connect")
+    page.wait_for_selector('#talk-state[data-state="connected"]')
+
+    route.lose_next_taken = True
+    page.fill("#talk-text", "A table for four.")
+    page.press("#talk-text", "Enter")
+    page.wait_for_selector('#talk-state[data-state="reconnecting"]')
+    entry = page.wait_for_selector('.talk-log li.user[data-state="taken"]', timeout=20000)
+    [lost] = route.withheld
+    assert entry.get_attribute("data-transcript-id") == lost["id"]
+    first, second = route.up[0], route.up[1]
+    said = [f for f in first if f["type"] == "user.transcript"]
+    assert said == [{"type": "user.transcript", "text": "A table for four.", "final": True, "id": lost["id"]}]
+    assert second[0] == said[0]  # sent again first on the new connection, the same id
+    assert uuid.UUID(lost["id"]).version == 4
+    chat = media_client.get(f"/v1/sessions/{sid}/chat").json()["items"]
+    assert [i["text"] for i in chat if i["type"] == "message" and i["role"] == "user"] == ["A table for four."]
+
+    # a line beyond the service's text limit is refused for good: shown as given up, never sent again
+    page.fill("#talk-text", "x" * 8001)
+    page.press("#talk-text", "Enter")
+    page.wait_for_selector('.talk-log li.user[data-state="dropped"]')
+    page.wait_for_selector('.talk-log li.note:has-text("is given up (text_too_long)")')
+
+    queries = [parse_qs(urlsplit(u).query) for u in route.urls]
+    assert [q["connection"] for q in queries] == [["1"], ["2"]]
+    assert len({q["edge_id"][0] for q in queries}) == 1 and len(queries[0]["edge_id"][0]) == 22
+    assert all(q["token"][0].startswith("sbt_") for q in queries)

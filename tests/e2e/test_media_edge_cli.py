@@ -12,7 +12,8 @@ import sys
 import threading
 import wave
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from tests.espeak_support import require_espeak
 
 from .console_support import create_session, wait_until
+from .media_relay import MediaRelay, RelayedConnection
 from .media_support import KEY, KEYS, NO_MEDIA_KEY
 from .server import Server
 
@@ -38,10 +40,15 @@ def espeak_installed() -> None:
     require_espeak()
 
 
+class Reachable(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
 class EdgeProcess:
     """`switchboard edge` in the background: stdin to write the user's lines, stdout read line by line."""
 
-    def __init__(self, server: Server, sid: str, *extra: str, key: str | None = KEY) -> None:
+    def __init__(self, server: Reachable, sid: str, *extra: str, key: str | None = KEY) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
         env.update(SWITCHBOARD_URL=server.url, PYTHONUNBUFFERED="1", **({"SWITCHBOARD_KEY": key} if key else {}))
         cmd = [sys.executable, "-m", "switchboard.cli", "edge", sid, "--no-play", *extra]
@@ -320,3 +327,60 @@ def test_the_edge_reconnects_after_a_restart_and_plays_on(tmp_path: Path) -> Non
         assert code == 0 and err.count("reconnecting") == 1, err
     finally:
         server.stop()
+
+
+def transcripts(conn: RelayedConnection) -> list[dict[str, Any]]:
+    return [f for f in conn.up if f["type"] == "user.transcript"]
+
+
+def taken(conn: RelayedConnection) -> list[dict[str, Any]]:
+    return [f for f in conn.down if f["type"] == "transcript.taken"]
+
+
+def user_lines(client: httpx.Client, sid: str) -> list[str]:
+    chat = client.get(f"/v1/sessions/{sid}/chat").json()["items"]
+    return [i["text"] for i in chat if i["type"] == "message" and i["role"] == "user"]
+
+
+def test_a_transcript_whose_answer_was_lost_is_sent_again_with_its_id_and_taken_once(
+    media_srv: Server, media_client: httpx.Client
+) -> None:
+    """The connection is lost after the service took a line and before its `transcript.taken` reached the edge: the
+    next connection sends it again first, with the same id, and the chat holds it once; a line that was answered is
+    not sent again after the next drop, nor one the service refused for good. Every connection carries the edge's
+    id and its attempt's number."""
+    sid = create_session(media_client, [{"text": "Booked."}, {"text": "Noted."}])
+    relay = MediaRelay(media_srv.ws_url).start()
+    edge = EdgeProcess(relay, sid)
+    try:
+        edge.expect("connected to session")
+        relay.lose_next_taken()
+        edge.say("A table for four.")
+        edge.expect("connected to session")  # the second connection, after the loss
+        first, second = wait_until(lambda: relay.connections[:2] if len(relay.connections) >= 2 else None)
+        [lost] = first.withheld
+        [said] = transcripts(first)
+        assert said["id"] == lost["id"] and said["text"] == "A table for four."
+        [answer] = wait_until(lambda: taken(second), timeout=TIMEOUT_S, what="the answer on the second connection")
+        assert transcripts(second)[0] == said  # sent again first, the same id and text
+        assert answer == lost  # the same chat item: taken once, answered twice
+        assert user_lines(media_client, sid) == ["A table for four."]
+
+        edge.say("x" * 8001)  # beyond the service's text limit: refused, given up, never sent again
+        assert " dropped (text_too_long): 'xxx" in edge.expect("transcript ")
+        relay.drop()  # answered or refused, then the connection is lost: nothing to send again
+        edge.expect("connected to session")
+        edge.say("By the window.")
+        third = wait_until(lambda: relay.connections[2] if len(relay.connections) >= 3 else None)
+        wait_until(lambda: taken(third), timeout=TIMEOUT_S, what="the answer on the third connection")
+        [window] = transcripts(third)
+        assert window["text"] == "By the window." and window["id"] != said["id"]
+        assert user_lines(media_client, sid) == ["A table for four.", "By the window."]
+    finally:
+        media_client.delete(f"/v1/sessions/{sid}")
+        edge.finish()
+        relay.stop()
+    queries = [parse_qs(urlsplit(c.path).query) for c in relay.connections]
+    assert [q["connection"] for q in queries] == [["1"], ["2"], ["3"]]
+    [edge_id] = {q["edge_id"][0] for q in queries}
+    assert len(edge_id) == 22

@@ -3,9 +3,10 @@
 It connects to ``WS /v1/sessions/{sid}/media``, synthesises each speech clause by clause as its text arrives,
 plays it in real time (to the sound device, or into one WAV file per speech with ``--out DIR``) and reports
 ``playback.started``, ``playback.progress`` (the characters spoken to the end of a word, as the audio passes each
-word) and ``playback.finished``. ``speech.stop`` silences it at once. Each line on stdin is a final user transcript;
-with ``--barge-in`` the edge first says the user started talking and, like a phone or a browser that hears its
-user, stops its own audio there, so what it last reported is exactly what was played.
+word) and ``playback.finished``. ``speech.stop`` silences it at once. Each line on stdin is a final user transcript,
+sent again on each new connection until the session says it took it (:mod:`.edge_memory`); with ``--barge-in`` the
+edge first says the user started talking and, like a phone or a browser that hears its user, stops its own audio
+there, so what it last reported is exactly what was played.
 """
 
 from __future__ import annotations
@@ -25,17 +26,17 @@ from typing import Any
 
 from ..client import AsyncClient, MediaConnection, MediaFrame, SwitchboardError, Unavailable
 from .edge_audio import DeviceSink, Sink, SpeechRecord, WavSink, file_stem, find_player
+from .edge_memory import DROP_CODES, RESEND_CODE, EdgeIdentity, PendingTranscripts, Transcript
 from .espeak import Chunker, ClauseAudio, Espeak, SynthesisError, WordEnd
 from .output import printable, short
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 FRAME_S = 0.02  # audio is played, written and measured in frames of this length
 SESSION_CLOSED = 1000
-MOVED = 4410
-NOT_TAKEN = "session moving; transcript not taken"  # the start of that 4410's reason (docs/media-edge.md)
 SEGMENT_MEMORY = 256  # speeches whose segments are counted (for their file names)
 RECONNECT_FIRST_S = 0.25
 RECONNECT_MAX_S = 2.0
+RESEND_AFTER_S = 1.0  # a transcript the service failed to apply (command_failed) is sent again after this pause
 # a dropped connection, a restart, a stall (1011: missed keepalive; 4008: too slow), the database away for a moment
 # (1013), a session being recovered or moved
 RETRY_CODES = frozenset({1006, 1011, 1012, 1013, 4008, 4410})
@@ -93,27 +94,14 @@ class Playback:
         self.sinks = []
 
 
-@dataclass
-class Transcripts:
-    """The user's last final transcript, and one to send again first on the next connection: the session was being
-    handed over to another node as it arrived and did not take it (a 4410 whose reason says so)."""
-
-    last: str | None = None
-    resend: str | None = None
-
-    def closed(self, code: int, reason: str) -> None:
-        """The connection closed with ``code`` and ``reason``: the last transcript is sent again if it was not taken."""
-        if code == MOVED and reason.startswith(NOT_TAKEN) and self.last is not None:
-            self.resend = self.last
-
-
 @dataclass(frozen=True)
 class EdgeOptions:
     engine: Espeak
     out: Path | None  #: the directory of the WAV files, if any
     player: str | None  #: the sound device's player (aplay, pw-play), if any
     barge_in: bool  #: each user line first says the user started talking
-    transcripts: Transcripts = field(default_factory=lambda: Transcripts())
+    transcripts: PendingTranscripts = field(default_factory=PendingTranscripts)  #: across connections
+    identity: EdgeIdentity = field(default_factory=EdgeIdentity)  #: one per run of the edge
 
 
 class Edge:
@@ -132,6 +120,7 @@ class Edge:
         self._queue: asyncio.Queue[Playback] = asyncio.Queue()
         self.current: Playback | None = None
         self._play_task: asyncio.Task[None] | None = None
+        self._resends: set[asyncio.Task[None]] = set()
 
     async def run(self, lines: asyncio.Queue[str | None]) -> None:
         """Until the service closes the connection (or the edge is cancelled)."""
@@ -147,6 +136,7 @@ class Edge:
         finally:
             if self._play_task is not None:
                 tasks.append(self._play_task)
+            tasks.extend(self._resends)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -177,8 +167,12 @@ class Edge:
             self.speeches[sid].end()
         elif frame.type == "speech.stop":
             await self._stop(sid)
+        elif frame.type == "transcript.taken" and frame.id:
+            self.options.transcripts.discard(frame.id)
         elif frame.type == "error":
             self.say(f"the service reports an error: {frame.code}: {printable(frame.detail or '')}")
+            if frame.id:
+                self._refused(frame.id, frame.code or "")
 
     # -- playing ---------------------------------------------------------------------------------------------------
 
@@ -303,18 +297,38 @@ class Edge:
 
     async def _user(self, lines: asyncio.Queue[str | None]) -> None:
         said = self.options.transcripts
-        if said.resend is not None:  # not taken on the last connection: the session moved as it arrived
-            text, said.resend = said.resend, None
-            await self.conn.send_transcript(text, final=True)
+        for kept in said.pending():  # no answer on an earlier connection: taken or not, the session takes it once
+            await self.conn.send_transcript(kept.text, id=kept.id)
         while (line := await lines.get()) is not None:
             text = line.strip()
             if not text:
                 continue
+            # kept before anything can fail or be cancelled: a line read is never lost with the connection
+            kept, dropped = said.add(text)
+            if dropped is not None:
+                self.say(f"transcript {dropped.id} dropped: {said.limit} transcripts were waiting for an answer")
             if self.barge_in:
                 await self._barge_in()
-            said.last = text
-            await self.conn.send_transcript(text, final=True)
+            await self.conn.send_transcript(text, id=kept.id)
         await asyncio.Event().wait()  # stdin has ended; the edge plays on until the session closes
+
+    def _refused(self, transcript_id: str, code: str) -> None:
+        """The service did not take a final transcript: send it again in a moment, or give it up."""
+        kept = self.options.transcripts.get(transcript_id)
+        if kept is None:
+            return
+        if code == RESEND_CODE:
+            task = asyncio.create_task(self._send_again(kept), name=f"edge-resend-{kept.id}")
+            self._resends.add(task)
+            task.add_done_callback(self._resends.discard)
+        elif code in DROP_CODES:
+            self.options.transcripts.discard(transcript_id)
+            self.say(f"transcript {transcript_id} dropped ({code}): {short(printable(kept.text), 80)!r}")
+
+    async def _send_again(self, kept: Transcript) -> None:
+        await asyncio.sleep(RESEND_AFTER_S)
+        if self.options.transcripts.get(kept.id) is not None:  # neither taken nor given up meanwhile
+            await self.conn.send_transcript(kept.text, id=kept.id)
 
     async def _barge_in(self) -> None:
         playback = self.current
@@ -389,7 +403,6 @@ async def run_edge(args: argparse.Namespace) -> int:
             if code == SESSION_CLOSED:
                 _say(f"session {args.sid} closed")
                 return 0
-            options.transcripts.closed(code, reason)
             first = retry.failing_since is None
             delay = retry.after(code)
             if delay is None:
@@ -405,7 +418,8 @@ async def _connection(
     sb: AsyncClient, args: argparse.Namespace, lines: asyncio.Queue[str | None], options: EdgeOptions, retry: _Retry
 ) -> tuple[int, str]:
     """One media connection, until the service closes it: its close code and reason."""
-    async with sb.media(args.sid, token=args.token) as conn:
+    ident = options.identity
+    async with sb.media(args.sid, token=args.token, edge_id=ident.edge_id, connection=ident.next_attempt()) as conn:
         retry.connected()
         _say(f"connected to session {args.sid} as its media edge")
         await Edge(conn, options, say=_say).run(lines)

@@ -349,11 +349,15 @@ class AsyncClient:
         )
         return AsyncEventStream(pos, self._headers)
 
-    def media(self, sid: str, *, token: str | None = None) -> MediaConnection:
+    def media(
+        self, sid: str, *, token: str | None = None, edge_id: str | None = None, connection: int | None = None
+    ) -> MediaConnection:
         """The session's media connection, as its edge (``async with``): see :mod:`switchboard.client.media`.
-        Authenticated with the client's API key (scope ``media:connect``), or with a session ``token`` in the URL."""
+        Authenticated with the client's API key (scope ``media:connect``), or with a session ``token`` in the URL.
+        ``edge_id`` and ``connection``: the edge's random id and this attempt's number (1, 2, 3, ...)."""
         headers = {} if token else self._headers
-        return MediaConnection(media_url(self.base_url, sid, token=token), headers)
+        url = media_url(self.base_url, sid, token=token, edge_id=edge_id, connection=connection)
+        return MediaConnection(url, headers)
 
     def all_events(
         self,

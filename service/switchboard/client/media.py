@@ -47,12 +47,26 @@ class MediaFrame(BaseModel):
     allow_interruptions: bool | None = None  #: ``speech.start``
     code: str | None = None  #: ``error``
     detail: str | None = None  #: ``error``
+    id: str | None = None  #: ``transcript.taken``, ``error``: the final transcript's id
+    item_id: str | None = None  #: ``transcript.taken``: the user's chat item it became
 
 
-def media_url(base_url: str, session_id: str, *, token: str | None = None) -> str:
+def media_url(
+    base_url: str,
+    session_id: str,
+    *,
+    token: str | None = None,
+    edge_id: str | None = None,
+    connection: int | None = None,
+) -> str:
+    """The media endpoint's URL. ``edge_id`` and ``connection`` number an edge's connection attempts, so that the
+    service can refuse an old attempt that reaches it after a newer one (docs/media-edge-reference.md)."""
     base = ("ws" + base_url[4:] if base_url.startswith("http") else base_url).rstrip("/")
     url = f"{base}/v1/sessions/{quote(session_id, safe='')}/media"
-    return f"{url}?{urlencode({'token': token})}" if token else url
+    query: dict[str, str] = {"token": token} if token else {}
+    if edge_id is not None and connection is not None:
+        query.update(edge_id=edge_id, connection=str(connection))
+    return f"{url}?{urlencode(query)}" if query else url
 
 
 class MediaConnection:
@@ -133,5 +147,7 @@ class MediaConnection:
     async def send_user_started(self) -> bool:
         return await self.send("user.speech_started")
 
-    async def send_transcript(self, text: str, *, final: bool = True) -> bool:
-        return await self.send("user.transcript", text=text, final=final)
+    async def send_transcript(self, text: str, *, final: bool = True, id: str | None = None) -> bool:
+        """``id``: a final transcript's, answered ``transcript.taken`` once the session has it (at most once)."""
+        fields: dict[str, Any] = {"id": id} if id is not None else {}
+        return await self.send("user.transcript", text=text, final=final, **fields)

@@ -8,9 +8,14 @@
 // in a moment, here or on another node. The panel then connects again by itself, a few times with a growing pause (a
 // fresh token each time), and says so; any other close code ends the connection as before, and the operator connects
 // again if they want to.
+//
+// Each final transcript carries an id and is kept until the session answers `transcript.taken` for it: every new
+// connection sends the ones still kept first, in order, whatever closed the last one (transcripts.js). Every connect
+// URL carries this page's edge id and the attempt's number.
 
 import { h } from "./dom.js";
 import { Chunker, codePoints, Speaker } from "./speaker.js";
+import { DROP_CODES, nextAttempt, PendingTranscripts, RESEND_CODE } from "./transcripts.js";
 
 const CLOSE_NOTES = {
   1000: "The session has closed.",
@@ -32,6 +37,7 @@ const FINAL_CODES = new Set([1000, 4401, 4403, 4404, 4409, 4429]);
 const RETRY_DELAYS_MS = [500, 1000, 2000, 4000, 8000, 8000, 8000];
 // a connection that stayed open this long held: a later 4410 starts a fresh round of attempts
 const HELD_MS = 10000;
+const RESEND_AFTER_MS = 1000; // a transcript the service failed to apply (command_failed) is sent again after this
 
 /** One speech (or one segment of it, after a tool step): its text as it arrives, its clauses, what was heard. */
 class Playback {
@@ -91,6 +97,7 @@ export class TalkPanel {
     this._epoch = 0; // bumped by a disconnect: a connection attempt of an older epoch gives up when it resumes
     this._retry = null; // {attempt, timer} while reconnecting after a 4410
     this._openedAt = null;
+    this.transcripts = new PendingTranscripts(); // across this panel's connections
     this.speaker = new Speaker({ onMode: (mode, note) => this._voiceNote(mode, note) });
     this.element = this._render();
   }
@@ -134,7 +141,7 @@ export class TalkPanel {
       return this._failed("failed", why);
     }
     if (epoch !== this._epoch) return;
-    const query = token ? `?${new URLSearchParams({ token })}` : "";
+    const query = `?${new URLSearchParams({ ...(token ? { token } : {}), ...nextAttempt() })}`;
     const ws = new WebSocket(this.api.wsUrl(`/v1/sessions/${encodeURIComponent(this.sid)}/media${query}`));
     this.ws = ws;
     ws.onopen = () => {
@@ -142,6 +149,8 @@ export class TalkPanel {
       this._openedAt = performance.now();
       this._state("connected", "Connected: the agent speaks here.");
       this._setConnected(true);
+      // no answer on an earlier connection: taken or not, the session takes each of them once
+      for (const kept of this.transcripts.pending()) this._sendTranscript(kept.id, kept.text);
     };
     ws.onmessage = (msg) => this.ws === ws && this._onFrame(msg.data);
     ws.onclose = (ev) => this.ws === ws && this._closed(ev);
@@ -218,8 +227,11 @@ export class TalkPanel {
       latest.end();
     } else if (frame.type === "speech.stop") {
       this._stopSpeech(frame.speech_id);
+    } else if (frame.type === "transcript.taken" && typeof frame.id === "string") {
+      if (this.transcripts.discard(frame.id)) this._markTranscript(frame.id, "taken");
     } else if (frame.type === "error") {
       this._log("note", `The service refused a frame: ${frame.code}: ${frame.detail || ""}`);
+      if (typeof frame.id === "string") this._refused(frame.id, frame.code);
     }
   }
 
@@ -308,8 +320,43 @@ export class TalkPanel {
   }
 
   say(text, final = true) {
-    this._send({ type: "user.transcript", text, final });
-    if (final) this._log("user", "You: ").append(h("span", { text }));
+    if (!final) return this._send({ type: "user.transcript", text, final });
+    const { id, dropped } = this.transcripts.add(text);
+    const entry = this._log("user", "You: ");
+    entry.dataset.transcriptId = id;
+    entry.dataset.state = "sent";
+    entry.append(h("span", { text }));
+    if (dropped) this._dropped(dropped.id, `${this.transcripts.limit} transcripts were waiting for an answer`);
+    this._sendTranscript(id, text);
+  }
+
+  _sendTranscript(id, text) {
+    this._send({ type: "user.transcript", text, final: true, id });
+  }
+
+  /** The service did not take a final transcript: send it again in a moment, or give it up. */
+  _refused(id, code) {
+    const text = this.transcripts.get(id);
+    if (text === undefined) return;
+    if (code === RESEND_CODE) {
+      // on this connection if it still stands and the transcript is still waiting; else the next one sends it
+      const ws = this.ws;
+      const again = () => this.ws === ws && this.transcripts.get(id) !== undefined && this._sendTranscript(id, text);
+      setTimeout(again, RESEND_AFTER_MS);
+    } else if (DROP_CODES.has(code)) {
+      this.transcripts.discard(id);
+      this._dropped(id, code);
+    }
+  }
+
+  _dropped(id, why) {
+    this._markTranscript(id, "dropped");
+    this._log("note", `A line was not taken and is given up (${why}).`);
+  }
+
+  _markTranscript(id, state) {
+    const entry = this.logList.querySelector(`li[data-transcript-id="${id}"]`);
+    if (entry) entry.dataset.state = state;
   }
 
   _listen() {
