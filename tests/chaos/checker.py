@@ -3,9 +3,10 @@
 Classes (DESIGN.md's invariants, as they must hold across processes):
 
 - ``lost-input``: a create, input or `say` answered 2xx whose effect is not durable (no session, no chat item, no
-  speech).
+  speech); a media edge's final transcript answered `transcript.taken` that is not in the chat as a user message
+  with the answered `item_id`, or one never taken by the end while its session lives.
 - ``duplicate-effect``: one Idempotency-Key applied twice (two sessions, two chat messages, two speeches, or two
-  different answers for one key).
+  different answers for one key); a media edge's final transcript stored as more than one chat message.
 - ``idempotency-record``: a keyed command answered 2xx with no record of its key (a retry would apply it again).
 - ``unanswered-input``: an accepted final input with no `generation.started` after its `user.input` in the durable
   log; the documented exception is an input whose queued reply a client's interrupt ended before it started.
@@ -21,7 +22,8 @@ Classes (DESIGN.md's invariants, as they must hold across processes):
   retryable ones ("Retryable answers"); ``no-answer``: a command still failing (transport error, 503) when its
   client's retry time ran out.
 - ``report-refused``: a webhook backend's report refused (403/404, or 409 `not_awaiting_report` to the end).
-- ``edge-close``: a "session ended"-style close (1000, 4404) to a media edge while the session lived on.
+- ``edge-close``: a "session ended"-style close (1000, 4404) to a media edge while the session lived on, or any
+  4409 (the edge's live connection replaced, though each of its attempts is numbered).
 - ``not-settled``: the cluster did not settle (every node up, every session owned, no call running) in time.
 """
 
@@ -51,6 +53,7 @@ RETRYABLE = frozenset(
 CLIENT_INTERRUPTS = ("interrupt", "barge_in")
 ENDED_STATES = ("closed", "failed")
 KEYED_OPS = ("create", "input", "say", "interrupt", "cancel", "progress", "result")
+EDGE_REPLACED = 4409
 INTERRUPT_SLACK_S = 0.5  # an interrupt sent this long before the input was accepted may still have ended its reply
 
 
@@ -80,6 +83,7 @@ class Checker:
             self.chat[row["session_id"]].append(row)
         self.roles = {r["sid"]: r["role"] for r in history.of("session")}
         self.ops = list(history.of("op"))
+        self.edges = list(history.of("edge"))
 
     def add(self, cls: str, sid: str | None, detail: str) -> None:
         self.violations.append(Violation(cls, sid, detail))
@@ -89,6 +93,7 @@ class Checker:
             self.check_creates,
             self.check_inputs,
             self.check_says,
+            self.check_transcripts,
             self.check_idempotency_records,
             self.check_answers,
             self.check_unanswered,
@@ -173,6 +178,29 @@ class Checker:
                 else:
                     self.add("lost-input", sid, f"say {key} answered 202 (speech {speech_id}), no such speech")
 
+    def check_transcripts(self) -> None:
+        """Each final transcript an edge said is one user message: the one `transcript.taken` named."""
+        for edge in self.edges:
+            sid = edge["sid"]
+            lives = self.sessions.get(sid, {}).get("state") not in ENDED_STATES
+            chat = self.chat.get(sid, [])
+            for said in edge.get("transcripts", []):
+                what = f"transcript {said['id']} ({said['text']!r}, sent {said['sends']}, acks {said['acks']})"
+                stored = [
+                    i["item_id"]
+                    for i in chat
+                    if i["type"] == "message"
+                    and i["data"].get("role") == "user"
+                    and i["data"].get("text") == said["text"]
+                ]
+                if len(stored) > 1:
+                    self.add("duplicate-effect", sid, f"{what}: {len(stored)} chat messages {stored}")
+                if said["taken_at"] is None:
+                    if lives:
+                        self.add("lost-input", sid, f"{what}: never taken ({len(stored)} chat messages)")
+                elif said["item_id"] not in stored:
+                    self.add("lost-input", sid, f"{what}: taken as {said['item_id']}, the chat has {stored}")
+
     def check_idempotency_records(self) -> None:
         recorded = {row["key"] for row in self.durable.get("idempotency_keys", [])}
         for record in self.ops:
@@ -204,6 +232,14 @@ class Checker:
     # -- liveness -----------------------------------------------------------------------------------------------
 
     def _client_interrupted(self, sid: str, since: float) -> bool:
+        """A client interrupt sent after ``since``: an interrupt, an interrupting input, a barge-in, or a final
+        transcript taken after it (taken may be later than applied, never earlier)."""
+        for edge in self.edges:
+            if edge["sid"] != sid:
+                continue
+            for said in edge.get("transcripts", []):
+                if said["taken_at"] is not None and said["taken_at"] >= since - INTERRUPT_SLACK_S:
+                    return True
         for record in self.ops:
             if record.get("sid") != sid or record["t0"] < since - INTERRUPT_SLACK_S:
                 continue
@@ -372,12 +408,11 @@ class Checker:
                 self.add("unowned-session", sid, f"owner {row['owner_node']} is not a live node ({row['state']})")
 
     def check_edges(self) -> None:
-        for edge in self.history.of("edge"):
+        for edge in self.edges:
             sid = edge["sid"]
-            if self.sessions.get(sid, {}).get("state") in ENDED_STATES:
-                continue
+            ended = self.sessions.get(sid, {}).get("state") in ENDED_STATES
             for at, code, reason in edge["closes"]:
-                if code in (1000, 4404):
+                if code == EDGE_REPLACED or (code in (1000, 4404) and not ended):
                     self.add("edge-close", sid, f"media edge closed {code} {reason!r} at {at:.3f}")
 
     def check_settled(self) -> None:

@@ -10,7 +10,10 @@ Every record has a ``kind``:
 - ``stream``: one session-stream client: ``sid``, ``frames`` (``[seq, type, t]`` in the order received, across its
   reconnections), ``connections``.
 - ``multi``: the multi-session stream client: ``frames`` (``[cursor, sid, seq, type]``).
-- ``edge``: one media edge: ``sid``, ``closes`` (``[t, code, reason]``), ``barge_ins`` (times).
+- ``edge``: one media edge: ``sid``, ``edge_id``, ``closes`` (``[t, code, reason]``), ``barge_ins`` (times),
+  ``connections`` (opened), ``attempts`` (numbered), ``speeches``, ``transcripts`` (each final transcript it said:
+  ``id``, ``text``, ``said_at``, ``taken_at`` and ``item_id`` from its first `transcript.taken` or None, ``sends``,
+  ``acks``, ``errors`` (the codes of the `error` frames naming it)).
 - ``fault``: ``fault`` (its kind), ``target``, ``t0``/``t1``.
 - ``failover``: ``node``, ``sid``, ``seconds`` (from the fault until another live node owned the session).
 - ``settle``: ``ok``, ``seconds``, ``detail``.

@@ -1,7 +1,8 @@
 """The chaos load: sessions of four roles driven through the balancer, every operation recorded in the history.
 
 - ``chat``: inputs (some interrupting, some sent twice at once like a balancer's retry), `say`, interrupts.
-- ``media``: the same with a media edge attached, whose barge-ins interrupt.
+- ``media``: the same with a media edge attached, whose barge-ins interrupt, and which says final transcripts (each
+  with an id, sent again on each new connection until taken) every ``TRANSCRIPT_EVERY_S``.
 - ``tools``: scripted turns calling Python tools (a slow one, a cancellable search, one re-run after a crash, one
   that reports progress in the background), inputs that never interrupt, and cancels of running searches. Nothing a
   client does interrupts these sessions, so every completed result must be replied to.
@@ -30,6 +31,7 @@ from .streams import MediaEdge, MultiStream, SessionStream
 RETRY_FOR_S = 90.0
 REQUEST_TIMEOUT_S = 20.0
 ROLES = ("chat", "tools", "webhook", "media")
+TRANSCRIPT_EVERY_S = (1.5, 4.0)
 LONG = " ".join(f"w{i}" for i in range(40))  # two seconds of speech at 20 words per second
 TOOL_TURNS: list[dict[str, Any]] = [
     {"text": "Checking.", "tool_calls": [{"name": "slow", "arguments": {"seconds": 1.5}}]},
@@ -198,6 +200,7 @@ class Load:
             if role == "media":
                 self.edges[sid] = MediaEdge(self.ws_url, self.key, sid)
                 self.edges[sid].start()
+                self._tasks.append(asyncio.create_task(self._speak(sid)))
             rng = random.Random(f"{self.seed}-{n}")
             self._tasks.append(asyncio.create_task(self._drive(sid, role, rng)))
 
@@ -265,6 +268,13 @@ class Load:
         edge = self.edges.get(sid)
         if edge is not None and await edge.barge_in():
             self.history.add("op", op="barge_in", sid=sid, key=None, t0=now(), t1=now(), attempts=[], status="sent")
+
+    async def _speak(self, sid: str) -> None:
+        """The user of a media session talks: final transcripts through its edge, each text unique in the run."""
+        n = 0
+        while not await self._pause(*TRANSCRIPT_EVERY_S):
+            n += 1
+            await self.edges[sid].say(f"heard {n} in {sid}")
 
     async def _cancel_running(self, sid: str, name: str) -> None:
         listed = await self.api.get(f"/v1/sessions/{sid}/tool-calls?status=running")

@@ -80,9 +80,22 @@ def figures(history: History, durable: dict[str, list[Row]]) -> dict[str, Any]:
     reconnects = [s["connections"] for s in history.of("stream")]
     out["stream_connections"] = sum(reconnects)
     out["edge_connections"] = sum(e["connections"] for e in history.of("edge"))
+    out["transcripts"] = _transcripts(history)
     out["sessions"] = sum(1 for _ in history.of("session"))
     out["start_failures"] = [r["detail"] for r in history.of("start_failed")]
     return out
+
+
+def _transcripts(history: History) -> dict[str, int]:
+    """The media edges' final transcripts: said, taken, and how often each was sent, acknowledged and refused."""
+    said = [t for e in history.of("edge") for t in e.get("transcripts", [])]
+    return {
+        "said": len(said),
+        "taken": sum(1 for t in said if t["taken_at"] is not None),
+        "sends": sum(t["sends"] for t in said),
+        "acks": sum(t["acks"] for t in said),
+        "command_failed": sum(t["errors"].count("command_failed") for t in said),
+    }
 
 
 def render(violations: list[Violation], figs: dict[str, Any]) -> str:
@@ -104,6 +117,11 @@ def render(violations: list[Violation], figs: dict[str, Any]) -> str:
     lines.append(
         f"sessions {figs['sessions']}, stream connections {figs['stream_connections']}, "
         f"edge connections {figs['edge_connections']}"
+    )
+    t = figs["transcripts"]
+    lines.append(
+        f"edge transcripts: said {t['said']}, taken {t['taken']}, sends {t['sends']}, acks {t['acks']}, "
+        f"command_failed {t['command_failed']}"
     )
     for kind in ("kill", "pause"):
         f = figs[f"failover_{kind}"]

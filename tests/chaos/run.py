@@ -29,6 +29,7 @@ from .report import figures, render
 LEASE_S = 4.0  # three nodes, PostgreSQL, Redis and the load share two cores: a 2 s lease would flap
 SETTLE_S = 240.0  # longer than the webhook tool's own timeout (120 s): a call whose reports were lost ends by then
 CATCH_UP_S = 30.0
+TAKEN_S = 60.0
 WARMUP_S = 60.0
 
 
@@ -69,6 +70,14 @@ async def _settle(cluster: ChaosCluster, history: History, bound_s: float) -> No
             last_restore = time.monotonic()
         await asyncio.sleep(0.5)
     history.add("settle", ok=False, seconds=time.monotonic() - started, detail=detail)
+
+
+async def _transcripts_taken(load: Load, bound_s: float) -> None:
+    """Give the media edges the time to have every transcript they said taken, before the cluster settles (a reply
+    to one taken later would start after the settling); the checker reports any never taken."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline and any(edge.pending for edge in load.edges.values()):
+        await asyncio.sleep(0.2)
 
 
 async def _catch_up(load: Load, cluster: ChaosCluster) -> None:
@@ -112,6 +121,7 @@ async def run(seed: int, duration_s: float, workdir: Path, max_sessions: int, le
         await injector.run()
         await restore(cluster)
         await load.stop()
+        await _transcripts_taken(load, TAKEN_S)
         await _settle(cluster, history, SETTLE_S)
         await load.stop_reports()
         await _catch_up(load, cluster)

@@ -1,12 +1,16 @@
 """The chaos load's WebSocket clients, all through the balancer: a session stream that resumes with ``since=`` after
-any close, the multi-session stream that resumes with ``cursor=``, and a media edge that plays each speech at once
-and connects again after any close. Each records what it saw for the checker."""
+any close, the multi-session stream that resumes with ``cursor=``, and a media edge that plays each speech at once,
+says final transcripts with ids and connects again, numbered, after any close. Each records what it saw for the
+checker."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import secrets
+import uuid
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import websockets
@@ -16,6 +20,7 @@ from .history import History, now
 AUTH_HEADER = "Authorization"
 RECONNECT_S = 0.3
 OPEN_TIMEOUT_S = 15.0
+RESEND_S = 0.5  # a transcript refused `command_failed` is sent again this much later (docs/media-edge.md)
 
 
 class _Resuming:
@@ -39,6 +44,9 @@ class _Resuming:
     async def _on_frame(self, ws: Any, frame: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    async def _on_open(self, ws: Any) -> None:
+        """What a client sends first on each new connection (nothing, unless it owes the server something)."""
+
     async def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -48,6 +56,7 @@ class _Resuming:
                     self._ws = ws
                     self.connections += 1
                     try:
+                        await self._on_open(ws)
                         async for raw in ws:
                             await self._on_frame(ws, json.loads(raw))
                     finally:
@@ -113,18 +122,50 @@ class MultiStream(_Resuming):
         history.add("multi", frames=self.frames, connections=self.connections, closes=self.closes)
 
 
+@dataclass
+class Transcript:
+    """A final transcript the edge said, kept until a `transcript.taken` names it; the fields are what the history
+    records of it."""
+
+    id: str
+    text: str
+    said_at: float
+    taken_at: float | None = None
+    item_id: str | None = None
+    sends: int = 0
+    acks: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
 class MediaEdge(_Resuming):
-    """``WS /v1/sessions/{sid}/media``: plays every speech at once (started, then finished at its end) and connects
-    again after any close, as an edge told 4410 does."""
+    """``WS /v1/sessions/{sid}/media?edge_id=...&connection=N``: plays every speech at once (started, then finished
+    at its end) and connects again after any close, as an edge told 4410 does. Each attempt gets the next number, so
+    an attempt it gave up on that reaches the session later is refused (4409) instead of replacing the live
+    connection. Final transcripts are sent with an id and kept until taken: on every new connection, those not taken
+    go first, in order."""
 
     def __init__(self, ws_url: str, key: str, sid: str) -> None:
         super().__init__(ws_url, key)
         self.sid = sid
+        self.edge_id = secrets.token_urlsafe(16)
+        self.attempts = 0
         self.barge_ins: list[float] = []
         self.speeches = 0
+        self.transcripts: dict[str, Transcript] = {}  # by id, in the order said
+        self._pending: dict[str, Transcript] = {}  # said, not taken yet, in the order said
+        self._sent_on: dict[str, int] = {}  # id -> the connection it was last sent on
+        self._send_lock = asyncio.Lock()  # a connection's backlog goes out before anything said meanwhile
+        self._resends: set[asyncio.Task[None]] = set()
 
     def _url(self) -> str:
-        return f"{self.ws_url}/v1/sessions/{self.sid}/media"
+        """The URL of the next connection attempt: each call is an attempt, numbered from 1."""
+        self.attempts += 1
+        return f"{self.ws_url}/v1/sessions/{self.sid}/media?edge_id={self.edge_id}&connection={self.attempts}"
+
+    async def _on_open(self, ws: Any) -> None:
+        async with self._send_lock:
+            for transcript in list(self._pending.values()):
+                await self._send(ws, transcript)
 
     async def _on_frame(self, ws: Any, frame: dict[str, Any]) -> None:
         kind = frame.get("type")
@@ -134,6 +175,60 @@ class MediaEdge(_Resuming):
                 await ws.send(json.dumps({"type": "playback.started", "speech_id": frame["speech_id"]}))
             elif kind == "speech.end":
                 await ws.send(json.dumps({"type": "playback.finished", "speech_id": frame["speech_id"]}))
+            elif kind == "transcript.taken":
+                self._taken(frame["id"], frame["item_id"])
+            elif kind == "error" and frame.get("id") in self._pending:
+                self._refused(ws, self._pending[frame["id"]], frame["code"])
+
+    def _taken(self, transcript_id: str, item_id: str) -> None:
+        transcript = self.transcripts.get(transcript_id)
+        if transcript is None:
+            return
+        transcript.acks += 1
+        if transcript.taken_at is None:
+            transcript.taken_at, transcript.item_id = now(), item_id
+        self._pending.pop(transcript_id, None)
+
+    def _refused(self, ws: Any, transcript: Transcript, code: str) -> None:
+        """`command_failed`: not taken, send it again in a moment (on this connection, or first on the next)."""
+        transcript.errors.append(code)
+        self._sent_on.pop(transcript.id, None)
+        if code == "command_failed":
+            task = asyncio.create_task(self._resend(ws, transcript))
+            self._resends.add(task)
+            task.add_done_callback(self._resends.discard)
+
+    async def _resend(self, ws: Any, transcript: Transcript) -> None:
+        await asyncio.sleep(RESEND_S)
+        async with self._send_lock:
+            if ws is self._ws and transcript.id in self._pending:
+                with contextlib.suppress(websockets.ConnectionClosed):
+                    await self._send(ws, transcript)
+
+    async def _send(self, ws: Any, transcript: Transcript) -> None:
+        """Send it on this connection unless it already went there (said while the backlog was going out)."""
+        if self._sent_on.get(transcript.id) == self.connections:
+            return
+        self._sent_on[transcript.id] = self.connections
+        transcript.sends += 1
+        frame = {"type": "user.transcript", "text": transcript.text, "final": True, "id": transcript.id}
+        await ws.send(json.dumps(frame))
+
+    async def say(self, text: str) -> Transcript:
+        """The user said ``text`` (a final transcript): sent now if connected, else first on the next connection."""
+        transcript = Transcript(id=str(uuid.uuid4()), text=text, said_at=now())
+        self.transcripts[transcript.id] = self._pending[transcript.id] = transcript
+        async with self._send_lock:
+            ws = self._ws
+            if ws is not None:
+                with contextlib.suppress(websockets.ConnectionClosed):
+                    await self._send(ws, transcript)
+        return transcript
+
+    @property
+    def pending(self) -> int:
+        """Transcripts said and not taken yet."""
+        return len(self._pending)
 
     async def barge_in(self) -> bool:
         """The user starts talking; False when no connection is open to say it on."""
@@ -147,12 +242,21 @@ class MediaEdge(_Resuming):
         self.barge_ins.append(now())
         return True
 
+    async def aclose(self) -> None:
+        for task in list(self._resends):
+            task.cancel()
+        await asyncio.gather(*self._resends, return_exceptions=True)
+        await super().aclose()
+
     def record(self, history: History) -> None:
         history.add(
             "edge",
             sid=self.sid,
+            edge_id=self.edge_id,
             closes=self.closes,
             barge_ins=self.barge_ins,
             connections=self.connections,
+            attempts=self.attempts,
             speeches=self.speeches,
+            transcripts=[asdict(t) for t in self.transcripts.values()],
         )

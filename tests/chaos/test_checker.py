@@ -233,6 +233,105 @@ def test_a_5xx_other_than_the_retryable_503s_an_unowned_session_a_session_ended_
     }
 
 
+def _edge(*transcripts: dict[str, Any], closes: list[list[Any]] | None = None) -> dict[str, Any]:
+    return {
+        "kind": "edge",
+        "sid": SID,
+        "edge_id": "e1",
+        "closes": closes or [],
+        "barge_ins": [],
+        "connections": 2,
+        "attempts": 3,
+        "speeches": 0,
+        "transcripts": list(transcripts),
+    }
+
+
+def _transcript(tid: str, text: str, item_id: str | None, *, sends: int = 1) -> dict[str, Any]:
+    """A final transcript as the edge recorded it: taken (at 12.0, as ``item_id``) unless ``item_id`` is None."""
+    taken = item_id is not None
+    return {
+        "id": tid,
+        "text": text,
+        "said_at": 11.0,
+        "taken_at": 12.0 if taken else None,
+        "item_id": item_id,
+        "sends": sends,
+        "acks": int(taken),
+        "errors": [],
+    }
+
+
+def _heard(records: list[dict[str, Any]], durable: dict[str, list[dict[str, Any]]], *messages: str) -> None:
+    """A media session whose edge said two transcripts, both taken (the second after a resend); ``messages``: the
+    item ids the chat holds for the first one's text."""
+    records[0]["role"] = "media"
+    records.append(_edge(_transcript("t1", "heard 1", "item_h1"), _transcript("t2", "heard 2", "item_h2", sends=2)))
+    for n, item_id in enumerate([*messages, "item_h2"], start=10):
+        text = "heard 2" if item_id == "item_h2" else "heard 1"
+        durable["chat_items"].append(_item(n, item_id, "message", None, role="user", text=text))
+
+
+def test_an_edge_transcript_taken_once_as_a_user_message_is_clean():
+    records, durable = _clean()
+    _heard(records, durable, "item_h1")
+    assert _classes(records, durable) == {}
+
+
+def test_an_edge_transcript_taken_but_not_in_the_chat_or_as_another_item_is_lost():
+    for messages in ((), ("item_other",)):
+        records, durable = _clean()
+        _heard(records, durable, *messages)
+        found = _classes(records, durable)
+        assert {k: len(v) for k, v in found.items()} == {"lost-input": 1}, messages
+        assert "t1" in found["lost-input"][0].detail
+
+
+def test_an_edge_transcript_never_taken_is_lost_while_its_session_lives():
+    records, durable = _clean()
+    records[0]["role"] = "media"
+    records.append(_edge(_transcript("t1", "heard 1", None, sends=4)))
+    found = _classes(records, durable)
+    assert {k: len(v) for k, v in found.items()} == {"lost-input": 1}
+    assert "never taken" in found["lost-input"][0].detail
+
+    durable["sessions"][0]["state"] = "closed"
+    assert _classes(records, durable) == {}
+
+
+def test_an_edge_transcript_stored_twice_is_a_duplicate():
+    records, durable = _clean()
+    _heard(records, durable, "item_h1", "item_h1b")
+    found = _classes(records, durable)
+    assert {k: len(v) for k, v in found.items()} == {"duplicate-effect": 1}
+    assert "t1" in found["duplicate-effect"][0].detail
+
+
+def test_a_4409_to_an_edge_is_an_edge_close_even_after_its_session_ended():
+    records, durable = _clean()
+    records.append(_edge(closes=[[11.0, 4410, "session moved"], [12.0, 1011, ""]]))
+    assert _classes(records, durable) == {}
+    records[-1]["closes"].append([13.0, 4409, "replaced by another edge"])
+    assert {k: len(v) for k, v in _classes(records, durable).items()} == {"edge-close": 1}
+    durable["sessions"][0]["state"] = "closed"
+    assert {k: len(v) for k, v in _classes(records, durable).items()} == {"edge-close": 1}
+
+
+def test_an_input_whose_queued_reply_a_later_edge_transcript_ended_is_answered():
+    records, durable = _clean()
+    records[0]["role"] = "media"
+    durable["events"] = [e for e in durable["events"] if e["type"] != "generation.started" and "tool" not in e["type"]]
+    durable["events"][-1]["data"]["interrupted"] = True
+    durable["tool_calls"] = []
+    durable["chat_items"] = durable["chat_items"][:1]
+    _renumber(records, durable)
+    records.append(_edge(_transcript("t1", "heard 1", None)))
+    assert set(_classes(records, durable)) == {"unanswered-input", "lost-input"}  # said, never taken: no excuse
+    records[-1]["transcripts"] = [_transcript("t1", "heard 1", "item_h1")]
+    durable["chat_items"].append(_item(1, "item_h1", "message", None, role="user", text="heard 1"))
+    assert _classes(records, durable) == {}
+
+
 def _renumber(records: list[dict[str, Any]], durable: dict[str, list[dict[str, Any]]]) -> None:
     """Give the events left seq 1..N again, and the clients' streams what the log now holds."""
     for seq, event in enumerate(durable["events"], start=1):
