@@ -18,9 +18,9 @@ Classes (DESIGN.md's invariants, as they must hold across processes):
 - ``stream``: a client stream that missed or repeated an event, saw one the database does not hold, or never caught
   up at the end.
 - ``unowned-session``: a session not owned by a live node at the end, or failed.
-- ``answer-5xx``: a 5xx other than 503; ``answer-503-other``: a 503 whose code is not one of docs/cluster.md's
-  retryable ones ("Retryable answers"); ``no-answer``: a command still failing (transport error, 503) when its
-  client's retry time ran out.
+- ``answer-5xx``: a 5xx other than 503 (to a command, or to a media edge's handshake); ``answer-503-other``: a 503
+  whose code is not one of docs/cluster.md's retryable ones ("Retryable answers"); ``no-answer``: a command still
+  failing (transport error, 503) when its client's retry time ran out.
 - ``report-refused``: a webhook backend's report refused (403/404, or 409 `not_awaiting_report` to the end).
 - ``edge-close``: a "session ended"-style close (1000, 4404) to a media edge while the session lived on, or any
   4409 (the edge's live connection replaced, though each of its attempts is numbered).
@@ -414,6 +414,8 @@ class Checker:
             for at, code, reason in edge["closes"]:
                 if code == EDGE_REPLACED or (code in (1000, 4404) and not ended):
                     self.add("edge-close", sid, f"media edge closed {code} {reason!r} at {at:.3f}")
+                elif reason == "handshake" and code >= 500 and code != 503:  # a node stopping answers 503
+                    self.add("answer-5xx", sid, f"media edge's handshake answered {code} at {at:.3f}")
 
     def check_settled(self) -> None:
         for record in self.history.of("settle"):

@@ -317,6 +317,14 @@ def test_a_4409_to_an_edge_is_an_edge_close_even_after_its_session_ended():
     assert {k: len(v) for k, v in _classes(records, durable).items()} == {"edge-close": 1}
 
 
+def test_a_media_handshake_answered_5xx_other_than_503_is_flagged():
+    records, durable = _clean()
+    records.append(_edge(closes=[[11.0, 503, "handshake"], [12.0, 404, "handshake"]]))
+    assert _classes(records, durable) == {}
+    records[-1]["closes"].append([13.0, 500, "handshake"])
+    assert {k: len(v) for k, v in _classes(records, durable).items()} == {"answer-5xx": 1}
+
+
 def test_an_input_whose_queued_reply_a_later_edge_transcript_ended_is_answered():
     records, durable = _clean()
     records[0]["role"] = "media"

@@ -32,6 +32,7 @@ from switchboard.api.streams.ws_protocol import (
     shared_sender,
     text_sender,
 )
+from tests.waiting import WAIT_S
 
 from .server import free_port
 
@@ -172,3 +173,42 @@ async def test_a_send_that_waits_for_a_full_socket_still_writes_the_shared_frame
                 for text in texts:
                     assert await asyncio.wait_for(ws.recv(), 10) == text
             assert FRAMES.encoded - before == len(texts)  # each message encoded once, for both connections
+
+
+async def test_a_handshake_in_progress_when_the_server_stops_is_answered_503():
+    """A node stopping (a rolling deploy) with an edge's handshake not yet answered by the app (it was finding where
+    the session runs): uvicorn answered 500, which the client library took for a failure and the reference edge
+    stopped on. The answer is 503 with Retry-After: the client connects again, to another node."""
+    arrived = asyncio.Event()
+
+    async def endpoint(ws: WebSocket) -> None:
+        await ws.receive()  # the handshake's request, never answered
+        arrived.set()
+        await ws.receive()  # until the connection is gone
+
+    app = Starlette(routes=[WebSocketRoute("/ws", endpoint)])
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_config=None, ws=EventStreamProtocol, timeout_graceful_shutdown=WAIT_S
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while not server.started:
+                await asyncio.sleep(0.02)
+
+        async def connect() -> Any:
+            return await websockets.connect(f"ws://127.0.0.1:{port}/ws", open_timeout=WAIT_S)
+
+        client = asyncio.create_task(connect())
+        async with asyncio.timeout(WAIT_S):
+            await arrived.wait()
+        server.should_exit = True
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await client
+        assert refused.value.response.status_code == 503
+        assert refused.value.response.headers["Retry-After"] == "1"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, WAIT_S)

@@ -20,6 +20,7 @@ from switchboard.cli import edge as edge_cli
 from switchboard.cli.edge import Edge, EdgeOptions, _Retry
 from switchboard.cli.edge_memory import EdgeIdentity, PendingTranscripts
 from switchboard.client import AsyncClient
+from switchboard.client.errors import Unavailable
 from switchboard.client.media import media_url
 from tests.waiting import WAIT_S, until
 
@@ -137,3 +138,24 @@ def test_the_reference_edge_connects_again_after_the_database_was_unavailable() 
     assert retry.after(1013) is not None
     assert retry.after(4410) is not None
     assert retry.after(1000) is None and retry.after(4409) is None  # the session ended; another edge took over
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+async def test_a_handshake_answered_5xx_is_unavailable_and_retried(status: int) -> None:
+    """A node stopping as it took the connection answered 500 (now 503), a balancer with no node for it answers 502 or
+    503: the client library raised a plain error, on which the reference edge stopped for good during a rolling
+    deploy. It is ``Unavailable``, which the edge retries once it has been connected."""
+
+    def answer(connection: ServerConnection, request: Any) -> Any:
+        return connection.respond(status, "not now\n")
+
+    async def never(ws: ServerConnection) -> None:
+        raise AssertionError("no connection is opened")
+
+    async with serve(never, "127.0.0.1", 0, process_request=answer) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with AsyncClient(f"http://127.0.0.1:{port}") as sb:
+            with pytest.raises(Unavailable) as failed:
+                async with sb.media("s1"):
+                    pass
+    assert failed.value.status == status

@@ -24,7 +24,16 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as aconnect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from .errors import BadRequest, Forbidden, NotFound, SwitchboardError, Unauthorized, fatal_close, unreachable
+from .errors import (
+    BadRequest,
+    Forbidden,
+    NotFound,
+    SwitchboardError,
+    Unauthorized,
+    Unavailable,
+    fatal_close,
+    unreachable,
+)
 
 OPEN_TIMEOUT_S = 10.0
 MAX_FRAME_BYTES = 2**20
@@ -84,6 +93,10 @@ class MediaConnection:
             )
         except InvalidStatus as err:
             status = err.response.status_code
+            if status >= 500:  # a server stopping as it took the connection, or a balancer with no server for it
+                raise Unavailable(
+                    status, "handshake_failed", f"The media endpoint failed the handshake ({status})"
+                ) from err
             cls = _REFUSALS.get(status, SwitchboardError)
             raise cls(status, "handshake_refused", f"The media endpoint refused the connection ({status})") from err
         except (OSError, TimeoutError) as err:

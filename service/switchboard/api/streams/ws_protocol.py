@@ -8,7 +8,8 @@ encoding, and a connection that can take it at once writes those bytes to its so
 .send_shared``, offered to the app as the ASGI scope extension ``SHARED_FRAMES``). Compressing each message on its own
 also frees a connection's compressor between messages (~32 KB per idle stream).
 
-Everything else is uvicorn's websockets (sans-I/O) protocol: the handshake, keepalive pings, receiving, closing.
+Everything else is uvicorn's websockets (sans-I/O) protocol: the handshake, keepalive pings, receiving, closing; but a
+handshake still in progress when the server stops is answered 503, not 500 (the client connects again).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Hashable, Sequence
+from http import HTTPStatus
 from typing import Any
 
 from starlette.websockets import WebSocket
@@ -35,6 +37,7 @@ SHARED_FRAMES_WHEN_WRITABLE = "switchboard.shared_frames_when_writable"
 SHARED_CACHE_SIZE = 64  # messages whose wire bytes are kept (one event may make a few AG-UI messages)
 WINDOW_BITS = 12  # uvicorn's (and the websockets library's) defaults
 COMPRESS_SETTINGS = {"memLevel": 5}
+SHUTDOWN_RETRY_AFTER_S = "1"
 
 SendShared = Callable[..., bool]  # (*texts: str) -> bool
 SendText = Callable[[str], Coroutine[Any, Any, None]]
@@ -115,6 +118,19 @@ class EventStreamProtocol(WebSocketsSansIOProtocol):
         connection would stay open for good, and a shutdown would fail on it trying to answer a second time."""
         self.handshake_complete = True
         self.close_sent = True
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.close()
+
+    def shutdown(self) -> None:
+        """The server stops: a connection whose handshake the app has not answered yet is answered 503 with
+        ``Retry-After`` (uvicorn answers 500, which a client takes for a failure rather than a node going away)."""
+        if self.handshake_complete or self.close_sent or self.initial_response is not None:
+            super().shutdown()
+            return
+        self.stop_keepalive()
+        response = self.conn.reject(HTTPStatus.SERVICE_UNAVAILABLE, "The server is shutting down; connect again.\n")
+        response.headers["Retry-After"] = SHUTDOWN_RETRY_AFTER_S
+        self.conn.send_response(response)
         self.transport.write(b"".join(self.conn.data_to_send()))
         self.transport.close()
 
