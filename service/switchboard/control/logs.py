@@ -38,11 +38,41 @@ class RedactSecrets(logging.Filter):
         return True
 
 
+# What would let logged text break out of its line or rewrite a terminal that shows the log: C0 and C1 controls,
+# DEL, the Unicode line and paragraph separators and the bidi overrides. Messages carry client text (paths, headers,
+# agent and tool output): a raw newline in one would be a second, forged log line.
+_LOG_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_LOG_CONTROLS |= {c: f"\\u{c:04x}" for c in (0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+_LOG_CONTROLS |= {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+_DETAIL_INDENT = "    "
+
+
+def one_line(text: str) -> str:
+    """``text`` with every control shown as an escape: it cannot end its log line or start another."""
+    return text.translate(_LOG_CONTROLS)
+
+
 class _TextFormatter(logging.Formatter):
+    """One line per record, whatever its message and fields hold; a traceback follows on indented lines, so a line
+    that starts at the margin is always a record's own."""
+
     def format(self, record: logging.LogRecord) -> str:
-        base = super().format(record)
-        ids = " ".join(f"{k}={getattr(record, k)}" for k in _CONTEXT_FIELDS if getattr(record, k, None))
-        return f"{base} {ids}" if ids else base
+        record.message = one_line(record.getMessage())
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
+        ids = " ".join(f"{k}={one_line(str(getattr(record, k)))}" for k in _CONTEXT_FIELDS if getattr(record, k, None))
+        line = f"{line} {ids}" if ids else line
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        details = [
+            text for text in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)) if text
+        ]
+        return "\n".join([line, *(_indented(text) for text in details)])
+
+
+def _indented(detail: str) -> str:
+    return "\n".join(_DETAIL_INDENT + one_line(part) for part in detail.splitlines())
 
 
 class _JsonFormatter(logging.Formatter):

@@ -135,6 +135,13 @@ async def forward_to(
     return _answer(answer)
 
 
+def _as_sent(scope: Scope) -> str:
+    """The request's path and query as the client sent them (still percent-escaped), for a log line."""
+    raw = bytes(scope.get("raw_path") or str(scope.get("path", "")).encode()).decode("latin-1")
+    query = bytes(scope.get("query_string") or b"").decode("latin-1")
+    return f"{raw}?{query}" if query else raw
+
+
 def forwarded_secret(secret: str | None) -> str:
     """The header's value this node sends, and expects from the others."""
     return secret or LOOPBACK_SECRET
@@ -154,7 +161,7 @@ class ForwardedGuard:
                 logger.warning(
                     "refused a forwarded %s %s from %s: wrong or missing cluster secret",
                     scope.get("method", "WebSocket"),
-                    scope.get("path"),
+                    _as_sent(scope),  # percent-escapes kept: a decoded %0A would end the log line
                     (scope.get("client") or ("?",))[0],
                 )
                 await self._refuse(scope, receive, send)
