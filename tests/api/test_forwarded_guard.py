@@ -11,6 +11,7 @@ import pytest
 from switchboard.api.cluster.forward import FORWARDED_HEADER, ForwardedGuard
 from switchboard.api.problems import problem_response
 from switchboard.control.settings import Settings
+from tests.log_capture import service_log
 
 from .conftest import Api
 
@@ -113,3 +114,19 @@ def test_a_loopback_cluster_with_api_keys_needs_the_secret(keys: bool):
     with pytest.raises(ValueError, match="SWITCHBOARD_CLUSTER_SECRET"):
         settings.check_cluster()
     Settings(**given, cluster_secret=SECRET).check_cluster()
+
+
+async def test_a_refused_forwarded_request_is_logged_on_one_line_as_sent():
+    """The refusal's log line names the path as the client sent it: a ``%0A`` in it is not decoded into a second,
+    forged log line (nor into an escaped newline that hides what was sent)."""
+    guard = ForwardedGuard(_ok, cluster_mode=True, secret=SECRET)
+    forged = "%0A2026-01-01%2000:00:00,000%20ERROR%20switchboard:%20forged"
+    with service_log() as out:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guard), base_url="http://test") as client:
+            r = await client.get(f"/v1/sessions/s{forged}?q=1%0D%0Ax", headers={FORWARDED_HEADER: "wrong"})
+    assert r.status_code == 403
+    lines = out.getvalue().splitlines()  # the test client's own request lines too
+    assert not any(line.startswith(("2026-01-01", "x")) for line in lines), lines
+    refusals = [line for line in lines if "refused a forwarded" in line]
+    assert len(refusals) == 1, lines
+    assert f"refused a forwarded GET /v1/sessions/s{forged}?q=1%0D%0Ax from " in refusals[0]

@@ -68,3 +68,20 @@ def test_attention_lists_what_needs_an_operator(srv: Server) -> None:
     out = wait_until(listed, timeout=10)
     line = next(line for line in out.splitlines() if line.startswith("cli-att"))
     assert "generation_failed" in line and "model unreachable" in line
+
+
+def test_attention_prints_a_model_error_without_its_terminal_controls(srv: Server) -> None:
+    hostile = "down\x1b]0;owned\x07\x1b[2J\u009b31m\u202eexe"
+    turns = json.dumps({"provider": "scripted", "turns": [{"error": hostile}]})
+    assert run(srv, "create", "tester", "--id", "cli-att-esc", "--llm", turns).returncode == 0
+    assert run(srv, "input", "cli-att-esc", "hello?").returncode == 0
+
+    def listed() -> str | None:
+        out = run(srv, "attention").stdout
+        return out if "cli-att-esc" in out else None
+
+    out = wait_until(listed, timeout=10)
+    for raw in ("\x1b", "\x07", "\u009b", "\u202e"):
+        assert raw not in out, repr(raw)
+    line = next(line for line in out.splitlines() if line.startswith("cli-att-esc"))
+    assert "down\\x1b]0;owned\\x07\\x1b[2J\\x9b31m\\u202eexe" in line

@@ -3,12 +3,16 @@ bidi overrides from users, models or tool backends are printed as visible escape
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
+import sys
 from typing import Any
 
+import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
+from switchboard.cli import main as cli_main
 from switchboard.cli.operator import Style, printable, tail
 from switchboard.client import AsyncClient
 
@@ -46,3 +50,28 @@ def test_printable_keeps_text_and_tabs():
     assert printable({"a\x1bb": "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"}) == {
         "a\\x1bb": "\\u202a\\u202b\\u202c\\u202d\\u202e\\u2066\\u2067\\u2068\\u2069"
     }
+
+
+def test_a_new_command_cannot_print_terminal_controls(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """Every command's stdout and stderr go through the output layer: one that prints server text raw (like
+    `attention` did) still shows its controls as escapes; only Style's colours and line breaks pass."""
+
+    def hostile(args: argparse.Namespace) -> int:
+        print(HOSTILE + Style(True, True)("ok", "bold", "red"))
+        print(HOSTILE, file=sys.stderr)
+        return 0
+
+    def with_a_new_command(sub: Any) -> None:
+        sub.add_parser("hostile").set_defaults(func=hostile)
+
+    monkeypatch.setattr(cli_main, "add_edge_command", with_a_new_command)
+    assert cli_main.main(["hostile"]) == 0
+    out, err = capsys.readouterr()
+    for printed in (out, err):
+        for raw in ("\x1b]", "\x07", "\x1b[2J", "\x1b[1A", "\u009b", "\u202e", "\u2066", "\r", "\x00", "\x7f"):
+            assert raw not in printed, repr(raw)
+        assert "hi\\x1b]0;owned\\x07\\x1b[2J\\x1b[1A\\x9b31m\\u202etxt.exe" in printed
+    assert out.endswith("\x1b[1;31mok\x1b[0m\n")  # Style's own sequences are not escaped
+    assert err.count("\n") == 2  # line breaks stay: the stream carries lines

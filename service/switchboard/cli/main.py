@@ -16,6 +16,7 @@ from ..control import logs
 from ..control.settings import Settings
 from .edge import add_edge_command
 from .operator import add_client_commands
+from .output import terminal_output
 from .runner import run_bounded
 from .session_commands import add_session_commands
 
@@ -201,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    with terminal_output():  # whatever a command prints, no server text reaches the terminal as a control
+        return int(args.func(args))
 
 
 if __name__ == "__main__":

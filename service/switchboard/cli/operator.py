@@ -143,10 +143,10 @@ def _call_row(call: ToolCall, s: Style) -> list[str]:
     if last is not None:
         # a completed call is done, whatever its last report said; one that reported no fraction is indeterminate
         done = 1.0 if call.status == ToolStatus.COMPLETED else last.progress
-        progress = f"{s.bar(done, width=10)} {printable(last.message)}".strip()
+        progress = f"{s.bar(done, width=10)} {last.message}".strip()
     flag = "yes" if call.cancellable else "no"
-    arguments = short(format_arguments(printable(call.arguments)), 40)
-    return [call.call_id, call.session_id, printable(call.name), str(call.status), flag, progress, arguments]
+    arguments = short(format_arguments(call.arguments), 40)
+    return [call.call_id, call.session_id, call.name, str(call.status), flag, progress, arguments]
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
-from collections.abc import Callable
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -75,6 +79,60 @@ def printable(value: Any) -> Any:
     return value
 
 
+# What Style writes on purpose: its colours and the reset, nothing else (no cursor moves, no hidden text)
+_STYLE_CODE = "|".join(sorted(ANSI.values(), key=len, reverse=True))
+_STYLE_SEQUENCE = re.compile(f"(\x1b\\[(?:0|(?:{_STYLE_CODE})(?:;(?:{_STYLE_CODE}))*)m)")
+# a stream carries lines: its own line breaks stay, every other control is shown
+_STREAM_CONTROLS = {c: escape for c, escape in _TERMINAL_CONTROLS.items() if c != 0x0A}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` as a terminal may receive it: Style's colour sequences and line breaks kept, every other control
+    (server text a command forgot to escape included) shown as an escape."""
+    pieces = _STYLE_SEQUENCE.split(text)  # odd pieces are Style's own sequences
+    return "".join(p if i % 2 else p.translate(_STREAM_CONTROLS) for i, p in enumerate(pieces))
+
+
+class TerminalStream(io.TextIOBase):
+    """stdout or stderr as every command writes to it (``terminal_output``): the one place server text passes on
+    its way to the operator's terminal, so a command that prints a tool's output or a model's error raw still
+    cannot send the terminal an escape sequence."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(terminal_safe(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]  # the wrapped stream's (choose_style reads it)
+        return str(getattr(self.stream, "encoding", None) or "utf-8")
+
+
+@contextmanager
+def terminal_output() -> Iterator[None]:
+    """Route ``sys.stdout`` and ``sys.stderr`` through ``TerminalStream`` while a command runs."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = TerminalStream(saved[0]), TerminalStream(saved[1])
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = saved
+
+
 def short(value: Any, limit: int = 80) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     text = " ".join(text.split())
@@ -103,6 +161,8 @@ def age(created_at: str) -> str:
 
 
 def table(rows: list[list[str]], header: list[str], out: TextIO) -> None:
+    """Aligned columns; a cell is one line whatever its text (its controls and line breaks shown as escapes)."""
+    rows = [[printable(str(cell)) for cell in row] for row in rows]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         out.write("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip() + "\n")

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from .. import __version__
 from ..runtime.aio import cancel_and_wait, first_of, spawn
 from ..runtime.ports import Receipt
-from ..runtime.text import valid_json, valid_text
+from ..runtime.text import read_json, valid_json, valid_text
 from ..runtime.tools import (
     CONFIRM_DESCRIPTION,
     CONFIRM_FIELD,
@@ -167,7 +167,7 @@ class BackendResult(BaseModel):
         """From a backend's JSON answer; its lone surrogates become U+FFFD (``runtime.text``). Parsed by ``json``:
         pydantic's own parser rejects a ``\\ud800`` escape outright."""
         # ValueError (not JSON, not UTF-8) or ValidationError (itself a ValueError): not a valid result
-        data = json.loads(content)
+        data = read_json(content)
         return cls.model_validate(valid_json(data))
 
 

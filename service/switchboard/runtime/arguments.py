@@ -13,6 +13,8 @@ import json_repair
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
+from .text import TooDeep, read_json
+
 # Chat-template tokens that some models leak into their tool-call arguments (Gemma's ``<|"|``, ``<|im_end|>``,
 # ``<end_of_turn>``...). Removed only from arguments that are not valid JSON as they are: a valid string that
 # happens to contain such text is the model's meaning and is kept.
@@ -33,7 +35,9 @@ def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
     if not raw.strip():
         return {}, None
     try:
-        value = json.loads(raw)
+        value = read_json(raw)
+    except TooDeep:  # past what is read, let alone repaired
+        return {}, "arguments are nested too deeply"
     except json.JSONDecodeError as err:
         value = _repaired(raw)
         if value is None:

@@ -15,9 +15,10 @@ _SECRETS = (
 )
 
 
-# a query parameter whose name is only "token" once decoded (``?tok%65n=``): the server decodes names, so must we
+# a query parameter whose name is only "token" (or "api_key": a key sent where a token goes) once decoded
+# (``?tok%65n=``): the server decodes names, so must we
 _QUERY_PARAM = re.compile(r"([?&;])([^=&\s\"'<>?]+)=([^&\s\"'<>]*)")
-_CREDENTIAL_PARAMS = frozenset({"token", "access_token"})
+_CREDENTIAL_PARAMS = frozenset({"token", "access_token", "api_key", "apikey", "key"})
 
 
 def _redact_param(match: re.Match[str]) -> str:

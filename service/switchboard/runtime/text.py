@@ -7,10 +7,15 @@ it encodes, and a lone surrogate becomes U+FFFD (the replacement character), as 
 bytes it cannot read. Every other character, NUL and control characters included, is kept exactly.
 
 Entry points applying it: API request bodies, webhook reports and answers, the model's streamed output.
+
+JSON from outside is also bounded in depth (``MAX_JSON_DEPTH``): ``read_json`` and ``valid_json`` answer deeper
+nesting with ``TooDeep``, a ``ValueError`` like any JSON that cannot be read, where it would otherwise end in a
+``RecursionError`` (media frames, event-stream messages, tool arguments, bodies, webhook answers).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -25,14 +30,59 @@ def valid_text(value: str) -> str:
     return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
+MAX_JSON_DEPTH = 100  # arrays and objects in one another: far more than any body, frame or answer needs
+
+
+class TooDeep(ValueError):
+    """JSON nested deeper than ``MAX_JSON_DEPTH``: bad input, like JSON that cannot be read. Read as it is, it would
+    exhaust Python's recursion (``[[[[...]]]]`` 100,000 deep fits in one frame) or pydantic's, later, in a store or
+    an encoder."""
+
+    def __init__(self) -> None:
+        super().__init__(f"JSON nested more than {MAX_JSON_DEPTH} deep")
+
+
+def read_json(text: str | bytes) -> Any:
+    """``json.loads`` for text from outside: whatever cannot be read, nested too deeply included (``TooDeep``), is a
+    ``ValueError`` (``json`` itself raises ``RecursionError``)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise TooDeep from None
+    _check_depth(value)
+    return value
+
+
+def _check_depth(value: Any) -> None:
+    """``TooDeep`` for a value nested deeper than ``MAX_JSON_DEPTH``, found without recursion."""
+    level: list[Any] = [value]
+    for _ in range(MAX_JSON_DEPTH):
+        level = [child for item in level for child in _children(item) if isinstance(child, dict | list)]
+        if not level:
+            return
+    raise TooDeep
+
+
+def _children(value: Any) -> Any:
+    if isinstance(value, dict):
+        return value.values()
+    return value if isinstance(value, list) else ()
+
+
 def valid_json(value: Any) -> Any:
-    """``valid_text`` applied to every string in a JSON-like value (mapping keys too)."""
+    """``valid_text`` applied to every string in a JSON-like value (mapping keys too); ``TooDeep`` for one nested
+    deeper than ``MAX_JSON_DEPTH``."""
+    _check_depth(value)
+    return _valid_json(value)
+
+
+def _valid_json(value: Any) -> Any:
     if isinstance(value, str):
         return valid_text(value)
     if isinstance(value, dict):
-        return {valid_json(k): valid_json(v) for k, v in value.items()}
+        return {_valid_json(k): _valid_json(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [valid_json(v) for v in value]
+        return [_valid_json(v) for v in value]
     return value
 
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 import time
 from collections.abc import Callable
+from urllib.parse import quote, unquote
 
 import httpx
 from fastapi import Request, Response
@@ -75,12 +77,37 @@ def _moved(session_id: str, node_id: str, why: str) -> Response:
     )
 
 
+class BadTarget(ValueError):
+    """A request's path or query that cannot be sent on to another node as it is."""
+
+
+# what a request target sent on holds: visible ASCII, and a percent sign only as an escape
+_SENDABLE = re.compile(r"(?:[!-$&-~]|%[0-9A-Fa-f]{2})*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def owner_target(scope: Scope) -> str:
+    """The path and query of ``scope`` as the client sent them (percent-escapes kept: ``a%2Fb`` stays one path
+    segment on the owner), or ``BadTarget``: one that is no URL (a raw control or space, an invalid escape), or a
+    path that decodes to a control (no session, speech or call id holds one; ``%00`` would be forwarded into an
+    error)."""
+    raw_path = scope.get("raw_path")
+    path = bytes(raw_path).decode("latin-1") if raw_path is not None else quote(str(scope.get("path", "")))
+    query = bytes(scope.get("query_string") or b"").decode("latin-1")
+    if not (_SENDABLE.fullmatch(path) and _SENDABLE.fullmatch(query)) or _CONTROL.search(unquote(path)):
+        raise BadTarget(f"{path}?{query}" if query else path)
+    return f"{path}?{query}" if query else path
+
+
+def bad_target() -> Response:
+    return problem_response(400, "invalid_path", "The request's path or query holds a control or an invalid escape.")
+
+
 def _outgoing(request: Request, node_url: str, secret: str | None) -> tuple[str, dict[str, str]]:
-    """The URL and headers of ``request`` sent on to the node at ``node_url``."""
+    """The URL and headers of ``request`` sent on to the node at ``node_url`` (``BadTarget``: it cannot be)."""
     headers = {name: value for name, value in request.headers.items() if name.lower() not in _HOP_HEADERS}
     headers[FORWARDED_HEADER] = forwarded_secret(secret)
-    url = node_url.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    return url, headers
+    return node_url.rstrip("/") + owner_target(request.scope), headers
 
 
 def _answer(answer: httpx.Response) -> Response:
@@ -122,17 +149,29 @@ async def forward_to(
 ) -> Response:
     """Send ``request`` to the node at ``node_url`` and answer with its answer (503 ``session_moved`` when it does
     not answer). ``count(outcome, seconds)`` records what happened (``Metrics.on_forward``)."""
-    url, headers = _outgoing(request, node_url, secret)
+    try:
+        url, headers = _outgoing(request, node_url, secret)
+    except BadTarget:
+        return bad_target()
     body = await request.body()
     sent = time.perf_counter()
     try:
         answer = await client.request(request.method, url, content=body, headers=headers)
+    except httpx.InvalidURL:  # what owner_target let through and httpx does not take: still the request's fault
+        return bad_target()
     except httpx.HTTPError as exc:
         logger.warning("forwarding %s %s to node %s failed: %r", request.method, request.url.path, node_id, exc)
         count("unreachable", None)
         return _moved(session_id or "(new)", node_id, "that node did not answer")
     count("answered", time.perf_counter() - sent)
     return _answer(answer)
+
+
+def _as_sent(scope: Scope) -> str:
+    """The request's path and query as the client sent them (still percent-escaped), for a log line."""
+    raw = bytes(scope.get("raw_path") or str(scope.get("path", "")).encode()).decode("latin-1")
+    query = bytes(scope.get("query_string") or b"").decode("latin-1")
+    return f"{raw}?{query}" if query else raw
 
 
 def forwarded_secret(secret: str | None) -> str:
@@ -154,7 +193,7 @@ class ForwardedGuard:
                 logger.warning(
                     "refused a forwarded %s %s from %s: wrong or missing cluster secret",
                     scope.get("method", "WebSocket"),
-                    scope.get("path"),
+                    _as_sent(scope),  # percent-escapes kept: a decoded %0A would end the log line
                     (scope.get("client") or ("?",))[0],
                 )
                 await self._refuse(scope, receive, send)
@@ -176,9 +215,11 @@ async def read_from_owner(
 ) -> Response | None:
     """A read of a session another node runs, answered by that node (what only the live session knows: its agent
     state, the speech under way); None when it did not answer, and the caller answers from the database."""
-    target, headers = _outgoing(request, url, secret)
     try:
+        target, headers = _outgoing(request, url, secret)
         answer = await client.get(target, headers=headers, timeout=READ_TIMEOUT_S)
+    except (BadTarget, httpx.InvalidURL):
+        return bad_target()
     except httpx.HTTPError as exc:
         logger.warning("read of %s from node %s failed (%r); from the database", request.url.path, node_id, exc)
         return None

@@ -29,6 +29,7 @@ from websockets.frames import Close
 from ...control.metrics import Metrics
 from ...runtime.aio import cancel_and_wait
 from ..media.codes import (
+    CLOSE_BAD_REQUEST,
     CLOSE_INTERNAL_ERROR,
     CLOSE_MESSAGE_TOO_BIG,
     CLOSE_NORMAL,
@@ -38,7 +39,7 @@ from ..media.codes import (
     SEND_TIMEOUT_S,
 )
 from ..streams.events import _close
-from .forward import FORWARDED_HEADER, forwarded_secret
+from .forward import FORWARDED_HEADER, BadTarget, forwarded_secret, owner_target
 
 logger = logging.getLogger("switchboard.api.media")
 
@@ -63,12 +64,12 @@ class _End:
 
 
 def owner_media_url(node_url: str, ws: WebSocket) -> str:
-    """The owner's media URL for the path and query (a session token) the edge connected with."""
+    """The owner's media URL for the path and query (a session token) the edge connected with, as it sent them
+    (``BadTarget``: they cannot be sent on)."""
     base = node_url.rstrip("/")
     base = "wss://" + base[len("https://") :] if base.startswith("https://") else base
     base = "ws://" + base[len("http://") :] if base.startswith("http://") else base
-    query = ws.url.query
-    return base + ws.url.path + (f"?{query}" if query else "")
+    return base + owner_target(ws.scope)
 
 
 def _sendable(code: int | None) -> int:
@@ -89,12 +90,17 @@ async def relay(
 ) -> None:
     """Relay the accepted edge ``ws`` to the node that runs the session (``node_id`` at ``node_url``), until either
     side closes."""
+    try:
+        url = owner_media_url(node_url, ws)
+    except BadTarget:
+        await _close(ws, CLOSE_BAD_REQUEST, "invalid_path")
+        return
     headers = {FORWARDED_HEADER: forwarded_secret(secret)}
     if (authorization := ws.headers.get("authorization")) is not None:
         headers["Authorization"] = authorization
     try:
         upstream = await connect(
-            owner_media_url(node_url, ws),
+            url,
             additional_headers=headers,
             user_agent_header=None,
             compression=None,  # node to node: latency over bytes

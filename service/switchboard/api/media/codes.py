@@ -40,7 +40,8 @@ CLOSE_CODES: dict[int, str] = {
     CLOSE_SLOW_CONSUMER: f"Too slow: more than {OUTBOX_FRAMES} frames waited for the edge, or a send stalled for "
     f"{SEND_TIMEOUT_S:.0f} s. The speech it was playing ends interrupted; reconnect.",
     CLOSE_BAD_REQUEST: "`edge_id` and `connection` are not both given, or not as described (an id of 1 to 64 "
-    "characters `A-Z a-z 0-9 . _ ~ -`; a whole number from 1).",
+    "characters `A-Z a-z 0-9 . _ ~ -`; a whole number from 1). Cluster mode: also (reason `invalid_path`) a query "
+    "that cannot be sent on to the node that runs the session (an invalid percent-escape).",
     CLOSE_UNAUTHENTICATED: "No valid credential (an API key as a Bearer header, or a session token as `token` or a "
     "Bearer header).",
     CLOSE_FORBIDDEN: "The credential lacks the `media:connect` scope, or is a session token of another session. "

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import time
@@ -37,6 +36,7 @@ from ...runtime.media_frames import (
 from ...runtime.receipt import Receipt
 from ...runtime.session import AgentSession, InputResult
 from ...runtime.status import SessionClosed, SessionStatus, SessionSuspended
+from ...runtime.text import read_json
 from .. import deps
 from ..auth import AuthError, Principal, authenticate, bearer, check, url_token
 from ..idempotency import Attempt, KeyedCommands
@@ -283,8 +283,8 @@ class _EdgeConnection:
         frame: object = None
         try:
             try:
-                data = json.loads(text)
-            except ValueError:
+                data = read_json(text)
+            except ValueError:  # not JSON, or nested too deeply to read
                 raise FrameRefused("bad_json", "a frame is a JSON text message") from None
             frame = parse_edge_frame(data)
             if isinstance(frame, UserSpeechStartedFrame) and self.edge.stops_current():

@@ -20,6 +20,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from ...control.hub import SubscriberOverflow, Subscription
 from ...runtime.aio import cancel_and_wait
 from ...runtime.events import Event
+from ...runtime.text import read_json
 from .. import deps
 from ..auth import AuthError, Principal, authenticate, bearer, check, url_token
 from .agui import SHARED, AguiTranslator
@@ -195,8 +196,8 @@ async def _receive(ws: WebSocket) -> None:
         if text is None:
             raise _Closed(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
         try:
-            data = json.loads(text)
-        except ValueError:
+            data = read_json(text)
+        except ValueError:  # not JSON, or nested too deeply to read
             raise _Closed(CLOSE_BAD_REQUEST, "messages must be JSON") from None
         if isinstance(data, dict) and data.get("type") == "ping":
             await _send(ws.send_text, json.dumps({"type": "pong"}))
