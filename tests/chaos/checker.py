@@ -34,22 +34,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tests.retryable import RETRYABLE
+
 from .history import History, Record
 
 Row = dict[str, Any]
-# docs/cluster.md, "Retryable answers"
-RETRYABLE = frozenset(
-    {
-        "session_recovering",
-        "session_moving",
-        "session_moved",
-        "node_draining",
-        "idempotency_key_in_use",
-        "database_unavailable",
-        "unavailable",
-        "deadline_exceeded",
-    }
-)
 CLIENT_INTERRUPTS = ("interrupt", "barge_in")
 ENDED_STATES = ("closed", "failed")
 KEYED_OPS = ("create", "input", "say", "interrupt", "cancel", "progress", "result")

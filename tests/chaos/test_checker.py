@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .checker import RETRYABLE, Violation, check
+from tests.retryable import RETRYABLE
+
+from .checker import Violation, check
 from .history import History
 
 SID = "sess_1"

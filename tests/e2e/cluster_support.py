@@ -20,6 +20,7 @@ import httpx
 import websockets
 
 from tests import waiting
+from tests.retryable import RETRYABLE
 from tests.waiting import WAIT_S
 
 from .server import Server, free_port
@@ -31,14 +32,6 @@ FORWARDED = "x-switchboard-forwarded"
 # 503 codes a client retries (docs/cluster.md): the session is moving between nodes, this node is stopping, or another
 # request with the same Idempotency-Key is still being applied (and `unavailable`: not done in time on a loaded
 # machine)
-RETRYABLE = {
-    "session_moving",
-    "session_moved",
-    "session_recovering",
-    "node_draining",
-    "idempotency_key_in_use",
-    "unavailable",
-}
 
 
 class RedisServer:
