@@ -59,7 +59,7 @@ sim: $(STAMP)
 
 # the cluster simulation (docs/simulation.md, "Cluster"): 1,000 seeds unless SEEDS is given; BEFORE=<fix> switches
 # one fix off (db_clock, write_time_epochs, receipts_with_effect, hand_over, resume_calls, fenced_reports,
-# live_when_moving, transcript_ids)
+# live_when_moving, leased_claims, transcript_ids, edge_connections)
 sim-cluster: $(STAMP)
 	$(BIN)/python -m tests.sim.cluster --seeds $(if $(filter file,$(origin SEEDS)),1000,$(SEEDS)) \
 		$(if $(BEFORE),--before $(BEFORE))
