@@ -60,6 +60,12 @@ class Backend:
         """One process's webhook machinery (its own broker), delivering here."""
         return Webhooks(transport=httpx.MockTransport(self._handle), report_secret=SECRET)
 
+    async def delivered(self, n: int) -> None:
+        """Until ``n`` deliveries came (a call waits for its report as its delivery is still on its way)."""
+        async with asyncio.timeout(WAIT_S):
+            while len(self.calls) < n:
+                await asyncio.sleep(0.005)
+
     async def cancelled(self) -> dict[str, Any]:
         async with asyncio.timeout(WAIT_S):
             while not self.cancels:
@@ -349,6 +355,7 @@ async def test_an_explicit_policy_is_kept_fail_ends_the_call_and_retry_delivers_
     nxt = await first.next_owner([{"text": "Sorry."}], policy=retry)
     try:
         await nxt.waiting()
+        await backend.delivered(2)
         assert len(backend.calls) == 2  # the call's work is asked for again: a second effect, as declared
         await nxt.result("shipped")
     finally:
