@@ -95,3 +95,39 @@ def test_api_keys_from_environment(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("SWITCHBOARD_API_KEYS", f'[{{"key": "{ADMIN}", "scopes": ["sessions:read"]}}]')
     s = Settings()
     assert s.auth_enabled and s.api_keys[0].scopes == ["sessions:read"]
+
+
+async def test_a_token_never_holds_a_scope_its_minter_lacks(tmp_path: Any, registry: AgentRegistry):
+    """A key that may only read sessions minted tokens holding ``events:read`` too (the key itself is refused on the
+    streams): its default token now holds what the key holds, and asking for more is refused."""
+    only_sessions = "only-sessions-0123456789abcdef"
+    app = create_app(
+        make_settings(
+            tmp_path,
+            api_keys=[ApiKey(key=ADMIN, scopes=list(ALL_SCOPES)), ApiKey(key=only_sessions, scopes=["sessions:read"])],
+        ),
+        registry=registry,
+    )
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+            created = await c.post("/v1/sessions", json={"agent": "tester", "id": "m1"}, headers=auth(ADMIN))
+            assert created.status_code == 201
+            r = await c.post("/v1/sessions/m1/tokens", json={}, headers=auth(only_sessions))
+            assert r.status_code == 201 and r.json()["scopes"] == ["sessions:read"]
+            token = r.json()["token"]
+            assert (await c.get("/v1/sessions/m1", headers=auth(token))).status_code == 200
+            asked = {"scopes": ["sessions:read", "events:read"]}
+            r = await c.post("/v1/sessions/m1/tokens", json=asked, headers=auth(only_sessions))
+            assert r.status_code == 403 and "events:read" in r.json()["detail"]
+
+
+def test_a_token_spends_its_minters_budget():
+    from switchboard.api.auth import authenticate, issue_token, key_subject
+
+    settings = Settings(api_keys=[ApiKey(key=READER, scopes=["sessions:read", "events:read"])])
+    minter = authenticate(settings, READER)
+    assert minter.budget == key_subject(READER) and not minter.operator
+    tokens = [issue_token(settings, sid, 60, minter=minter.budget)[0] for sid in ("s1", "s2")]
+    principals = [authenticate(settings, token) for token in tokens]
+    assert {p.identity for p in principals} == {"token:s1", "token:s2"}  # told apart where records are kept
+    assert {p.budget for p in principals} == {minter.budget}  # charged to the one key that made them

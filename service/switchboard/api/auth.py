@@ -30,13 +30,26 @@ class Principal:
     name: str
     scopes: frozenset[str]
     session_id: str | None = None  # set for per-session tokens: valid for that session only
-    # Who this is, for what is kept per caller (idempotency records, rate limits, session quotas): an API key by a
-    # digest of the key (names are optional and may repeat), a token by its session. Never the secret itself.
+    # Who this is, for what is kept per caller (idempotency records, session quotas): an API key by a digest of the
+    # key (names are optional and may repeat), a token by its session. Never the secret itself.
     subject: str = ""
+    # Who answers for it: a token's minter (the API key that made it), else the credential itself. Every budget
+    # (commands, reads, streams, media frames) is charged here, so minting tokens never multiplies a key's share.
+    minter: str | None = None
 
     @property
     def identity(self) -> str:
         return self.subject or self.name
+
+    @property
+    def budget(self) -> str:
+        """The principal whose budgets this credential spends: a token's minter, else the credential itself."""
+        return self.minter or self.identity
+
+    @property
+    def operator(self) -> bool:
+        """An API key that may control sessions: what keeps a reserve when the server's stream slots run low."""
+        return self.session_id is None and ("*" in self.scopes or "sessions:control" in self.scopes)
 
     def allows(self, scope: str, session_id: str | None = None) -> bool:
         if scope not in self.scopes:
@@ -64,10 +77,17 @@ def _unb64(text: str) -> bytes:
 
 
 def issue_token(
-    settings: Settings, session_id: str, ttl_s: int | None = None, scopes: tuple[str, ...] = TOKEN_SCOPES
+    settings: Settings,
+    session_id: str,
+    ttl_s: int | None = None,
+    scopes: tuple[str, ...] = TOKEN_SCOPES,
+    minter: str | None = None,
 ) -> tuple[str, int]:
+    """A signed token for ``session_id``; ``minter`` (the minting key's subject) is the principal it spends for."""
     expires = int(time.time()) + (ttl_s or settings.token_ttl_s)
     claims: dict[str, Any] = {"sid": session_id, "exp": expires, "n": secrets.token_hex(4)}
+    if minter:
+        claims["by"] = minter
     if tuple(scopes) != TOKEN_SCOPES:
         claims["sc"] = list(scopes)  # signed with the rest: a holder cannot widen it
     payload = _b64(json.dumps(claims).encode())
@@ -89,19 +109,25 @@ def _verify_token(settings: Settings, token: str) -> Principal:
         data = json.loads(_unb64(payload))  # signed by us, so well-formed unless the secret leaked
         sid, exp = str(data["sid"]), int(data["exp"])
         scopes = frozenset(str(scope) for scope in data.get("sc", TOKEN_SCOPES)) & frozenset(MINTABLE_SCOPES)
+        minter = str(data["by"]) if data.get("by") else None
     except (ValueError, KeyError, TypeError):
         raise AuthError(401, "invalid_token", "The session token is invalid.") from None
     if exp < time.time():
         raise AuthError(401, "token_expired", "The session token has expired.")
-    return Principal(f"token:{sid}", scopes, session_id=sid, subject=f"token:{sid}")
+    return Principal(f"token:{sid}", scopes, session_id=sid, subject=f"token:{sid}", minter=minter)
 
 
 def token_scopes(principal: Principal, asked: list[str] | None) -> tuple[str, ...]:
-    """The scopes of a token ``principal`` mints: ``asked`` (default: reading the session and its events), each one
-    held by the minting key itself, so a token never reaches further than the key that made it."""
-    scopes = tuple(dict.fromkeys(asked)) if asked else TOKEN_SCOPES
-    missing = [scope for scope in scopes if scope not in TOKEN_SCOPES and not principal.allows(scope)]
-    if missing and "*" not in principal.scopes:
+    """The scopes of a token ``principal`` mints: ``asked``, each one held by the minting key itself, so a token never
+    reaches further than the key that made it. Unasked, the default scopes (reading the session and its events) the
+    key holds: a key that may only read sessions mints tokens that may only read sessions."""
+    if "*" in principal.scopes:
+        return tuple(dict.fromkeys(asked)) if asked else TOKEN_SCOPES
+    if not asked:
+        return tuple(scope for scope in TOKEN_SCOPES if principal.allows(scope))
+    scopes = tuple(dict.fromkeys(asked))
+    missing = [scope for scope in scopes if not principal.allows(scope)]
+    if missing:
         raise ProblemError(
             403, "forbidden", f"A token cannot hold {missing[0]!r}: the API key minting it lacks that scope."
         )
@@ -208,7 +234,7 @@ class Require:
         # a command another node forwarded (its header checked by ForwardedGuard) was charged where it arrived
         charged = request.method in COMMAND_METHODS and FORWARDED_HEADER not in request.headers
         if charged and principal is not ANONYMOUS:
-            wait_s = await services(request).writes.acquire(principal.identity)
+            wait_s = await services(request).writes.acquire(principal.budget)
             if wait_s is not None:
                 raise ProblemError(
                     429,

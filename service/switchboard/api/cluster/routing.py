@@ -300,7 +300,7 @@ async def _charge(request: Request, principal: Principal) -> Response | None:
     """A command is charged to its credential where it arrives; the answer when its limit is reached, else None."""
     if request.method not in COMMAND_METHODS or principal is ANONYMOUS:
         return None
-    wait_s = await services(request).writes.acquire(principal.identity)
+    wait_s = await services(request).writes.acquire(principal.budget)
     if wait_s is None:
         return None
     return problem_response(

@@ -345,8 +345,10 @@ async def create_token(
     `scopes: ["media:connect"]`, connect as its media edge (for a browser or a gateway). Needs an API key: a session
     token cannot create tokens."""
     body = body or TokenCreate()
-    scopes = token_scopes(principal_of(request), list(body.scopes) if body.scopes else None)
-    token, expires = issue_token(settings, session.id, _token_ttl_s(settings, session, body.ttl_s), scopes)
+    minter = principal_of(request)
+    scopes = token_scopes(minter, list(body.scopes) if body.scopes else None)
+    ttl_s = _token_ttl_s(settings, session, body.ttl_s)
+    token, expires = issue_token(settings, session.id, ttl_s, scopes, minter=minter.budget)
     return TokenRead(
         token=token,
         session_id=session.id,

@@ -137,7 +137,7 @@ def _int_param(ws: WebSocket, name: str) -> int:
 def _admit(ws: WebSocket, principal: Principal) -> Callable[[], None]:
     """A stream slot for ``principal`` (its release), or a 4429 close."""
     try:
-        return deps.services(ws).streams.acquire(principal.name)
+        return deps.services(ws).streams.acquire(principal.budget)
     except TooManyStreams as err:
         raise _Closed(CLOSE_TOO_MANY_STREAMS, err.reason) from None
 
