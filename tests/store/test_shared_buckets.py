@@ -59,6 +59,20 @@ async def test_a_full_bucket_allows_its_burst_then_says_when_a_token_is_back(buc
     assert await buckets.take("key:b", now=T0) is None
 
 
+async def test_a_bucket_written_by_another_hand_holds_its_caller_back_one_interval_at_most(buckets: SharedBuckets):
+    """Whoever can write Redis could put every bucket far in the future (a key set without expiry), and every command
+    of every caller was then refused for as long: now a bucket no command could have set counts as just emptied."""
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        await client.set(buckets.key("key:a"), f"{T0 + 1e9:.6f}")  # no expiry
+        await client.set(buckets.key("key:b"), "not a number")
+    finally:
+        await client.aclose()
+    assert await buckets.take("key:a", now=T0) == pytest.approx(0.5)  # one interval at 2/s, not a billion seconds
+    assert await buckets.take("key:a", now=T0 + 0.5) is None
+    assert await buckets.take("key:b", now=T0) is None  # unreadable: a full bucket
+
+
 async def test_refused_commands_spend_nothing_and_the_bucket_refills_at_its_rate(buckets: SharedBuckets):
     for _ in range(4):
         assert await buckets.take("key:a", now=T0) is None

@@ -10,7 +10,10 @@ The key is a digest of the credential's identity (itself never a secret: see ``a
 prefix naming the database, so clusters sharing one Redis do not share buckets.
 
 Redis decides nothing that matters for correctness here either: a call that fails or does not answer within
-``timeout_s`` raises ``SharedBucketsUnavailable`` and the caller charges its node's own buckets instead.
+``timeout_s`` raises ``SharedBucketsUnavailable`` and the caller charges its node's own buckets instead. Nor can a
+value written into a bucket by anyone else hold a caller back for long: a ``tat`` further ahead than ``burst``
+intervals, which no command can set, counts as a bucket just emptied (one interval's wait), and a value that is not a
+number as a full bucket.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ end
 local tat = tonumber(redis.call('GET', KEYS[1]))
 if tat == nil or tat < now then
     tat = now
+elseif tat > now + burst * interval then
+    -- further ahead than any command could have put it: not ours (written by another hand, or under a bigger burst
+    -- setting). Counted as a bucket just emptied, and written back so that it refills from here.
+    tat = now + burst * interval
+    redis.call('SET', KEYS[1], string.format('%.6f', tat), 'PX', math.max(1, math.ceil(burst * interval * 1000)))
 end
 local new_tat = tat + interval
 local allowed_at = new_tat - burst * interval
