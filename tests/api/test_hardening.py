@@ -6,6 +6,7 @@ public or private as configured."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -174,6 +175,23 @@ async def test_security_headers_on_an_unexpected_error(api: Api, monkeypatch: py
 # -- docs and metrics ----------------------------------------------------------------------------------------------
 
 
+async def test_the_docs_page_loads_nothing_from_another_origin(api: Api):
+    """FastAPI's /docs loaded Swagger UI from a CDN without an integrity check, on the console's origin (whose tabs
+    hold an API key), under a policy that only refused framing."""
+    page = await api.client.get("/docs")
+    assert page.status_code == 200
+    csp = page.headers["content-security-policy"]
+    assert "default-src 'self'" in csp and "script-src" not in csp  # scripts: this origin only, none inline
+    sources = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert sources and all(source.startswith("/docs/") for source in sources), sources
+    assert "<script>" not in page.text
+    for source in sources:
+        r = await api.client.get(source)
+        assert r.status_code == 200 and r.content, source
+        assert r.headers["content-security-policy"] == csp
+    assert (await api.client.get("/redoc")).headers["location"] == "/docs"
+
+
 @pytest.mark.parametrize(("public_docs", "public_metrics"), [(True, False), (False, True)])
 async def test_docs_and_metrics_public_or_private_as_configured(
     tmp_path: Path, registry: AgentRegistry, public_docs: bool, public_metrics: bool
@@ -182,10 +200,11 @@ async def test_docs_and_metrics_public_or_private_as_configured(
     app = create_app(settings, registry=registry)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
-            for path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect", "/asyncapi.json"):
+            for path in ("/docs", "/redoc", "/openapi.json", "/asyncapi.json"):
                 r = await client.get(path)
-                assert r.status_code == (200 if public_docs else 401), path
-                assert (await client.get(path, headers=bearer(METRICS))).status_code == 200  # any key
+                ok = 308 if path == "/redoc" else 200  # to /docs
+                assert r.status_code == (ok if public_docs else 401), path
+                assert (await client.get(path, headers=bearer(METRICS))).status_code == ok  # any key
             r = await client.get("/metrics")
             assert r.status_code == (200 if public_metrics else 401)
             r = await client.get("/metrics", headers=bearer(READER))

@@ -25,6 +25,7 @@ from switchboard.api.app import create_app
 from switchboard.api.auth import TOKEN_SCOPES, issue_token
 from switchboard.control.settings import ALL_SCOPES, ApiKey, Settings
 from switchboard.runtime.agent import AgentRegistry
+from tests.waiting import WAIT_S
 from tests.webhook_backend import FakeBackend
 
 from .conftest import make_settings
@@ -41,7 +42,6 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/asyncapi.json"): PUBLIC,
     ("GET", "/docs"): PUBLIC,
-    ("GET", "/docs/oauth2-redirect"): PUBLIC,
     ("GET", "/redoc"): PUBLIC,
     ("POST", "/v1/sessions"): "sessions:write",
     ("GET", "/v1/sessions"): "sessions:read",
@@ -70,7 +70,8 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
 }
 # routes a session token may not call even on its own session, whatever its scopes: it cannot renew itself
 KEYS_ONLY = {("POST", "/v1/sessions/{sid}/tokens")}
-STATIC_MOUNTS = {"/console"}  # the operator console: static files, a pure client of the API above
+# static files, public: the operator console (a pure client of the API above) and the docs page's Swagger UI and script
+STATIC_MOUNTS = {"/console", "/docs/assets", "/docs/page"}
 
 SID, OTHER = "sec-s", "sec-other"
 BODIES = {  # a valid body where one is needed, so that the right scope is seen getting through
@@ -309,12 +310,16 @@ async def test_webhook_secrets_never_reach_the_logs(
     async with FakeBackend(WEBHOOK_SECRET) as backend:
         obj = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
 
-        def hook(name: str) -> dict[str, Any]:
-            return {"kind": "webhook", "name": name, "description": name, "parameters": obj, "timeout_s": 0.5,
+        def hook(name: str, timeout_s: float) -> dict[str, Any]:
+            return {"kind": "webhook", "name": name, "description": name, "parameters": obj, "timeout_s": timeout_s,
                     "url": backend.url(f"/tools/{name}"), "secret_env": "SEC_WEBHOOK_SECRET"}  # fmt: skip
 
         agents = tmp_path / "agents.yaml"
-        agents.write_text(yaml.safe_dump([{"name": "hooks", "instructions": "x", "tools": [hook("ok"), hook("bad")]}]))
+        agents.write_text(
+            yaml.safe_dump([{"name": "hooks", "instructions": "x", "tools": [hook("ok", WAIT_S), hook("bad", 0.5)]}])
+        )
+        # "bad" is retried (a 500) until its short deadline ends it, reached or not; "ok" has all the time it needs, so
+        # the backend is reached however loaded the machine is (a 0.5 s deadline for both left it unreached under load)
         backend.answers["bad"] = [(500, {"detail": "backend exploded"})]
         app = create_app(make_settings(tmp_path, agents_file=agents), registry=registry)
         async with app.router.lifespan_context(app):
@@ -328,7 +333,7 @@ async def test_webhook_secrets_never_reach_the_logs(
                     calls = (await client.get(f"/v1/sessions/{sid}/tool-calls")).json()["items"]
                     return len(calls) == 2 and all(c["status"] != "running" for c in calls)
 
-                await until(both_ended, timeout=10)
+                await until(both_ended)
                 for path in (f"/v1/sessions/{sid}/tool-calls", f"/v1/sessions/{sid}/chat", "/openapi.json"):
                     assert WEBHOOK_SECRET not in (await client.get(path)).text, path
                 await client.delete(f"/v1/sessions/{sid}")

@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.waiting import WAIT_S
+
 from .console_support import CHROMIUM, CHROMIUM_ARGS, create_session, require_chromium, server_events
 from .server import Server
 
@@ -133,3 +135,24 @@ def test_a_rebound_name_cannot_read_the_api(srv: Server, browser: Any) -> None:
     )
     assert got == 403
     context.close()
+
+
+def test_the_docs_page_works_from_this_origin_alone(srv: Server, browser: Any) -> None:
+    """/docs used to load Swagger UI from a CDN, unchecked, on the console's origin: now every file comes from the
+    service and the page's policy refuses anything else. The page still shows every operation, and nothing it needs
+    is refused by that policy."""
+    context = browser.new_context()
+    page = context.new_page()
+    elsewhere: list[str] = []
+    refused: list[str] = []
+    page.on("request", lambda r: None if r.url.startswith(srv.url) else elsewhere.append(r.url))
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
+    try:
+        page.goto(f"{srv.url}/docs")
+        page.wait_for_selector(".opblock", timeout=WAIT_S * 1000)
+        spec = httpx.get(f"{srv.url}/openapi.json", timeout=WAIT_S).json()
+        operations = sum(len(methods) for methods in spec["paths"].values())
+        assert page.locator(".opblock").count() == operations
+        assert not elsewhere and not refused, (elsewhere, refused)
+    finally:
+        context.close()

@@ -36,7 +36,7 @@ from ..integrations.webhooks import Webhooks
 from ..runtime.agent import AgentRegistry
 from ..runtime.aio import cancel_and_wait
 from ..store import Store
-from . import asyncapi, problems, routes_agents, routes_health
+from . import asyncapi, docs_pages, problems, routes_agents, routes_health
 from .cluster import routes as cluster_routes
 from .cluster.forward import ForwardedGuard, SessionElsewhere, forward
 from .cluster.routing import OwnerRouting
@@ -254,6 +254,8 @@ def create_app(
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # docs_pages serves /docs from this origin (FastAPI's pages load it from a CDN)
+        redoc_url=None,
         openapi_tags=[
             {"name": "sessions", "description": "Live sessions and operator commands"},
             {"name": "tools", "description": "Tool calls: list, read, cancel"},
@@ -280,6 +282,7 @@ def create_app(
     app.include_router(agui_routes.router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_health.router)
     app.include_router(asyncapi.router)  # GET /asyncapi.json, like /openapi.json: outside the schema
+    docs_pages.mount(app)
     # the operator console: static ES modules, a pure client of the public API (/console redirects to /console/)
     app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
     # added first, so inside BodyLimit: the deadline counts handling time, not the time the body takes to arrive

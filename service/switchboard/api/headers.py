@@ -6,7 +6,7 @@ from __future__ import annotations
 
 # the documents describe the API, the pages show them: public, or for any credential (``PUBLIC_DOCS``)
 DOCS_DOCUMENTS = frozenset({"/openapi.json", "/asyncapi.json"})
-DOCS_PAGES = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc"})
+DOCS_PAGES = frozenset({"/docs", "/redoc"})
 DOCS_PATHS = DOCS_PAGES | DOCS_DOCUMENTS
 
 # The console is static ES modules and a stylesheet from its own origin; its streams are same-origin WebSockets.
@@ -14,8 +14,12 @@ CONSOLE_CSP = (
     "default-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
     "form-action 'self'; frame-ancestors 'none'"
 )
-# The interactive docs load their script and styles from a CDN (FastAPI's pages): only framing is refused there.
-DOCS_CSP = "frame-ancestors 'none'"
+# The interactive docs (``docs_pages``): Swagger UI's files and the page's script from this origin, nothing from
+# anywhere else (Swagger UI sets inline style attributes: styles only may be inline).
+DOCS_CSP = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; connect-src 'self'; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
 API_CSP = "default-src 'none'; frame-ancestors 'none'"  # JSON answers: nothing to load, nothing to frame
 COMMON_HEADERS = (
     (b"x-content-type-options", b"nosniff"),
@@ -27,7 +31,7 @@ COMMON_HEADERS = (
 def csp_for(path: str) -> str:
     if path == "/console" or path.startswith("/console/"):
         return CONSOLE_CSP
-    if path in DOCS_PAGES:
+    if path in DOCS_PAGES or path.startswith("/docs/"):
         return DOCS_CSP
     return API_CSP
 
