@@ -464,3 +464,33 @@ def test_embedded_with_a_session_token_is_read_only(auth_srv: Server, browser: A
         assert page.is_hidden(".auth-bar")
     finally:
         context.close()
+
+
+def test_a_link_with_a_token_does_not_replace_the_tabs_api_key(auth_srv: Server, browser: Any) -> None:
+    """Anyone could send a logged-in operator a console link carrying a token of their own choosing: the tab then
+    went on under that token (read-only, on the link author's session) instead of the operator's key."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=auth_srv.url, headers=admin, timeout=WAIT_S) as c:
+        sid = create_session(c, [{"text": "The operator's own session."}])
+        other = create_session(c, [{"text": "Someone else's session."}])
+        token = c.post(f"/v1/sessions/{other}/tokens", json={}).json()["token"]
+    context = browser.new_context()
+    page = context.new_page()
+    sent: list[str] = []
+    page.on("request", lambda r: sent.append(r.headers.get("authorization", "")))
+    try:
+        page.goto(f"{auth_srv.url}/console/")
+        page.wait_for_selector("#auth-form:visible")
+        page.fill("#auth-key", ADMIN_KEY)
+        page.press("#auth-key", "Enter")
+        page.wait_for_selector(f'#sessions tr[data-session-id="{sid}"]')
+        sent.clear()
+        page.goto(f"{auth_srv.url}/console/#session={sid}&token={token}")
+        page.reload()  # the link opened in this tab: the page starts again with the token in its address
+        page.wait_for_selector('[data-type="session.started"]')
+        assert page.query_selector("#op-send") is not None, "the operator keeps their controls"
+        assert "session token" in page.inner_text("#notice")
+        assert not [h for h in sent if token in h], "the link's token was never used"
+        assert any(ADMIN_KEY in h for h in sent)
+    finally:
+        context.close()

@@ -2,7 +2,8 @@
 //
 //   /console/                                  overview; pick a session
 //   /console/#session=<sid>                    a session, with the API key of this tab (if auth is on)
-//   /console/#session=<sid>&token=<sbt_...>    embedded, read-only, with a per-session token
+//   /console/#session=<sid>&token=<sbt_...>    embedded, read-only, with a per-session token (a tab that
+//                                              holds an API key keeps it and ignores the token)
 //
 // The fragment never reaches the server; the API key lives only in sessionStorage.
 
@@ -21,6 +22,10 @@ function route() {
 
 const initial = route();
 const api = new Api({ token: initial.token });
+// A link's token never replaces the API key this tab already holds: a link from anyone would otherwise turn an
+// operator's tab into a read-only view of whatever session the link's author chose, under the author's credential.
+const ignoredToken = Boolean(initial.token && api.apiKey);
+if (ignoredToken) api.token = null;
 const app = { api, overview: null, view: null, attention: null, cluster: null };
 window.switchboard = app; // for debugging and for the browser tests
 
@@ -154,6 +159,7 @@ window.addEventListener("hashchange", () => openSession(route().sid));
 
 if (embedded) document.body.classList.add("embedded");
 authUi();
+if (ignoredToken) notice("This link carried a session token; this tab goes on with its own API key.");
 if (!embedded) {
   app.overview = new Overview(overviewParts).start();
   app.attention = new AttentionQueue(attentionParts).start();
