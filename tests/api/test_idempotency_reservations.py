@@ -233,7 +233,7 @@ async def test_each_command_is_answered_by_its_own_effect(api: Api, monkeypatch:
 
     talk = await api.client.post(f"{url}/input", json={"text": "talk"}, headers={"Idempotency-Key": "input"})
     await _replayed(api, f"{url}/input", "input", talk, {"text": "talk"})
-    await until(speaking, timeout=10.0)
+    await until(speaking)
     stopped = await api.client.post(f"{url}/interrupt", headers={"Idempotency-Key": "interrupt"})
     assert stopped.json() == {"speech_id": talk.json()["speech_id"], "interrupted": True}, stopped.text
     await _replayed(api, f"{url}/interrupt", "interrupt", stopped)
@@ -242,7 +242,7 @@ async def test_each_command_is_answered_by_its_own_effect(api: Api, monkeypatch:
         return (await api.client.get(f"{url}/tool-calls", params={"status": "running"})).json()["items"]
 
     await api.client.post(f"{url}/input", json={"text": "search"})
-    call = (await until(running, timeout=10.0))[0]
+    call = (await until(running))[0]
     cancel = f"{url}/tool-calls/{call['call_id']}/cancel"
     cancelled = await api.client.post(cancel, headers={"Idempotency-Key": "cancel"})
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text

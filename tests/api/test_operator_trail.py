@@ -127,7 +127,7 @@ async def test_export_is_one_document_for_a_closed_session(api: Api) -> None:
         items = (await api.client.get("/v1/sessions/x1/chat")).json()["items"]
         return any(i.get("text") == "Booked." for i in items)
 
-    await until(booked, timeout=10)
+    await until(booked)
     assert (await api.client.delete("/v1/sessions/x1")).status_code == 204
     r = await api.client.get("/v1/sessions/x1/export")
     assert r.status_code == 200, r.text
@@ -173,7 +173,7 @@ async def test_export_of_an_ended_session_reads_its_chat_a_page_at_a_time(
     async def all_said() -> bool:
         return len((await api.client.get("/v1/sessions/chatty/chat")).json()["items"]) == 30
 
-    await until(all_said, timeout=20)
+    await until(all_said)
     chat = (await api.client.get("/v1/sessions/chatty/chat")).json()["items"]
     assert (await api.client.delete("/v1/sessions/chatty")).status_code == 204
     parsed: list[int] = []
@@ -214,7 +214,7 @@ async def test_heard_text_grows_while_the_speech_plays(api: Api) -> None:
             seen.append(info["heard_text"])
         return len(seen) >= 3
 
-    await until(heard_more, timeout=10)
+    await until(heard_more)
     assert all(words.startswith(h) for h in seen) and seen[0] != words
     assert [len(h) for h in seen] == sorted(len(h) for h in seen)
     assert (await api.client.post("/v1/sessions/h1/interrupt")).is_success

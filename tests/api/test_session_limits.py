@@ -191,7 +191,7 @@ async def test_a_session_token_never_outlives_its_session(served: Any):
     async def deleted() -> bool:
         return (await client.get("/v1/sessions/support-42", headers=bearer(WRITER))).status_code == 404
 
-    await until(deleted, timeout=10)
+    await until(deleted)
     assert (await _create(client, NEIGHBOUR, id="support-42", metadata={"customer": "bob"})).status_code == 201
     r = await client.get("/v1/sessions/support-42", headers=bearer(token))
     assert r.status_code == 401 and r.json()["code"] == "token_expired", r.text

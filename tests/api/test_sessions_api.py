@@ -239,9 +239,9 @@ async def test_cancel_tool_call_rest(api: Api):
         items = (await api.client.get(f"/v1/sessions/{sid}/chat")).json()["items"]
         return any(i.get("text") == "The search was cancelled." for i in items)
 
-    await until(told, timeout=10.0)
+    await until(told)
     await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "slow please"})
-    slow = (await until(running, timeout=10.0))[0]
+    slow = (await until(running))[0]
     assert slow["name"] == "slow" and slow["cancellable"] is False
     refused = await api.client.post(f"/v1/sessions/{sid}/tool-calls/{slow['call_id']}/cancel")
     assert_problem(refused, 409, "not_cancellable")

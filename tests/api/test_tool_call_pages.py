@@ -181,7 +181,7 @@ async def test_running_calls_across_sessions_come_in_pages(any_api: Api) -> None
         calls = (await any_api.client.get("/v1/tool-calls", params={"limit": 1000})).json()["items"]
         return calls if len(calls) == 6 and all(c["background"] and c["progress"] for c in calls) else []
 
-    every = await until(running, timeout=10)
+    every = await until(running)
     assert [c["started_at"] for c in every] == sorted(c["started_at"] for c in every)  # oldest first
     first = (await any_api.client.get("/v1/tool-calls", params={"limit": 4})).json()
     assert first["items"] == every[:4] and first["next_cursor"]

@@ -98,7 +98,7 @@ async def test_a_failed_tool_is_an_error_span_and_reads_have_no_span(
     r = await client.post("/v1/sessions", json={"agent": "tester", "llm": {"provider": "scripted", "turns": turns}})
     sid = r.json()["id"]
     await client.post(f"/v1/sessions/{sid}/input", json={"text": "go"})
-    tool = await until(lambda: named(exporter.get_finished_spans(), "tool fail"), timeout=5)
+    tool = await until(lambda: named(exporter.get_finished_spans(), "tool fail"))
     assert tool[0].status.status_code == StatusCode.ERROR and tool[0].attributes["switchboard.status"] == "failed"
     await client.get(f"/v1/sessions/{sid}")
     command = next(s for s in exporter.get_finished_spans() if s.name == "POST /v1/sessions")
@@ -121,7 +121,7 @@ async def test_webhook_deliveries_carry_the_tool_calls_traceparent(
                 sid = (await c.post("/v1/sessions", json=body)).json()["id"]
                 await c.post(f"/v1/sessions/{sid}/input", json={"text": "go"}, headers={"traceparent": TRACEPARENT})
                 await backend.next("call")
-                tool = await until(lambda: named(exporter.get_finished_spans(), "tool lookup"), timeout=5)
+                tool = await until(lambda: named(exporter.get_finished_spans(), "tool lookup"))
     version, trace_id, span_id, _ = backend.call_headers[0]["traceparent"].split("-")
     assert version == "00" and trace_id == CALLER_TRACE
     assert int(span_id, 16) == tool[0].context.span_id

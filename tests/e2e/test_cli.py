@@ -101,7 +101,7 @@ def wait_for_event(server: Server, sid: str, kind: str) -> dict[str, Any]:
     def found() -> dict[str, Any] | None:
         return next((e for e in server_events(server, sid, key=KEY, idle_s=0.1) if e["type"] == kind), None)
 
-    return wait_until(found, timeout=10, interval=0.05, what=kind)
+    return wait_until(found, interval=0.05, what=kind)
 
 
 def test_operator_commands(srv: Server, client: httpx.Client) -> None:
@@ -178,7 +178,6 @@ def test_tail_shows_live_events_with_colours_and_progress_bars(srv: Server, clie
             e["type"] == "chat.item" and e["data"]["item"].get("text") == "Result: all 4 steps done"
             for e in server_events(srv, sid, key=KEY, idle_s=0.1)
         ),
-        timeout=10,
     )
     assert client.delete(f"/v1/sessions/{sid}").status_code == 204
     code, out, err = proc.finish()
@@ -259,7 +258,7 @@ def test_tail_resumes_across_a_server_restart(tmp_path: Path) -> None:
             wait_for_recovered = lambda: any(  # noqa: E731
                 e["type"] == "session.recovered" for e in server_events(second, sid, idle_s=0.1)
             )
-            wait_until(wait_for_recovered, timeout=10)
+            wait_until(wait_for_recovered)
             assert c.delete(f"/v1/sessions/{sid}").status_code == 204
         code, out, err = proc.finish(timeout=20)
         events = server_events(second, sid)

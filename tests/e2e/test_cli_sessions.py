@@ -65,7 +65,7 @@ def test_attention_lists_what_needs_an_operator(srv: Server) -> None:
         out = run(srv, "attention").stdout
         return out if "cli-att" in out else None
 
-    out = wait_until(listed, timeout=10)
+    out = wait_until(listed)
     line = next(line for line in out.splitlines() if line.startswith("cli-att"))
     assert "generation_failed" in line and "model unreachable" in line
 
@@ -80,7 +80,7 @@ def test_attention_prints_a_model_error_without_its_terminal_controls(srv: Serve
         out = run(srv, "attention").stdout
         return out if "cli-att-esc" in out else None
 
-    out = wait_until(listed, timeout=10)
+    out = wait_until(listed)
     for raw in ("\x1b", "\x07", "\u009b", "\u202e"):
         assert raw not in out, repr(raw)
     line = next(line for line in out.splitlines() if line.startswith("cli-att-esc"))

@@ -133,7 +133,7 @@ def test_the_console_shows_the_cluster_and_each_sessions_node(nodes: tuple[Serve
     page.goto(f"{b.url}/console/#session={sid}")  # the console of the node that does not run it
     page.wait_for_selector("#cluster:not([hidden])")
     page.wait_for_function("() => document.querySelectorAll('#cluster-nodes tr').length === 2")
-    wait_until(lambda: node_row(page, "node-a")["sessions"] == "1", timeout=10, what="node-a's session count")
+    wait_until(lambda: node_row(page, "node-a")["sessions"] == "1", what="node-a's session count")
     row_a, row_b = node_row(page, "node-a"), node_row(page, "node-b")
     assert (row_a["state"], row_a["url"]) == ("live", a.url)
     assert (row_b["state"], row_b["sessions"], row_b["url"]) == ("live", "0", b.url)
@@ -145,7 +145,7 @@ def test_the_console_shows_the_cluster_and_each_sessions_node(nodes: tuple[Serve
     assert session_row.locator("td.node").inner_text() == "node-a"
     assert page.is_visible('th[data-sort="owner_node"]')
     header_node = page.locator(".session-head dd.node")
-    wait_until(lambda: header_node.inner_text() == "node-a", timeout=10, what="the header's node")
+    wait_until(lambda: header_node.inner_text() == "node-a", what="the header's node")
 
     # the owner dies: the panel shows it dead, and the session on the node that took it over
     a.kill()

@@ -120,7 +120,7 @@ def test_the_queue_shows_real_failures_with_their_reasons_and_clears_when_resolv
 
         # resolved: the stalled speech is interrupted, the session closed: it leaves the queue
         client.delete(f"/v1/sessions/{stalled}")
-        wait_until(lambda: "never-answers" not in queue(page), timeout=10, what="queue clears")
+        wait_until(lambda: "never-answers" not in queue(page), what="queue clears")
 
 
 def test_search_sort_header_and_keys(page: Any, srv: Server) -> None:
@@ -162,12 +162,12 @@ def test_search_sort_header_and_keys(page: Any, srv: Server) -> None:
 def test_the_api_and_console_agree_on_the_queue(page: Any, srv: Server) -> None:
     with httpx.Client(base_url=srv.url, timeout=10) as client:
         page.goto(f"{srv.url}/console/")
-        wait_until(lambda: queue(page), timeout=10, what="queue")
+        wait_until(lambda: queue(page), what="queue")
         api = {
             s["id"]: [r["code"] for r in s["attention"]]
             for s in client.get("/v1/sessions?attention=true").json()["items"]
         }
-        wait_until(lambda: queue(page) == api, timeout=5, what=json.dumps(api))
+        wait_until(lambda: queue(page) == api, what=json.dumps(api))
 
 
 def test_a_speaking_agents_words_show_before_the_speech_ends(page: Any, srv: Server) -> None:

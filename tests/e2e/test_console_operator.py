@@ -94,7 +94,7 @@ def test_the_timeline_shows_who_did_what_and_the_export_downloads_it(
     page.wait_for_selector(".timeline .row.tool[data-status='running']")
     page.click(".timeline .row.tool .cancel")
     page.wait_for_selector(".timeline .row.tool[data-status='cancelled']")
-    wait_until(lambda: len(operator_rows(page)) == 4, timeout=15, what="four operator rows")
+    wait_until(lambda: len(operator_rows(page)) == 4, what="four operator rows")
     assert operator_rows(page) == [
         ("input", "Operator night-desk"),
         ("interrupt", "Operator night-desk"),
@@ -148,7 +148,7 @@ def test_what_has_been_heard_grows_while_the_agent_speaks(page: Any, srv: Server
             seen.append(heard)
         return len(seen) >= 3
 
-    wait_until(heard_grew, timeout=20, interval=0.1, what="heard text growing")
+    wait_until(heard_grew, interval=0.1, what="heard text growing")
     # what was heard comes first, in plain text; the rest of what was generated after it, muted
     assert all(words.startswith(h) for h in seen) and [len(h) for h in seen] == sorted(len(h) for h in seen)
     rest = page.inner_text(".live-rest")
@@ -180,6 +180,6 @@ def test_progress_without_a_fraction_is_indeterminate_and_a_completed_call_is_fu
     assert page.eval_on_selector(bar, "b => b.hasAttribute('value')") is False
     page.wait_for_selector(running_bar, state="attached")
     assert page.eval_on_selector(running_bar, "b => b.hasAttribute('value')") is False
-    wait_until(lambda: page.eval_on_selector(bar, "b => b.value") == 0.67, timeout=10, what="two thirds")
+    wait_until(lambda: page.eval_on_selector(bar, "b => b.value") == 0.67, what="two thirds")
     page.wait_for_selector(".timeline .row.tool[data-status='completed']", timeout=20000)
     assert page.eval_on_selector(bar, "b => b.value") == 1, "a completed call is at 100%, not where its last report was"

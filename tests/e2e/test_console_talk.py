@@ -103,7 +103,6 @@ def test_talk_speaks_the_agent_and_a_barge_in_commits_what_was_heard(
 
     speech = wait_until(
         lambda: (s := media_client.get(f"/v1/sessions/{sid}/speeches/{speech_id}").json())["state"] == "done" and s,
-        timeout=15,
         what="the speech to end",
     )
     assert speech["interrupted"] is True and speech["played_text"] == heard
