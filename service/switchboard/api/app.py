@@ -206,7 +206,9 @@ def create_app(
             webhooks=webhooks,
             metrics=metrics,
             streams=StreamSlots(
-                per_process=settings.ws_max_streams, per_credential=settings.ws_max_streams_per_credential
+                per_process=settings.ws_max_streams,
+                per_credential=settings.ws_max_streams_per_credential,
+                reserve=settings.operator_stream_reserve,
             ),
             writes=writes,
             forwarder=forwarder,
