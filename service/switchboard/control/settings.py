@@ -81,6 +81,10 @@ class Settings(BaseSettings):
     # a media edge (WS /v1/sessions/{sid}/media) sending more frames than this per second (over a burst of twice
     # as many) is closed with 4429
     media_max_frames_per_s: float = Field(default=100.0, gt=0)
+    # the user's transcripts one caller's media edges may have stored, all its edges and sessions together, in
+    # characters per second (a transcript counts at least 100), over a burst of twice as many (0: no limit); over it an
+    # interim transcript is coalesced, a final one refused with when to send it again (docs/media-edge.md)
+    media_transcript_chars_per_s: float = Field(default=20_000.0, ge=0)
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=24 * 3600)
     # commands (POST, DELETE) per API key: a bucket of write_burst refilled at write_rate_per_s (0: no limit); one
     # more is a 429 with Retry-After. With auth off nothing is limited.
