@@ -1,6 +1,7 @@
 """One budget per caller at the media edge, on a real server with a small budget: a key's edges on several sessions
-share one budget for the transcripts they have stored, final transcripts over it are refused with when to send them
-again and taken then (nothing lost, each logged in the audit trail), and another key's edge is unaffected.
+(one of them through a session token the key minted) share one budget for the transcripts they have stored, final
+transcripts over it are refused with when to send them again and taken then (nothing lost, each logged in the audit
+trail), and another key's edge is unaffected.
 
 The finding it replays: a `media:connect` key, the edge of many sessions at 100 frames a second each, had 279 interim
 transcripts a second stored as `user.input` events (up to 8,000 characters each, 22 MB in 10 s), against 20 commands
@@ -136,7 +137,13 @@ async def test_a_keys_edges_share_one_transcript_budget_and_lose_no_final(server
     async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         mine = [await new_session(client, GATEWAY) for _ in range(SESSIONS)]
         theirs = await new_session(client, OTHER)
-        edges = [await Edge.connect(server.ws_url, sid, additional_headers=bearer(GATEWAY)) for sid in mine]
+        edges = [await Edge.connect(server.ws_url, sid, additional_headers=bearer(GATEWAY)) for sid in mine[:-1]]
+        # a session token the key minted (a browser's Talk page) spends the key's budget too
+        r = await client.post(
+            f"/v1/sessions/{mine[-1]}/tokens", json={"scopes": ["media:connect"]}, headers=bearer(GATEWAY)
+        )
+        assert r.status_code == 201, r.text
+        edges.append(await Edge.connect(server.ws_url, mine[-1], token=r.json()["token"]))
         other = await Edge.connect(server.ws_url, theirs, additional_headers=bearer(OTHER))
         try:
             await _check(server, client, mine, theirs, edges, other)
