@@ -178,7 +178,7 @@ class MediaEdge(_Resuming):
             elif kind == "transcript.taken":
                 self._taken(frame["id"], frame["item_id"])
             elif kind == "error" and frame.get("id") in self._pending:
-                self._refused(ws, self._pending[frame["id"]], frame["code"])
+                self._refused(ws, self._pending[frame["id"]], frame["code"], frame.get("retry_after_s"))
 
     def _taken(self, transcript_id: str, item_id: str) -> None:
         transcript = self.transcripts.get(transcript_id)
@@ -189,17 +189,19 @@ class MediaEdge(_Resuming):
             transcript.taken_at, transcript.item_id = now(), item_id
         self._pending.pop(transcript_id, None)
 
-    def _refused(self, ws: Any, transcript: Transcript, code: str) -> None:
-        """`command_failed`: not taken, send it again in a moment (on this connection, or first on the next)."""
+    def _refused(self, ws: Any, transcript: Transcript, code: str, retry_after_s: float | None = None) -> None:
+        """`command_failed`: not taken, send it again in a moment (on this connection, or first on the next);
+        `rate_limited`: the same, after the wait the service named."""
         transcript.errors.append(code)
         self._sent_on.pop(transcript.id, None)
-        if code == "command_failed":
-            task = asyncio.create_task(self._resend(ws, transcript))
+        if code in ("command_failed", "rate_limited"):
+            wait_s = retry_after_s if code == "rate_limited" and retry_after_s is not None else RESEND_S
+            task = asyncio.create_task(self._resend(ws, transcript, wait_s))
             self._resends.add(task)
             task.add_done_callback(self._resends.discard)
 
-    async def _resend(self, ws: Any, transcript: Transcript) -> None:
-        await asyncio.sleep(RESEND_S)
+    async def _resend(self, ws: Any, transcript: Transcript, wait_s: float) -> None:
+        await asyncio.sleep(wait_s)
         async with self._send_lock:
             if ws is self._ws and transcript.id in self._pending:
                 with contextlib.suppress(websockets.ConnectionClosed):

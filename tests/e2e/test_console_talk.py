@@ -317,3 +317,30 @@ def test_talk_sends_a_line_again_with_its_id_until_the_service_says_it_took_it(
     assert [q["connection"] for q in queries] == [["1"], ["2"]]
     assert len({q["edge_id"][0] for q in queries}) == 1 and len(queries[0]["edge_id"][0]) == 22
     assert all(q["token"][0].startswith("sbt_") for q in queries)
+
+
+def test_talk_sends_a_line_refused_over_budget_again_after_the_wait_it_was_given(tmp_path: Path, page: Any) -> None:
+    """The credential's transcript budget holds one line (a burst of 100 characters, 50 more a second): the second
+    line typed at once is refused `rate_limited`, kept, sent again on the same connection after `retry_after_s`, and
+    taken; the chat holds each line once."""
+    srv = Server(tmp_path, SWITCHBOARD_API_KEYS=KEYS, SWITCHBOARD_MEDIA_TRANSCRIPT_CHARS_PER_S="50").start()
+    try:
+        with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=10) as client:
+            sid = create_session(client, [{"text": "Noted."}, {"text": "Noted again."}])
+            sent = media_frames(page)
+            page.goto(f"{srv.url}/console/#session={sid}")
+            page.click("#talk-connect")
+            page.wait_for_selector('#talk-state[data-state="connected"]')
+            for line in ("A table for four.", "At eight."):
+                page.fill("#talk-text", line)
+                page.press("#talk-text", "Enter")
+            page.wait_for_selector('.talk-log li.note:has-text("rate_limited")')
+            wait_until(lambda: len(page.query_selector_all('.talk-log li.user[data-state="taken"]')) == 2)
+            said = [(f["text"], f["id"]) for f in sent if f["type"] == "user.transcript"]
+            first, second = said[0], said[1]
+            assert said == [first, second, second], said  # the refused line again, with its id, and nothing else
+            chat = client.get(f"/v1/sessions/{sid}/chat").json()["items"]
+            users = [i["text"] for i in chat if i["type"] == "message" and i["role"] == "user"]
+            assert users == ["A table for four.", "At eight."]
+    finally:
+        srv.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -157,3 +158,21 @@ async def test_a_node_limits_on_its_own_while_redis_is_away_and_shares_again_onc
     finally:
         await limits.aclose()
         server.stop()
+
+
+async def test_a_take_may_cost_several_tokens_and_keep_part_of_the_bucket_for_others(buckets: SharedBuckets):
+    """A media transcript costs its characters, and interim ones spend only the first half of the bucket: the same
+    arithmetic in Redis as in a node's own buckets (what a node falls back to)."""
+    local = WriteRateLimiter(rate_per_s=2.0, burst=4, clock=lambda: 0.0)
+    for take, now in ((buckets.take, {"now": T0}), (_local(local), {})):
+        assert await take("key:m", cost=1.5, burst=2, **now) is None  # 2.5 left: above half, the interim takes
+        assert await take("key:m", cost=1.0, burst=2, **now) == pytest.approx(0.25)  # it would dig into the other half
+        assert await take("key:m", cost=2.5, **now) is None  # a take of the whole bucket still has it
+        assert await take("key:m", cost=1.0, **now) == pytest.approx(0.5)
+
+
+def _local(limits: WriteRateLimiter) -> Any:
+    async def take(subject: str, **kw: Any) -> float | None:
+        return limits.take(subject, **kw)
+
+    return take

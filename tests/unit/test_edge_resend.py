@@ -107,6 +107,20 @@ async def test_command_failed_sends_it_again_in_a_moment_and_a_refusal_drops_it(
         assert any(n.startswith(f"transcript {two['id']} dropped (transcript_id_reused)") for n in notes), notes
 
 
+async def test_rate_limited_sends_it_again_after_the_wait_the_service_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(edge_cli, "RESEND_AFTER_S", 10 * WAIT_S)  # the wait named is the one taken, not this pause
+    said = options()
+    lines: asyncio.Queue[str | None] = asyncio.Queue()
+    lines.put_nowait("one")
+    peer = Peer()
+    async with edge_of(peer, said, lines):
+        one = await peer.next()
+        await peer.send(type="error", code="rate_limited", detail="over budget", id=one["id"], retry_after_s=0.05)
+        again = await peer.next()  # kept, and sent again on the same connection once the wait is over
+        assert (again["text"], again["id"]) == ("one", one["id"])
+        assert [t.text for t in said.transcripts.pending()] == ["one"]
+
+
 def test_the_pending_transcripts_are_bounded_and_the_oldest_is_given_up() -> None:
     kept = PendingTranscripts(limit=2)
     first, dropped = kept.add("a")

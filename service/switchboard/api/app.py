@@ -44,6 +44,7 @@ from .deps import Services, services
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
 from .media import routes as media_routes
+from .media.budget import TranscriptBudget
 from .rate_limit import SharedWriteLimits, WriteRateLimiter
 from .sessions import export as session_export
 from .sessions import routes as session_routes
@@ -99,18 +100,29 @@ async def _expire_sessions(host: SessionHost, store: Store, settings: Settings) 
             logger.exception("session housekeeping failed; will retry")
 
 
-def _write_limits(settings: Settings, metrics: Metrics) -> WriteRateLimiter:
+def _limits(settings: Settings, metrics: Metrics, rate_per_s: float, burst: float, kind: str) -> WriteRateLimiter:
     """Each node's own buckets; in cluster mode the cluster's, in Redis (the node's own while Redis is away)."""
-    if not settings.redis_url or settings.write_rate_per_s <= 0:
-        return WriteRateLimiter(rate_per_s=settings.write_rate_per_s, burst=settings.write_burst)
+    if not settings.redis_url or rate_per_s <= 0:
+        return WriteRateLimiter(rate_per_s=rate_per_s, burst=burst)
     shared = SharedBuckets(
         settings.redis_url,
-        rate_per_s=settings.write_rate_per_s,
-        burst=settings.write_burst,
-        prefix=key_prefix(settings.database_url),
+        rate_per_s=rate_per_s,
+        burst=burst,
+        prefix=key_prefix(settings.database_url) + kind,
         timeout_s=settings.rate_limit_redis_timeout_s,
     )
     return SharedWriteLimits(shared, on_fallback=metrics.rate_limit_fallbacks.inc)
+
+
+def _write_limits(settings: Settings, metrics: Metrics) -> WriteRateLimiter:
+    """Commands, one token each, per caller."""
+    return _limits(settings, metrics, settings.write_rate_per_s, settings.write_burst, "")
+
+
+def _transcript_budget(settings: Settings, metrics: Metrics) -> TranscriptBudget:
+    """Media edges' transcripts, their characters, per caller (``media.budget``)."""
+    rate = settings.media_transcript_chars_per_s
+    return TranscriptBudget(_limits(settings, metrics, rate, 2 * rate, "media:"))
 
 
 def create_app(
@@ -196,6 +208,7 @@ def create_app(
             wrap_sink=traces.sink if traces is not None else None,
         )
         writes = _write_limits(settings, metrics)
+        transcripts = _transcript_budget(settings, metrics)
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
         metrics.bind_node(host)
         app.state.services = Services(
@@ -206,9 +219,12 @@ def create_app(
             webhooks=webhooks,
             metrics=metrics,
             streams=StreamSlots(
-                per_process=settings.ws_max_streams, per_credential=settings.ws_max_streams_per_credential
+                per_process=settings.ws_max_streams,
+                per_credential=settings.ws_max_streams_per_credential,
+                reserve=settings.operator_stream_reserve,
             ),
             writes=writes,
+            transcripts=transcripts,
             forwarder=forwarder,
             fanout=fanout,
         )
@@ -237,8 +253,9 @@ def create_app(
             await host.aclose()
             await webhooks.aclose()
             await forwarder.aclose()
-            if isinstance(writes, SharedWriteLimits):
-                await writes.aclose()
+            for limits in (writes, transcripts.limiter):
+                if isinstance(limits, SharedWriteLimits):
+                    await limits.aclose()
             if feed is not None:
                 await feed.aclose()
             if fanout is not None:

@@ -2,7 +2,8 @@
 
 Who (the API key's name, a session token's subject, ``anonymous`` without keys; never a credential), what, and
 the ``Idempotency-Key``; the event's ``at`` says when. Routes call ``record`` inside their idempotent body, so a
-replayed answer logs nothing a second time.
+replayed answer logs nothing a second time. A media edge's final transcript is input as a `POST /input` is, and is
+logged the same way (``record_as``, action ``transcript``, its ``id`` as the key) once taken.
 """
 
 from __future__ import annotations
@@ -32,16 +33,23 @@ def record(
     call_id: str | None = None,
     force: bool | None = None,
 ) -> None:
-    """Log ``action`` in ``session``'s events. Nothing is logged once the session is closing: its ``session.closed``
-    must stay the last event (the check and the emit run without a suspension point between them)."""
+    """Log ``action`` in ``session``'s events, by the request's caller under its ``Idempotency-Key``."""
+    details = {"item_id": item_id, "speech_id": speech_id, "call_id": call_id, "force": force}
+    record_as(actor_of(request), session, action, request.headers.get(IDEMPOTENCY_HEADER), **details)
+
+
+def record_as(
+    actor: str, session: AgentSession, action: ev.OperatorActionKind, key: str | None = None, **details: object
+) -> None:
+    """Log ``action`` by ``actor`` under ``key``, with the ``details`` that are set. Nothing is logged once the
+    session is closing: its ``session.closed`` must stay the last event (the check and the emit run without a
+    suspension point between them)."""
     if session.state != SessionStatus.ACTIVE:
         return
-    details = {"item_id": item_id, "speech_id": speech_id, "call_id": call_id, "force": force}
-    key = request.headers.get(IDEMPOTENCY_HEADER)
     session.events.emit(
         ev.OperatorAction(
             action=action,
-            actor=actor_of(request),
+            actor=actor,
             **({"idempotency_key": key} if key else {}),
             **{name: value for name, value in details.items() if value is not None},
         )

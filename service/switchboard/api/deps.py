@@ -26,6 +26,7 @@ from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
 from ..store import NodeState, Store
 from .cluster.forward import FORWARDED_HEADER, SessionElsewhere
+from .media.budget import TranscriptBudget
 from .problems import ProblemError, not_found
 from .rate_limit import WriteRateLimiter
 from .schemas import LatencyRead, SessionRead, ToolCallRead
@@ -46,6 +47,7 @@ class Services:
     metrics: Metrics
     streams: StreamSlots
     writes: WriteRateLimiter
+    transcripts: TranscriptBudget  # what media edges may store (``media.budget``)
     forwarder: httpx.AsyncClient  # commands for sessions other nodes run (``cluster.forward``)
     fanout: RedisFanout | None = None  # cluster mode: events to and from the other nodes
 

@@ -34,10 +34,11 @@ class _Bucket:
 
 
 class WriteRateLimiter:
-    """Token buckets by credential subject. The subjects are API keys (session tokens cannot write), so the table is
-    as small as the key list."""
+    """Token buckets by budget (``Principal.budget``: an API key, whoever's session token spends it), so the table is
+    as small as the key list. Commands take one token each; a media edge's transcripts their characters
+    (``media.budget``)."""
 
-    def __init__(self, *, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, rate_per_s: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate_per_s = rate_per_s
         self.burst = burst
         self._clock = clock
@@ -47,12 +48,14 @@ class WriteRateLimiter:
     def enabled(self) -> bool:
         return self.rate_per_s > 0
 
-    async def acquire(self, subject: str) -> float | None:
+    async def acquire(self, subject: str, *, cost: float = 1.0, burst: float | None = None) -> float | None:
         """``take``, as the cluster's limiter is called."""
-        return self.take(subject)
+        return self.take(subject, cost=cost, burst=burst)
 
-    def take(self, subject: str) -> float | None:
-        """Spend one token of ``subject``: None when allowed, else the seconds until a token is back."""
+    def take(self, subject: str, *, cost: float = 1.0, burst: float | None = None) -> float | None:
+        """Spend ``cost`` tokens of ``subject``: None when allowed, else the seconds until they are back. ``burst``
+        (at most the bucket's): spend only while the bucket holds more than its burst minus this, keeping the rest
+        for other takes (``SharedBuckets.take`` alike)."""
         if not self.enabled:
             return None
         now = self._clock()
@@ -61,10 +64,11 @@ class WriteRateLimiter:
             bucket = self._buckets[subject] = _Bucket(float(self.burst), now)
         bucket.tokens = min(float(self.burst), bucket.tokens + max(0.0, now - bucket.at) * self.rate_per_s)
         bucket.at = now
-        if bucket.tokens >= 1.0:
-            bucket.tokens -= 1.0
+        needed = cost + self.burst - (self.burst if burst is None else burst)
+        if bucket.tokens >= needed:
+            bucket.tokens -= cost
             return None
-        return (1.0 - bucket.tokens) / self.rate_per_s
+        return (needed - bucket.tokens) / self.rate_per_s
 
     @staticmethod
     def retry_after(wait_s: float) -> str:
@@ -88,12 +92,12 @@ class SharedWriteLimits(WriteRateLimiter):
         self.shared_available = True
         self._retry_at = 0.0
 
-    async def acquire(self, subject: str) -> float | None:
+    async def acquire(self, subject: str, *, cost: float = 1.0, burst: float | None = None) -> float | None:
         if not self.enabled:
             return None
         if self._clock() >= self._retry_at:
             try:
-                wait_s = await self.shared.take(subject)
+                wait_s = await self.shared.take(subject, cost=cost, burst=burst)
             except SharedBucketsUnavailable as err:
                 if self.shared_available:
                     logger.warning("rate limits: Redis unavailable (%s); each node limits on its own meanwhile", err)
@@ -105,7 +109,7 @@ class SharedWriteLimits(WriteRateLimiter):
                 self.shared_available = True
                 return wait_s
         self.on_fallback()
-        return self.take(subject)
+        return self.take(subject, cost=cost, burst=burst)
 
     async def aclose(self) -> None:
         await self.shared.aclose()

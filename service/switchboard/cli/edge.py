@@ -26,7 +26,7 @@ from typing import Any
 
 from ..client import AsyncClient, MediaConnection, MediaFrame, SwitchboardError, Unavailable
 from .edge_audio import DeviceSink, Sink, SpeechRecord, WavSink, file_stem, find_player
-from .edge_memory import DROP_CODES, RESEND_CODE, EdgeIdentity, PendingTranscripts, Transcript
+from .edge_memory import DROP_CODES, RESEND_CODE, WAIT_CODE, EdgeIdentity, PendingTranscripts, Transcript
 from .espeak import Chunker, ClauseAudio, Espeak, SynthesisError, WordEnd
 from .output import printable, short
 
@@ -37,6 +37,7 @@ SEGMENT_MEMORY = 256  # speeches whose segments are counted (for their file name
 RECONNECT_FIRST_S = 0.25
 RECONNECT_MAX_S = 2.0
 RESEND_AFTER_S = 1.0  # a transcript the service failed to apply (command_failed) is sent again after this pause
+MAX_WAIT_S = 60.0  # the longest pause a rate_limited refusal's retry_after_s is taken at its word for
 # a dropped connection, a restart, a stall (1011: missed keepalive; 4008: too slow), the database away for a moment
 # (1013), a session being recovered or moved
 RETRY_CODES = frozenset({1006, 1011, 1012, 1013, 4008, 4410})
@@ -172,7 +173,7 @@ class Edge:
         elif frame.type == "error":
             self.say(f"the service reports an error: {frame.code}: {printable(frame.detail or '')}")
             if frame.id:
-                self._refused(frame.id, frame.code or "")
+                self._refused(frame.id, frame.code or "", frame.retry_after_s)
 
     # -- playing ---------------------------------------------------------------------------------------------------
 
@@ -312,21 +313,25 @@ class Edge:
             await self.conn.send_transcript(text, id=kept.id)
         await asyncio.Event().wait()  # stdin has ended; the edge plays on until the session closes
 
-    def _refused(self, transcript_id: str, code: str) -> None:
-        """The service did not take a final transcript: send it again in a moment, or give it up."""
+    def _refused(self, transcript_id: str, code: str, retry_after_s: float | None = None) -> None:
+        """The service did not take a final transcript: send it again in a moment (after the wait it named, when
+        over the credential's budget), or give it up."""
         kept = self.options.transcripts.get(transcript_id)
         if kept is None:
             return
-        if code == RESEND_CODE:
-            task = asyncio.create_task(self._send_again(kept), name=f"edge-resend-{kept.id}")
+        if code in (RESEND_CODE, WAIT_CODE):
+            wait_s = RESEND_AFTER_S
+            if code == WAIT_CODE and retry_after_s is not None:
+                wait_s = min(max(retry_after_s, 0.0), MAX_WAIT_S)
+            task = asyncio.create_task(self._send_again(kept, wait_s), name=f"edge-resend-{kept.id}")
             self._resends.add(task)
             task.add_done_callback(self._resends.discard)
         elif code in DROP_CODES:
             self.options.transcripts.discard(transcript_id)
             self.say(f"transcript {transcript_id} dropped ({code}): {short(printable(kept.text), 80)!r}")
 
-    async def _send_again(self, kept: Transcript) -> None:
-        await asyncio.sleep(RESEND_AFTER_S)
+    async def _send_again(self, kept: Transcript, wait_s: float) -> None:
+        await asyncio.sleep(wait_s)
         if self.options.transcripts.get(kept.id) is not None:  # neither taken nor given up meanwhile
             await self.conn.send_transcript(kept.text, id=kept.id)
 

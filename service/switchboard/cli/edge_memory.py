@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 PENDING_LIMIT = 100  # transcripts kept unanswered; a service that never answers must not grow the edge without end
 RESEND_CODE = "command_failed"  # the service could not apply it this time: send it again in a moment
+WAIT_CODE = "rate_limited"  # over the credential's transcript budget: send it again after its retry_after_s
 DROP_CODES = frozenset({"transcript_id_reused", "text_too_long"})  # sending it again cannot help
 
 

@@ -58,6 +58,7 @@ class MediaFrame(BaseModel):
     detail: str | None = None  #: ``error``
     id: str | None = None  #: ``transcript.taken``, ``error``: the final transcript's id
     item_id: str | None = None  #: ``transcript.taken``: the user's chat item it became
+    retry_after_s: float | None = None  #: ``error`` ``rate_limited``: send the transcript again after this
 
 
 def media_url(

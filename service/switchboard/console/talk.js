@@ -15,7 +15,7 @@
 
 import { h } from "./dom.js";
 import { Chunker, codePoints, Speaker } from "./speaker.js";
-import { DROP_CODES, nextAttempt, PendingTranscripts, RESEND_CODE } from "./transcripts.js";
+import { DROP_CODES, nextAttempt, PendingTranscripts, RESEND_CODE, WAIT_CODE } from "./transcripts.js";
 
 const CLOSE_NOTES = {
   1000: "The session has closed.",
@@ -38,6 +38,7 @@ const RETRY_DELAYS_MS = [500, 1000, 2000, 4000, 8000, 8000, 8000];
 // a connection that stayed open this long held: a later 4410 starts a fresh round of attempts
 const HELD_MS = 10000;
 const RESEND_AFTER_MS = 1000; // a transcript the service failed to apply (command_failed) is sent again after this
+const MAX_WAIT_MS = 60000; // the longest pause a rate_limited refusal's retry_after_s is taken at its word for
 
 /** One speech (or one segment of it, after a tool step): its text as it arrives, its clauses, what was heard. */
 class Playback {
@@ -231,7 +232,7 @@ export class TalkPanel {
       if (this.transcripts.discard(frame.id)) this._markTranscript(frame.id, "taken");
     } else if (frame.type === "error") {
       this._log("note", `The service refused a frame: ${frame.code}: ${frame.detail || ""}`);
-      if (typeof frame.id === "string") this._refused(frame.id, frame.code);
+      if (typeof frame.id === "string") this._refused(frame.id, frame.code, frame.retry_after_s);
     }
   }
 
@@ -334,15 +335,18 @@ export class TalkPanel {
     this._send({ type: "user.transcript", text, final: true, id });
   }
 
-  /** The service did not take a final transcript: send it again in a moment, or give it up. */
-  _refused(id, code) {
+  /** The service did not take a final transcript: send it again in a moment (after the wait it named, when over
+   * the credential's budget), or give it up. */
+  _refused(id, code, retryAfterS) {
     const text = this.transcripts.get(id);
     if (text === undefined) return;
-    if (code === RESEND_CODE) {
+    if (code === RESEND_CODE || code === WAIT_CODE) {
+      const named = code === WAIT_CODE && typeof retryAfterS === "number" && retryAfterS >= 0;
+      const waitMs = named ? Math.min(retryAfterS * 1000, MAX_WAIT_MS) : RESEND_AFTER_MS;
       // on this connection if it still stands and the transcript is still waiting; else the next one sends it
       const ws = this.ws;
       const again = () => this.ws === ws && this.transcripts.get(id) !== undefined && this._sendTranscript(id, text);
-      setTimeout(again, RESEND_AFTER_MS);
+      setTimeout(again, waitMs);
     } else if (DROP_CODES.has(code)) {
       this.transcripts.discard(id);
       this._dropped(id, code);

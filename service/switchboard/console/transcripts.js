@@ -8,6 +8,7 @@
 
 export const PENDING_LIMIT = 100; // a service that never answers must not grow the page without end
 export const RESEND_CODE = "command_failed"; // the service could not apply it this time: send it again in a moment
+export const WAIT_CODE = "rate_limited"; // over the credential's transcript budget: send it again after retry_after_s
 export const DROP_CODES = new Set(["transcript_id_reused", "text_too_long"]); // sending it again cannot help
 
 function randomBytes(n) {

@@ -190,8 +190,8 @@ class Metrics:
         )
         self.rate_limit_fallbacks = Counter(
             "switchboard_rate_limit_local_fallbacks",
-            "Commands charged to this node's own rate-limit buckets because the cluster's (in Redis) did not answer "
-            "in time",
+            "Commands (and media edges' transcripts) charged to this node's own rate-limit buckets because the "
+            "cluster's (in Redis) did not answer in time",
             registry=r,
         )
         self.media_edges = Gauge(
@@ -207,6 +207,13 @@ class Metrics:
         )
         self.media_relays_open = Gauge(
             "switchboard_node_media_relays_open", "Media edges relayed to another node right now", registry=r
+        )
+        self.media_transcripts_limited = Counter(
+            "switchboard_media_transcripts_limited",
+            "Media edges' transcripts over their caller's budget: interim ones coalesced (not stored), final ones "
+            "refused (the edge sends them again)",
+            ["kind"],
+            registry=r,
         )
         self.media_barge_in = Histogram(
             "switchboard_media_barge_in_seconds",

@@ -73,11 +73,18 @@ class Settings(BaseSettings):
     # open event streams (each costs memory and a file descriptor): more are closed at once with 4429
     ws_max_streams: int = Field(default=1000, ge=1)
     ws_max_streams_per_credential: int = Field(default=100, ge=1)
+    # of ws_max_streams, the last this many are kept for operators (keys holding sessions:control): readers together
+    # never take them (unset: a tenth of ws_max_streams)
+    ws_operator_reserve: int | None = Field(default=None, ge=0)
     ws_max_message_bytes: int = Field(default=64 * 1024, ge=1024)  # a bigger client frame is closed with 1009
     request_timeout_s: float = Field(default=10.0, gt=0)
     # a media edge (WS /v1/sessions/{sid}/media) sending more frames than this per second (over a burst of twice
     # as many) is closed with 4429
     media_max_frames_per_s: float = Field(default=100.0, gt=0)
+    # the user's transcripts one caller's media edges may have stored, all its edges and sessions together, in
+    # characters per second (a transcript counts at least 100), over a burst of twice as many (0: no limit); over it an
+    # interim transcript is coalesced, a final one refused with when to send it again (docs/media-edge.md)
+    media_transcript_chars_per_s: float = Field(default=20_000.0, ge=0)
     idempotency_ttl_s: int = Field(default=24 * 3600, ge=24 * 3600)
     # commands (POST, DELETE) per API key: a bucket of write_burst refilled at write_rate_per_s (0: no limit); one
     # more is a 429 with Retry-After. With auth off nothing is limited.
@@ -199,6 +206,22 @@ class Settings(BaseSettings):
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @model_validator(mode="after")
+    def _reserve_below_cap(self) -> Settings:
+        if self.ws_operator_reserve is not None and self.ws_operator_reserve >= self.ws_max_streams:
+            raise ValueError(
+                f"SWITCHBOARD_WS_OPERATOR_RESERVE ({self.ws_operator_reserve}) must be below "
+                f"SWITCHBOARD_WS_MAX_STREAMS ({self.ws_max_streams})"
+            )
+        return self
+
+    @property
+    def operator_stream_reserve(self) -> int:
+        """Stream slots only operators may take."""
+        if self.ws_operator_reserve is not None:
+            return self.ws_operator_reserve
+        return self.ws_max_streams // 10
 
     @property
     def session_quota(self) -> int:

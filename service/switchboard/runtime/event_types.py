@@ -20,7 +20,8 @@ from .status import AgentState
 from .tools import ToolStatus
 
 InputRole = Literal["user", "system", "developer"]
-OperatorActionKind = Literal["input", "say", "interrupt", "cancel_tool", "close"]
+# ``transcript``: a final transcript a media edge sent, taken as the user's input
+OperatorActionKind = Literal["input", "transcript", "say", "interrupt", "cancel_tool", "close"]
 SpeculationState = Literal["started", "used", "discarded"]
 
 
@@ -235,7 +236,8 @@ class OperatorAction(EventPayload):
     """An operator's command was applied to the session (the audit trail): who, what and under which key.
 
     Logged once per applied command (a replay under the same ``Idempotency-Key`` logs nothing), after its effect
-    (before it for ``close``, whose ``session.closed`` is the last event). It never holds a credential."""
+    (before it for ``close``, whose ``session.closed`` is the last event). It never holds a credential. A media edge's
+    final transcript, input as ``POST /input`` is, is logged as ``transcript`` once taken."""
 
     type: ClassVar[Literal["operator.action"]] = "operator.action"
     action: OperatorActionKind
@@ -243,7 +245,10 @@ class OperatorAction(EventPayload):
         description="Who: the API key's name (a digest of the key when it has none), `token:<session>` for a "
         "session token, `anonymous` when the service runs without keys."
     )
-    idempotency_key: str | None = Field(default=None, description="The command's `Idempotency-Key`, when it had one.")
+    idempotency_key: str | None = Field(
+        default=None,
+        description="The command's `Idempotency-Key`, when it had one (a media edge's transcript: its `id`).",
+    )
     item_id: str | None = Field(default=None, description="The user message it committed (`input`).")
     speech_id: str | None = Field(default=None, description="The speech it queued or interrupted.")
     call_id: str | None = Field(default=None, description="The tool call it cancelled.")

@@ -203,11 +203,15 @@ class MediaEdge:
     async def transcript(self, frame: UserTranscriptFrame, receipt: Receipt[InputResult] | None = None) -> InputResult:
         """Apply a transcript; ``receipt`` (the service's, for a final transcript's ``id``) is completed by the commit
         of the input, which makes the transcript taken at most once."""
+        self.check_text(frame)
+        return await self.session.input(frame.text, final=frame.final, receipt=receipt)
+
+    def check_text(self, frame: UserTranscriptFrame) -> None:
+        """``FrameRefused`` (``text_too_long``) for a transcript longer than the session takes."""
         if len(frame.text) > self._max_text_chars:
             raise FrameRefused(
                 "text_too_long", f"text: at most {self._max_text_chars} characters", frame.type, frame.id
             )
-        return await self.session.input(frame.text, final=frame.final, receipt=receipt)
 
     # -- the end of the connection ----------------------------------------------------------------------------
 

@@ -73,13 +73,17 @@ class ErrorFrame(_Frame):
         description="`bad_json`, `bad_frame`, `unknown_type`, `unknown_speech`, `played_chars_beyond_text`, "
         "`played_chars_backwards`, `speech_not_ended`, `text_too_long`, `session_not_active`, `command_failed` (the "
         "server could not apply it: a transcript is sent again), `transcript_id_reused` (an `id` sent before with "
-        "another text)."
+        "another text), `rate_limited` (a final transcript over its credential's budget: sent again after "
+        "`retry_after_s`)."
     )
     detail: str
     frame_type: str | None = Field(default=None, description="The `type` of the refused frame, when it had one.")
     id: str | None = Field(
         default=None,
         description="The `id` of the refused `user.transcript`, when it had one: that transcript was not taken.",
+    )
+    retry_after_s: float | None = Field(
+        default=None, description="With `rate_limited`: the seconds after which the transcript would be taken."
     )
 
 
@@ -197,15 +201,30 @@ _ADAPTERS: dict[str, TypeAdapter[Any]] = {name: TypeAdapter(model) for name, mod
 class FrameRefused(Exception):
     """A frame the edge sent was refused; ``error_frame()`` says why."""
 
-    def __init__(self, code: str, detail: str, frame_type: str | None = None, transcript_id: str | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        detail: str,
+        frame_type: str | None = None,
+        transcript_id: str | None = None,
+        *,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(detail)
         self.code = code
         self.detail = detail
         self.frame_type = frame_type
         self.transcript_id = transcript_id
+        self.retry_after_s = retry_after_s
 
     def error_frame(self) -> ErrorFrame:
-        return ErrorFrame(code=self.code, detail=self.detail, frame_type=self.frame_type, id=self.transcript_id)
+        return ErrorFrame(
+            code=self.code,
+            detail=self.detail,
+            frame_type=self.frame_type,
+            id=self.transcript_id,
+            retry_after_s=self.retry_after_s,
+        )
 
 
 def parse_edge_frame(data: Any) -> EdgeFrame:

@@ -32,8 +32,10 @@ from switchboard.api.cluster.forward import FORWARDED_HEADER
 from switchboard.api.cluster.routing import OwnerRouting
 from switchboard.api.deps import Services
 from switchboard.api.media import routes as media_routes
+from switchboard.api.media.budget import TranscriptBudget
 from switchboard.api.media.codes import CLOSE_NORMAL, CLOSE_NOT_ACTIVE
 from switchboard.api.problems import UNAVAILABLE_CLOSE, UNEXPECTED_CLOSE
+from switchboard.api.rate_limit import WriteRateLimiter
 from switchboard.api.streams.events import _close
 from switchboard.control.metrics import Metrics
 from switchboard.runtime.aio import cancel_and_wait
@@ -78,6 +80,7 @@ def services(node: Node) -> Services:
         metrics=metrics(),
         streams=None,  # type: ignore[arg-type]
         writes=None,  # type: ignore[arg-type]
+        transcripts=TranscriptBudget(WriteRateLimiter(rate_per_s=0, burst=1)),  # budgets are not simulated
         forwarder=None,  # type: ignore[arg-type]
     )
 

@@ -27,6 +27,11 @@ connection it is sent again on).
 Edge -> server: `playback.started`, `playback.progress`, `playback.finished`, `user.speech_started` (barge-in),
 `user.transcript`, `ping`.
 
+The transcripts of one credential (an API key, the session tokens it minted included) share one budget across all its
+edges and sessions (`SWITCHBOARD_MEDIA_TRANSCRIPT_CHARS_PER_S`): over it an interim transcript is coalesced (not
+stored; the next one supersedes it), a final one refused with an `error` `rate_limited` naming `retry_after_s`: keep
+it and send it again then.
+
 When the session is interrupted, the heard text is the last `playback.progress` received before the interruption and
 every wait is released at once; a later report changes nothing committed. When the edge leaves mid-speech, that speech
 ends interrupted at its last reported position and the session goes on with its configured playout (the simulated

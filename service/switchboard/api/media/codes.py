@@ -57,6 +57,7 @@ CLOSE_CODES: dict[int, str] = {
     f"`{TRANSCRIPT_NOT_TAKEN}` says that the final transcript the edge sent last was not taken: send it again once "
     "connected again (the session moved as it arrived). An edge that gives its final transcripts an `id` sends "
     "again, on its next connection, each one it has no `transcript.taken` for, whatever the close.",
-    CLOSE_TOO_MANY_FRAMES: "Too many frames per second (`SWITCHBOARD_MEDIA_MAX_FRAMES_PER_S`, default 100, over a "
-    "burst of twice as many).",
+    CLOSE_TOO_MANY_FRAMES: "Too many frames per second on this connection (`SWITCHBOARD_MEDIA_MAX_FRAMES_PER_S`, "
+    "default 100, over a burst of twice as many). A credential over its transcript budget is not closed: its final "
+    "transcripts are refused `rate_limited`.",
 }

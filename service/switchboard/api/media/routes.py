@@ -20,7 +20,6 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from ...control.cluster.routing import Elsewhere, Unavailable, locate
-from ...control.settings import Settings
 from ...runtime.aio import cancel_and_wait
 from ...runtime.media import EdgeConnection, EdgePlayout, MediaEdge, StaleConnection
 from ...runtime.media_frames import (
@@ -37,11 +36,12 @@ from ...runtime.receipt import Receipt
 from ...runtime.session import AgentSession, InputResult
 from ...runtime.status import SessionClosed, SessionStatus, SessionSuspended
 from ...runtime.text import read_json
-from .. import deps
+from .. import audit, deps
 from ..auth import AuthError, Principal, authenticate, bearer, check, url_token
 from ..idempotency import Attempt, KeyedCommands
 from ..problems import ProblemError
 from ..streams.events import _close
+from .budget import rate_limited
 from .codes import (
     CLOSE_BAD_REQUEST,
     CLOSE_FORBIDDEN,
@@ -188,16 +188,19 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
     if not isinstance(playout, EdgePlayout):  # pragma: no cover - every hosted session plays through one
         await _close(ws, CLOSE_INTERNAL_ERROR, "this session cannot take a media edge")
         return
-    await _EdgeConnection(ws, session, playout, services.settings, principal).run(connection)
+    await _EdgeConnection(ws, session, playout, services, principal).run(connection)
 
 
 class _EdgeConnection:
     def __init__(
-        self, ws: WebSocket, session: AgentSession, playout: EdgePlayout, settings: Settings, principal: Principal
+        self, ws: WebSocket, session: AgentSession, playout: EdgePlayout, services: deps.Services, principal: Principal
     ) -> None:
+        settings = services.settings
         self.ws = ws
         # a transcript's id is the caller's, as an Idempotency-Key is (a session token's caller is its session)
         self.transcript_scope = f"{principal.identity} TRANSCRIPT /v1/sessions/{session.id}/media"
+        self.principal = principal
+        self.budget = services.transcripts
         self.session = session
         self.playout = playout
         self.outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=OUTBOX_FRAMES)
@@ -208,7 +211,7 @@ class _EdgeConnection:
         self.sending_since: float | None = None
         self.overflowed = False
         self.barge_in_at: float | None = None
-        self.metrics = deps.services(ws).metrics
+        self.metrics = services.metrics
 
     def _enqueue(self, frame: _Frame) -> None:
         try:
@@ -289,8 +292,8 @@ class _EdgeConnection:
             frame = parse_edge_frame(data)
             if isinstance(frame, UserSpeechStartedFrame) and self.edge.stops_current():
                 self.barge_in_at = time.perf_counter()  # until its speech.stop is written (a metric)
-            if isinstance(frame, UserTranscriptFrame) and frame.final and frame.id is not None:
-                await self._take(frame, frame.id)
+            if isinstance(frame, UserTranscriptFrame):
+                await self._transcript(frame)
             else:
                 await self.edge.handle(frame)
         except FrameRefused as refused:
@@ -314,6 +317,33 @@ class _EdgeConnection:
                 )
             )
 
+    async def _transcript(self, frame: UserTranscriptFrame) -> None:
+        """A transcript, once within its caller's budget (``media.budget``: an interim one over it is coalesced away,
+        a final one refused with when to send it again); a final one is logged in the audit trail once taken."""
+        self.edge.check_text(frame)  # a transcript refused anyway costs nothing
+        wait_s = await self.budget.charge(self.principal.budget, frame)
+        if wait_s is not None:
+            self.metrics.media_transcripts_limited.labels("final" if frame.final else "interim").inc()
+            if not frame.final:
+                return  # coalesced: the next interim transcript, or the final one, supersedes it
+            raise rate_limited(frame, wait_s)
+        if not frame.final:
+            await self.edge.transcript(frame)
+        elif frame.id is not None:
+            await self._take(frame, frame.id)
+        else:
+            self._audit(await self.edge.transcript(frame), None)
+
+    def _audit(self, result: InputResult, transcript_id: str | None) -> None:
+        audit.record_as(
+            self.principal.name,
+            self.session,
+            "transcript",
+            transcript_id,
+            item_id=result.item_id,
+            speech_id=result.speech_id,
+        )
+
     async def _take(self, frame: UserTranscriptFrame, transcript_id: str) -> None:
         """A final transcript with an id: taken at most once for the session, on whatever node or connection it comes
         (its id reserved as an Idempotency-Key, completed by the input's own commit), and answered
@@ -322,6 +352,7 @@ class _EdgeConnection:
         async def take(attempt: Attempt) -> dict[str, str | None]:
             receipt: Receipt[InputResult] | None = attempt.receipt(lambda result: {"item_id": result.item_id})
             result = await self.edge.transcript(frame, receipt)
+            self._audit(result, transcript_id)  # here: a copy answered again is not logged again
             return {"item_id": result.item_id}
 
         try:

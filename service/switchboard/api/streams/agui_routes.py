@@ -99,7 +99,7 @@ async def stream_session_agui(
     if await services.host.find(sid) is None:
         raise not_found("session", sid)
     try:
-        release = services.streams.acquire(principal.budget)
+        release = services.streams.acquire(principal.budget, operator=principal.operator)
     except TooManyStreams as err:
         raise ProblemError(429, "too_many_streams", err.reason, headers={"Retry-After": "1"}) from None
     return AguiStream(services, sid, resume, release)

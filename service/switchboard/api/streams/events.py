@@ -76,9 +76,11 @@ CLOSE_CODES: dict[int, str] = {
     CLOSE_FORBIDDEN: "The credential lacks the `events:read` scope, is a session token of another session, or is a "
     "session token on the multi-session stream.",
     CLOSE_NOT_FOUND: "No such session (session stream only).",
-    CLOSE_TOO_MANY_STREAMS: "Too many open event streams, for this credential "
-    "(`SWITCHBOARD_WS_MAX_STREAMS_PER_CREDENTIAL`, default 100) or for the server (`SWITCHBOARD_WS_MAX_STREAMS`, "
-    "default 1000); the reason says which. Close a stream, or retry later with a backoff.",
+    CLOSE_TOO_MANY_STREAMS: "Too many open event streams, for this credential (a session token counts as the key "
+    "that minted it; `SWITCHBOARD_WS_MAX_STREAMS_PER_CREDENTIAL`, default 100) or for the server "
+    "(`SWITCHBOARD_WS_MAX_STREAMS`, default 1000, of which the last `SWITCHBOARD_WS_OPERATOR_RESERVE`, default a "
+    "tenth, are kept for keys holding `sessions:control`); the reason says which. Close a stream, or retry later "
+    "with a backoff.",
 }
 
 
@@ -137,7 +139,7 @@ def _int_param(ws: WebSocket, name: str) -> int:
 def _admit(ws: WebSocket, principal: Principal) -> Callable[[], None]:
     """A stream slot for ``principal`` (its release), or a 4429 close."""
     try:
-        return deps.services(ws).streams.acquire(principal.budget)
+        return deps.services(ws).streams.acquire(principal.budget, operator=principal.operator)
     except TooManyStreams as err:
         raise _Closed(CLOSE_TOO_MANY_STREAMS, err.reason) from None
 

@@ -27,12 +27,13 @@ from sqlalchemy.engine import make_url
 KEY_PREFIX = "switchboard:rate:"  # + the database + ":" + the digest of the credential
 TIMEOUT_S = 0.05
 
-# KEYS[1]: the bucket. ARGV: emission interval (s), burst, now (s; empty: Redis's clock).
+# KEYS[1]: the bucket. ARGV: emission interval (s), burst, now (s; empty: Redis's clock), cost (tokens; empty: 1).
 # Returns {1} when allowed, {0, wait_s} when not (as a string: Lua numbers come back truncated to integers).
 GCRA_SCRIPT = """
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local now = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4]) or 1
 if now == nil then
     local t = redis.call('TIME')
     now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -46,7 +47,7 @@ elseif tat > now + burst * interval then
     tat = now + burst * interval
     redis.call('SET', KEYS[1], string.format('%.6f', tat), 'PX', math.max(1, math.ceil(burst * interval * 1000)))
 end
-local new_tat = tat + interval
+local new_tat = tat + interval * cost
 local allowed_at = new_tat - burst * interval
 if allowed_at - now > 0.000001 then  -- the tat is kept to the microsecond: closer than that is on time
     return {0, string.format('%.6f', allowed_at - now)}
@@ -75,7 +76,7 @@ def key_prefix(database_url: str) -> str:
 class SharedBuckets:
     """Token buckets by credential, shared by every node through Redis (see the module docstring)."""
 
-    def __init__(self, url: str, *, rate_per_s: float, burst: int, prefix: str, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(self, url: str, *, rate_per_s: float, burst: float, prefix: str, timeout_s: float = TIMEOUT_S) -> None:
         # a client of its own: short timeouts (the fan-out's subscriber connection waits for ever, by design)
         self._redis: aioredis.Redis = aioredis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
@@ -89,10 +90,14 @@ class SharedBuckets:
     def key(self, subject: str) -> str:
         return self.prefix + hashlib.sha256(subject.encode()).hexdigest()[:32]
 
-    async def take(self, subject: str, *, now: float | None = None) -> float | None:
-        """Spend one token of ``subject``: None when allowed, else the seconds until a token is back. ``now``: the
-        time in seconds (default: Redis's clock). Raises ``SharedBucketsUnavailable``."""
-        args: list[str | float] = [1.0 / self.rate_per_s, self.burst, "" if now is None else repr(now)]
+    async def take(
+        self, subject: str, *, now: float | None = None, cost: float = 1.0, burst: float | None = None
+    ) -> float | None:
+        """Spend ``cost`` tokens of ``subject``: None when allowed, else the seconds until they are back. ``now``:
+        the time in seconds (default: Redis's clock); ``burst``: what the bucket may hold for this take (default the
+        bucket's own: a smaller one keeps the rest for other takes). Raises ``SharedBucketsUnavailable``."""
+        limit = self.burst if burst is None else burst
+        args: list[str | float] = [1.0 / self.rate_per_s, limit, "" if now is None else repr(now), repr(cost)]
         try:
             async with asyncio.timeout(self.timeout_s):
                 answer = await self._script(keys=[self.key(subject)], args=args)
