@@ -101,7 +101,8 @@ async def dripping(writer: asyncio.StreamWriter, data: bytes) -> AsyncIterator[N
 NEVER_ENDING_HEADERS = b"GET /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 4096
 
 
-async def closed_before_request(server: Server, reason: str, address: str = "127.0.0.1") -> float:
+async def closed_before_request(server: Server, reason: str, address: str = "127.0.0.5") -> float:
+    """A count of ``switchboard_connections_closed_before_request``, read from an address no test caps."""
     transport = httpx.AsyncHTTPTransport(local_address=address)
     async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=WAIT_S, transport=transport) as client:
         text = (await client.get("/metrics")).text
