@@ -101,6 +101,7 @@ async def main(args: argparse.Namespace) -> int:
         # every subscriber is the same (anonymous) credential: the per-credential cap would refuse most of them
         "SWITCHBOARD_WS_MAX_STREAMS": str(args.subscribers + 100),
         "SWITCHBOARD_WS_MAX_STREAMS_PER_CREDENTIAL": str(args.subscribers + 100),
+        "SWITCHBOARD_MAX_CONNECTIONS_PER_CLIENT": "0",  # every subscriber (and every node) comes from 127.0.0.1
     }
     runs: list[dict[str, dict[str, Any]]] = []
     async with cluster(args.nodes, **env) as nodes:

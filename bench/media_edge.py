@@ -263,6 +263,7 @@ async def run(args: argparse.Namespace) -> int:
         "SWITCHBOARD_AGENTS": "bench.media_edge:AGENTS",
         "SWITCHBOARD_MAX_SESSIONS": str(args.sessions + 10),
         "SWITCHBOARD_IDLE_TIMEOUT_S": "0",
+        "SWITCHBOARD_MAX_CONNECTIONS_PER_CLIENT": "0",  # every edge (and, in a cluster, every relay) from 127.0.0.1
     }
     if args.nodes >= 2:
         async with cluster(args.nodes, **env) as nodes:

@@ -471,6 +471,7 @@ async def phase_switchboard(args: argparse.Namespace, tmp: Path) -> dict[str, An
         # every subscriber is the same (anonymous) credential: the per-credential cap would refuse most of them
         SWITCHBOARD_WS_MAX_STREAMS=str(args.subscribers + 100),
         SWITCHBOARD_WS_MAX_STREAMS_PER_CREDENTIAL=str(args.subscribers + 100),
+        SWITCHBOARD_MAX_CONNECTIONS_PER_CLIENT="0",  # every subscriber comes from 127.0.0.1
     ).start()
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:

@@ -101,6 +101,7 @@ def main() -> None:
             "SWITCHBOARD_LOG_LEVEL": "WARNING",
             "SWITCHBOARD_WS_MAX_STREAMS": str(args.streams),
             "SWITCHBOARD_WS_MAX_STREAMS_PER_CREDENTIAL": str(args.streams),
+            "SWITCHBOARD_MAX_CONNECTIONS_PER_CLIENT": "0",  # every stream comes from 127.0.0.1
         }
         cmd = [sys.executable, "-m", "switchboard.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
         server = subprocess.Popen(cmd, env=env, cwd=tmp)

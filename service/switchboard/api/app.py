@@ -40,6 +40,7 @@ from . import asyncapi, docs_pages, problems, routes_agents, routes_health
 from .cluster import routes as cluster_routes
 from .cluster.forward import ForwardedGuard, SessionElsewhere, forward
 from .cluster.routing import OwnerRouting
+from .connections import ConnectionGate, ConnectionLimits
 from .deps import Services, services
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
@@ -142,6 +143,14 @@ def create_app(
     if traces is not None:
         webhooks.trace_headers = traces.call_headers
     metrics = Metrics()
+    # connections before their request (slow headers, many connections): `switchboard serve` hands it to uvicorn
+    limits = ConnectionLimits(
+        header_timeout_s=settings.header_timeout_s,
+        per_client=settings.max_connections_per_client,
+        pending=settings.max_pending_connections,
+    )
+    gate = ConnectionGate(limits, on_close=metrics.connection_closed)
+    metrics.bind_connections(lambda: len(gate.pending))
     # ValueError: the service does not start
     models = ModelProfiles(settings.models, sessions_may_script=settings.sessions_may_script)
     # agent name -> the model a session of that agent uses when it gives none: the built-in agents' own, and those an
@@ -283,6 +292,7 @@ def create_app(
         ],
     )
     problems.install(app)
+    app.state.connection_gate = gate
 
     @app.exception_handler(SessionElsewhere)
     async def _elsewhere(request: Request, exc: SessionElsewhere) -> Response:

@@ -86,6 +86,14 @@ def problem_response(
     headers: dict[str, str] | None = None,
     errors: list[dict[str, Any]] | None = None,
 ) -> JSONResponse:
+    body = problem_document(status, code, detail, errors=errors)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def problem_document(
+    status: int, code: str, detail: str | None = None, *, errors: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The problem's JSON document (also written by the connection layer, which answers outside the app)."""
     body = Problem(
         type=f"https://switchboard.dev/problems/{code}",
         title=_TITLES.get(status, "Error"),
@@ -94,9 +102,7 @@ def problem_response(
         code=code,
         errors=errors,
     )
-    return JSONResponse(
-        body.model_dump(exclude_none=True), status_code=status, media_type=PROBLEM_JSON, headers=headers
-    )
+    return body.model_dump(exclude_none=True)
 
 
 # OpenAPI: what each problem status means, for the `responses=` of the routes that can answer it

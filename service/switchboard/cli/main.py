@@ -65,6 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..api.app import create_app
+    from ..api.http_protocol import gated_http_protocol
     from ..api.streams.ws_protocol import EventStreamProtocol
     from ..integrations.agents_file import AgentsFileError
     from ..runtime.agent import AgentsImportError
@@ -91,6 +92,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_config=None,
+        # uvicorn's own pick (httptools, else h11), with a header deadline and connection caps (api/connections.py)
+        http=gated_http_protocol(app.state.connection_gate),
         ws=EventStreamProtocol,  # event frames encoded once for every subscriber
         ws_ping_interval=settings.ws_ping_interval_s,
         ws_max_size=settings.ws_max_message_bytes,

@@ -13,6 +13,8 @@ from prometheus_client.registry import Collector
 from ..runtime.events import Event
 from .cluster.fanout import REJECT_REASONS
 
+CONNECTION_CLOSE_REASONS = ("header_timeout", "per_client", "pending_full")  # api.connections
+
 if TYPE_CHECKING:
     from .cluster.fanout import RedisFanout
     from .cluster.feed import ClusterFeed
@@ -215,12 +217,34 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.connections_closed = Counter(
+            "switchboard_connections_closed_before_request",
+            "Connections the server closed before their request arrived, by reason: header_timeout (408, the request "
+            "headers not in within HEADER_TIMEOUT_S), per_client (429, over MAX_CONNECTIONS_PER_CLIENT), pending_full "
+            "(503, among the longest waiting of more than MAX_PENDING_CONNECTIONS)",
+            ["reason"],
+            registry=r,
+        )
         self.media_barge_in = Histogram(
             "switchboard_media_barge_in_seconds",
             "A media edge's barge-in (user.speech_started) read -> speech.stop written to its socket",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
             registry=r,
         )
+
+    def bind_connections(self, pending: Callable[[], int]) -> None:
+        """The connection gate (``api.connections``): its closes are counted with ``connection_closed``."""
+        waiting = Gauge(
+            "switchboard_connections_pending",
+            "Connections whose request line and headers have not all arrived yet",
+            registry=self.registry,
+        )
+        waiting.set_function(pending)
+        for reason in CONNECTION_CLOSE_REASONS:  # each counted from 0, so a rate can be taken from the start
+            self.connections_closed.labels(reason=reason)
+
+    def connection_closed(self, reason: str) -> None:
+        self.connections_closed.labels(reason=reason).inc()
 
     def on_store_commit(self, seconds: float, operations: int) -> None:
         self.store_commit.observe(seconds)

@@ -78,6 +78,15 @@ class Settings(BaseSettings):
     ws_operator_reserve: int | None = Field(default=None, ge=0)
     ws_max_message_bytes: int = Field(default=64 * 1024, ge=1024)  # a bigger client frame is closed with 1009
     request_timeout_s: float = Field(default=10.0, gt=0)
+    # The network edge (api/connections.py): a connection whose request line and headers have not all arrived this
+    # long after it opened (or after the first byte of a later request on it) is answered 408 and closed
+    header_timeout_s: float = Field(default=5.0, gt=0)
+    # connections open at once from one client address (an IPv6 client: its /64); one more is answered 429 and
+    # closed (0: no cap). Behind a proxy every connection comes from the proxy's address: see docs/security.md
+    max_connections_per_client: int = Field(default=256, ge=0)
+    # connections whose request headers have not all arrived, in the process; past it the longest waiting are
+    # answered 503 and closed, so slow or idle clients never hold the descriptors served clients need (0: no cap)
+    max_pending_connections: int = Field(default=256, ge=0)
     # a media edge (WS /v1/sessions/{sid}/media) sending more frames than this per second (over a burst of twice
     # as many) is closed with 4429
     media_max_frames_per_s: float = Field(default=100.0, gt=0)

@@ -9,7 +9,8 @@ encoding, and a connection that can take it at once writes those bytes to its so
 also frees a connection's compressor between messages (~32 KB per idle stream).
 
 Everything else is uvicorn's websockets (sans-I/O) protocol: the handshake, keepalive pings, receiving, closing; but a
-handshake still in progress when the server stops is answered 503, not 500 (the client connects again).
+handshake still in progress when the server stops is answered 503, not 500 (the client connects again), and the
+connection keeps counting against its client's connection cap (``api.connections``) until it is lost.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
+
+from ..connections import GateTicket
 
 #: The ASGI scope extension of a connection that can write shared frames: ``send_shared(*texts) -> bool``.
 SHARED_FRAMES = "switchboard.shared_frames"
@@ -97,6 +100,17 @@ class EventStreamProtocol(WebSocketsSansIOProtocol):
                 extensions=[deflate], max_size=self.config.ws_max_size, logger=logging.getLogger("uvicorn.error")
             )
         self._encoding: Hashable | None = None
+        self._ticket: GateTicket | None = None
+
+    def adopt_ticket(self, ticket: GateTicket) -> None:
+        """The connection's place at the connection gate, taken over from the HTTP protocol that upgraded it: this
+        connection counts against its client's cap until it is lost."""
+        self._ticket = ticket
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self._ticket is not None:
+            self._ticket.close()
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
