@@ -29,7 +29,7 @@ async def _long_chat(api: Api, says: int) -> str:
             len((await api.client.get(f"/v1/sessions/{s['id']}/chat", params={"limit": 1000})).json()["items"]) == says
         )
 
-    await until(all_said, timeout=30)
+    await until(all_said)
     return str(s["id"])
 
 

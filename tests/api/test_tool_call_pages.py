@@ -76,7 +76,7 @@ async def _many_calls(api: Api, count: int = CALLS) -> str:
         calls = await _every_page(api, sid, limit=1000)
         return len(calls) == count and all(c["status"] != "running" for c in calls)
 
-    await until(all_ended, timeout=30)
+    await until(all_ended)
     return sid
 
 

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,17 @@ def drain_stop(node: Server, timeout_s: float = 60.0) -> None:
     assert node.proc is not None
     node.proc.send_signal(signal.SIGTERM)
     node.proc.wait(timeout_s)
+
+
+async def retried(request: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+    """``request()``'s answer, sent again after ``Retry-After`` while it is a 503 a client is told to retry (a busy
+    node's deadline, a session moving), as any client of a cluster does; within the shared ceiling."""
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            r = await request()
+            if r.status_code != 503 or r.json().get("code") not in RETRYABLE:
+                return r
+            await asyncio.sleep(min(1.0, float(r.headers.get("retry-after", "1"))))
 
 
 async def until(check: Any, timeout_s: float = WAIT_S, every_s: float = 0.1) -> Any:

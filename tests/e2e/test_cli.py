@@ -260,7 +260,7 @@ def test_tail_resumes_across_a_server_restart(tmp_path: Path) -> None:
             )
             wait_until(wait_for_recovered)
             assert c.delete(f"/v1/sessions/{sid}").status_code == 204
-        code, out, err = proc.finish(timeout=20)
+        code, out, err = proc.finish(timeout=WAIT_S)
         events = server_events(second, sid)
     finally:
         second.stop()

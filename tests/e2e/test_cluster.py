@@ -29,6 +29,7 @@ from .cluster_support import (
     assert_gap_free,
     cluster_node,
     drain_stop,
+    retried,
     start_all,
     until,
     up,
@@ -109,7 +110,8 @@ async def test_three_nodes_a_killed_and_a_frozen_owner_lose_nothing(
             # a new session goes to the least-loaded node, wherever it is created
             r = await http.post(f"{a.url}/v1/sessions", json={"agent": "tester"})
             assert r.status_code == 201 and r.json()["owner_node"] in ("node-b", "node-c"), r.text
-            assert (await http.delete(f"{a.url}/v1/sessions/{r.json()['id']}")).status_code == 204
+            created = r.json()["id"]
+            assert (await retried(lambda: http.delete(f"{a.url}/v1/sessions/{created}"))).status_code == 204
 
             for sid in (tool, speech):  # through another node: forwarded to the owner, with the secret
                 r = await http.post(f"{b.url}/v1/sessions/{sid}/input", json={"text": "go"})
@@ -204,7 +206,7 @@ async def test_redis_outage_and_rolling_restart_under_load(tmp_path: Path, datab
             seen = len(remote.frames)
             await remote.wait_for(lambda fr: len(fr) > seen + 5, timeout_s=30)  # read from the database meanwhile
             redis.start()
-            await until(lambda: _redis_up(http, nodes), timeout_s=30)
+            await until(lambda: _redis_up(http, nodes))
 
             for node in nodes:  # a rolling restart
                 await asyncio.to_thread(drain_stop, node)

@@ -150,10 +150,10 @@ def test_the_console_shows_the_cluster_and_each_sessions_node(nodes: tuple[Serve
     # the owner dies: the panel shows it dead, and the session on the node that took it over
     a.kill()
     wait_until(lambda: node_row(page, "node-a")["state"] == "dead", timeout=LEASE_S + 30, what="node-a dead")
-    wait_until(lambda: node_row(page, "node-b")["sessions"] == "1", timeout=30, what="node-b's session count")
+    wait_until(lambda: node_row(page, "node-b")["sessions"] == "1", what="node-b's session count")
     assert page.inner_text("#cluster-count") == "1 live"
-    wait_until(lambda: header_node.inner_text() == "node-b", timeout=30, what="the header's new node")
-    wait_until(lambda: session_row.locator("td.node").inner_text() == "node-b", timeout=30, what="the row's node")
+    wait_until(lambda: header_node.inner_text() == "node-b", what="the header's new node")
+    wait_until(lambda: session_row.locator("td.node").inner_text() == "node-b", what="the row's node")
 
 
 @pytest.mark.browser

@@ -102,7 +102,7 @@ def test_the_queue_shows_real_failures_with_their_reasons_and_clears_when_resolv
                 and {"speech_stalled", "silence_after_input"} <= set(found["never-answers"])
             )
 
-        wait_until(settled, timeout=30, what="queue")
+        wait_until(settled, what="queue")
         shown = queue(page)
         assert {"speech_stalled", "silence_after_input"} <= set(shown["never-answers"])
         assert "tool_failed" in shown["backend-down"]

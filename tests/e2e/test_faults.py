@@ -396,7 +396,7 @@ async def test_webhook_backend_that_hangs_or_resets_fails_the_call_and_the_sessi
                 await client.post(f"/v1/sessions/{sid}/input", json={"text": "are you there?"})
                 await events.wait_for("chat.item", lambda d: d["item"].get("text") == "Here.")
                 # the hanging backend got the call, so it is told the call timed out; its connection was let go
-                async with asyncio.timeout(5):
+                async with asyncio.timeout(WAIT_S):
                     while not any("/cancel" in line for line in hang.requests) or hang.closed_by_client < 1:
                         await asyncio.sleep(0.05)
                 assert hang.requests[0].startswith("POST /tools/hanging ")

@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.waiting import WAIT_S
+
 from .server import ROOT, Server
 
 pytestmark = pytest.mark.e2e
@@ -54,7 +56,7 @@ def test_the_switchboard_command_finds_agents_in_the_working_directory(tmp_path:
         SWITCHBOARD_AGENTS_FILE="agents.yaml",
     ).start()
     try:
-        with httpx.Client(base_url=server.url, timeout=5) as client:
+        with httpx.Client(base_url=server.url, timeout=WAIT_S) as client:
             turns = [
                 {"text": "Let me.", "tool_calls": [{"name": "greet", "arguments": {"name": "Ada"}}]},
                 {"text": "{{tool_output:greet}}"},
@@ -63,7 +65,7 @@ def test_the_switchboard_command_finds_agents_in_the_working_directory(tmp_path:
             assert r.status_code == 201, r.text
             assert client.post("/v1/sessions", json={"id": "declared", "agent": "desk"}).status_code == 201
             assert client.post("/v1/sessions/mine/input", json={"text": "hi"}).status_code == 202
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + WAIT_S
             texts: list[str] = []
             while time.monotonic() < deadline and "Hello, Ada!" not in texts:
                 items = client.get("/v1/sessions/mine/chat").json()["items"]
