@@ -39,7 +39,7 @@ async def running(api: Api, sid: str) -> list[dict[str, Any]]:
 
 
 async def test_the_quickstart_story(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(demo, "WORK_S", 0.1)
+    monkeypatch.setattr(demo, "WORK_S", 0.5)  # the demo's own pace: progress reports come while replies are spoken
     await api.create(id="s1", agent="demo")
     r = await api.client.post("/v1/sessions/s1/input", json={"text": "Where is my order A-1042?"})
     assert r.status_code == 202
@@ -64,5 +64,27 @@ async def test_the_quickstart_story(api: Api, monkeypatch: pytest.MonkeyPatch) -
     await until_said(api, "s1", "Booked a table for 2 at 19:30 under Ada")
 
     await api.client.post("/v1/sessions/s1/input", json={"text": "I have a question about my bill."})
-    await until_said(api, "s1", "Billing desk here")
+    texts = await until_said(api, "s1", "Billing desk here")
     assert (await api.client.get("/v1/sessions/s1")).json()["agent"] == "billing"
+    # what the user heard, in order: never the executor's own wording of a progress report (the script used to take
+    # each progress report for the result: "Here is what I found: Progress of the call running in the background...")
+    internal = ("in the background", "Still running", "Progress of", "<none>")
+    assert not [t for t in texts if any(words in t for words in internal)], texts
+    found = [t for t in texts if t.startswith("Here is what I found")]
+    assert len(found) == 1 and "Order A-1042: shipped yesterday" in found[0], texts
+    order = ["Let me look up", "Here is what I found", "Booked a table", "I'll transfer you", "Billing desk here"]
+    at = [next(i for i, t in enumerate(texts) if t.startswith(words[:4]) and words[:8] in t) for words in order]
+    assert at == sorted(at), texts
+
+
+async def test_the_first_step_tells_the_order_once_and_no_progress_report_as_its_result(api: Api) -> None:
+    """The README's first step, left to run: the demo used to take each of the lookup's progress reports for its
+    result and said "Here is what I found: Progress of the call running in the background: ..." before the answer."""
+    # spoken at the default voice's pace (3 words a second), so that the lookup's progress reports come while the
+    # agent still speaks, as they do for someone trying the demo
+    await api.create(id="first", agent="demo", playout={"words_per_second": 3.0})
+    assert (await api.client.post("/v1/sessions/first/input", json={"text": "Where is my order A-1042?"})).is_success
+    texts = await until_said(api, "first", "shipped yesterday")
+    assert texts[0] == "Let me look up your order.", texts
+    assert not [t for t in texts if "in the background" in t or "Still running" in t], texts
+    assert [t for t in texts if t.startswith("Here is what I found")] == [texts[-1]], texts

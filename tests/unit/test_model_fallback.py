@@ -136,7 +136,7 @@ async def test_an_interruption_stops_the_model_error_line_like_any_speech():
 
 async def test_script_rules_answer_the_user_and_each_tool_whatever_the_order() -> None:
     from switchboard.runtime.chat import FunctionCallOutput, new_id
-    from switchboard.runtime.llm.scripted import BACKGROUND_OUTPUT_PREFIX
+    from switchboard.runtime.llm.scripted import BACKGROUND_OUTPUT_PREFIX, PROGRESS_OUTPUT_PREFIX
 
     llm = build_llm(
         {
@@ -163,13 +163,15 @@ async def test_script_rules_answer_the_user_and_each_tool_whatever_the_order() -
     assert await answer(user, cut) == "flights!"
     assert await answer(output(f"{BACKGROUND_OUTPUT_PREFIX} (searching).")) == "started"
     assert await answer(output("3 found")) == "done: 3 found"
+    # a later progress report is not the result: nothing is said unless a rule says what
+    assert await answer(output(f"{PROGRESS_OUTPUT_PREFIX}: 2 of 3, 67% done. Still running.")) == ""
     assert await answer(ChatMessage(id=new_id("item"), role="user", text="hello")) == "first turn"  # no rule
     with pytest.raises(ValueError, match="not a regular expression"):
         build_llm({"provider": "scripted", "on_user": [{"match": "(", "turn": {}}]})
 
 
 async def test_the_background_output_is_worded_as_script_rules_expect() -> None:
-    from switchboard.runtime.llm.scripted import BACKGROUND_OUTPUT_PREFIX
+    from switchboard.runtime.llm.scripted import BACKGROUND_OUTPUT_PREFIX, PROGRESS_OUTPUT_PREFIX
     from tests.agents_fixture import Tester
 
     async with Harness(Tester(), [{"tool_calls": [{"name": "progress", "arguments": {"steps": 2}}]}]) as h:
@@ -177,3 +179,4 @@ async def test_the_background_output_is_worded_as_script_rules_expect() -> None:
         await h.tools_done()
         outputs = [it.output for it in h.session.chat.items if getattr(it, "type", "") == "function_call_output"]
         assert outputs[0].startswith(BACKGROUND_OUTPUT_PREFIX)
+        assert outputs[1].startswith(PROGRESS_OUTPUT_PREFIX), outputs

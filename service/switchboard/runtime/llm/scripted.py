@@ -75,7 +75,9 @@ class ScriptConfig(BaseModel):
     """``{"provider": "scripted", "turns": [...], "fallback"?, "on_user"?, "on_started"?, "on_output"?}``.
 
     A request answering a tool (its context ends with the tool's output) takes ``on_output[tool]`` (or, for the
-    "running in the background" output of a tool's first progress report, ``on_started[tool]``); a request answering
+    "running in the background" output of a tool's first progress report, ``on_started[tool]``, and for each later
+    progress report ``on_progress[tool]``, by default saying nothing: a progress report is not a result); a request
+    answering
     the user takes the first ``on_user`` rule matching their latest message; any other request takes the next turn,
     then the fallback once the turns are used up. Rules let a script follow a conversation whatever order it takes.
     """
@@ -87,10 +89,13 @@ class ScriptConfig(BaseModel):
     on_user: list[UserRule] = Field(default_factory=list, max_length=100)
     on_started: dict[str, Turn] = Field(default_factory=dict)
     on_output: dict[str, Turn] = Field(default_factory=dict)
+    on_progress: dict[str, Turn] = Field(default_factory=dict)
 
 
-#: How the executor words the output of a call that moved to the background (``on_started`` keys on it).
+#: How the executor words the output of a call that moved to the background (``on_started`` keys on it) and of its
+#: later progress reports (``on_progress``).
 BACKGROUND_OUTPUT_PREFIX = "Started and running in the background"
+PROGRESS_OUTPUT_PREFIX = "Progress of the call running in the background"
 
 
 def rule_turn(config: ScriptConfig, request: LLMRequest) -> Turn | None:
@@ -98,6 +103,8 @@ def rule_turn(config: ScriptConfig, request: LLMRequest) -> Turn | None:
     # what the request answers: its last item (a handoff is committed with the output of the tool that made it)
     last = next((item for item in reversed(request.items) if not isinstance(item, AgentHandoff)), None)
     if isinstance(last, FunctionCallOutput):
+        if last.output.startswith(PROGRESS_OUTPUT_PREFIX):
+            return config.on_progress.get(last.name, Turn())
         rules = config.on_started if last.output.startswith(BACKGROUND_OUTPUT_PREFIX) else config.on_output
         return rules.get(last.name)
     # the user's latest words, unless a tool has answered since (an assistant message cut off after them, say)
@@ -137,7 +144,7 @@ class ScriptedLLM:
             parsed = ScriptConfig.model_validate(config)
         except ValidationError as err:
             raise config_error("scripted", err, ScriptConfig, extra_keys="provider") from None
-        has_rules = parsed.on_user or parsed.on_started or parsed.on_output
+        has_rules = parsed.on_user or parsed.on_started or parsed.on_output or parsed.on_progress
         return cls(parsed.turns, parsed.fallback, parsed if has_rules else None)
 
     def save_state(self) -> dict[str, Any] | None:
