@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test stress lint fmt openapi bench sim sim-cluster chaos clean
+.PHONY: install run test abuse stress lint fmt openapi bench sim sim-cluster chaos clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -35,6 +35,16 @@ PYTEST_WORKERS ?= 3
 
 test: lint
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+
+# the abuse suite alone (docs/security.md, "One budget per caller, at every door"): a test per door, slow and many
+# clients, floods by one key's tokens, forged Redis messages; all of it runs in `make test` as well
+ABUSE := tests/e2e/test_slow_clients.py tests/unit/test_connection_gate.py tests/e2e/test_stream_budgets.py \
+	tests/e2e/test_media_budgets.py tests/api/test_read_budget.py tests/e2e/test_export_budget.py \
+	tests/e2e/test_cluster_redis.py tests/store/test_fanout.py tests/store/test_shared_buckets.py \
+	tests/api/test_security.py tests/api/test_hardening.py tests/api/test_limits.py tests/e2e/test_browser_origin.py
+
+abuse: $(STAMP)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(ABUSE)
 
 # the suite (or TESTS, a pytest selection) RUNS times, with HOG busy-looping processes beside it, to see a flaky test
 # before CI does (docs/reliability.md); KEEP_GOING=1 runs them all even after a failure
