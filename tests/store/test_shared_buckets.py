@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from switchboard.api.rate_limit import SHARED_RETRY_S, SharedWriteLimits, WriteRateLimiter
+from switchboard.api.rate_limit import SHARED_RETRY_S, RateLimiter, SharedRateLimits
 from switchboard.control.cluster.shared_buckets import SharedBuckets, SharedBucketsUnavailable, key_prefix
 from tests.e2e.cluster_support import RedisServer
 
@@ -54,7 +54,7 @@ async def test_a_full_bucket_allows_its_burst_then_says_when_a_token_is_back(buc
     assert [await buckets.take("key:a", now=T0) for _ in range(4)] == [None] * 4
     assert await buckets.take("key:a", now=T0) == pytest.approx(0.5)  # one token at 2/s
     assert await buckets.take("key:a", now=T0 + 0.2) == pytest.approx(0.3)
-    assert WriteRateLimiter.retry_after(0.3) == "1"
+    assert RateLimiter.retry_after(0.3) == "1"
     # another credential has a bucket of its own
     assert await buckets.take("key:b", now=T0) is None
 
@@ -77,7 +77,7 @@ async def test_refused_commands_spend_nothing_and_the_bucket_refills_at_its_rate
 
 async def test_the_bucket_matches_a_node_s_own_buckets_step_by_step(buckets: SharedBuckets):
     now = [T0]
-    local = WriteRateLimiter(rate_per_s=2.0, burst=4, clock=lambda: now[0])
+    local = RateLimiter(rate_per_s=2.0, burst=4, clock=lambda: now[0])
     for step in (0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.3, 0.05, 0.7, 0.0, 0.0, 2.5, 0.0, 0.0, 0.0, 0.0, 0.0):
         now[0] += step
         shared, own = await buckets.take("key:a", now=now[0]), local.take("key:a")
@@ -123,7 +123,7 @@ async def test_a_node_limits_on_its_own_while_redis_is_away_and_shares_again_onc
     now = [0.0]
     fallbacks: list[None] = []
     shared = SharedBuckets(server.url, rate_per_s=0.01, burst=2, prefix="test:rate:", timeout_s=1.0)
-    limits = SharedWriteLimits(shared, on_fallback=lambda: fallbacks.append(None), clock=lambda: now[0])
+    limits = SharedRateLimits(shared, on_fallback=lambda: fallbacks.append(None), clock=lambda: now[0])
     try:
         assert [await limits.acquire("key:a") for _ in range(2)] == [None, None]
         assert await limits.acquire("key:a") == pytest.approx(100.0, abs=0.1)

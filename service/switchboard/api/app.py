@@ -44,9 +44,10 @@ from .deps import Services, services
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
 from .media import routes as media_routes
-from .rate_limit import SharedWriteLimits, WriteRateLimiter
+from .rate_limit import RateLimiter, SharedRateLimits
 from .sessions import export as session_export
 from .sessions import routes as session_routes
+from .sessions.export_budget import ExportBudget
 from .streams import agui_routes
 from .streams import events as event_routes
 from .streams.stream_slots import StreamSlots
@@ -99,18 +100,19 @@ async def _expire_sessions(host: SessionHost, store: Store, settings: Settings) 
             logger.exception("session housekeeping failed; will retry")
 
 
-def _write_limits(settings: Settings, metrics: Metrics) -> WriteRateLimiter:
-    """Each node's own buckets; in cluster mode the cluster's, in Redis (the node's own while Redis is away)."""
-    if not settings.redis_url or settings.write_rate_per_s <= 0:
-        return WriteRateLimiter(rate_per_s=settings.write_rate_per_s, burst=settings.write_burst)
+def _rate_limits(settings: Settings, metrics: Metrics, door: str, rate_per_s: float, burst: int) -> RateLimiter:
+    """Each node's own buckets; in cluster mode the cluster's, in Redis (the node's own while Redis is away), under a
+    prefix of their own for each door but commands (whose keys predate the others)."""
+    if not settings.redis_url or rate_per_s <= 0:
+        return RateLimiter(rate_per_s=rate_per_s, burst=burst)
     shared = SharedBuckets(
         settings.redis_url,
-        rate_per_s=settings.write_rate_per_s,
-        burst=settings.write_burst,
-        prefix=key_prefix(settings.database_url),
+        rate_per_s=rate_per_s,
+        burst=burst,
+        prefix=key_prefix(settings.database_url) + ("" if door == "commands" else f"{door}:"),
         timeout_s=settings.rate_limit_redis_timeout_s,
     )
-    return SharedWriteLimits(shared, on_fallback=metrics.rate_limit_fallbacks.inc)
+    return SharedRateLimits(shared, door=door, on_fallback=metrics.rate_limit_fallbacks.inc)
 
 
 def create_app(
@@ -195,7 +197,8 @@ def create_app(
             model_observer=metrics,
             wrap_sink=traces.sink if traces is not None else None,
         )
-        writes = _write_limits(settings, metrics)
+        writes = _rate_limits(settings, metrics, "commands", settings.write_rate_per_s, settings.write_burst)
+        reads = _rate_limits(settings, metrics, "reads", settings.read_rate_per_s, settings.read_burst)
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
         metrics.bind_node(host)
         app.state.services = Services(
@@ -209,6 +212,12 @@ def create_app(
                 per_process=settings.ws_max_streams, per_credential=settings.ws_max_streams_per_credential
             ),
             writes=writes,
+            reads=reads,
+            exports=ExportBudget(
+                max_running=settings.export_max,
+                max_per_caller=settings.export_max_per_key,
+                bytes_per_s=settings.export_bytes_per_s,
+            ),
             forwarder=forwarder,
             fanout=fanout,
         )
@@ -237,8 +246,9 @@ def create_app(
             await host.aclose()
             await webhooks.aclose()
             await forwarder.aclose()
-            if isinstance(writes, SharedWriteLimits):
-                await writes.aclose()
+            for limits in (reads, writes):
+                if isinstance(limits, SharedRateLimits):
+                    await limits.aclose()
             if feed is not None:
                 await feed.aclose()
             if fanout is not None:

@@ -78,6 +78,8 @@ def services(node: Node) -> Services:
         metrics=metrics(),
         streams=None,  # type: ignore[arg-type]
         writes=None,  # type: ignore[arg-type]
+        reads=None,  # type: ignore[arg-type]
+        exports=None,  # type: ignore[arg-type]
         forwarder=None,  # type: ignore[arg-type]
     )
 
