@@ -163,7 +163,9 @@ async def main(args: argparse.Namespace) -> int:
                 size = await fill(ops, big, args.log_mb)
                 r = await ops.post(f"/v1/sessions/{big}/tokens", json={}, headers=bearer(VIEWER))
                 token = r.raise_for_status().json()["token"]
-            print(f"export of the large session: {size / 1e6:.1f} MB; server env: {env or 'defaults'}")
+            settings = {k: v for k, v in env.items() if k != "PYTHONPATH"} or "defaults"
+            code = "from --source" if args.source else "this tree's"
+            print(f"export of the large session: {size / 1e6:.1f} MB; server code: {code}; settings: {settings}")
             print(f"load average at start: {loadavg()}", flush=True)
             baselines, loads = [], []
             for run in range(args.runs):

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ...control.host import SessionHost
 from ...control.session_view import SessionView
 from ...runtime.chat import ChatItem, utcnow
+from ...runtime.events import Event
 from .. import deps
 from ..auth import ANONYMOUS, Require, principal_of
 from ..deps import HostDep, KnownSession, services
@@ -47,7 +48,7 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _exported(event: Any) -> ExportedEvent:
+def _exported(event: Event) -> ExportedEvent:
     return ExportedEvent(seq=event.seq, session_id=event.session_id, type=event.type, at=event.at, data=event.data)
 
 
@@ -80,7 +81,7 @@ async def _tool_calls(view: SessionView) -> AsyncIterator[list[ToolCallRead]]:
         cursor = page[-1].call_id
 
 
-async def _events(view: SessionView, host: SessionHost) -> AsyncIterator[list[Any]]:
+async def _events(view: SessionView, host: SessionHost) -> AsyncIterator[list[Event]]:
     since = 0
     while True:
         page = await host.store.events(view.id, since=since, limit=EXPORT_EVENTS_PAGE)
