@@ -199,6 +199,11 @@ def create_app(
         )
         writes = _rate_limits(settings, metrics, "commands", settings.write_rate_per_s, settings.write_burst)
         reads = _rate_limits(settings, metrics, "reads", settings.read_rate_per_s, settings.read_burst)
+        exports = ExportBudget(
+            max_running=settings.export_max,
+            max_per_caller=settings.export_max_per_key,
+            bytes_per_s=settings.export_bytes_per_s,
+        )
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
         metrics.bind_node(host)
         app.state.services = Services(
@@ -213,11 +218,7 @@ def create_app(
             ),
             writes=writes,
             reads=reads,
-            exports=ExportBudget(
-                max_running=settings.export_max,
-                max_per_caller=settings.export_max_per_key,
-                bytes_per_s=settings.export_bytes_per_s,
-            ),
+            exports=exports,
             forwarder=forwarder,
             fanout=fanout,
         )
@@ -246,6 +247,7 @@ def create_app(
             await host.aclose()
             await webhooks.aclose()
             await forwarder.aclose()
+            exports.close()
             for limits in (reads, writes):
                 if isinstance(limits, SharedRateLimits):
                     await limits.aclose()

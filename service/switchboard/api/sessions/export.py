@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -92,27 +91,29 @@ async def _events(view: SessionView, host: SessionHost) -> AsyncIterator[list[Ev
         since = page[-1].seq
 
 
-async def _array(pages: AsyncIterator[Sequence[Any]], convert: Callable[[Any], Any]) -> AsyncIterator[bytes]:
-    """The members of a JSON array, a page per chunk, each page encoded in a worker thread: encoding a page of a
+async def _array(
+    pages: AsyncIterator[Sequence[Any]], convert: Callable[[Any], Any], budget: ExportBudget
+) -> AsyncIterator[bytes]:
+    """The members of a JSON array, a page per chunk, each page encoded on the exports' thread: encoding a page of a
     large log takes long enough to hold up every other request if it ran on the event loop."""
     first = True
     async for page in pages:
-        yield await asyncio.to_thread(_members, page, convert, first)
+        yield await budget.encode(_members, page, convert, first)
         first = False
 
 
-async def _document(view: SessionView, host: SessionHost) -> AsyncIterator[bytes]:
+async def _document(view: SessionView, host: SessionHost, budget: ExportBudget) -> AsyncIterator[bytes]:
     """The document in pieces, a page of values at a time; the event log is read a page at a time."""
     head = {"format": EXPORT_FORMAT, "exported_at": utcnow(), "session": deps.session_read(view, host)}
     yield _json(head)[:-1] + b',"chat":['
-    async for chunk in _array(_chat(view), _same):
+    async for chunk in _array(_chat(view), _same, budget):
         yield chunk
     yield b'],"tool_calls":['
-    async for chunk in _array(_tool_calls(view), _same):
+    async for chunk in _array(_tool_calls(view), _same, budget):
         yield chunk
     yield b'],"events":['
     try:
-        async for chunk in _array(_events(view, host), _exported):
+        async for chunk in _array(_events(view, host), _exported, budget):
             yield chunk
     except Exception:
         # the answer has started: it cannot become a problem now, and the cut document is not valid JSON
@@ -166,7 +167,7 @@ async def export_session(request: Request, session: KnownSession, host: HostDep)
         ) from None
     filename = f"session-{session.id}.json"
     return ExportResponse(
-        _paced(_document(session, host), budget, caller, release),
+        _paced(_document(session, host, budget), budget, caller, release),
         release=release,
         headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )

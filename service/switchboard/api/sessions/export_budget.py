@@ -7,6 +7,8 @@ answer ends in any way (sent, failed, the client gone), by ``ExportResponse``. T
 exports instead of refusing them: an export that has sent its share waits for more, so a client sees a slower
 download, never a cut document.
 
+Each page of an export is encoded off the event loop, on the exports' own thread (``encode``).
+
 A caller is the principal a credential spends for (``Principal.budget``: a session token's minter, else the
 credential). With auth off there is one caller, the operator: only the process's cap holds.
 """
@@ -16,13 +18,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 EXPORT_RETRY_AFTER_S = 2  # an export takes seconds: asking again sooner mostly finds the slots still taken
 BYTES_BURST_S = 1.0  # a caller's exports may send this many seconds of their budget at once
+# Every export's pages are encoded on one thread of their own: off the event loop, and never more than one thread
+# contending with it for the GIL (the loop waits a switch interval, 5 ms, per thread ahead of it), nor taking the
+# default executor's threads from the rest of the service.
+ENCODE_THREADS = 1
+
+T = TypeVar("T")
 
 
 class ExportsBusy(Exception):
@@ -31,7 +41,8 @@ class ExportsBusy(Exception):
 
 @dataclass
 class ExportBudget:
-    """Export slots and byte budgets: ``enter()`` for a slot, ``spend()`` before sending bytes."""
+    """Export slots, byte budgets and the encoding thread: ``enter()`` for a slot, ``encode()`` a page, ``spend()``
+    before sending it; ``close()`` when the service stops."""
 
     max_running: int
     max_per_caller: int
@@ -41,6 +52,9 @@ class ExportBudget:
     _by_caller: dict[str, int] = field(default_factory=dict)
     # each caller's byte bucket as a GCRA theoretical arrival time: when its sends so far would all have been paid
     _paid_until: dict[str, float] = field(default_factory=dict)
+    _encoder: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="export-encode")
+    )
 
     def enter(self, caller: str | None) -> Callable[[], None]:
         """Take a slot for an export by ``caller`` (None: auth off, no caller's cap): the function that gives it back
@@ -89,6 +103,13 @@ class ExportBudget:
         except asyncio.CancelledError:
             self._paid_until[caller] -= size / self.bytes_per_s  # never sent (the client went away): not spent
             raise
+
+    async def encode(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` on the exports' thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._encoder, work, *args)
+
+    def close(self) -> None:
+        self._encoder.shutdown(wait=False, cancel_futures=True)
 
     def running(self, caller: str | None = None) -> int:
         """The exports running: all of them, or ``caller``'s."""
