@@ -156,6 +156,8 @@ class ChaosCluster:
             "SWITCHBOARD_AGENTS_FILE": str(agents),
             "SWITCHBOARD_WRITE_RATE_PER_S": "1000",
             "SWITCHBOARD_WRITE_BURST": "1000",
+            "SWITCHBOARD_READ_RATE_PER_S": "1000",  # one key for every client and the checker's reads
+            "SWITCHBOARD_READ_BURST": "1000",
             "SWITCHBOARD_WORDS_PER_SECOND": "20",
             "CHAOS_WEBHOOK_SECRET": WEBHOOK_SECRET,
             "SWITCHBOARD_REQUEST_TIMEOUT_S": "10",  # the product's default, under the clients' 20 s (not the tests')

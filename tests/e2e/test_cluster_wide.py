@@ -1,8 +1,8 @@
 """What a cluster does as one, with real nodes on loopback, PostgreSQL and a Redis of the tests' own: a key's
-write rate limit holds across the nodes (a command forwarded to its session's node costs one token, where it
-arrived), and falls back to each node's own buckets while Redis is down; a key's session quota is counted once for
-the whole cluster; the attention list is every node's, from any node, and a node that does not answer in time is
-named."""
+write and read rate limits hold across the nodes (a command forwarded to its session's node, or a read asked of it,
+costs one token, where it arrived), and fall back to each node's own buckets while Redis is down; a key's session
+quota is counted once for the whole cluster; the attention list is every node's, from any node, and a node that does
+not answer in time is named."""
 
 from __future__ import annotations
 
@@ -37,6 +37,12 @@ LIMITS = {
     "SWITCHBOARD_WRITE_BURST": str(BURST),
     # Redis answering within the default 50 ms is not something a loaded machine promises: a late answer falls back to
     # the node's own bucket (a fifth command accepted); the fallback itself is tested with Redis stopped
+    "SWITCHBOARD_RATE_LIMIT_REDIS_TIMEOUT_S": "5",
+}
+
+READ_LIMITS = {
+    "SWITCHBOARD_READ_RATE_PER_S": "0.01",
+    "SWITCHBOARD_READ_BURST": str(BURST),
     "SWITCHBOARD_RATE_LIMIT_REDIS_TIMEOUT_S": "5",
 }
 
@@ -117,6 +123,32 @@ async def test_a_key_is_limited_once_across_the_nodes_and_per_node_while_redis_i
             assert await _metric(http, a, "switchboard_rate_limit_local_fallbacks_total") >= BURST
             ready = (await http.get(f"{a.url}/readyz")).json()
             assert ready["status"] == "ok" and "rate limits are each node's own" in ready["detail"], ready
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+async def test_a_keys_reads_are_limited_once_across_the_nodes(tmp_path: Path, database_url: str, redis: RedisServer):
+    """Reads have a budget of their own, the cluster's like commands': a read that reaches a node other than its
+    session's, and is asked of the owner there (the session itself), costs one token where it arrived."""
+    nodes = _nodes(tmp_path, database_url, redis, names="ab", **READ_LIMITS)
+    a, b = nodes
+    try:
+        await start_all(nodes)
+        async with httpx.AsyncClient(timeout=30) as http:
+            on_a = await _pinned(http, a, "node-a", [])
+
+            async def read(node: Server, path: str) -> httpx.Response:
+                return await http.get(f"{node.url}/v1/sessions/{on_a}{path}", headers=_auth(SPREAD))
+
+            # asked of the owner (b -> a), at the owner, from the database anywhere: one token each
+            answers = [await read(node, path) for node, path in [(b, ""), (a, ""), (b, "/chat"), (a, "/chat")]]
+            assert [r.status_code for r in answers] == [200] * BURST, [r.text for r in answers]
+            for node, path in [(b, ""), (a, ""), (b, "/chat"), (a, "/tool-calls")]:
+                r = await read(node, path)
+                assert _limited(r) and "reads" in r.json()["detail"], r.text
+            assert (await _say(http, b, on_a, SPREAD)).status_code == 202  # commands have their own budget
+            assert (await http.get(f"{b.url}/v1/sessions/{on_a}", headers=_auth(ALONE))).status_code == 200
     finally:
         for node in nodes:
             node.stop()

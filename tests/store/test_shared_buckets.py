@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from switchboard.api.rate_limit import SHARED_RETRY_S, SharedWriteLimits, WriteRateLimiter
+from switchboard.api.rate_limit import SHARED_RETRY_S, RateLimiter, SharedRateLimits
 from switchboard.control.cluster.shared_buckets import SharedBuckets, SharedBucketsUnavailable, key_prefix
 from tests.e2e.cluster_support import RedisServer
 
@@ -55,7 +55,7 @@ async def test_a_full_bucket_allows_its_burst_then_says_when_a_token_is_back(buc
     assert [await buckets.take("key:a", now=T0) for _ in range(4)] == [None] * 4
     assert await buckets.take("key:a", now=T0) == pytest.approx(0.5)  # one token at 2/s
     assert await buckets.take("key:a", now=T0 + 0.2) == pytest.approx(0.3)
-    assert WriteRateLimiter.retry_after(0.3) == "1"
+    assert RateLimiter.retry_after(0.3) == "1"
     # another credential has a bucket of its own
     assert await buckets.take("key:b", now=T0) is None
 
@@ -92,7 +92,7 @@ async def test_refused_commands_spend_nothing_and_the_bucket_refills_at_its_rate
 
 async def test_the_bucket_matches_a_node_s_own_buckets_step_by_step(buckets: SharedBuckets):
     now = [T0]
-    local = WriteRateLimiter(rate_per_s=2.0, burst=4, clock=lambda: now[0])
+    local = RateLimiter(rate_per_s=2.0, burst=4, clock=lambda: now[0])
     for step in (0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.3, 0.05, 0.7, 0.0, 0.0, 2.5, 0.0, 0.0, 0.0, 0.0, 0.0):
         now[0] += step
         shared, own = await buckets.take("key:a", now=now[0]), local.take("key:a")
@@ -138,7 +138,7 @@ async def test_a_node_limits_on_its_own_while_redis_is_away_and_shares_again_onc
     now = [0.0]
     fallbacks: list[None] = []
     shared = SharedBuckets(server.url, rate_per_s=0.01, burst=2, prefix="test:rate:", timeout_s=1.0)
-    limits = SharedWriteLimits(shared, on_fallback=lambda: fallbacks.append(None), clock=lambda: now[0])
+    limits = SharedRateLimits(shared, on_fallback=lambda: fallbacks.append(None), clock=lambda: now[0])
     try:
         assert [await limits.acquire("key:a") for _ in range(2)] == [None, None]
         assert await limits.acquire("key:a") == pytest.approx(100.0, abs=0.1)
@@ -163,7 +163,7 @@ async def test_a_node_limits_on_its_own_while_redis_is_away_and_shares_again_onc
 async def test_a_take_may_cost_several_tokens_and_keep_part_of_the_bucket_for_others(buckets: SharedBuckets):
     """A media transcript costs its characters, and interim ones spend only the first half of the bucket: the same
     arithmetic in Redis as in a node's own buckets (what a node falls back to)."""
-    local = WriteRateLimiter(rate_per_s=2.0, burst=4, clock=lambda: 0.0)
+    local = RateLimiter(rate_per_s=2.0, burst=4, clock=lambda: 0.0)
     for take, now in ((buckets.take, {"now": T0}), (_local(local), {})):
         assert await take("key:m", cost=1.5, burst=2, **now) is None  # 2.5 left: above half, the interim takes
         assert await take("key:m", cost=1.0, burst=2, **now) == pytest.approx(0.25)  # it would dig into the other half
@@ -171,7 +171,7 @@ async def test_a_take_may_cost_several_tokens_and_keep_part_of_the_bucket_for_ot
         assert await take("key:m", cost=1.0, **now) == pytest.approx(0.5)
 
 
-def _local(limits: WriteRateLimiter) -> Any:
+def _local(limits: RateLimiter) -> Any:
     async def take(subject: str, **kw: Any) -> float | None:
         return limits.take(subject, **kw)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from switchboard.api.rate_limit import SharedWriteLimits
+from switchboard.api.rate_limit import SharedRateLimits
 from switchboard.control.cluster.shared_buckets import SharedBuckets
 
 
@@ -18,7 +18,7 @@ async def test_a_command_is_limited_by_the_nodes_own_bucket_when_the_call_to_red
 
     shared._script = broken  # type: ignore[method-assign,assignment]
     fallbacks: list[int] = []
-    limits = SharedWriteLimits(shared, on_fallback=lambda: fallbacks.append(1))
+    limits = SharedRateLimits(shared, on_fallback=lambda: fallbacks.append(1))
     try:
         assert await limits.acquire("key:a") is None
         assert await limits.acquire("key:a") is None

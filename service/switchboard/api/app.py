@@ -46,9 +46,10 @@ from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
 from .media import routes as media_routes
 from .media.budget import TranscriptBudget
-from .rate_limit import SharedWriteLimits, WriteRateLimiter
+from .rate_limit import RateLimiter, SharedRateLimits
 from .sessions import export as session_export
 from .sessions import routes as session_routes
+from .sessions.export_budget import ExportBudget
 from .streams import agui_routes
 from .streams import events as event_routes
 from .streams.stream_slots import StreamSlots
@@ -101,29 +102,25 @@ async def _expire_sessions(host: SessionHost, store: Store, settings: Settings) 
             logger.exception("session housekeeping failed; will retry")
 
 
-def _limits(settings: Settings, metrics: Metrics, rate_per_s: float, burst: float, kind: str) -> WriteRateLimiter:
-    """Each node's own buckets; in cluster mode the cluster's, in Redis (the node's own while Redis is away)."""
+def _rate_limits(settings: Settings, metrics: Metrics, door: str, rate_per_s: float, burst: float) -> RateLimiter:
+    """Each node's own buckets; in cluster mode the cluster's, in Redis (the node's own while Redis is away), under a
+    prefix of their own for each door but commands (whose keys predate the others)."""
     if not settings.redis_url or rate_per_s <= 0:
-        return WriteRateLimiter(rate_per_s=rate_per_s, burst=burst)
+        return RateLimiter(rate_per_s=rate_per_s, burst=burst)
     shared = SharedBuckets(
         settings.redis_url,
         rate_per_s=rate_per_s,
         burst=burst,
-        prefix=key_prefix(settings.database_url) + kind,
+        prefix=key_prefix(settings.database_url) + ("" if door == "commands" else f"{door}:"),
         timeout_s=settings.rate_limit_redis_timeout_s,
     )
-    return SharedWriteLimits(shared, on_fallback=metrics.rate_limit_fallbacks.inc)
-
-
-def _write_limits(settings: Settings, metrics: Metrics) -> WriteRateLimiter:
-    """Commands, one token each, per caller."""
-    return _limits(settings, metrics, settings.write_rate_per_s, settings.write_burst, "")
+    return SharedRateLimits(shared, door=door, on_fallback=metrics.rate_limit_fallbacks.inc)
 
 
 def _transcript_budget(settings: Settings, metrics: Metrics) -> TranscriptBudget:
     """Media edges' transcripts, their characters, per caller (``media.budget``)."""
     rate = settings.media_transcript_chars_per_s
-    return TranscriptBudget(_limits(settings, metrics, rate, 2 * rate, "media:"))
+    return TranscriptBudget(_rate_limits(settings, metrics, "media", rate, 2 * rate))
 
 
 def create_app(
@@ -216,8 +213,14 @@ def create_app(
             model_observer=metrics,
             wrap_sink=traces.sink if traces is not None else None,
         )
-        writes = _write_limits(settings, metrics)
+        writes = _rate_limits(settings, metrics, "commands", settings.write_rate_per_s, settings.write_burst)
+        reads = _rate_limits(settings, metrics, "reads", settings.read_rate_per_s, settings.read_burst)
         transcripts = _transcript_budget(settings, metrics)
+        exports = ExportBudget(
+            max_running=settings.export_max,
+            max_per_caller=settings.export_max_per_key,
+            bytes_per_s=settings.export_bytes_per_s,
+        )
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
         metrics.bind_node(host)
         app.state.services = Services(
@@ -233,6 +236,8 @@ def create_app(
                 reserve=settings.operator_stream_reserve,
             ),
             writes=writes,
+            reads=reads,
+            exports=exports,
             transcripts=transcripts,
             forwarder=forwarder,
             fanout=fanout,
@@ -262,8 +267,9 @@ def create_app(
             await host.aclose()
             await webhooks.aclose()
             await forwarder.aclose()
-            for limits in (writes, transcripts.limiter):
-                if isinstance(limits, SharedWriteLimits):
+            exports.close()
+            for limits in (reads, writes, transcripts.limiter):
+                if isinstance(limits, SharedRateLimits):
                     await limits.aclose()
             if feed is not None:
                 await feed.aclose()

@@ -18,7 +18,7 @@ from ..control.settings import Settings
 from .cluster.forward import FORWARDED_HEADER
 from .deps import SettingsDep, services
 from .problems import ProblemError
-from .rate_limit import COMMAND_METHODS, WriteRateLimiter
+from .rate_limit import COMMAND_METHODS, READ_METHODS, RateLimiter
 
 TOKEN_PREFIX = "sbt_"
 TOKEN_SCOPES = ("sessions:read", "events:read")  # what a session token holds unless it was minted with others
@@ -231,19 +231,37 @@ class Require:
         except AuthError as err:
             headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
             raise ProblemError(err.status, err.code, err.detail, headers=headers) from None
-        # a command another node forwarded (its header checked by ForwardedGuard) was charged where it arrived
-        charged = request.method in COMMAND_METHODS and FORWARDED_HEADER not in request.headers
-        if charged and principal is not ANONYMOUS:
-            wait_s = await services(request).writes.acquire(principal.budget)
-            if wait_s is not None:
-                raise ProblemError(
-                    429,
-                    "rate_limited",
-                    "Too many commands from this credential; retry after Retry-After seconds.",
-                    headers={"Retry-After": WriteRateLimiter.retry_after(wait_s)},
-                )
+        limited = await charge(request, principal)
+        if limited is not None:
+            raise limited
         request.state.principal = principal
         return principal
+
+
+async def charge(request: Request, principal: Principal) -> ProblemError | None:
+    """Charge ``request`` to the budget of its door (commands, or reads of the API) that ``principal`` spends, once:
+    the problem to answer when that budget is spent, else None. A request another node forwarded (its header checked
+    by ``ForwardedGuard``) was charged where it arrived; so was one the routing seam charged before answering it here
+    (``request.state.charged``). With auth off nothing is charged."""
+    if principal is ANONYMOUS or FORWARDED_HEADER in request.headers or getattr(request.state, "charged", False):
+        return None
+    found = services(request)
+    if request.method in COMMAND_METHODS:
+        limits, what = found.writes, "commands"
+    elif request.method in READ_METHODS and request.url.path.startswith("/v1/"):
+        limits, what = found.reads, "reads"
+    else:
+        return None
+    request.state.charged = True
+    wait_s = await limits.acquire(principal.budget)
+    if wait_s is None:
+        return None
+    return ProblemError(
+        429,
+        "rate_limited",
+        f"Too many {what} from this credential; retry after Retry-After seconds.",
+        headers={"Retry-After": RateLimiter.retry_after(wait_s)},
+    )
 
 
 def principal_of(request: Request) -> Principal:

@@ -28,8 +28,9 @@ from ..store import NodeState, Store
 from .cluster.forward import FORWARDED_HEADER, SessionElsewhere
 from .media.budget import TranscriptBudget
 from .problems import ProblemError, not_found
-from .rate_limit import WriteRateLimiter
+from .rate_limit import RateLimiter
 from .schemas import LatencyRead, SessionRead, ToolCallRead
+from .sessions.export_budget import ExportBudget
 from .streams.stream_slots import StreamSlots
 
 _RETRY = {"Retry-After": "1"}
@@ -46,7 +47,9 @@ class Services:
     webhooks: Webhooks
     metrics: Metrics
     streams: StreamSlots
-    writes: WriteRateLimiter
+    writes: RateLimiter  # commands
+    reads: RateLimiter
+    exports: ExportBudget
     transcripts: TranscriptBudget  # what media edges may store (``media.budget``)
     forwarder: httpx.AsyncClient  # commands for sessions other nodes run (``cluster.forward``)
     fanout: RedisFanout | None = None  # cluster mode: events to and from the other nodes

@@ -115,12 +115,13 @@ _MEANINGS = {
     409: "Conflict with the current state, or an `Idempotency-Key` reused with another body",
     413: "The request body, or its text, is too large",
     422: "Invalid parameters or body",
-    429: "Too many live sessions",
+    429: "A budget of this credential (commands or reads a second, live sessions) or of the server is spent: retry "
+    "after `Retry-After` seconds",
     503: "Not completed in time, or the database is unreachable: retry after `Retry-After` seconds",
 }
 
 # every /v1 HTTP route can answer these (applied where the routers are included)
-API_ERRORS = (401, 403, 422, 503)
+API_ERRORS = (401, 403, 422, 429, 503)
 # and a POST on a session these: the Idempotency-Key, the session, body limits, conflicts
 POST_ERRORS = (400, 404, 408, 409, 413)
 

@@ -1,13 +1,14 @@
-"""Rate limits on commands, per credential: a token bucket for each API key.
+"""Rate limits per credential: a token bucket for each caller and door (commands, reads).
 
-Every write (``POST``, ``PUT``, ``PATCH``, ``DELETE``) by a credential takes one token from its bucket; a bucket holds
-at most ``burst`` tokens and refills at ``rate_per_s``. An empty bucket answers 429 ``rate_limited`` with
-``Retry-After`` (whole seconds until a token is back). Reads and streams are not counted here (streams have their own
-caps). With auth off there is one caller, the operator, and nothing is limited.
+Every write (``POST``, ``PUT``, ``PATCH``, ``DELETE``) by a credential takes one token from its command bucket, every
+read (``GET``, ``HEAD`` on ``/v1``) one from its read bucket: two limiters, each built from this class with its own
+rate. A bucket holds at most ``burst`` tokens and refills at ``rate_per_s``. An empty bucket answers 429
+``rate_limited`` with ``Retry-After`` (whole seconds until a token is back). Streams have their own caps, exports
+theirs too (``sessions.export_budget``). With auth off there is one caller, the operator, and nothing is limited.
 
-A command another node forwarded here (``X-Switchboard-Forwarded``, checked by ``ForwardedGuard``) was charged where
-it arrived and is not charged again. In cluster mode the buckets are the cluster's, in Redis (``SharedWriteLimits``):
-a caller spreading its commands over the nodes gets its limit once. When Redis does not answer in time a command is
+A request another node forwarded here (``X-Switchboard-Forwarded``, checked by ``ForwardedGuard``) was charged where
+it arrived and is not charged again. In cluster mode the buckets are the cluster's, in Redis (``SharedRateLimits``):
+a caller spreading its requests over the nodes gets its limit once. When Redis does not answer in time a request is
 charged to the node's own buckets (never let through uncounted), and Redis is tried again a moment later.
 """
 
@@ -24,6 +25,7 @@ from ..control.cluster.shared_buckets import SharedBuckets, SharedBucketsUnavail
 logger = logging.getLogger("switchboard.api.rate_limit")
 
 COMMAND_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+READ_METHODS = frozenset({"GET", "HEAD"})
 SHARED_RETRY_S = 1.0  # after Redis failed to answer, the node's own buckets are used this long before trying again
 
 
@@ -33,10 +35,10 @@ class _Bucket:
     at: float
 
 
-class WriteRateLimiter:
-    """Token buckets by budget (``Principal.budget``: an API key, whoever's session token spends it), so the table is
-    as small as the key list. Commands take one token each; a media edge's transcripts their characters
-    (``media.budget``)."""
+class RateLimiter:
+    """Token buckets by the principal a credential spends for (``Principal.budget``): API keys, a token's minter
+    included, so the table is as small as the key list. Commands and reads take one token each; a media edge's
+    transcripts their characters (``media.budget``)."""
 
     def __init__(self, *, rate_per_s: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate_per_s = rate_per_s
@@ -75,19 +77,21 @@ class WriteRateLimiter:
         return str(max(1, math.ceil(wait_s)))
 
 
-class SharedWriteLimits(WriteRateLimiter):
+class SharedRateLimits(RateLimiter):
     """Cluster mode: the cluster's buckets in Redis, and this node's own (the base class) whenever Redis does not
-    answer in time. ``on_fallback()`` counts each command charged locally for that reason."""
+    answer in time. ``on_fallback()`` counts each request charged locally for that reason."""
 
     def __init__(
         self,
         shared: SharedBuckets,
         *,
+        door: str = "commands",
         on_fallback: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(rate_per_s=shared.rate_per_s, burst=shared.burst, clock=clock)
         self.shared = shared
+        self.door = door  # what the buckets limit, for the log
         self.on_fallback = on_fallback
         self.shared_available = True
         self._retry_at = 0.0
@@ -100,12 +104,16 @@ class SharedWriteLimits(WriteRateLimiter):
                 wait_s = await self.shared.take(subject, cost=cost, burst=burst)
             except SharedBucketsUnavailable as err:
                 if self.shared_available:
-                    logger.warning("rate limits: Redis unavailable (%s); each node limits on its own meanwhile", err)
+                    logger.warning(
+                        "rate limits (%s): Redis unavailable (%s); each node limits on its own meanwhile",
+                        self.door,
+                        err,
+                    )
                 self.shared_available = False
                 self._retry_at = self._clock() + SHARED_RETRY_S
             else:
                 if not self.shared_available:
-                    logger.info("rate limits: Redis is back; limits are the cluster's again")
+                    logger.info("rate limits (%s): Redis is back; limits are the cluster's again", self.door)
                 self.shared_available = True
                 return wait_s
         self.on_fallback()

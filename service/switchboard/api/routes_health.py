@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .deps import ServicesDep
-from .rate_limit import SharedWriteLimits
+from .rate_limit import SharedRateLimits
 from .schemas import Health
 
 router = APIRouter(tags=["health"])
@@ -40,13 +40,13 @@ async def readyz(services: ServicesDep) -> Response:
         draining = Health(status="draining", detail="stopping: handing its sessions to the other nodes")
         return JSONResponse(draining.model_dump(exclude_none=True), status_code=503, headers={"Retry-After": "1"})
     if await services.store.ping():
-        fanout, writes = services.fanout, services.writes
+        fanout, limits = services.fanout, (services.writes, services.reads)
         degraded = (
             "degraded: redis unavailable; event streams read other nodes' events from the database (a little late), "
             "rate limits are each node's own, commands are unaffected, nothing is lost"
         )
         redis_down = fanout is not None and not fanout.available
-        redis_down = redis_down or (isinstance(writes, SharedWriteLimits) and not writes.shared_available)
+        redis_down = redis_down or any(isinstance(x, SharedRateLimits) and not x.shared_available for x in limits)
         detail = degraded if redis_down else None
         return JSONResponse(Health(status="ok", detail=detail).model_dump(exclude_none=True))
     body = Health(status="unavailable", detail="database unreachable").model_dump(exclude_none=True)

@@ -99,6 +99,16 @@ class Settings(BaseSettings):
     # more is a 429 with Retry-After. With auth off nothing is limited.
     write_rate_per_s: float = Field(default=20.0, ge=0)
     write_burst: int = Field(default=100, ge=1)
+    # reads (GET on /v1) per API key, a session token's spent from its minter's: a bucket of read_burst refilled at
+    # read_rate_per_s (0: no limit), far above what consoles polling their panels ask; one more is a 429.
+    read_rate_per_s: float = Field(default=50.0, ge=0)
+    read_burst: int = Field(default=300, ge=1)
+    # session exports (GET /v1/sessions/{sid}/export) running at once in one process, and of one API key (its
+    # tokens included); one more is a 429. With auth off only the process's cap holds.
+    export_max: int = Field(default=8, ge=1)
+    export_max_per_key: int = Field(default=2, ge=1)
+    # the bytes a second one API key's exports send together (0: no limit): an export waits for its budget
+    export_bytes_per_s: int = Field(default=8 * 1024 * 1024, ge=0)
     words_per_second: float = Field(default=3.0, gt=0)
     # the simulated voice's time to first audio (a session's playout.first_audio_ms overrides it)
     first_audio_ms: int = Field(default=0, ge=0, le=10_000)

@@ -35,7 +35,7 @@ from switchboard.api.media import routes as media_routes
 from switchboard.api.media.budget import TranscriptBudget
 from switchboard.api.media.codes import CLOSE_NORMAL, CLOSE_NOT_ACTIVE
 from switchboard.api.problems import UNAVAILABLE_CLOSE, UNEXPECTED_CLOSE
-from switchboard.api.rate_limit import WriteRateLimiter
+from switchboard.api.rate_limit import RateLimiter
 from switchboard.api.streams.events import _close
 from switchboard.control.metrics import Metrics
 from switchboard.runtime.aio import cancel_and_wait
@@ -80,7 +80,9 @@ def services(node: Node) -> Services:
         metrics=metrics(),
         streams=None,  # type: ignore[arg-type]
         writes=None,  # type: ignore[arg-type]
-        transcripts=TranscriptBudget(WriteRateLimiter(rate_per_s=0, burst=1)),  # budgets are not simulated
+        reads=None,  # type: ignore[arg-type]
+        exports=None,  # type: ignore[arg-type]
+        transcripts=TranscriptBudget(RateLimiter(rate_per_s=0, burst=1)),  # budgets are not simulated
         forwarder=None,  # type: ignore[arg-type]
     )
 

@@ -12,7 +12,7 @@ Each route has a placement (``PLACEMENTS``; any route not listed needs the live 
   chat, tool calls, exports, event streams, token minting).
 
 Before forwarding, the caller's credential is checked here (401 / 4401 without a valid one: nobody without a credential
-makes a node read the database or call another node), and a command is charged to its credential's rate limit where
+makes a node read the database or call another node), and a command or a read is charged to its rate limit where
 it arrives (a forwarded request is not charged again, its header being trusted only with the cluster secret). The
 owner checks the credential's scopes and applies the ``Idempotency-Key`` against the shared database. A request that
 arrives forwarded is never forwarded again: the route answers it (503 ``session_moved`` if this node is no longer the
@@ -37,12 +37,12 @@ from ...control.cluster.routing import Elsewhere, Location, Retry, Unavailable, 
 from ...control.host import SessionHost
 from ...store import DATABASE_ERRORS, is_transient
 from ..auth import (
-    ANONYMOUS,
     AuthError,
     Principal,
     Require,
     authenticate,
     bearer,
+    charge,
     check,
     refuse_session_token,
     url_token,
@@ -51,7 +51,6 @@ from ..deps import services
 from ..media.codes import CLOSE_FORBIDDEN, CLOSE_NOT_ACTIVE, CLOSE_UNAUTHENTICATED
 from ..media.routes import max_frame_chars
 from ..problems import UNAVAILABLE_CLOSE, UNAVAILABLE_RETRY_AFTER_S, problem_response
-from ..rate_limit import COMMAND_METHODS, WriteRateLimiter
 from ..streams.events import _close
 from .forward import FORWARDED_HEADER, forward_to, read_from_owner
 from .relay import relay
@@ -209,6 +208,10 @@ class OwnerRouting:
         if not isinstance(where, Elsewhere):
             await self.app(scope, receive, send)
             return
+        limited = await _charge(request, principal)
+        if limited is not None:
+            await limited(scope, receive, send)
+            return
         if placement == Placement.OWNER_READ:
             settings = found.settings
             owner_answer = await read_from_owner(
@@ -218,10 +221,6 @@ class OwnerRouting:
                 await self.app(scope, receive, send)  # the owner did not answer: from the database
             else:
                 await owner_answer(scope, receive, send)
-            return
-        limited = await _charge(request, principal)
-        if limited is not None:
-            await limited(scope, receive, send)
             return
         answer = await forward_to(
             request,
@@ -297,18 +296,12 @@ def unavailable() -> Response:
 
 
 async def _charge(request: Request, principal: Principal) -> Response | None:
-    """A command is charged to its credential where it arrives; the answer when its limit is reached, else None."""
-    if request.method not in COMMAND_METHODS or principal is ANONYMOUS:
+    """A request sent to another node is charged to its credential here, where it arrives (and not again if this
+    node answers it after all); the answer when its limit is reached, else None."""
+    limited = await charge(request, principal)
+    if limited is None:
         return None
-    wait_s = await services(request).writes.acquire(principal.budget)
-    if wait_s is None:
-        return None
-    return problem_response(
-        429,
-        "rate_limited",
-        "Too many commands from this credential; retry after Retry-After seconds.",
-        headers={"Retry-After": WriteRateLimiter.retry_after(wait_s)},
-    )
+    return problem_response(limited.status, limited.code, limited.detail, headers=limited.headers)
 
 
 __all__ = ["PLACEMENTS", "OwnerRouting", "Placement", "placement_of"]

@@ -7,7 +7,7 @@ characters (a final one also a chat item and a reply): one key once stored 279 i
 transcripts are charged to their caller's budget (``Principal.budget``: an API key, whichever of its session tokens
 connects), one bucket of characters per caller, refilled at ``SWITCHBOARD_MEDIA_TRANSCRIPT_CHARS_PER_S`` up to twice
 as many; a transcript costs its length, at least ``MIN_COST_CHARS`` (so that short ones are counted too). In cluster
-mode the bucket is the cluster's, in Redis, as the command limits are (``rate_limit.SharedWriteLimits``: the node's
+mode the bucket is the cluster's, in Redis, as the command limits are (``rate_limit.SharedRateLimits``: the node's
 own while Redis does not answer).
 
 Over budget, nothing is lost that matters: an interim transcript is coalesced (not stored; the next interim or the
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...runtime.media_frames import FrameRefused, UserTranscriptFrame
-from ..rate_limit import WriteRateLimiter
+from ..rate_limit import RateLimiter
 
 MIN_COST_CHARS = 100  # what a transcript costs at least: the default budget takes 200 short ones a second
 RATE_LIMITED = "rate_limited"
@@ -31,7 +31,7 @@ RATE_LIMITED = "rate_limited"
 class TranscriptBudget:
     """The callers' buckets (``limiter``, in characters) and how transcripts are charged to them."""
 
-    limiter: WriteRateLimiter
+    limiter: RateLimiter
 
     async def charge(self, budget: str, frame: UserTranscriptFrame) -> float | None:
         """Charge ``frame`` to ``budget``: None when taken, else the seconds until it would be."""
