@@ -178,3 +178,19 @@ async def _check(
     assert len(trail) == FINALS and {e["data"]["item_id"] for e in trail} == {e["data"]["item_id"] for e in finals}
     taken = {f["id"] for f in edges[0].of_type("transcript.taken")}
     assert {e["data"]["idempotency_key"] for e in trail} == taken
+
+    # a final sent again after it was taken (its answer lost, a new connection) is answered again, never charged:
+    # with the bucket spent, copies were refused rate_limited and spent the budget a second time
+    copies = sorted(taken)[:3]
+    answered = len(edges[0].of_type("transcript.taken"))
+    errors = len(edges[0].of_type("error"))
+    text_of = {f["id"]: e["data"]["text"] for f in edges[0].of_type("transcript.taken") for e in finals
+               if e["data"]["item_id"] == f["item_id"]}  # fmt: skip
+    for tid in copies:
+        await edges[0].send({"type": "user.transcript", "text": text_of[tid], "id": tid})
+    await edges[0].wait_for(
+        "transcript.taken",
+        lambda f: len(edges[0].of_type("transcript.taken")) >= answered + len(copies),
+        timeout=WAIT_S,
+    )
+    assert len(edges[0].of_type("error")) == errors, edges[0].of_type("error")[errors:]

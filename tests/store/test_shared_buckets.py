@@ -74,6 +74,15 @@ async def test_a_bucket_written_by_another_hand_holds_its_caller_back_one_interv
     assert await buckets.take("key:b", now=T0) is None  # unreadable: a full bucket
 
 
+async def test_a_take_with_a_smaller_burst_never_refunds_what_the_whole_bucket_spent(buckets: SharedBuckets):
+    """A take with a smaller burst (a media edge's interim transcripts: half the bucket) found the bucket spent past
+    its own burst by takes of the whole one (final transcripts) and took that for a forged value: it clamped the
+    bucket back to its own burst, giving back what had been spent, and finals then took ~50 times their budget."""
+    assert await buckets.take("key:m", now=T0, cost=4) is None  # the whole bucket (burst 4), spent at once
+    assert await buckets.take("key:m", now=T0, cost=1, burst=2) is not None  # an interim: refused
+    assert await buckets.take("key:m", now=T0, cost=4) == pytest.approx(2.0)  # still empty: 4 tokens at 2/s
+
+
 async def test_refused_commands_spend_nothing_and_the_bucket_refills_at_its_rate(buckets: SharedBuckets):
     for _ in range(4):
         assert await buckets.take("key:a", now=T0) is None

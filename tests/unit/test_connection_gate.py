@@ -82,3 +82,13 @@ async def test_headers_not_in_by_the_deadline_are_answered_408():
     assert ticket.refused and not gate.pending
     ticket.close()
     assert gate.clients == {}
+
+
+def test_the_per_client_cap_is_off_by_default_in_cluster_mode():
+    """A node relays the media edges of sessions another node runs, all from its one address: at 256 of them the
+    next relay was refused (429), and the edge sent round again and again."""
+    from switchboard.control.settings import Settings
+
+    assert Settings().connections_per_client == 256
+    assert Settings(redis_url="redis://127.0.0.1:6379/0").connections_per_client == 0
+    assert Settings(redis_url="redis://127.0.0.1:6379/0", max_connections_per_client=64).connections_per_client == 64

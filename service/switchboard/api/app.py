@@ -143,7 +143,7 @@ def create_app(
     # connections before their request (slow headers, many connections): `switchboard serve` hands it to uvicorn
     limits = ConnectionLimits(
         header_timeout_s=settings.header_timeout_s,
-        per_client=settings.max_connections_per_client,
+        per_client=settings.connections_per_client,
         pending=settings.max_pending_connections,
     )
     gate = ConnectionGate(limits, on_close=metrics.connection_closed)

@@ -82,8 +82,10 @@ class Settings(BaseSettings):
     # long after it opened (or after the first byte of a later request on it) is answered 408 and closed
     header_timeout_s: float = Field(default=5.0, gt=0)
     # connections open at once from one client address (an IPv6 client: its /64); one more is answered 429 and
-    # closed (0: no cap). Behind a proxy every connection comes from the proxy's address: see docs/security.md
-    max_connections_per_client: int = Field(default=256, ge=0)
+    # closed (0: no cap). Behind a proxy every connection comes from the proxy's address: see docs/security.md.
+    # Unset: 256 alone, none in cluster mode (the nodes relay media edges to each other, each node from one address,
+    # and sit behind a balancer that limits clients)
+    max_connections_per_client: int | None = Field(default=None, ge=0)
     # connections whose request headers have not all arrived, in the process; past it the longest waiting are
     # answered 503 and closed, so slow or idle clients never hold the descriptors served clients need (0: no cap)
     max_pending_connections: int = Field(default=256, ge=0)
@@ -234,6 +236,13 @@ class Settings(BaseSettings):
                 f"SWITCHBOARD_WS_MAX_STREAMS ({self.ws_max_streams})"
             )
         return self
+
+    @property
+    def connections_per_client(self) -> int:
+        """The cap on one client address's connections (0: none)."""
+        if self.max_connections_per_client is not None:
+            return self.max_connections_per_client
+        return 0 if self.redis_url else 256
 
     @property
     def operator_stream_reserve(self) -> int:

@@ -37,7 +37,7 @@ from ...runtime.session import AgentSession, InputResult
 from ...runtime.status import SessionClosed, SessionStatus, SessionSuspended
 from ...runtime.text import read_json
 from .. import audit, deps
-from ..auth import AuthError, Principal, authenticate, bearer, check, url_token
+from ..auth import ANONYMOUS, AuthError, Principal, authenticate, bearer, check, url_token
 from ..idempotency import Attempt, KeyedCommands
 from ..problems import ProblemError
 from ..streams.events import _close
@@ -321,18 +321,28 @@ class _EdgeConnection:
         """A transcript, once within its caller's budget (``media.budget``: an interim one over it is coalesced away,
         a final one refused with when to send it again); a final one is logged in the audit trail once taken."""
         self.edge.check_text(frame)  # a transcript refused anyway costs nothing
-        wait_s = await self.budget.charge(self.principal.budget, frame)
-        if wait_s is not None:
-            self.metrics.media_transcripts_limited.labels("final" if frame.final else "interim").inc()
-            if not frame.final:
-                return  # coalesced: the next interim transcript, or the final one, supersedes it
-            raise rate_limited(frame, wait_s)
+        if frame.final and frame.id is not None:
+            await self._take(frame, frame.id)  # charged only when applied: a copy already taken is answered again
+            return
+        if not await self._within_budget(frame):
+            return  # coalesced: the next interim transcript, or the final one, supersedes it
         if not frame.final:
             await self.edge.transcript(frame)
-        elif frame.id is not None:
-            await self._take(frame, frame.id)
         else:
             self._audit(await self.edge.transcript(frame), None)
+
+    async def _within_budget(self, frame: UserTranscriptFrame) -> bool:
+        """Charge ``frame`` to its caller: True when within budget; an interim one over it is dropped (False), a final
+        one refused (``rate_limited``, raised). With auth off there is one caller, the operator: nothing is limited."""
+        if self.principal is ANONYMOUS:
+            return True
+        wait_s = await self.budget.charge(self.principal.budget, frame)
+        if wait_s is None:
+            return True
+        self.metrics.media_transcripts_limited.labels("final" if frame.final else "interim").inc()
+        if frame.final:
+            raise rate_limited(frame, wait_s)
+        return False
 
     def _audit(self, result: InputResult, transcript_id: str | None) -> None:
         audit.record_as(
@@ -350,6 +360,7 @@ class _EdgeConnection:
         ``transcript.taken`` once durable; sent again after that answer was lost, it is answered again, not applied."""
 
         async def take(attempt: Attempt) -> dict[str, str | None]:
+            await self._within_budget(frame)  # over it: refused, and the id's reservation is let go
             receipt: Receipt[InputResult] | None = attempt.receipt(lambda result: {"item_id": result.item_id})
             result = await self.edge.transcript(frame, receipt)
             self._audit(result, transcript_id)  # here: a copy answered again is not logged again

@@ -27,13 +27,15 @@ from sqlalchemy.engine import make_url
 KEY_PREFIX = "switchboard:rate:"  # + the database + ":" + the digest of the credential
 TIMEOUT_S = 0.05
 
-# KEYS[1]: the bucket. ARGV: emission interval (s), burst, now (s; empty: Redis's clock), cost (tokens; empty: 1).
+# KEYS[1]: the bucket. ARGV: emission interval (s), burst for this take, now (s; empty: Redis's clock), cost (tokens;
+# empty: 1), the bucket's own burst (empty: the burst for this take).
 # Returns {1} when allowed, {0, wait_s} when not (as a string: Lua numbers come back truncated to integers).
 GCRA_SCRIPT = """
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local now = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4]) or 1
+local full = tonumber(ARGV[5]) or burst
 if now == nil then
     local t = redis.call('TIME')
     now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -41,11 +43,12 @@ end
 local tat = tonumber(redis.call('GET', KEYS[1]))
 if tat == nil or tat < now then
     tat = now
-elseif tat > now + burst * interval then
-    -- further ahead than any command could have put it: not ours (written by another hand, or under a bigger burst
+elseif tat > now + full * interval then
+    -- further ahead than any take could have put it (a take with a smaller burst than the bucket's may find it
+    -- further than its own burst, and must leave it so): not ours (written by another hand, or under a bigger burst
     -- setting). Counted as a bucket just emptied, and written back so that it refills from here.
-    tat = now + burst * interval
-    redis.call('SET', KEYS[1], string.format('%.6f', tat), 'PX', math.max(1, math.ceil(burst * interval * 1000)))
+    tat = now + full * interval
+    redis.call('SET', KEYS[1], string.format('%.6f', tat), 'PX', math.max(1, math.ceil(full * interval * 1000)))
 end
 local new_tat = tat + interval * cost
 local allowed_at = new_tat - burst * interval
@@ -97,7 +100,13 @@ class SharedBuckets:
         the time in seconds (default: Redis's clock); ``burst``: what the bucket may hold for this take (default the
         bucket's own: a smaller one keeps the rest for other takes). Raises ``SharedBucketsUnavailable``."""
         limit = self.burst if burst is None else burst
-        args: list[str | float] = [1.0 / self.rate_per_s, limit, "" if now is None else repr(now), repr(cost)]
+        args: list[str | float] = [
+            1.0 / self.rate_per_s,
+            limit,
+            "" if now is None else repr(now),
+            repr(cost),
+            self.burst,
+        ]
         try:
             async with asyncio.timeout(self.timeout_s):
                 answer = await self._script(keys=[self.key(subject)], args=args)
