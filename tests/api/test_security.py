@@ -316,11 +316,11 @@ async def test_webhook_secrets_never_reach_the_logs(
 
         agents = tmp_path / "agents.yaml"
         agents.write_text(
-            yaml.safe_dump([{"name": "hooks", "instructions": "x", "tools": [hook("ok", WAIT_S), hook("bad", 0.5)]}])
+            yaml.safe_dump([{"name": "hooks", "instructions": "x", "tools": [hook("ok", WAIT_S), hook("bad", WAIT_S)]}])
         )
-        # "bad" is retried (a 500) until its short deadline ends it, reached or not; "ok" has all the time it needs, so
-        # the backend is reached however loaded the machine is (a 0.5 s deadline for both left it unreached under load)
-        backend.answers["bad"] = [(500, {"detail": "backend exploded"})]
+        # "bad" fails once (a 500: logged, and retried), then answers; both have all the time they need, so the
+        # backend is reached and the failure logged however loaded the machine is (a 0.5 s deadline left it unreached)
+        backend.answers["bad"] = [(500, {"detail": "backend exploded"}), (200, {"output": "bad done"})]
         app = create_app(make_settings(tmp_path, agents_file=agents), registry=registry)
         async with app.router.lifespan_context(app):
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:

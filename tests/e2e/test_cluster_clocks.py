@@ -18,7 +18,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from .cluster_support import FORWARDED, SECRET, TOKEN_SECRET, RedisServer, start_all
+from .cluster_support import FORWARDED, SECRET, TOKEN_SECRET, RedisServer, retried, start_all
 from .server import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -90,7 +90,8 @@ async def test_a_node_whose_clock_runs_ahead_takes_no_healthy_nodes_session(
             )
             assert r.status_code == 201 and r.json()["owner_node"] == "node-a", r.text
             sid = r.json()["id"]
-            assert (await http.post(f"{a.url}/v1/sessions/{sid}/input", json={"text": "go"})).status_code == 202
+            r = await retried(lambda: http.post(f"{a.url}/v1/sessions/{sid}/input", json={"text": "go"}))
+            assert r.status_code == 202, r.text
 
             owners: set[tuple[Any, ...]] = set()
             dead: set[str] = set()
