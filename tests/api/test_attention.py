@@ -141,6 +141,9 @@ async def test_agents_are_listed_with_tools_schemas_policies_and_model_names(api
     assert tools["book"]["policy"]["on_duplicate"] == "reject"
     assert tools["search"]["policy"]["allow_cancellation"] is True
     assert agents["demo"]["model"]["provider"] == "scripted"
+    # an agent class without a docstring of its own has no description (it got the framework's own docstring)
+    assert agents["other"]["description"] is None
+    assert agents["demo"]["description"] and "Subclass" not in agents["demo"]["description"]
     one = await api.client.get("/v1/agents/tester")
     assert one.status_code == 200 and one.json() == agents["tester"]
     assert_problem(await api.client.get("/v1/agents/nobody"), 404, "agent_not_found")

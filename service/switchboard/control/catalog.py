@@ -66,10 +66,12 @@ def summarize_model(
 
 
 def _doc(agent: Agent) -> str | None:
-    doc = inspect.getdoc(type(agent))
-    if not doc or type(agent) is Agent:
+    """The first paragraph of the agent class's own docstring: never one it inherits (an agent with none was
+    described by the framework's "Subclass and declare tools as methods...")."""
+    own = type(agent).__doc__
+    if not own or type(agent) is Agent:
         return None
-    return doc.split("\n\n", 1)[0].replace("\n", " ").strip() or None
+    return inspect.cleandoc(own).split("\n\n", 1)[0].replace("\n", " ").strip() or None
 
 
 def _tool(tool: FunctionTool) -> ToolDescription:

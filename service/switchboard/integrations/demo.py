@@ -21,6 +21,8 @@ FLIGHT_LEGS = 40
 
 
 class BillingAgent(Agent):
+    """The demo's billing desk: explains charges and refunds delivered orders (the demo agent transfers to it)."""
+
     def __init__(self) -> None:
         super().__init__(
             instructions="You are the billing desk. You explain charges and issue refunds for delivered orders.",
@@ -38,6 +40,9 @@ class BillingAgent(Agent):
 
 
 class DemoAgent(Agent):
+    """The demo shop's assistant: looks up orders, books tables, searches flights in the background, and transfers
+    billing questions to the billing desk. Runs without a model (a script answers each step of the quickstart)."""
+
     def __init__(self) -> None:
         super().__init__(
             instructions=(
