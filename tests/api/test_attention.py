@@ -303,3 +303,16 @@ def test_the_clusters_attention_list_orders_ties_by_session_id_whichever_node_an
     here, there = [waiting("sess-b", "node-a")], [waiting("sess-a", "node-b"), waiting("sess-c", "node-b")]
     assert [s.id for s in merged(here, there)] == ["sess-a", "sess-b", "sess-c"]
     assert [s.id for s in merged(there, here)] == ["sess-a", "sess-b", "sess-c"]
+
+
+async def test_the_built_in_agents_can_be_turned_off(tmp_path: Any) -> None:
+    import httpx
+
+    settings = make_settings(tmp_path, agents="tests.agents_fixture:AGENTS", demo_agents=False)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            names = {a["name"] for a in (await client.get("/v1/agents")).json()["items"]}
+            assert names == {"tester", "other"}  # no demo, no billing
+            r = await client.post("/v1/sessions", json={"agent": "demo"})
+            assert r.status_code in (404, 422) and "demo" in r.text, r.text

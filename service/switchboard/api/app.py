@@ -135,7 +135,7 @@ def create_app(
     if tracer_provider is None:
         tracer_provider = tracing.configure()  # ValueError (an exporter that is not installed): it does not start
     traces = tracing.Tracing(tracer_provider) if tracer_provider is not None else None
-    registry = registry or AgentRegistry.load(settings.agents, builtin=DEMO_AGENTS)
+    registry = registry or AgentRegistry.load(settings.agents, builtin=DEMO_AGENTS if settings.demo_agents else None)
     webhooks = Webhooks(max_response_bytes=settings.max_webhook_response_bytes, report_secret=settings.token_secret)
     if traces is not None:
         webhooks.trace_headers = traces.call_headers
@@ -152,7 +152,7 @@ def create_app(
     models = ModelProfiles(settings.models, sessions_may_script=settings.sessions_may_script)
     # agent name -> the model a session of that agent uses when it gives none: the built-in agents' own, and those an
     # agents file declares (its agents cannot take a built-in agent's name)
-    default_llms: dict[str, dict[str, Any]] = dict(DEMO_LLMS)
+    default_llms: dict[str, dict[str, Any]] = dict(DEMO_LLMS) if settings.demo_agents else {}
     if settings.agents_file is not None:
         declared = load_agents_file(settings.agents_file, webhooks)  # AgentsFileError: the service does not start
         declared.register(registry)

@@ -40,6 +40,7 @@ class Settings(BaseSettings):
 
     database_url: str = "sqlite+aiosqlite:///./var/switchboard.db"
     agents: str | None = None
+    demo_agents: bool = True  # the built-in "demo" and "billing" agents (false: only the agents you configure)
     agents_file: Path | None = None  # YAML or JSON agents with webhook tools (see agents_file.py)
     # named model profiles (name -> provider config): the only way a session reaches a model server
     models: dict[str, dict[str, Any]] = Field(default_factory=dict)
