@@ -91,3 +91,13 @@ def test_a_missing_agents_module_is_one_clear_line(tmp_path: Path) -> None:
         "switchboard: nosuchmod:AGENTS: no module named 'nosuchmod' (looked in the working directory and on the "
         "Python path)\n"
     )
+
+
+def test_python_dash_m_switchboard_is_the_command(tmp_path: Path) -> None:
+    """Where the environment's scripts are not on the PATH, ``python -m switchboard`` is the same command (it failed:
+    the package had no ``__main__``)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "switchboard", "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "serve" in done.stdout
