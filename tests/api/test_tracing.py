@@ -4,6 +4,7 @@ the tool call's trace context goes out with its webhook deliveries. Off unless t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,99 @@ async def test_webhook_deliveries_carry_the_tool_calls_traceparent(
     version, trace_id, span_id, _ = backend.call_headers[0]["traceparent"].split("-")
     assert version == "00" and trace_id == CALLER_TRACE
     assert int(span_id, 16) == tool[0].context.span_id
+
+
+async def test_a_deferred_reply_is_its_own_trace_linked_to_the_result_it_answers(
+    client: httpx.AsyncClient, exporter: InMemorySpanExporter
+):
+    """Before: the deferred reply (and what it called) sat in the trace of POST /v1/sessions, long ended."""
+    turns = [
+        {"text": "Searching.", "tool_calls": [{"name": "search", "arguments": {"query": "q", "seconds": 0.05}}]},
+        {"text": "Started."},
+        {"text": "Found it."},  # the deferred reply to the background search's result
+    ]
+    r = await client.post("/v1/sessions", json={"agent": "tester", "llm": {"provider": "scripted", "turns": turns}})
+    sid = r.json()["id"]
+    await client.post(f"/v1/sessions/{sid}/input", json={"text": "search"})
+
+    def deferred() -> list[ReadableSpan]:
+        spans = named(exporter.get_finished_spans(), "speech")
+        return [s for s in spans if s.attributes["switchboard.source"] == "deferred_reply"]
+
+    speech = (await until(deferred))[0]
+    spans = exporter.get_finished_spans()
+    create = next(s for s in spans if s.name == "POST /v1/sessions")
+    command = next(s for s in spans if s.name == "POST /v1/sessions/{sid}/input")
+    tool = named(spans, "tool search")[0]
+    assert tool.context.trace_id == command.context.trace_id  # the search belongs to the input's turn
+    assert speech.parent is None and speech.context.trace_id not in (create.context.trace_id, tool.context.trace_id)
+    assert [link.context.span_id for link in speech.links] == [tool.context.span_id]
+    steps = [s for s in named(spans, "generation") if parent_of(s) == speech.context.span_id]
+    assert steps and all(s.context.trace_id == speech.context.trace_id for s in steps)
+    assert not [s for s in spans if s is not create and s.context.trace_id == create.context.trace_id]
+
+
+async def test_a_cancelled_tool_is_not_an_error_and_the_cancel_links_to_it(
+    client: httpx.AsyncClient, exporter: InMemorySpanExporter
+):
+    turns = [
+        {"text": "Searching.", "tool_calls": [{"name": "search", "arguments": {"query": "q", "seconds": 30}}]},
+        {"text": "Started."},
+    ]
+    r = await client.post("/v1/sessions", json={"agent": "tester", "llm": {"provider": "scripted", "turns": turns}})
+    sid = r.json()["id"]
+    await client.post(f"/v1/sessions/{sid}/input", json={"text": "search"})
+
+    async def backgrounded() -> str | None:  # the search reported progress: its body is running
+        calls = (await client.get(f"/v1/sessions/{sid}/tool-calls", params={"status": "running"})).json()["items"]
+        return calls[0]["call_id"] if calls and calls[0]["progress"] else None
+
+    call_id = await until(backgrounded)
+    r = await client.post(f"/v1/sessions/{sid}/tool-calls/{call_id}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    spans = exporter.get_finished_spans()
+    tool = named(spans, "tool search")[0]
+    cancel = next(s for s in spans if s.name == "POST /v1/sessions/{sid}/tool-calls/{call_id}/cancel")
+    assert tool.status.status_code != StatusCode.ERROR and tool.attributes["switchboard.status"] == "cancelled"
+    events = {e.name: e.attributes for e in tool.events}
+    assert "cancelled" in str(events["cancelled"]["reason"])
+    assert events["cancel requested"]["span_id"] == f"{cancel.context.span_id:016x}"
+    assert [link.context.span_id for link in cancel.links] == [tool.context.span_id]
+
+
+async def test_generation_spans_carry_the_gen_ai_attributes(client: httpx.AsyncClient, exporter: InMemorySpanExporter):
+    turns = [{"text": "Let me see.", "tool_calls": [{"name": "book", "arguments": {"what": "a table"}}]}]
+    r = await client.post("/v1/sessions", json={"agent": "tester", "llm": {"provider": "scripted", "turns": turns}})
+    sid = r.json()["id"]
+    speech_id = (await client.post(f"/v1/sessions/{sid}/input", json={"text": "book"})).json()["speech_id"]
+
+    def steps() -> list[ReadableSpan]:
+        spans = exporter.get_finished_spans()
+        speech = [s for s in named(spans, "speech") if s.attributes["switchboard.speech_id"] == speech_id]
+        return [s for s in named(spans, "generation") if speech and parent_of(s) == speech[0].context.span_id]
+
+    found = sorted(await until(steps), key=lambda s: s.attributes["switchboard.step"])
+    for step in found:
+        attributes = step.attributes
+        assert attributes["gen_ai.operation.name"] == "chat"
+        assert attributes["gen_ai.provider.name"] == attributes["gen_ai.system"] == "scripted"
+        assert attributes["gen_ai.request.model"] == "scripted"
+        assert attributes["gen_ai.usage.input_tokens"] > 0 and attributes["gen_ai.usage.output_tokens"] > 0
+    assert [s.attributes["gen_ai.response.finish_reasons"] for s in found] == [("tool_calls",), ("stop",)]
+
+
+def test_tracing_logs_where_it_exports_once_on_and_never_a_secret(caplog: pytest.LogCaptureFixture):
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://team:hunter2@collector.example:4318/",
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cret",
+    }
+    with caplog.at_level(logging.INFO, logger="switchboard.tracing"):
+        provider = tracing.configure(env)
+        assert provider is not None
+        provider.shutdown()
+        tracing.configure({})
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["tracing on: exporter otlp_proto_http to https://collector.example:4318/v1/traces"]
 
 
 def test_tracing_is_off_unless_the_otel_variables_ask_for_it():

@@ -212,6 +212,7 @@ def create_app(
             on_durable=fanout.on_durable if fanout is not None else None,
             model_observer=metrics,
             wrap_sink=traces.sink if traces is not None else None,
+            wrap_llm=traces.wrap_llm if traces is not None else None,
         )
         writes = _rate_limits(settings, metrics, "commands", settings.write_rate_per_s, settings.write_burst)
         reads = _rate_limits(settings, metrics, "reads", settings.read_rate_per_s, settings.read_burst)
@@ -330,6 +331,7 @@ def create_app(
         read_timeout_s=settings.body_read_timeout_s,
         body_timeout_s=settings.body_timeout_s,
     )
+    app.state.tracing = traces
     app.add_middleware(PrivatePaths, settings=settings)
     app.add_middleware(ForwardedGuard, cluster_mode=settings.cluster_mode, secret=settings.cluster_secret)
     # outermost: a request browsers must not make is refused before anything else; every answer gets the headers

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..control import tracing
@@ -55,3 +56,10 @@ class CommandSpans:
                 span.set_attribute("http.response.status_code", status)
                 if status >= 500:
                     span.set_status(Status(StatusCode.ERROR))
+
+
+def note_cancel(conn: HTTPConnection, session_id: str, call_id: str) -> None:
+    """The command being served cancels the tool call: its span and the call's name each other (tracing on)."""
+    traces: tracing.Tracing | None = getattr(conn.app.state, "tracing", None)
+    if traces is not None:
+        traces.cancel_requested(session_id, call_id)

@@ -100,6 +100,7 @@ class SessionHost:
         on_durable: Callable[[list[Event]], None] | None = None,
         model_observer: ModelObserver | None = None,
         wrap_sink: Callable[[EventSink], EventSink] | None = None,
+        wrap_llm: Callable[[str, LLM, dict[str, Any] | None], LLM] | None = None,
     ) -> None:
         self.store = store
         # this process as a node: the sessions it owns, checked by every write (None: unfenced, as in tests)
@@ -127,6 +128,7 @@ class SessionHost:
             )
         )
         self._wrap_sink = wrap_sink  # tracing sees each event as it is emitted
+        self._wrap_llm = wrap_llm  # and each generation's usage
         # one of each per epoch, shared by the sessions of that epoch: neither keeps anything of a session's own
         self._sinks: dict[int | None, EventSink] = {}
         self._chat_stores: dict[int | None, ChatStore] = {}
@@ -224,12 +226,14 @@ class SessionHost:
 
     # -- building sessions ----------------------------------------------------------------------------------
 
-    def _llm(self, config: SessionConfig) -> LLM:
+    def _llm(self, session_id: str, config: SessionConfig) -> LLM:
         """The session's model: its own ``llm`` (a model profile, or a self-contained provider), else the default of
         the agent it started with. A session's own llm is checked on every build, recovery included: a stored config
         never bypasses it."""
         resolved = self.models.for_session(config.llm, self.default_llms.get(config.agent))
         llm = build_llm(resolved)
+        if self._wrap_llm is not None:
+            llm = self._wrap_llm(session_id, llm, resolved)
         if self.model_observer is None:
             return llm
         return MeteredLLM(llm, model_label(resolved), self.model_observer)
@@ -241,7 +245,7 @@ class SessionHost:
         config = SessionConfig.from_record(rec)
         epoch = self._epoch(rec)
         agent = self.registry.create(rec.agent)
-        llm = self._llm(config)
+        llm = self._llm(rec.id, config)
         if rec.llm_state is not None:
             llm.load_state(rec.llm_state)
         wps = (config.playout.words_per_second if config.playout else None) or self.settings.words_per_second

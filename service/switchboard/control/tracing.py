@@ -1,5 +1,11 @@
-"""OpenTelemetry traces: a span per API command, per speech (a child span per generation step) and per tool call
-(progress as span events), the speech a child of the command that caused it and the tool call a child of its speech.
+"""OpenTelemetry traces: a span per API command, per speech (a child span per generation step, with the
+``gen_ai.*`` attributes trace viewers read) and per tool call (progress as span events), the speech a child of the
+command that caused it and the tool call a child of its speech.
+
+Each turn is its own trace or part of the command that caused it, never of the request that created the session: work
+that starts after its cause's span has ended (a deferred reply, a tool outliving its speech) starts a new trace with a
+span link to the cause (a deferred reply links to the tool call whose result it answers). A cancelled tool call is not
+an error (``switchboard.status`` and a ``cancelled`` event say so and why); the cancel command links to it.
 
 Off unless the standard ``OTEL_*`` variables ask for it (``configure``): ``OTEL_TRACES_EXPORTER`` names an exporter
 (``otlp``, over HTTP/protobuf unless ``OTEL_EXPORTER_OTLP_PROTOCOL=grpc`` and
@@ -16,23 +22,27 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib.metadata import entry_points
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
 from ..runtime.events import Event, EventSink
+from ..runtime.llm import LLM, LLMRequest, ToolCallChunk, Usage
+from ..runtime.llm.base import LLMChunk
 
 logger = logging.getLogger("switchboard.tracing")
 
 TRACER_NAME = "switchboard"
 _OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+_OTLP_DEFAULT_ENDPOINTS = {"otlp_proto_http": "http://localhost:4318/v1/traces", "otlp_proto_grpc": "localhost:4317"}
 
 
 def configure(env: dict[str, str] | None = None) -> TracerProvider | None:
@@ -56,7 +66,24 @@ def configure(env: dict[str, str] | None = None) -> TracerProvider | None:
             raise ValueError(f"OTEL_TRACES_EXPORTER: no exporter {name!r} is installed")
         exporter_class: Callable[[], SpanExporter] = next(iter(found)).load()
         provider.add_span_processor(BatchSpanProcessor(exporter_class()))
+        logger.info("tracing on: exporter %s to %s", name, _destination(name, env))
     return provider
+
+
+def _destination(exporter: str, env: dict[str, str]) -> str:
+    """Where ``exporter`` sends spans, as a log may show it: the endpoint without credentials, query or headers."""
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if not endpoint and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        base = env["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        endpoint = base.rstrip("/") + "/v1/traces" if exporter == "otlp_proto_http" else base
+    endpoint = endpoint or _OTLP_DEFAULT_ENDPOINTS.get(exporter)
+    if endpoint is None:
+        return "standard output" if exporter == "console" else "its default endpoint"
+    parts = urlsplit(endpoint)
+    if not parts.hostname:
+        return endpoint.split("@")[-1]  # host:port, as the gRPC exporter takes it
+    host = f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
+    return f"{parts.scheme}://{host}{parts.path}"
 
 
 class Tracing:
@@ -67,6 +94,9 @@ class Tracing:
         self._speeches: dict[tuple[str, str], Span] = {}
         self._steps: dict[tuple[str, str], Span] = {}
         self._calls: dict[tuple[str, str], Span] = {}
+        # the latest ended tool call of each session: the result a deferred reply answers
+        self._last_results: dict[str, SpanContext] = {}
+        self._models: dict[str, dict[str, str]] = {}  # each session's model, as its generation spans name it
 
     def sink(self, inner: EventSink) -> EventSink:
         return TracingSink(inner, self)
@@ -78,6 +108,32 @@ class Tracing:
         if span is not None:
             propagate.inject(headers, context=trace.set_span_in_context(span))
         return headers
+
+    def wrap_llm(self, session_id: str, llm: LLM, config: dict[str, Any] | None) -> LLM:
+        """``llm`` with its model named on the session's ``generation`` spans, and its token usage and finish reasons
+        reported on them (``config``: the provider configuration it was built from; never a URL or a key)."""
+        config = config or {"provider": "scripted"}
+        if config.get("provider") == "fallback" and config.get("models"):
+            config = config["models"][0]  # the model it tries first
+        provider = str(config.get("provider", "scripted"))
+        model = config.get("model")
+        self._models[session_id] = {
+            "gen_ai.provider.name": provider,
+            "gen_ai.system": provider,  # the name before semantic conventions 1.37, which many viewers still read
+            "gen_ai.request.model": model if isinstance(model, str) else provider,
+        }
+        return TracedLLM(llm, self, session_id)
+
+    def cancel_requested(self, session_id: str, call_id: str) -> None:
+        """The current span (a cancel command) asks to cancel the call: each span names the other."""
+        call = self._calls.get((session_id, call_id))
+        if call is None:
+            return
+        command = trace.get_current_span()
+        command.add_link(call.get_span_context(), {"switchboard.link": "cancels"})
+        ctx = command.get_span_context()
+        attributes = {"trace_id": trace.format_trace_id(ctx.trace_id), "span_id": trace.format_span_id(ctx.span_id)}
+        call.add_event("cancel requested", attributes if ctx.is_valid else {})
 
     def observe(self, event: Event) -> None:
         """Start, annotate or end spans for ``event`` (called in the emitter's context, before it is durable)."""
@@ -93,9 +149,12 @@ class Tracing:
 
     def _speech_created(self, sid: str, data: dict[str, Any]) -> None:
         speech_id = str(data["speech_id"])
-        # the current context: the command's span when a command made the speech
+        cause = self._last_results.get(sid) if data.get("source") == "deferred_reply" else None
+        context, links = _origin(cause)
         span = self.tracer.start_span(
             "speech",
+            context=context,
+            links=links,
             attributes={
                 "switchboard.session_id": sid,
                 "switchboard.speech_id": speech_id,
@@ -108,15 +167,24 @@ class Tracing:
         key = (sid, str(data["speech_id"]))
         self._end_step(key)
         parent = self._speeches.get(key)
-        ctx = trace.set_span_in_context(parent) if parent is not None else None
+        context, links = (trace.set_span_in_context(parent), []) if parent is not None else _origin(None)
         self._steps[key] = self.tracer.start_span(
             "generation",
-            context=ctx,
+            context=context,
+            links=links,
             attributes={
+                "gen_ai.operation.name": "chat",
+                **self._models.get(sid, {}),
                 "switchboard.step": int(data.get("step", 0)),
                 "switchboard.preemptive": bool(data.get("preemptive")),
             },
         )
+
+    def generation_reported(self, sid: str, speech_id: str | None, attributes: dict[str, Any]) -> None:
+        """What a model said of a generation of ``speech_id`` (``TracedLLM``), on its current step's span."""
+        step = self._steps.get((sid, speech_id)) if speech_id is not None else None
+        if step is not None:
+            step.set_attributes(attributes)
 
     def _generation_failed(self, sid: str, data: dict[str, Any]) -> None:
         step = self._steps.get((sid, str(data["speech_id"])))
@@ -146,11 +214,12 @@ class Tracing:
     def _tool_started(self, sid: str, data: dict[str, Any]) -> None:
         call_id, speech_id = str(data["call_id"]), data.get("speech_id")
         parent = self._speeches.get((sid, str(speech_id))) if speech_id else None
-        ctx = trace.set_span_in_context(parent) if parent is not None else None
+        context, links = (trace.set_span_in_context(parent), []) if parent is not None else _origin(None)
         self._end_call((sid, call_id), None)  # run again after a restart: the first attempt's span ends here
         self._calls[(sid, call_id)] = self.tracer.start_span(
             f"tool {data.get('name')}",
-            context=ctx,
+            context=context,
+            links=links,
             kind=SpanKind.INTERNAL,
             attributes={
                 "switchboard.session_id": sid,
@@ -169,6 +238,9 @@ class Tracing:
             span.add_event("progress", attributes)
 
     def _tool_ended(self, sid: str, data: dict[str, Any]) -> None:
+        span = self._calls.get((sid, str(data["call_id"])))
+        if span is not None:
+            self._last_results[sid] = span.get_span_context()
         self._end_call((sid, str(data["call_id"])), data)
 
     def _end_call(self, key: tuple[str, str], data: dict[str, Any] | None) -> None:
@@ -178,8 +250,10 @@ class Tracing:
         if data is not None:
             status = str(data.get("status"))
             span.set_attribute("switchboard.status", status)
-            if data.get("is_error") or status == "failed":
-                span.set_status(Status(StatusCode.ERROR, status))
+            if status == "failed":  # a cancelled, rejected or interrupted call did not fail: its status stays unset
+                span.set_status(Status(StatusCode.ERROR, str(data.get("error") or status)))
+            elif status == "cancelled":
+                span.add_event("cancelled", {"reason": str(data.get("output", ""))})
         span.end()
 
     def _session_ended(self, sid: str, data: dict[str, Any]) -> None:
@@ -187,6 +261,18 @@ class Tracing:
         for table in (self._steps, self._speeches, self._calls):
             for key in [k for k in table if k[0] == sid]:
                 table.pop(key).end()
+        self._last_results.pop(sid, None)
+        self._models.pop(sid, None)
+
+
+def _origin(cause: SpanContext | None) -> tuple[otel_context.Context | None, list[Link]]:
+    """Where a span made now starts: under the current span while it is still open (the command that caused it),
+    else in a new trace linked to its cause (``cause``, or the ended span it was started under)."""
+    current = trace.get_current_span()
+    if cause is None and current.is_recording():
+        return None, []
+    cause = cause or current.get_span_context()
+    return otel_context.Context(), [Link(cause)] if cause.is_valid else []
 
 
 _HANDLERS: dict[str, Callable[[Tracing, str, dict[str, Any]], None]] = {
@@ -213,6 +299,49 @@ class TracingSink(EventSink):
     def publish(self, event: Event) -> Awaitable[None]:
         self._tracing.observe(event)
         return self._inner.publish(event)
+
+
+class TracedLLM:
+    """An ``LLM`` whose generations report their token usage and finish reasons on their ``generation`` spans."""
+
+    def __init__(self, llm: LLM, tracing: Tracing, session_id: str) -> None:
+        self.llm = llm
+        self._tracing = tracing
+        self._session_id = session_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.llm, name)  # what tests and tools read of a provider (the script's requests...)
+
+    def save_state(self) -> dict[str, Any] | None:
+        return self.llm.save_state()
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        self.llm.load_state(state)
+
+    async def aclose(self) -> None:
+        await self.llm.aclose()
+
+    def stream(self, request: LLMRequest) -> AsyncIterator[LLMChunk]:
+        return self._stream(request, self.llm.stream(request))
+
+    async def _stream(self, request: LLMRequest, stream: AsyncIterator[LLMChunk]) -> AsyncIterator[LLMChunk]:
+        report: dict[str, Any] = {}
+        finish = "stop"
+        try:
+            async for chunk in stream:
+                if isinstance(chunk, Usage):
+                    report["gen_ai.usage.input_tokens"] = chunk.prompt_tokens
+                    report["gen_ai.usage.output_tokens"] = chunk.completion_tokens
+                elif isinstance(chunk, ToolCallChunk):
+                    finish = "tool_calls"
+                yield chunk
+            report["gen_ai.response.finish_reasons"] = [finish]  # known only for a generation that ran to its end
+        finally:
+            # on the step's span when it has one (a speculative generation that ended before it was used has none)
+            self._tracing.generation_reported(self._session_id, request.speech_id, report)
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
 
 def extract(headers: dict[str, str]) -> otel_context.Context:

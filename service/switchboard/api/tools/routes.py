@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from ...control import tool_pages
 from ...runtime.tools import ToolCallInfo, ToolStatus
 from ...store import InvalidCursor
-from .. import audit, deps
+from .. import audit, deps, traces
 from ..auth import Require
 from ..deps import HostDep, KnownSession, SettingsDep
 from ..idempotency import Idem, idempotent
@@ -101,6 +101,7 @@ async def cancel_tool_call(
             raise not_found("tool_call", call_id)
         raise ProblemError(409, "already_ended", f"Tool call {call_id!r} already ended ({stored.status.value}).")
     live = session.live
+    traces.note_cancel(request, sid, call_id)
     reason = f"cancelled by the operator {audit.actor_of(request)}" if settings.auth_enabled else None
 
     def cancelled(info: ToolCallInfo) -> ToolCallRead | None:  # a call that ended otherwise answers 409
