@@ -89,6 +89,7 @@ def test_console_is_served_and_redirects(srv: Server, client: httpx.Client) -> N
         "overview.js",
         "talk.js",
         "speaker.js",
+        "new_session.js",
         "console.css",
     ):
         assert client.get(f"/console/{asset}").status_code == 200, asset

@@ -10,6 +10,7 @@
 import { Api } from "./api.js";
 import { AttentionQueue } from "./attention.js";
 import { ClusterPanel } from "./cluster.js";
+import { NewSession } from "./new_session.js";
 import { Overview } from "./overview.js";
 import { SessionView } from "./session_view.js";
 
@@ -26,7 +27,7 @@ const api = new Api({ token: initial.token });
 // operator's tab into a read-only view of whatever session the link's author chose, under the author's credential.
 const ignoredToken = Boolean(initial.token && api.apiKey);
 if (ignoredToken) api.token = null;
-const app = { api, overview: null, view: null, attention: null, cluster: null };
+const app = { api, overview: null, view: null, attention: null, cluster: null, newSession: null };
 window.switchboard = app; // for debugging and for the browser tests
 
 function notice(message) {
@@ -62,7 +63,7 @@ function openSession(sid) {
   if (app.overview) app.overview.select(sid);
   const root = $("session-view");
   if (!sid) {
-    root.innerHTML = '<p class="placeholder muted">Pick a session on the left to see its timeline and control it.</p>';
+    root.replaceChildren(placeholder.cloneNode(true));
     return;
   }
   app.view = new SessionView({ root, api, sid });
@@ -88,6 +89,7 @@ function restart() {
 }
 
 const embedded = api.readOnly;
+const placeholder = $("session-view").firstElementChild.cloneNode(true); // what the view shows with no session
 const overviewParts = {
   api,
   sessionsBody: $("sessions"),
@@ -161,6 +163,22 @@ if (embedded) document.body.classList.add("embedded");
 authUi();
 if (ignoredToken) notice("This link carried a session token; this tab goes on with its own API key.");
 if (!embedded) {
+  app.newSession = new NewSession({
+    api,
+    toggle: $("new-session-open"),
+    form: $("new-session-form"),
+    agent: $("new-session-agent"),
+    about: $("new-session-about"),
+    text: $("new-session-text"),
+    submit: $("new-session-start"),
+    cancel: $("new-session-cancel"),
+    error: $("new-session-error"),
+    onOpen: (sid) => {
+      location.hash = `session=${encodeURIComponent(sid)}`;
+      app.overview?.refresh(); // listed now, not at the next poll
+    },
+    onError,
+  });
   app.overview = new Overview(overviewParts).start();
   app.attention = new AttentionQueue(attentionParts).start();
   app.cluster = new ClusterPanel(clusterParts).start();

@@ -367,16 +367,16 @@ export class Timeline {
       }
     }
     const single = sp.segments.length === 1;
-    if (single && playedText !== null && playedText !== undefined) last.heard.textContent = playedText;
+    if (single && playedText !== null && playedText !== undefined) this._heard(sp, playedText);
     if (sp.fetching || !this.fetchSpeech) return;
     sp.fetching = true;
     // the events carry only what was heard; the speech resource also has everything that was generated
     this.fetchSpeech(id).then(
       (speech) => {
         const { heard, rest } = splitHeard(speech.text, speech.played_text);
-        if (single) last.heard.textContent = heard; // the unheard rest is always the tail of the last segment
+        if (single) this._heard(sp, heard); // the unheard rest is always the tail of the last segment
         last.rest.textContent = rest;
-        last.gap.data = rest && heard ? " " : "";
+        last.gap.data = rest && last.heard.textContent ? " " : "";
         last.rest.hidden = !rest;
         last.srNote.hidden = !rest;
         last.row.dataset.unheard = rest ? "yes" : "no";
@@ -385,6 +385,15 @@ export class Timeline {
         sp.fetching = false;
       },
     );
+  }
+
+  /** What an interrupted speech's single segment shows as heard: nothing heard is said so (nothing is committed
+   * for it in the chat, as for a speech that said nothing). */
+  _heard(sp, text) {
+    const first = sp.segments[0];
+    const none = !text && sp.segments.every((seg) => !seg.parts.length);
+    first.heard.textContent = none ? "(interrupted before any words were heard)" : text;
+    first.heard.classList.toggle("muted", none);
   }
 
   // -- tool calls ------------------------------------------------------------------------------------------------
