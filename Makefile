@@ -3,17 +3,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test abuse stress lint fmt openapi bench sim sim-cluster chaos clean
+.PHONY: install run docs test abuse stress lint fmt openapi bench sim sim-cluster chaos clean
+
+# `make run` installs the service alone (`.[server]`); `make test` and the other targets add the test toolchain
+SERVER_STAMP := $(VENV)/.installed-server
+
+$(SERVER_STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[server]'
+	touch $(SERVER_STAMP)
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(SERVER_STAMP)
 
 install: $(STAMP)
 
-run: $(STAMP)
+run: $(SERVER_STAMP)
 	$(BIN)/switchboard serve
 
 lint: $(STAMP)
@@ -54,6 +63,10 @@ TESTS ?=
 KEEP_GOING ?=
 stress: $(STAMP)
 	$(BIN)/python -m tests.stress --runs $(RUNS) --hog $(HOG) --workers $(PYTEST_WORKERS) $(if $(KEEP_GOING),--keep-going) $(TESTS)
+
+# the documentation site (mkdocs.yml: docs/ as pages); --strict makes a broken link or a page left out an error
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir var/site
 
 openapi: $(STAMP)
 	$(BIN)/switchboard openapi --output openapi/openapi.json

@@ -1,5 +1,5 @@
-"""The built-in demo agent tells a coherent story through each step of the README's quickstart, without a model:
-an order lookup the operator interrupts (its result still comes), a flight search cancelled over REST, a booking,
+"""The built-in demo agent tells a coherent story through each step of the quickstart (docs/http-api.md), without a
+model: an order lookup the operator interrupts (its result still comes), a flight search cancelled over REST, a booking,
 and a transfer to billing."""
 
 from __future__ import annotations

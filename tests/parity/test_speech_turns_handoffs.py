@@ -561,12 +561,12 @@ async def test_a_declared_agent_greets_on_enter() -> None:
 
 
 def readme_livekit_example() -> dict[str, Any]:
-    """The agent code of the README's "Coming from LiveKit Agents", run as it is shown."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Coming from LiveKit Agents", 1)[1]
+    """The agent code of docs/agents.md's "Coming from LiveKit Agents", run as it is shown."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    section = page.split("## Coming from LiveKit Agents", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/agents.md", "exec"), namespace)
     return namespace
 
 

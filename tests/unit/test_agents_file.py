@@ -99,9 +99,9 @@ def test_a_declared_webhook_tool_resumes_its_calls_unless_it_says_otherwise(tmp_
     assert webhook(tmp_path, on_restart="retry").policy.on_restart == "retry"
 
 
-def test_the_readme_shows_the_example_file_as_it_is():
-    readme = (EXAMPLE.parents[1] / "README.md").read_text()
-    assert f"```yaml\n{EXAMPLE.read_text()}```" in readme
+def test_the_docs_show_the_example_file_as_it_is():
+    page = (EXAMPLE.parents[1] / "docs" / "agents-file.md").read_text()
+    assert f"```yaml\n{EXAMPLE.read_text()}```" in page
 
 
 def test_list_mapping_and_json_forms(tmp_path: Path):

@@ -226,7 +226,7 @@ def _output_item(item: dict[str, Any], s: Style) -> str:
     return s(f"output of {item.get('name')}: {short(item.get('output', ''))}", "dim")
 
 
-def _other_item(item: dict[str, Any], s: Style) -> str:
+def other_item(item: dict[str, Any], s: Style) -> str:
     return s(f"chat item {item.get('type')}", "dim")
 
 
@@ -239,7 +239,7 @@ CHAT_ITEM_FORMATTERS: dict[str, Callable[[dict[str, Any], Style], str]] = {
 
 def _chat_item(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
     item: dict[str, Any] = d.get("item") or {}
-    return CHAT_ITEM_FORMATTERS.get(str(item.get("type")), _other_item)(item, s)
+    return CHAT_ITEM_FORMATTERS.get(str(item.get("type")), other_item)(item, s)
 
 
 def _tool_started(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:

@@ -1,4 +1,4 @@
-"""``switchboard create|say|close|agents|attention``: session life cycle and discovery, on the typed client.
+"""``switchboard create|say|chat|close|agents|attention``: session life cycle and discovery, on the typed client.
 
 Same options as the other operator commands (``--url``/``SWITCHBOARD_URL``, ``--key``/``SWITCHBOARD_KEY``); an API
 error is one plain line on stderr and a non-zero exit.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..client import Client, SwitchboardError
-from .output import age, short, table
+from .output import CHAT_ITEM_FORMATTERS, age, choose_style, other_item, short, table
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -54,6 +54,19 @@ def cmd_say(args: argparse.Namespace) -> int:
     with _client(args) as sb:
         res = sb.say(args.sid, args.text, allow_interruptions=not args.no_interruptions)
     print(f"{args.sid} will say it in speech {res.speech_id}")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    with _client(args) as sb:
+        items = sb.get_chat(args.sid)
+    if args.json:
+        print(json.dumps([item.model_dump(mode="json") for item in items], indent=2))
+        return 0
+    style = choose_style("auto", sys.stdout)
+    for item in items:
+        data = item.model_dump(mode="json")
+        print(CHAT_ITEM_FORMATTERS.get(str(data.get("type")), other_item)(data, style))
     return 0
 
 
@@ -139,6 +152,11 @@ def add_session_commands(sub: Any) -> None:
     p.add_argument("text")
     p.add_argument("--no-interruptions", action="store_true", help="the speech cannot be interrupted")
     p.set_defaults(func=_guarded(cmd_say))
+
+    p = sub.add_parser("chat", parents=[common], help="the conversation as the model sees it")
+    p.add_argument("sid")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.set_defaults(func=_guarded(cmd_chat))
 
     p = sub.add_parser("close", parents=[common], help="close a session")
     p.add_argument("sid")

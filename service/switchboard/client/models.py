@@ -252,7 +252,7 @@ class Health(_Model):
 class Event(_Model):
     """One event of a session's log: ``seq`` is gap-free per session; ``cursor`` is set on the multi-session stream.
 
-    ``data`` is the event's payload as sent (see the event types in the README).
+    ``data`` is the event's payload as sent (see the event types in openapi/asyncapi.json).
     """
 
     seq: int

@@ -16,7 +16,7 @@ from ..runtime.tools import RunContext, ToolError, function_tool
 
 #: Seconds per simulated unit of backend work; tests shrink it.
 WORK_S = 0.5
-#: Units of work of a flight search: long enough to cancel it by hand (the README's quickstart does).
+#: Units of work of a flight search: long enough to cancel it by hand (the quickstart in docs/http-api.md does).
 FLIGHT_LEGS = 40
 
 
@@ -102,8 +102,8 @@ def _call(tool: str, /, **arguments: Any) -> dict[str, Any]:
 
 
 #: The demo's model without a model: it answers what the user asks and what each tool returns, in whatever order
-#: the conversation takes (interruptions, cancellations, background results), so each step of the README's
-#: quickstart gets a fitting answer.
+#: the conversation takes (interruptions, cancellations, background results), so each step of the
+#: quickstart (README, docs/http-api.md) gets a fitting answer.
 DEMO_SCRIPT: dict[str, Any] = {
     "provider": "scripted",
     "on_user": [
