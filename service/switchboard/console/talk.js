@@ -32,9 +32,9 @@ const CLOSE_NOTES = {
 const RECONNECT_CODES = new Set([4410, 1012, 1013]);
 // the close codes that end a reconnection too: the session, the credential or this edge's place is gone for good
 const FINAL_CODES = new Set([1000, 4401, 4403, 4404, 4409, 4429]);
-// ~31.5 s of pauses: a failover takes a few seconds, but a restart on a busy host (stop, start, recover) can take
-// far longer than that, and an operator would rather wait than connect again by hand
-const RETRY_DELAYS_MS = [500, 1000, 2000, 4000, 8000, 8000, 8000];
+// about two minutes of pauses: a failover takes a few seconds, but a restart on a busy host (drain, stop, start,
+// recover) took over 35 s, and an operator would rather wait than connect again by hand
+const RETRY_DELAYS_MS = [500, 1000, 2000, 4000, ...Array(14).fill(8000)];
 // a connection that stayed open this long held: a later 4410 starts a fresh round of attempts
 const HELD_MS = 10000;
 const RESEND_AFTER_MS = 1000; // a transcript the service failed to apply (command_failed) is sent again after this
