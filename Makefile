@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run docs test abuse stress lint fmt openapi bench sim sim-cluster chaos clean
+.PHONY: install run docs test abuse stress lint lint-spec fmt openapi bench sim sim-cluster chaos clean
 
 # `make run` installs the service alone (`.[server]`); `make test` and the other targets add the test toolchain
 SERVER_STAMP := $(VENV)/.installed-server
@@ -42,7 +42,7 @@ fmt: $(STAMP)
 # is waiting on servers and clocks, so this halves the wall time even on two cores. PYTEST_WORKERS=0: one process
 PYTEST_WORKERS ?= 3
 
-test: lint
+test: lint $(SPEC_LINTER)
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 # the abuse suite alone (docs/security.md, "One budget per caller, at every door"): a test per door, slow and many
@@ -71,6 +71,18 @@ docs: $(STAMP)
 openapi: $(STAMP)
 	$(BIN)/switchboard openapi --output openapi/openapi.json
 	$(BIN)/switchboard asyncapi --output openapi/asyncapi.json
+
+# the OpenAPI document under Redocly's recommended rules (openapi/redocly.yaml), by the linter pinned in
+# openapi/package-lock.json: any error or warning fails (tests/api/test_openapi_lint.py; without npm it skips,
+# except under CI=true)
+SPEC_LINTER := openapi/node_modules/.bin/redocly
+
+$(SPEC_LINTER): openapi/package.json openapi/package-lock.json
+	if command -v npm >/dev/null; then cd openapi && npm ci --no-audit --no-fund && touch node_modules/.bin/redocly; \
+	else echo "npm not found: the OpenAPI lint test cannot run" >&2; fi
+
+lint-spec: $(STAMP) $(SPEC_LINTER)
+	$(BIN)/pytest -q tests/api/test_openapi_lint.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/runtime_interrupt.py

@@ -131,3 +131,23 @@ def test_a_token_spends_its_minters_budget():
     principals = [authenticate(settings, token) for token in tokens]
     assert {p.identity for p in principals} == {"token:s1", "token:s2"}  # told apart where records are kept
     assert {p.budget for p in principals} == {minter.budget}  # charged to the one key that made them
+
+
+async def test_the_openapi_document_says_where_a_session_token_is_accepted(client: httpx.AsyncClient):
+    """Every operation of one session without other parameters: a token of that session is let in exactly where
+    the document lists `sessionToken`, and refused (403) where it lists API keys only."""
+    await client.post("/v1/sessions", json={"agent": "tester", "id": "d1"}, headers=auth(ADMIN))
+    minted = await client.post("/v1/sessions/d1/tokens", json={}, headers=auth(ADMIN))
+    token = minted.json()["token"]
+    spec = (await client.get("/openapi.json")).json()
+    tried = []
+    for path, methods in spec["paths"].items():
+        if path.count("{") != 1 or "{sid}" not in path or path.endswith("/ag-ui"):  # the stream is test_agui's
+            continue
+        for method, op in methods.items():
+            body = {"agent": "tester"} if method == "post" else None
+            r = await client.request(method, path.replace("{sid}", "d1"), json=body, headers=auth(token))
+            documented = any("sessionToken" in requirement for requirement in op["security"])
+            assert (r.status_code != 403) == documented, (method, path, r.status_code, r.text)
+            tried.append(op["operationId"])
+    assert {"getSession", "getChat", "closeSession", "createSessionToken", "injectInput"} <= set(tried)

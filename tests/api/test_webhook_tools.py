@@ -23,7 +23,7 @@ from .conftest import make_settings
 from .test_sessions_api import assert_problem, until
 
 SECRET_ENV = "SB_TEST_WEBHOOK_SECRET"
-SECRET = "test-secret-0123456789"
+SECRET = "test-secret-0123456789abcdefghijklmn"
 ORDER = {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}
 
 

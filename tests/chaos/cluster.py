@@ -29,7 +29,7 @@ PG_URL = os.environ.get("SWITCHBOARD_TEST_PG_URL", "postgresql+asyncpg://postgre
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 CLUSTER_SECRET = "chaos-cluster-secret-0123456789abcdefghij"
 TOKEN_SECRET = "chaos-token-secret-0123456789abcdefghijklm"
-WEBHOOK_SECRET = "chaos-webhook-secret"
+WEBHOOK_SECRET = "chaos-webhook-secret-0123456789abcdef"
 API_KEY = "chaos-key-0123456789abcdef"
 SCOPES = [
     "sessions:read",

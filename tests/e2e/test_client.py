@@ -52,7 +52,7 @@ KEYS = json.dumps(
 )
 LONG = " ".join(f"word{i}" for i in range(300))  # ~6 s of speech at 50 words per second
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agents.yaml"
-SECRET = "client-webhook-secret"
+SECRET = "client-webhook-secret-0123456789abcd"
 
 
 @pytest.fixture(scope="module")

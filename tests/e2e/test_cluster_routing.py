@@ -22,7 +22,7 @@ from .server import Server
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agents.yaml"
-HOOK_SECRET = "e2e-webhook-secret"
+HOOK_SECRET = "e2e-webhook-secret-0123456789abcdef"
 
 
 async def _said(http: httpx.AsyncClient, node: Server, sid: str, text: str) -> None:

@@ -43,7 +43,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     agents.write_text(AGENTS_FILE.format(port=free_port()))  # nothing listens there: the backend is down
     env = {
         "SWITCHBOARD_AGENTS_FILE": str(agents),
-        "DESK_WEBHOOK_SECRET": "desk-secret-0123456789",
+        "DESK_WEBHOOK_SECRET": "desk-secret-0123456789abcdefghijklmn",
         "SWITCHBOARD_ATTENTION_STALL_S": "1",
         "SWITCHBOARD_ATTENTION_SILENCE_S": "1",
         "SWITCHBOARD_AGENTS": "tests.agents_fixture:AGENTS,tests.agents_fixture:RETIRED_AGENTS",

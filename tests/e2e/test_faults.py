@@ -348,7 +348,7 @@ class RawBackend:
 
 
 async def test_webhook_backend_that_hangs_or_resets_fails_the_call_and_the_session_answers(tmp_path: Path):
-    secret = "fault-webhook-secret-0123456789"
+    secret = "fault-webhook-secret-0123456789abcdef"
     async with RawBackend("hang") as hang, RawBackend("reset") as reset:
         obj = {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}
         tools = [

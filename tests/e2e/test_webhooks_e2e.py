@@ -18,7 +18,7 @@ from .test_field_scenarios import assert_valid_chat, chat
 pytestmark = pytest.mark.e2e
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agents.yaml"
-SECRET = "e2e-webhook-secret"
+SECRET = "e2e-webhook-secret-0123456789abcdef"
 
 
 async def said(client: httpx.AsyncClient, text: str, timeout: float = WAIT_S) -> None:

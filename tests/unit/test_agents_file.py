@@ -21,7 +21,11 @@ from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.tools import CONFIRM_FIELD, ToolPolicy, format_validation_error
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agents.yaml"
-ENV = {"HOOK_SECRET": "s3cret", "ORDERS_WEBHOOK_SECRET": "example-secret"}
+ENV = {
+    "HOOK_SECRET": "hook-secret-0123456789abcdefghijklmn",
+    "ORDERS_WEBHOOK_SECRET": "example-secret-0123456789abcdefghijk",
+    "SHORT_SECRET": "abc",
+}
 
 
 def tool(**overrides: Any) -> dict[str, Any]:
@@ -34,6 +38,12 @@ def tool(**overrides: Any) -> dict[str, Any]:
         "secret_env": "HOOK_SECRET",
     }
     return {**spec, **overrides}
+
+
+def with_city(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The default tool's parameters, its ``city`` property changed (a key set to None is removed)."""
+    city = {k: v for k, v in ({"type": "string"} | overrides).items() if v is not None}
+    return {"type": "object", "properties": {"city": city}, "required": ["city"]}
 
 
 def write(tmp_path: Path, data: Any, name: str = "agents.yaml") -> Path:
@@ -81,7 +91,10 @@ def test_the_example_file_loads(tmp_path: Path):
     )
     assert refund.policy.allow_cancellation and refund.endpoint.cancel_url.endswith("/tools/refund_order/cancel")
     assert lookup.endpoint.cancel_url == "http://127.0.0.1:9000/tools/lookup_order/cancel"
-    assert lookup.endpoint.secret == "example-secret" and "example-secret" not in repr(lookup.endpoint)
+    assert (
+        lookup.endpoint.secret == "example-secret-0123456789abcdefghijk"
+        and "example-secret-0123456789abcdefghijk" not in repr(lookup.endpoint)
+    )
     # what the model is shown: the declared schema, plus the confirmation flag of on_duplicate="confirm"
     assert lookup.schema()["parameters"]["required"] == ["order_id"]
     assert refund.parameters["properties"][CONFIRM_FIELD]["type"] == "boolean"
@@ -143,6 +156,38 @@ def test_list_mapping_and_json_forms(tmp_path: Path):
             ],
             "agents[0].tools[0].parameters",
             "properties.n.type: unknown type 'int'",
+        ),
+        (
+            [{"name": "a", "instructions": "x", "tools": [tool(secret_env="SHORT_SECRET")]}],
+            "agents[0].tools[0].secret_env",
+            "environment variable SHORT_SECRET holds a webhook signing secret of 3 characters; at least 32",
+        ),
+        (
+            [{"name": "a", "instructions": "x", "tools": [tool(parameters=with_city({"format": "hostname"}))]}],
+            "agents[0].tools[0].parameters",
+            "properties.city.format: unsupported format 'hostname' (supported on strings: email, uri, date, date-time",
+        ),
+        (
+            [
+                {
+                    "name": "a",
+                    "instructions": "x",
+                    "tools": [tool(parameters=with_city({"type": "integer", "format": "int32"}))],
+                }
+            ],
+            "agents[0].tools[0].parameters",
+            "properties.city.format: only strings have a format here",
+        ),
+        (
+            [
+                {
+                    "name": "a",
+                    "instructions": "x",
+                    "tools": [tool(parameters=with_city({"type": None, "format": "email"}))],
+                }
+            ],
+            "agents[0].tools[0].parameters",
+            "properties.city.format: only strings have a format here",
         ),
         (
             [{"name": "a", "instructions": "x", "tools": [tool(), tool()]}],
@@ -311,3 +356,68 @@ def test_signatures_verify_and_reject_tampering_and_replays():
     assert not verify_signature("k", ts, body, sig.removeprefix("v1="))
     old = int(now) - 1000
     assert verify_signature("k", old, body, sign("k", old, body), now=old + 10)
+
+
+def test_a_webhook_secret_of_32_characters_is_enough(tmp_path: Path):
+    secret = "s" * 32
+    agents = [{"name": "a", "instructions": "x", "tools": [tool(secret_env="EXACT")]}]
+    agent = load_agents_file(write(tmp_path, agents), Webhooks(), environ={"EXACT": secret}).factories["a"]()
+    found = agent.tools["search"]
+    assert isinstance(found, WebhookTool) and found.endpoint.secret == secret
+    text = load_error(tmp_path, agents, env={"EXACT": secret[1:]})
+    assert "of 31 characters" in text and secret[1:] not in text  # the error never shows the secret
+
+
+FORMATTED = {
+    "type": "object",
+    "properties": {
+        "email": {"type": "string", "format": "email"},
+        "site": {"type": "string", "format": "uri"},
+        "day": {"type": "string", "format": "date"},
+        "at": {"type": ["string", "null"], "format": "date-time"},
+        "ref": {"type": "string", "format": "uuid"},
+    },
+}
+GOOD = {
+    "email": "ada@example.com",
+    "site": "https://example.com/a?b=c",
+    "day": "2026-02-28",
+    "at": "2026-11-28T03:04:05.5+01:00",
+    "ref": "123e4567-e89b-12d3-a456-426614174000",
+}
+
+
+def test_formats_are_enforced_and_the_strings_pass_unchanged(tmp_path: Path):
+    declared = webhook(tmp_path, parameters=FORMATTED)
+    assert declared.parse_arguments(GOOD) == GOOD
+    assert declared.parse_arguments({"at": None}) == {"at": None}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("email", "ada"),
+        ("email", "ada@example"),
+        ("email", "a da@example.com"),
+        ("site", "example.com/a"),
+        ("site", "https://exa mple.com"),
+        ("day", "2026-02-30"),
+        ("day", "28/02/2026"),
+        ("at", "2026-11-28T03:04:05"),  # no offset
+        ("at", "2026-11-28"),
+        ("ref", "123e4567e89b12d3a456426614174000"),
+    ],
+)
+def test_a_value_not_of_its_format_never_reaches_the_backend(tmp_path: Path, field: str, value: str):
+    declared = webhook(tmp_path, parameters=FORMATTED)
+    with pytest.raises(ValidationError) as err:
+        declared.parse_arguments({field: value})
+    text = format_validation_error("search", err.value)
+    assert field in text and f"not a valid {FORMATTED['properties'][field]['format']}" in text, text
+
+
+def test_annotations_are_accepted_and_shown_to_the_model_not_checked(tmp_path: Path):
+    annotated = with_city({"title": "City", "examples": ["Rome"], "$comment": "free text", "description": "A city."})
+    declared = webhook(tmp_path, parameters={**annotated, "title": "Search", "$comment": "v2"})
+    assert declared.parse_arguments({"city": "Paris"}) == {"city": "Paris"}  # not one of the examples
+    assert declared.parameters["properties"]["city"]["examples"] == ["Rome"]

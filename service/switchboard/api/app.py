@@ -36,7 +36,7 @@ from ..integrations.webhooks import Webhooks
 from ..runtime.agent import AgentRegistry
 from ..runtime.aio import cancel_and_wait
 from ..store import Store
-from . import asyncapi, docs_pages, problems, routes_agents, routes_health
+from . import asyncapi, docs_pages, openapi_doc, problems, routes_agents, routes_health
 from .cluster import routes as cluster_routes
 from .cluster.forward import ForwardedGuard, SessionElsewhere, forward
 from .cluster.routing import OwnerRouting
@@ -62,7 +62,21 @@ logger = logging.getLogger("switchboard.api.app")
 CONSOLE_DIR = Path(__file__).parent.parent / "console"
 
 DESCRIPTION = """Control plane for live AI agent sessions: inject input, interrupt speech, watch tool progress,
-cancel tools. Errors are `application/problem+json`. Every POST accepts an `Idempotency-Key` header."""
+cancel tools. Errors are `application/problem+json`. Every POST accepts an `Idempotency-Key` header.
+Credentials: an API key, or for one session's reads and streams a session token, as `Authorization: Bearer`; each
+operation says which and the scope it needs. `/healthz` and `/readyz` need none, nor do these docs unless the server
+sets `SWITCHBOARD_PUBLIC_DOCS=false`."""
+
+# the document is served by the server it describes (so `/docs` calls the server it came from); a client generated
+# from the committed copy is given the server's address, by default this one
+SERVERS: list[dict[str, Any]] = [
+    {"url": "/", "description": "The server serving this document"},
+    {
+        "url": "http://{host}",
+        "description": "A Switchboard server (default: its own default address)",
+        "variables": {"host": {"default": "127.0.0.1:8080", "description": "Host and port"}},
+    },
+]
 
 
 IDEMPOTENCY_PURGE_EVERY_S = 3600.0
@@ -282,10 +296,12 @@ def create_app(
             if own_provider and isinstance(tracer_provider, SdkTracerProvider):
                 tracer_provider.shutdown()  # exports what is still batched
 
-    app = problems.ProblemAPI(
+    app = openapi_doc.SwitchboardAPI(
         title="Switchboard",
         version=__version__,
         description=DESCRIPTION,
+        license_info={"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        servers=SERVERS,
         lifespan=lifespan,
         docs_url=None,  # docs_pages serves /docs from this origin (FastAPI's pages load it from a CDN)
         redoc_url=None,

@@ -7,13 +7,27 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .deps import ServicesDep
+from .guards import METRICS_SCOPE
+from .openapi_doc import API_KEY, PUBLIC, security
+from .problems import problem_responses
 from .rate_limit import SharedRateLimits
 from .schemas import Health
 
 router = APIRouter(tags=["health"])
 
+# what any route answers a request browsers must not make (``guards.BrowserGuard``): with auth off, a Host or an
+# Origin that is not loopback nor allowed
+REFUSED_BY_BROWSER_GUARD = (403, "host_not_allowed or origin_not_allowed: a Host or Origin this server does not serve")
 
-@router.get("/healthz", operation_id="healthz", response_model=Health, response_model_exclude_none=True)
+
+@router.get(
+    "/healthz",
+    operation_id="healthz",
+    response_model=Health,
+    response_model_exclude_none=True,
+    responses=problem_responses(REFUSED_BY_BROWSER_GUARD),
+    openapi_extra=PUBLIC,
+)
 async def healthz() -> Health:
     """The process is up."""
     return Health(status="ok")
@@ -24,8 +38,10 @@ async def healthz() -> Health:
     operation_id="readyz",
     response_model=Health,
     responses={
-        503: {"model": Health, "description": "The database is unreachable, this node was fenced, or it is draining"}
+        **problem_responses(REFUSED_BY_BROWSER_GUARD),
+        503: {"model": Health, "description": "The database is unreachable, this node was fenced, or it is draining"},
     },
+    openapi_extra=PUBLIC,
 )
 async def readyz(services: ServicesDep) -> Response:
     """The service can reach its database and still owns its sessions (a node that another instance took over
@@ -53,7 +69,19 @@ async def readyz(services: ServicesDep) -> Response:
     return JSONResponse(body, status_code=503, headers={"Retry-After": "2"})
 
 
-@router.get("/metrics", operation_id="metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    operation_id="metrics",
+    response_class=Response,
+    responses={
+        200: {"description": "The metrics", "content": {CONTENT_TYPE_LATEST.partition(";")[0]: {"schema": {}}}},
+        **problem_responses(
+            401, (403, "The credential lacks `metrics:read`, or host_not_allowed or origin_not_allowed")
+        ),
+    },
+    openapi_extra=security({API_KEY: [METRICS_SCOPE]}),  # checked by ``guards.PrivatePaths``
+)
 async def metrics(services: ServicesDep) -> Response:
-    """Prometheus metrics."""
+    """Prometheus metrics. Needs an API key with `metrics:read`, unless the server sets
+    `SWITCHBOARD_PUBLIC_METRICS=true` (then no credential)."""
     return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -56,6 +56,9 @@ AGENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # what model providers accept as a function name
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_TIMEOUT_S = 24 * 3600.0
+# a webhook secret keys the HMAC-SHA256 of every call (webhooks.sign): a short one can be guessed offline from one
+# signed delivery, so it needs as many characters as a 32-byte random key has (secrets.token_urlsafe(32): 43)
+MIN_SECRET_CHARS = 32
 
 
 class AgentsFileError(ValueError):
@@ -108,8 +111,15 @@ class WebhookToolSpec(ToolPolicy):
     @classmethod
     def _secret_set(cls, value: str, info: ValidationInfo) -> str:
         environ: Mapping[str, str] = (info.context or {}).get("environ", os.environ)
-        if not environ.get(value):
+        secret = environ.get(value)
+        if not secret:
             raise ValueError(f"environment variable {value} is not set (it holds the webhook signing secret)")
+        if len(secret) < MIN_SECRET_CHARS:
+            raise ValueError(
+                f"environment variable {value} holds a webhook signing secret of {len(secret)} characters; at least "
+                f"{MIN_SECRET_CHARS} are needed (make one with: "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
         return value
 
 

@@ -4,16 +4,20 @@ Only the subset of JSON Schema that models use for tool parameters is supported,
 the schema is loaded (rather than silently not enforced): ``type`` (one or a list), ``enum``, ``const``,
 ``properties``, ``required``, ``additionalProperties`` (true or false), ``items``, ``default``, the numeric bounds
 ``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum``, ``minLength``/``maxLength``/``pattern``,
-``minItems``/``maxItems``, and the annotations ``description``, ``title``, ``examples``, ``format``, ``$comment``.
+``minItems``/``maxItems``, ``format`` on strings (one of ``FORMATS``, enforced: any other format is refused), and
+the annotations ``description``, ``title``, ``examples``, ``$comment``, ``$schema`` (documentation, never checked).
 As for Python tools, an object rejects properties it does not declare unless ``additionalProperties`` is true.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from datetime import date, datetime
 from typing import Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 STRUCTURAL = frozenset(
     {
@@ -34,9 +38,10 @@ STRUCTURAL = frozenset(
         "pattern",
         "minItems",
         "maxItems",
+        "format",
     }
 )
-ANNOTATIONS = frozenset({"description", "title", "examples", "format", "$comment", "$schema"})
+ANNOTATIONS = frozenset({"description", "title", "examples", "$comment", "$schema"})
 JSON_TYPES = ("string", "integer", "number", "boolean", "array", "object", "null")
 
 
@@ -63,6 +68,70 @@ class _Unset:
 
 
 UNSET = _Unset()
+
+
+_EMAIL = re.compile(r"[^@\s]+@[^@\s.]+(\.[^@\s.]+)+")
+_URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+_UUID = re.compile(r"[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+
+
+def _email(value: str) -> bool:
+    return _EMAIL.fullmatch(value) is not None
+
+
+def _uri(value: str) -> bool:
+    """An absolute URI: a scheme, then no whitespace."""
+    scheme = urlsplit(value).scheme if not any(c.isspace() for c in value) else ""
+    return _URI_SCHEME.fullmatch(scheme) is not None and len(value) > len(scheme) + 1
+
+
+def _date(value: str) -> bool:
+    try:
+        return _DATE.fullmatch(value) is not None and bool(date.fromisoformat(value))
+    except ValueError:  # a month 13, a February 30
+        return False
+
+
+def _date_time(value: str) -> bool:
+    """RFC 3339: a date, ``T``, a time and an offset (``Z`` or ``+hh:mm``)."""
+    try:
+        return _DATE_TIME.fullmatch(value) is not None and bool(datetime.fromisoformat(value.upper()))
+    except ValueError:
+        return False
+
+
+def _uuid(value: str) -> bool:
+    return _UUID.fullmatch(value) is not None
+
+
+#: the string formats a declared schema may name, each checked: a model's argument that fails one never reaches the
+#: backend (the value passed on is the string as sent)
+FORMATS: dict[str, Callable[[str], bool]] = {
+    "email": _email,
+    "uri": _uri,
+    "date": _date,
+    "date-time": _date_time,
+    "uuid": _uuid,
+}
+
+
+def _format_validator(schema: dict[str, Any], path: str) -> AfterValidator | None:
+    if "format" not in schema:
+        return None
+    name = schema["format"]
+    if name not in FORMATS:
+        supported = ", ".join(FORMATS)
+        raise SchemaError(_join(path, "format"), f"unsupported format {name!r} (supported on strings: {supported})")
+    check = FORMATS[name]
+
+    def validate(value: str) -> str:
+        if not check(value):
+            raise ValueError(f"not a valid {name}")
+        return value
+
+    return AfterValidator(validate)
 
 
 def _join(path: str, part: str) -> str:
@@ -98,7 +167,8 @@ def _scalar_type(kind: str, schema: dict[str, Any], path: str, model_name: str) 
             except (re.error, TypeError) as err:
                 raise SchemaError(_join(path, "pattern"), f"invalid regular expression: {err}") from None
             extra["pattern"] = schema["pattern"]
-        return Annotated[str, Field(**extra)] if extra else str
+        checks = [v for v in (_format_validator(schema, path),) if v is not None]
+        return Annotated[str, Field(**extra), *checks] if extra or checks else str
     if kind in ("integer", "number"):
         extra = _constraints(
             schema, path, {"minimum": "ge", "maximum": "le", "exclusiveMinimum": "gt", "exclusiveMaximum": "lt"}
@@ -134,9 +204,11 @@ def _annotation(schema: Any, path: str, model_name: str) -> Any:
             raise SchemaError(_join(path, "const"), "only strings, numbers, booleans and null are supported")
         return Literal[schema["const"]]
     kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    if "format" in schema and "string" not in kinds:
+        raise SchemaError(_join(path, "format"), "only strings have a format here (add type 'string')")
     if kind is None:
         return Any
-    kinds = kind if isinstance(kind, list) else [kind]
     if not kinds or not all(isinstance(k, str) for k in kinds):
         raise SchemaError(_join(path, "type"), "must be a type name or a list of type names")
     options = [_scalar_type(k, schema, path, model_name) for k in kinds]

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic.config import JsonDict
 
 PLACEHOLDER_OUTPUT = "This tool call is still in progress; its result will be shared when it is done."
 
@@ -46,8 +47,14 @@ def utcnow() -> datetime:
     return _clock.now()
 
 
+def _type_required(schema: JsonDict) -> None:
+    # every item names its type, the tag of the ChatItem union (with its default, the union's members would overlap)
+    required = schema.get("required")
+    schema["required"] = ["type", *(required if isinstance(required, list) else [])]
+
+
 class _Item(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_type_required)
 
     id: str
     created_at: datetime = Field(default_factory=utcnow)

@@ -21,6 +21,7 @@ from ...runtime.aio import cancel_and_wait
 from ...runtime.events import Event
 from .. import deps
 from ..auth import AuthError, authenticate, bearer, check, url_token
+from ..openapi_doc import API_KEY, SESSION_TOKEN, TOKEN_QUERY, security
 from ..problems import ProblemError, not_found, problem_responses
 from .agui import SHARED, AguiTranslator
 from .direct_send import DirectSend
@@ -75,16 +76,18 @@ SSE_EVENT: dict[str, Any] = {
         },
         **problem_responses(400, 401, 403, 404, (429, "too many open event streams")),
     },
+    openapi_extra=security(
+        {API_KEY: ["events:read"]}, {SESSION_TOKEN: ["events:read"]}, {TOKEN_QUERY: ["events:read"]}
+    ),
 )
 async def stream_session_agui(
     request: Request,
     sid: str,
     since: Annotated[int | None, Query(ge=0, le=MAX_POSITION, description="Resume after this seq.")] = None,
-    token: Annotated[str | None, Query(description="A session token, for clients that cannot set headers.")] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> StreamingResponse:
     """Stream the session as AG-UI events (docs/ag-ui.md): replay those after the resume point, then live ones,
-    until the session ends. Needs `events:read`, from a Bearer key or a session token (`token=`)."""
+    until the session ends."""
     services = deps.services(request)
     try:
         principal = authenticate(

@@ -12,9 +12,8 @@ it runs (``control.webhook_reports``).
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Depends, Request
 
 from ...control.host import SessionHost
 from ...control.webhook_reports import ALREADY_ENDED, NO_CALL, NO_SESSION, apply_result, refusal
@@ -24,6 +23,7 @@ from .. import deps
 from ..auth import Require
 from ..deps import ServicesDep
 from ..idempotency import Idem, idempotent
+from ..openapi_doc import API_KEY, REPORT_TOKEN, security
 from ..problems import ProblemError, not_found, problem_responses
 from ..schemas import ToolProgressReport, ToolReportRead, ToolResultReport
 
@@ -54,18 +54,15 @@ def report_refused() -> ProblemError:
     )
 
 
-async def _reporter(
-    sid: str,
-    call_id: str,
-    services: ServicesDep,
-    token: Annotated[str | None, Header(alias=REPORT_TOKEN_HEADER)] = None,
-) -> None:
+async def _reporter(request: Request, sid: str, call_id: str, services: ServicesDep) -> None:
     """The caller holds this call's report credential (checked before anything about the call is looked up)."""
-    if not services.webhooks.credentials.check(sid, call_id, token):
+    if not services.webhooks.credentials.check(sid, call_id, request.headers.get(REPORT_TOKEN_HEADER)):
         raise report_refused()
 
 
 REPORTER = [Depends(Require("tools:report")), Depends(_reporter)]
+# both credentials at once (the report token is a security scheme of the document, not a parameter)
+REPORTER_SECURITY = security({API_KEY: ["tools:report"], REPORT_TOKEN: []})
 
 
 def _already_ended(call_id: str, info: ToolCallInfo | None = None) -> ProblemError:
@@ -112,6 +109,7 @@ async def _read(host: SessionHost, sid: str, call_id: str) -> ToolReportRead:
     response_model=ToolReportRead,
     responses=REPORT_RESPONSES,
     dependencies=REPORTER,
+    openapi_extra=REPORTER_SECURITY,
 )
 @idempotent
 async def report_tool_progress(
@@ -135,6 +133,7 @@ async def report_tool_progress(
     response_model=ToolReportRead,
     responses=REPORT_RESPONSES,
     dependencies=REPORTER,
+    openapi_extra=REPORTER_SECURITY,
 )
 @idempotent
 async def report_tool_result(
