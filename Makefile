@@ -2,6 +2,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the OpenAPI linter (a pinned @redocly/cli, openapi/package.json), run by `make test` and `make lint-spec`
+SPEC_LINTER := openapi/node_modules/.bin/redocly
 
 .PHONY: install run docs test abuse stress lint lint-spec fmt openapi bench sim sim-cluster chaos clean
 
@@ -75,8 +77,6 @@ openapi: $(STAMP)
 # the OpenAPI document under Redocly's recommended rules (openapi/redocly.yaml), by the linter pinned in
 # openapi/package-lock.json: any error or warning fails (tests/api/test_openapi_lint.py; without npm it skips,
 # except under CI=true)
-SPEC_LINTER := openapi/node_modules/.bin/redocly
-
 $(SPEC_LINTER): openapi/package.json openapi/package-lock.json
 	if command -v npm >/dev/null; then cd openapi && npm ci --no-audit --no-fund && touch node_modules/.bin/redocly; \
 	else echo "npm not found: the OpenAPI lint test cannot run" >&2; fi
