@@ -342,7 +342,7 @@ class NodeList(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok", "unavailable", "fenced"]
+    status: Literal["ok", "unavailable", "fenced", "draining"]
     detail: str | None = None
 
 

@@ -24,6 +24,8 @@ GC_YOUNG_THRESHOLD = 10_000  # CPython's default is 700 allocations
 # `serve` exit statuses of a start given up (2: a setting is invalid)
 EXIT_NOT_STARTED = 3  # another instance runs on the database (or the start failed otherwise)
 EXIT_DATABASE_UNAVAILABLE = 4  # the database stayed unavailable for DATABASE_WAIT_S
+# once a stopping server (after its drain) has closed its listeners: how long open requests get to finish
+GRACEFUL_SHUTDOWN_S = 10
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -98,7 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ws_ping_interval=settings.ws_ping_interval_s,
         ws_max_size=settings.ws_max_message_bytes,
         ws_ping_timeout=settings.ws_ping_interval_s,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         lifespan="on",
     )
     # Garbage collection pauses are latency for every session and subscriber (bench/http_interrupt.py and
