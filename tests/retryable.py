@@ -2,6 +2,15 @@
 any node: one list for every client of the tests (the cluster tests' load, the chaos load and its checker), checked
 against the document (``tests/chaos/test_checker.py``)."""
 
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+
+from tests.waiting import WAIT_S
+
 RETRYABLE = frozenset(
     {
         "session_recovering",
@@ -14,3 +23,15 @@ RETRYABLE = frozenset(
         "deadline_exceeded",
     }
 )
+
+
+def retried_sync(request: Callable[[], httpx.Response]) -> httpx.Response:
+    """``request()``'s answer, sent again after ``Retry-After`` while it is a 503 with one of these codes, as a client
+    of the service does (a deadline passed on a loaded machine, say); within the shared ceiling. A command sent this way
+    carries an ``Idempotency-Key``, so that a retry of one that went on in the background applies once."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        r = request()
+        if r.status_code != 503 or r.json().get("code") not in RETRYABLE or time.monotonic() > deadline:
+            return r
+        time.sleep(min(1.0, float(r.headers.get("retry-after", "1"))))

@@ -194,14 +194,24 @@ async def test_websocket_connections_and_dropped_slow_consumers(api: Api):
     await api.client.post(f"/v1/sessions/{sid}/input", json={"text": "count"})
     code, reason = await slow.closed()
     assert (code, reason) == (4008, "too slow; resume with since=0")  # nothing was delivered: resume from the start
+
+    # The readers that keep up get every event in order. With a buffer of 10, one of them can be dropped too on a
+    # loaded machine (two commit batches published before its sender ran): then it was told so (4008), and the
+    # metric counts it as well. It counts exactly the streams closed as too slow.
+    def settled(ws: AsgiWebSocket) -> bool:
+        return ws.task.done() or any(f["type"] == "tool.ended" for f in ws.frames)
+
+    await until(lambda: settled(a) and settled(b))
+    dropped = [ws for ws in (a, b) if ws.task.done()]
+    assert all(ws.close is not None and ws.close.get("code") == 4008 for ws in dropped), [ws.close for ws in dropped]
     m = await scrape(api)
-    assert sample(m, "switchboard_ws_slow_consumers_dropped_total") == 1
-    assert sample(m, "switchboard_ws_connections") == 2
-    # the readers that keep up are not affected
-    await until(lambda: _has(a, "tool.ended"))
-    assert [f["seq"] for f in a.frames] == list(range(1, len(a.frames) + 1))
-    await a.disconnect()
-    await b.disconnect()
+    assert sample(m, "switchboard_ws_slow_consumers_dropped_total") == 1 + len(dropped)
+    assert sample(m, "switchboard_ws_connections") == 2 - len(dropped)
+    if a not in dropped:
+        assert [f["seq"] for f in a.frames] == list(range(1, len(a.frames) + 1))
+    for ws in (a, b):
+        if ws not in dropped:
+            await ws.disconnect()
     m = await scrape(api)
     assert sample(m, "switchboard_ws_connections") == 0 and sample(m, "switchboard_event_subscribers") == 0
 
