@@ -97,7 +97,9 @@ class SessionCreate(_In):
         default=None,
         description='The model: a server-side model profile, {"profile": "<name>", "temperature"?} (profiles are '
         "configured with SWITCHBOARD_MODELS; endpoints and credentials never come from a request), or a script, "
-        '{"provider": "scripted", "turns": [...], "fallback"?}. Default: the agent\'s own model.',
+        '{"provider": "scripted", "turns": [...], "fallback"?}. Default: the agent\'s own model; for an agent without '
+        "one, a stand-in (`stand-in` in the session's `model`) that calls the tools a user writes as calls and says "
+        "how to connect a model otherwise.",
     )
     playout: PlayoutConfig | None = None
     preemptive_generation: bool | None = None

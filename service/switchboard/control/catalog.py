@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from ..integrations.model_profiles import ModelProfiles
 from ..runtime.agent import Agent, AgentRegistry
+from ..runtime.llm import STAND_IN_PROVIDER
 from ..runtime.tools import FunctionTool, ToolPolicy
 
 logger = logging.getLogger("switchboard.control.catalog")
@@ -23,7 +24,10 @@ logger = logging.getLogger("switchboard.control.catalog")
 class ModelSummary(BaseModel):
     """A model by name: the provider, the provider's model name, the server's profile. Never a URL or a key."""
 
-    provider: str
+    provider: str = Field(
+        description=f"`scripted`, `openai`, or `{STAND_IN_PROVIDER}` when nothing names a model: it calls the tools a "
+        'user writes as calls, `search_tables(city="Rome")`, and says how to connect a model otherwise.'
+    )
     model: str | None = Field(default=None, description="The provider's model name (none for a script).")
     profile: str | None = Field(default=None, description="The server's model profile, when one is used.")
     fallbacks: list[str] = Field(default_factory=list, description="The profiles tried, in order, when it fails.")
@@ -49,9 +53,11 @@ def summarize_model(
 ) -> ModelSummary | None:
     """The model a session with ``llm=requested`` of an agent with ``default`` uses, by name only."""
     try:
-        resolved = models.for_session(requested, default) or {"provider": "scripted"}
+        resolved = models.for_session(requested, default)
     except ValueError:
         return None
+    if resolved is None:
+        return ModelSummary(provider=STAND_IN_PROVIDER)
     profile = (requested if requested is not None else default or {}).get("profile")
     profile = profile if isinstance(profile, str) else None
     if resolved.get("provider") == "fallback":

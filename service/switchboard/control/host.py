@@ -17,7 +17,7 @@ from ..runtime.agent import AgentRegistry
 from ..runtime.chat import ChatContext, ChatItem, new_id, utcnow
 from ..runtime.event_types import SessionFailed
 from ..runtime.events import Event, EventLog
-from ..runtime.llm import LLM, MissingCredential, build_llm
+from ..runtime.llm import LLM, MissingCredential, StandInLLM, build_llm
 from ..runtime.media import EdgePlayout
 from ..runtime.playout import SimulatedPlayout
 from ..runtime.ports import ChatStore, EventSink, Receipt
@@ -228,10 +228,11 @@ class SessionHost:
 
     def _llm(self, session_id: str, config: SessionConfig) -> LLM:
         """The session's model: its own ``llm`` (a model profile, or a self-contained provider), else the default of
-        the agent it started with. A session's own llm is checked on every build, recovery included: a stored config
-        never bypasses it."""
+        the agent it started with, else the stand-in (it runs the tool calls a user writes only where a session may
+        bring a script of its own: both pick tool calls). A session's own llm is checked on every build, recovery
+        included: a stored config never bypasses it."""
         resolved = self.models.for_session(config.llm, self.default_llms.get(config.agent))
-        llm = build_llm(resolved)
+        llm = build_llm(resolved) if resolved is not None else StandInLLM(calls_tools=self.models.sessions_may_script)
         if self._wrap_llm is not None:
             llm = self._wrap_llm(session_id, llm, resolved)
         if self.model_observer is None:

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from ..runtime.llm import LLM, LLMRequest, Usage
+from ..runtime.llm import LLM, STAND_IN_PROVIDER, LLMRequest, Usage
 from ..runtime.llm.base import LLMChunk
 
 
@@ -66,8 +66,9 @@ class MeteredLLM:
 
 
 def model_label(config: dict[str, Any] | None) -> str:
-    """``provider/model`` of a provider configuration (the first model of a fallback list)."""
-    config = config or {"provider": "scripted"}
+    """``provider/model`` of a provider configuration (the first model of a fallback list); none: the stand-in."""
+    if config is None:
+        return STAND_IN_PROVIDER
     if config.get("provider") == "fallback" and config.get("models"):
         config = config["models"][0]
     provider = str(config.get("provider", "scripted"))

@@ -112,7 +112,7 @@ class Tracing:
     def wrap_llm(self, session_id: str, llm: LLM, config: dict[str, Any] | None) -> LLM:
         """``llm`` with its model named on the session's ``generation`` spans, and its token usage and finish reasons
         reported on them (``config``: the provider configuration it was built from; never a URL or a key)."""
-        config = config or {"provider": "scripted"}
+        config = config or {"provider": "stand-in"}  # nothing configured: the stand-in for a model
         if config.get("provider") == "fallback" and config.get("models"):
             config = config["models"][0]  # the model it tries first
         provider = str(config.get("provider", "scripted"))

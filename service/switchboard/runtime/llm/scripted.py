@@ -168,20 +168,23 @@ class ScriptedLLM:
         # The turn is taken now, not at first iteration, so the position is saved with the request.
         self.requests.append(request)
         turn = rule_turn(self.rules, request) if self.rules is not None else None
-        return self._play(turn or self._next_turn(), request)
+        turn = turn or self._next_turn()
+        return play_turn(turn, render_text(turn.text, request), request)
 
-    async def _play(self, turn: Turn, request: LLMRequest) -> AsyncIterator[LLMChunk]:
-        if turn.ttft_ms:
-            await asyncio.sleep(turn.ttft_ms / 1000)
-        if turn.error:
-            raise LLMError(turn.error)
-        words = _WORDS.findall(render_text(turn.text, request))
-        for index, word in enumerate(words):
-            if index and turn.word_ms:
-                await asyncio.sleep(turn.word_ms / 1000)
-            yield TextDelta(word)
-        if request.tool_choice != "none":
-            for call in turn.tool_calls:
-                args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
-                yield ToolCallChunk(name=call.name, arguments=args, call_id=call.id)
-        yield Usage(prompt_tokens=len(request.items), completion_tokens=len(words))
+
+async def play_turn(turn: Turn, text: str, request: LLMRequest) -> AsyncIterator[LLMChunk]:
+    """Answer ``request`` with ``turn``, saying ``text`` (its rendered text): wait, stream the words, make the calls."""
+    if turn.ttft_ms:
+        await asyncio.sleep(turn.ttft_ms / 1000)
+    if turn.error:
+        raise LLMError(turn.error)
+    words = _WORDS.findall(text)
+    for index, word in enumerate(words):
+        if index and turn.word_ms:
+            await asyncio.sleep(turn.word_ms / 1000)
+        yield TextDelta(word)
+    if request.tool_choice != "none":
+        for call in turn.tool_calls:
+            args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+            yield ToolCallChunk(name=call.name, arguments=args, call_id=call.id)
+    yield Usage(prompt_tokens=len(request.items), completion_tokens=len(words))
