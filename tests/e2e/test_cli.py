@@ -21,6 +21,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from switchboard.cli.operator import Style, tail
 from switchboard.client import AsyncClient
+from tests.client_only import WITHOUT_SERVER
 from tests.waiting import WAIT_S
 
 from .console_support import create_session, server_events, wait_until
@@ -29,8 +30,12 @@ from .server import Server
 pytestmark = pytest.mark.e2e
 
 KEY = "cli-operator-key-0123456789"
+READER = "cli-reader-key-0123456789"
 KEYS = json.dumps(
-    [{"key": KEY, "scopes": ["sessions:read", "sessions:write", "sessions:control", "tools:cancel", "events:read"]}]
+    [
+        {"key": KEY, "scopes": ["sessions:read", "sessions:write", "sessions:control", "tools:cancel", "events:read"]},
+        {"key": READER, "scopes": ["sessions:read"]},
+    ]
 )
 LONG = " ".join(f"word{i}" for i in range(1500))  # 30 s at 50 words/s: still speaking after several CLI runs
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -154,9 +159,15 @@ def test_operator_commands(srv: Server, client: httpx.Client) -> None:
 def test_errors_are_one_plain_line(srv: Server, tmp_path: Path) -> None:
     no_key = run(srv, "sessions", key=None)
     assert no_key.returncode == 1 and no_key.stdout == ""
-    assert no_key.stderr.count("\n") == 1 and "unauthenticated, HTTP 401" in no_key.stderr
+    assert (
+        no_key.stderr == "switchboard: the service needs an API key: pass one with --key KEY or set SWITCHBOARD_KEY\n"
+    )
     wrong = run(srv, "tools", "--key", "not-the-right-key-at-all", key=None)
-    assert wrong.returncode == 1 and "The API key is not valid." in wrong.stderr
+    assert wrong.returncode == 1
+    assert wrong.stderr == (
+        "switchboard: the service did not accept the API key from --key: pass a valid one with --key KEY or set "
+        "SWITCHBOARD_KEY\n"
+    )
     down = run(srv, "sessions", "--url", "http://127.0.0.1:9")
     assert down.returncode == 1 and down.stderr.startswith("switchboard: cannot reach http://127.0.0.1:9")
     tail_missing = run(srv, "tail", "no-such-session")
@@ -269,3 +280,77 @@ def test_tail_resumes_across_a_server_restart(tmp_path: Path) -> None:
     assert "session recovered after a restart" in out
     seqs = printed_seqs(out)
     assert seqs == list(range(1, len(seqs) + 1)) == [e["seq"] for e in events]
+
+
+def test_a_refused_key_says_how_to_give_another(srv: Server, client: httpx.Client) -> None:
+    sid = create_session(client, [])
+    wrong = run(srv, "agents", key="not-the-right-key-at-all")
+    assert wrong.returncode == 1 and "the API key from SWITCHBOARD_KEY" in wrong.stderr, wrong.stderr
+    lacking = run(srv, "interrupt", sid, key=READER)
+    assert lacking.returncode == 1 and lacking.stdout == ""
+    assert lacking.stderr == (
+        "switchboard: the API key from SWITCHBOARD_KEY lacks the 'sessions:control' scope for this: use a key that "
+        "has it (--key or SWITCHBOARD_KEY)\n"
+    )
+    stream = run(srv, "tail", sid, "--key", READER, key=None)
+    assert stream.returncode == 1 and stream.stderr.count("\n") == 1
+    assert stream.stderr.startswith("switchboard: the API key from --key lacks"), stream.stderr
+
+
+def test_global_options_go_before_or_after_the_command(srv: Server, client: httpx.Client) -> None:
+    sid = create_session(client, [])
+    before = run(srv, "--url", srv.url, "--key", KEY, "--json", "sessions", key=None)
+    after = run(srv, "sessions", "--url", srv.url, "--key", KEY, "--json", key=None)
+    mixed = run(srv, "--key", KEY, "sessions", "--json", key=None)
+    for done in (before, after, mixed):
+        assert done.returncode == 0, done.stderr
+        assert sid in {s["id"] for s in json.loads(done.stdout)}
+    # given on both sides, the one after the command wins
+    assert run(srv, "--key", "not-the-right-key-at-all", "agents", "--key", KEY, key=None).returncode == 0
+    assert run(srv, "--json", "agents").stdout.startswith("[")
+
+
+def closed_pipe_run(server: Server, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The command with its stdout a pipe whose reader has already gone (like `| head` that has read its fill)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        cmd = [sys.executable, "-m", "switchboard.cli", *argv]
+        return subprocess.run(cmd, env=cli_env(server), stdout=write, stderr=subprocess.PIPE, text=True, timeout=WAIT_S)
+    finally:
+        os.close(write)
+
+
+def test_a_closed_stdout_ends_the_command_quietly(srv: Server, client: httpx.Client) -> None:
+    sid = create_session(client, [])
+    for argv in (("agents", "--json"), ("agents",), ("sessions", "--all"), ("tail", sid)):
+        done = closed_pipe_run(srv, *argv)
+        assert (done.returncode, done.stderr) == (141, ""), (argv, done.stderr)
+    # a real pipeline: `switchboard tail SID | head -n 1` ends with head, quietly, though the session goes on
+    cmd = [sys.executable, "-m", "switchboard.cli", "tail", sid]
+    tail = subprocess.Popen(cmd, env=cli_env(srv), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = subprocess.run(["head", "-n", "1"], stdin=tail.stdout, capture_output=True, timeout=WAIT_S)
+    assert tail.stdout is not None and tail.stderr is not None
+    tail.stdout.close()
+    client.post(f"/v1/sessions/{sid}/say", json={"text": "More events for a reader that has gone."})
+    try:
+        assert tail.wait(WAIT_S) == 141
+    finally:
+        tail.kill()
+    assert head.stdout.decode().split()[0] == "1" and tail.stderr.read() == b""
+
+
+def test_client_commands_run_without_the_server_packages(srv: Server) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_SERVER, "--json", "agents"],
+        env=cli_env(srv),
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "demo" in {a["name"] for a in json.loads(done.stdout)}
+    helped = subprocess.run(
+        [sys.executable, "-c", WITHOUT_SERVER, "--help"], capture_output=True, text=True, timeout=WAIT_S
+    )
+    assert helped.returncode == 0 and "serve" in helped.stdout, helped.stderr

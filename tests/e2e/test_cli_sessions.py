@@ -42,7 +42,10 @@ def test_create_refuses_bad_input_in_one_line(srv: Server) -> None:
     r = run(srv, "create", "tester", "--metadata", "[1]")
     assert r.returncode == 2 and r.stderr.strip() == "switchboard: --metadata must be a JSON object"
     r = run(srv, "create", "tester", key="wrong-key-0123456789")
-    assert r.returncode == 1 and r.stderr.strip() == "switchboard: The API key is not valid."
+    assert r.returncode == 1 and r.stderr.strip() == (
+        "switchboard: the service did not accept the API key from SWITCHBOARD_KEY: pass a valid one with --key KEY or "
+        "set SWITCHBOARD_KEY"
+    )
 
 
 def test_agents_lists_tools_and_models(srv: Server) -> None:

@@ -184,11 +184,12 @@ def test_barge_in_mid_speech_commits_what_the_cut_audio_holds(
         assert reply_samples >= reply_record["words"][-1]["end_sample"] and not reply_record["interrupted"]
         answered = speech_done(media_client, sid, reply_id)
         assert answered["played_text"] == "Of course, go ahead." and answered["interrupted"] is False
+        media_client.delete(f"/v1/sessions/{sid}")
+        assert edge.expect("session ") == f"session {sid} closed"
     finally:
         media_client.delete(f"/v1/sessions/{sid}")
         code, err = edge.finish()
     assert code == 0, err
-    assert edge.expect("session ").endswith("closed")
 
 
 def test_an_interrupt_from_the_service_silences_the_edge_at_the_last_reported_word(
@@ -249,6 +250,7 @@ def test_a_second_edge_replaces_the_first_which_says_so_and_exits(
     second = EdgeProcess(media_srv, sid)
     try:
         second.expect("connected to session")
+        first.proc.wait(TIMEOUT_S)  # on its own, its input still open
         code, err = first.finish()
         assert code == 1
         assert "replaced this one" in err and err.count("\n") == 1, err
@@ -384,3 +386,25 @@ def test_a_transcript_whose_answer_was_lost_is_sent_again_with_its_id_and_taken_
     assert [q["connection"] for q in queries] == [["1"], ["2"], ["3"]]
     [edge_id] = {q["edge_id"][0] for q in queries}
     assert len(edge_id) == 22
+
+
+def test_the_edge_exits_at_the_end_of_its_input_once_the_session_took_its_lines_and_it_played_its_speech(
+    media_srv: Server, media_client: httpx.Client
+) -> None:
+    sid = create_session(media_client, [{"text": "Noted."}])
+    edge = EdgeProcess(media_srv, sid)
+    try:
+        edge.expect("connected to session")
+        said = {"text": "One moment please.", "allow_interruptions": False}  # the user's line does not cut it
+        speech_id = media_client.post(f"/v1/sessions/{sid}/say", json=said).json()["speech_id"]
+        edge.expect(f"speech {speech_id} playing")
+        edge.say("A table for two.")
+        code, err = edge.finish()  # stdin ends while the speech plays and before the line is answered
+        assert code == 0, err
+        assert edge.expect(f"speech {speech_id} ") == f"speech {speech_id} finished: 'One moment please.'"
+        assert edge.expect("input ended") == f"input ended; left session {sid}"
+        assert "A table for two." in user_lines(media_client, sid)
+        assert speech_done(media_client, sid, speech_id)["interrupted"] is False
+    finally:
+        media_client.delete(f"/v1/sessions/{sid}")
+        edge.proc.kill()

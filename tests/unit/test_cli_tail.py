@@ -12,7 +12,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from switchboard.cli.operator import ClientError, Style, tail
-from switchboard.client import AsyncClient
+from switchboard.client import AsyncClient, Forbidden, SwitchboardError, Unauthorized
 
 Handler = Callable[[ServerConnection], Awaitable[None]]
 
@@ -41,7 +41,7 @@ async def run_tail(
             result: int | Exception = await tail(
                 client, "s1", style=Style(False, False), out=out, note=notes.append, **kwargs
             )
-        except ClientError as err:
+        except (ClientError, SwitchboardError) as err:
             result = err
         finally:
             await client.aclose()
@@ -53,8 +53,6 @@ async def run_tail(
     ("code", "message"),
     [
         (4400, "the event stream rejected the request"),
-        (4401, "the service needs a valid API key (--key or SWITCHBOARD_KEY)"),
-        (4403, "this API key may not read this session's events"),
         (4404, "No session 's1'."),
     ],
 )
@@ -64,6 +62,18 @@ async def test_a_refusal_ends_the_tail_with_one_line(code: int, message: str) ->
 
     result, seqs, notes, requested = await run_tail(handler)
     assert isinstance(result, ClientError) and str(result) == message
+    assert seqs == [] and notes == [] and requested == ["0"]
+
+
+@pytest.mark.parametrize(("code", "error"), [(4401, Unauthorized), (4403, Forbidden)])
+async def test_a_refused_credential_ends_the_tail_with_its_error(code: int, error: type[SwitchboardError]) -> None:
+    """Told by the command as how to give a key that the service takes (tests/e2e/test_cli.py)."""
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.close(code, "refused")
+
+    result, seqs, notes, requested = await run_tail(handler)
+    assert type(result) is error
     assert seqs == [] and notes == [] and requested == ["0"]
 
 

@@ -6,7 +6,8 @@ plays it in real time (to the sound device, or into one WAV file per speech with
 word) and ``playback.finished``. ``speech.stop`` silences it at once. Each line on stdin is a final user transcript,
 sent again on each new connection until the session says it took it (:mod:`.edge_memory`); with ``--barge-in`` the
 edge first says the user started talking and, like a phone or a browser that hears its user, stops its own audio
-there, so what it last reported is exactly what was played.
+there, so what it last reported is exactly what was played. At the end of stdin the edge exits (status 0) once the
+session has taken every line and what it had sent to play has been played; it also exits when the session closes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 import threading
@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from ..client import AsyncClient, MediaConnection, MediaFrame, SwitchboardError, Unavailable
+from .common import global_options, target
 from .edge_audio import DeviceSink, Sink, SpeechRecord, WavSink, file_stem, find_player
 from .edge_memory import DROP_CODES, RESEND_CODE, WAIT_CODE, EdgeIdentity, PendingTranscripts, Transcript
 from .espeak import Chunker, ClauseAudio, Espeak, SynthesisError, WordEnd
 from .output import printable, short
 
-DEFAULT_URL = "http://127.0.0.1:8080"
 FRAME_S = 0.02  # audio is played, written and measured in frames of this length
 SESSION_CLOSED = 1000
 SEGMENT_MEMORY = 256  # speeches whose segments are counted (for their file names)
@@ -122,18 +122,22 @@ class Edge:
         self.current: Playback | None = None
         self._play_task: asyncio.Task[None] | None = None
         self._resends: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()  # a frame handled or a speech played: whether the edge is done may have changed
 
-    async def run(self, lines: asyncio.Queue[str | None]) -> None:
-        """Until the service closes the connection (or the edge is cancelled)."""
+    async def run(self, lines: asyncio.Queue[str | None]) -> bool:
+        """Until the service closes the connection, or the user's lines have ended and the edge is done with them
+        (True), or the edge is cancelled."""
+        user = asyncio.create_task(self._user(lines), name="edge-user")
         tasks = [
             asyncio.create_task(self._receive(), name="edge-receive"),
             asyncio.create_task(self._player(), name="edge-player"),
-            asyncio.create_task(self._user(lines), name="edge-user"),
+            user,
         ]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()  # a failure of any pump ends the edge with its error
+            return user in done
         finally:
             if self._play_task is not None:
                 tasks.append(self._play_task)
@@ -150,6 +154,7 @@ class Edge:
     async def _receive(self) -> None:
         async for frame in self.conn:
             await self._on_frame(frame)
+            self._changed.set()
 
     async def _on_frame(self, frame: MediaFrame) -> None:
         sid = frame.speech_id or ""
@@ -195,6 +200,7 @@ class Edge:
                 await self._finalise(playback, cut=True, report=True)
             elif failure is not None:
                 raise failure
+            self._changed.set()
 
     async def _play(self, playback: Playback) -> None:
         clock: float | None = None
@@ -311,7 +317,17 @@ class Edge:
             if self.barge_in:
                 await self._barge_in()
             await self.conn.send_transcript(text, id=kept.id)
-        await asyncio.Event().wait()  # stdin has ended; the edge plays on until the session closes
+        lines.put_nowait(None)  # the end stays for the next connection, if this one is lost before the edge is done
+        await self._settled()
+
+    async def _settled(self) -> None:
+        """Until the session has answered every line sent and every speech it sent has been played."""
+        while True:
+            self._changed.clear()
+            playing = self.speeches or self.current is not None or not self._queue.empty()
+            if not playing and not self.options.transcripts.pending():
+                return
+            await self._changed.wait()
 
     def _refused(self, transcript_id: str, code: str, retry_after_s: float | None = None) -> None:
         """The service did not take a final transcript: send it again in a moment (after the wait it named, when
@@ -379,8 +395,8 @@ def _say(text: str) -> None:
 
 
 async def run_edge(args: argparse.Namespace) -> int:
-    url = args.url or os.environ.get("SWITCHBOARD_URL") or DEFAULT_URL
-    key = None if args.token else (args.key or os.environ.get("SWITCHBOARD_KEY") or None)
+    url, key = target(args)
+    key = None if args.token else key
     engine = Espeak(voice=args.voice, wpm=args.wpm)
     await engine.pcm("ready")  # a missing voice or a broken engine is one line now, not a silent session later
     out = Path(args.out) if args.out else None
@@ -398,13 +414,17 @@ async def run_edge(args: argparse.Namespace) -> int:
     async with AsyncClient(url, api_key=key) as sb:
         while True:
             try:
-                code, reason = await _connection(sb, args, lines, options, retry)
+                closed = await _connection(sb, args, lines, options, retry)
             except asyncio.CancelledError:
                 return 0  # a signal: what was played is written and reported
             except Unavailable as err:
                 if not retry.connected_once:
                     raise  # a wrong URL or a service that is not there: say so now
-                code, reason = 1006, err.detail or str(err)
+                closed = 1006, err.detail or str(err)
+            if closed is None:
+                _say(f"input ended; left session {args.sid}")
+                return 0
+            code, reason = closed
             if code == SESSION_CLOSED:
                 _say(f"session {args.sid} closed")
                 return 0
@@ -421,17 +441,18 @@ async def run_edge(args: argparse.Namespace) -> int:
 
 async def _connection(
     sb: AsyncClient, args: argparse.Namespace, lines: asyncio.Queue[str | None], options: EdgeOptions, retry: _Retry
-) -> tuple[int, str]:
-    """One media connection, until the service closes it: its close code and reason."""
+) -> tuple[int, str] | None:
+    """One media connection, until the service closes it (its close code and reason) or the edge is done with the
+    user's lines (None)."""
     ident = options.identity
     async with sb.media(args.sid, token=args.token, edge_id=ident.edge_id, connection=ident.next_attempt()) as conn:
         retry.connected()
         _say(f"connected to session {args.sid} as its media edge")
-        await Edge(conn, options, say=_say).run(lines)
-        refusal = conn.refusal()
-        if refusal is not None:
-            raise refusal
-        return conn.close_code or 1006, conn.close_reason
+        ended = await Edge(conn, options, say=_say).run(lines)
+    refusal = conn.refusal()  # once closed: a refusal sent as the connection opened is read even if stdin ended first
+    if refusal is not None:
+        raise refusal
+    return None if ended else (conn.close_code or 1006, conn.close_reason)
 
 
 class _Retry:
@@ -465,16 +486,20 @@ def cmd_edge(args: argparse.Namespace) -> int:
     except SwitchboardError as err:
         print(f"switchboard: {err.detail or err}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise  # stdout's reader went away: main() ends quietly
     except (SynthesisError, OSError) as err:
         print(f"switchboard: {err}", file=sys.stderr)
         return 2
 
 
 def add_edge_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("edge", help="speak a session's speeches with espeak-ng and send stdin lines as the user")
+    p = sub.add_parser(
+        "edge",
+        parents=[global_options()],
+        help="speak a session's speeches with espeak-ng and send stdin lines as the user",
+    )
     p.add_argument("sid")
-    p.add_argument("--url", help=f"service URL (default: $SWITCHBOARD_URL or {DEFAULT_URL})")
-    p.add_argument("--key", help="API key with the media:connect scope (default: $SWITCHBOARD_KEY)")
     p.add_argument("--token", help="a session token minted with the media:connect scope, instead of a key")
     p.add_argument("--out", metavar="DIR", help="write each speech to DIR/<speech_id>.wav (and .json: its timings)")
     p.add_argument("--no-play", action="store_true", help="never play to the sound device (aplay or pw-play)")

@@ -1,4 +1,7 @@
-"""The ``switchboard`` command: serve, migrate, openapi, asyncapi."""
+"""The ``switchboard`` command: serve, migrate, openapi, asyncapi, and the client commands.
+
+The server's packages (``switchboard[server]``) are imported by the server's commands only, when they run: a client
+command starts without them, and ``switchboard serve`` without them says how to install them."""
 
 from __future__ import annotations
 
@@ -9,16 +12,19 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..control import logs
-from ..control.settings import Settings
+from .common import add_global_options, stdout_closed
 from .edge import add_edge_command
 from .operator import add_client_commands
 from .output import terminal_output
 from .runner import run_bounded
 from .session_commands import add_session_commands
+
+if TYPE_CHECKING:
+    from ..control.settings import Settings
 
 GC_YOUNG_THRESHOLD = 10_000  # CPython's default is 700 allocations
 # `serve` exit statuses of a start given up (2: a setting is invalid)
@@ -26,9 +32,29 @@ EXIT_NOT_STARTED = 3  # another instance runs on the database (or the start fail
 EXIT_DATABASE_UNAVAILABLE = 4  # the database stayed unavailable for DATABASE_WAIT_S
 # once a stopping server (after its drain) has closed its listeners: how long open requests get to finish
 GRACEFUL_SHUTDOWN_S = 10
+EXIT_USAGE = 2
+NOT_INSTALLED = 'the server is not installed: pip install "switchboard[server]"'
+
+
+def _server_command(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A command of the server's: without the server's packages, one line that says how to install them."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            from ..api import app  # noqa: F401  # every server package, before the command does anything
+        except ModuleNotFoundError as err:
+            if (err.name or "").partition(".")[0] == "switchboard":
+                raise
+            print(f"switchboard: {NOT_INSTALLED}", file=sys.stderr)
+            return EXIT_USAGE
+        return func(args)
+
+    return run
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    from ..control.settings import Settings
+
     overrides = {}
     for name in ("host", "port", "database_url", "agents", "agents_file", "log_level"):
         value = getattr(args, name, None)
@@ -69,6 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..api.app import create_app
     from ..api.http_protocol import gated_http_protocol
     from ..api.streams.ws_protocol import EventStreamProtocol
+    from ..control import logs
     from ..integrations.agents_file import AgentsFileError
     from ..runtime.agent import AgentsImportError
 
@@ -78,7 +105,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.check_cluster()
     except ValueError as err:
         print(f"switchboard: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     logs.configure(settings.log_level, json_lines=settings.log_json, secrets=settings.secret_values())
     _ensure_sqlite_dir(settings.database_url)
     # like `python -m`, find agent modules in the working directory (SWITCHBOARD_AGENTS=myagents:AGENTS)
@@ -88,7 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(settings)
     except (AgentsFileError, AgentsImportError) as err:
         print(f"switchboard: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -125,6 +152,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    from ..control import logs
     from ..store import Store
 
     settings = _settings(args)
@@ -145,6 +173,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def openapi_spec() -> dict[str, object]:
     from ..api.app import create_app
+    from ..control.settings import Settings
 
     return create_app(Settings(api_keys=[])).openapi()
 
@@ -176,6 +205,7 @@ def _write_spec(spec: dict[str, object], output: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchboard", description="Control plane for live AI agent sessions.")
+    add_global_options(parser, default=None)  # before the command, or after it (each client command's own)
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the HTTP/WebSocket service")
@@ -185,19 +215,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--agents", help="pkg.module:AGENTS[,other.module:AGENTS]")
     serve.add_argument("--agents-file", dest="agents_file", help="YAML or JSON file of agents with webhook tools")
     serve.add_argument("--log-level", dest="log_level")
-    serve.set_defaults(func=cmd_serve)
+    serve.set_defaults(func=_server_command(cmd_serve))
 
     migrate = sub.add_parser("migrate", help="upgrade the database to the latest schema")
     migrate.add_argument("--database-url", dest="database_url")
-    migrate.set_defaults(func=cmd_migrate)
+    migrate.set_defaults(func=_server_command(cmd_migrate))
 
     spec = sub.add_parser("openapi", help="write the OpenAPI document")
     spec.add_argument("--output", "-o", default="openapi/openapi.json")
-    spec.set_defaults(func=cmd_openapi)
+    spec.set_defaults(func=_server_command(cmd_openapi))
 
     events_spec = sub.add_parser("asyncapi", help="write the AsyncAPI document of the event streams")
     events_spec.add_argument("--output", "-o", default="openapi/asyncapi.json")
-    events_spec.set_defaults(func=cmd_asyncapi)
+    events_spec.set_defaults(func=_server_command(cmd_asyncapi))
 
     add_client_commands(sub)  # sessions, tail, input, interrupt, tools, cancel
     add_session_commands(sub)  # create, say, close, agents, attention
@@ -207,8 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    with terminal_output():  # whatever a command prints, no server text reaches the terminal as a control
-        return int(args.func(args))
+    try:
+        with terminal_output():  # whatever a command prints, no server text reaches the terminal as a control
+            return int(args.func(args))
+    except BrokenPipeError:
+        return stdout_closed()
 
 
 if __name__ == "__main__":

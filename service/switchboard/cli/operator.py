@@ -1,9 +1,9 @@
 """Operator commands against a running service: ``switchboard sessions|tail|input|interrupt|tools|cancel``.
 
 Built on the typed client (``switchboard.client``), with no HTTP of their own: pointed at ``--url`` (or
-``SWITCHBOARD_URL``) with ``--key`` (or ``SWITCHBOARD_KEY``), sent as ``Authorization: Bearer`` on every request and
-on the WebSocket handshake, never in a URL. An API error is printed as one plain line on stderr and the command exits
-non-zero.
+``SWITCHBOARD_URL``) with ``--key`` (or ``SWITCHBOARD_KEY``), before or after the command, sent as
+``Authorization: Bearer`` on every request and on the WebSocket handshake, never in a URL. An API error is printed as
+one plain line on stderr (a missing or refused key as how to give one) and the command exits non-zero.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -22,24 +21,17 @@ from ..client import (
     AsyncClient,
     BadRequest,
     Client,
-    Forbidden,
     NotFound,
     Resume,
     SwitchboardError,
     ToolCall,
     ToolStatus,
-    Unauthorized,
     Unavailable,
 )
+from .common import global_options, refusal, target
 from .output import Style, age, choose_style, event_line, format_arguments, printable, short, table
 
-DEFAULT_URL = "http://127.0.0.1:8080"
 TIMEOUT_S = 15.0
-STREAM_REFUSALS: dict[type[SwitchboardError], str] = {
-    BadRequest: "the event stream rejected the request",
-    Unauthorized: "the service needs a valid API key (--key or SWITCHBOARD_KEY)",
-    Forbidden: "this API key may not read this session's events",
-}
 
 
 class ClientError(Exception):
@@ -55,13 +47,8 @@ def _one_line(err: SwitchboardError) -> str:
 # -- commands ------------------------------------------------------------------------------------------------------
 
 
-def _target(args: argparse.Namespace) -> tuple[str, str | None]:
-    url = args.url or os.environ.get("SWITCHBOARD_URL") or DEFAULT_URL
-    return url, args.key or os.environ.get("SWITCHBOARD_KEY") or None
-
-
 def _client(args: argparse.Namespace) -> Client:
-    url, key = _target(args)
+    url, key = target(args)
     return Client(url, api_key=key, timeout_s=TIMEOUT_S)
 
 
@@ -157,7 +144,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
-    url, key = _target(args)
+    url, key = target(args)
 
     async def run() -> int:
         async with AsyncClient(url, api_key=key, timeout_s=TIMEOUT_S, reconnect_for_s=args.retry_for) as client:
@@ -213,8 +200,8 @@ async def tail(
                 out.flush()
     except NotFound:
         raise ClientError(f"No session {sid!r}.") from None
-    except (BadRequest, Unauthorized, Forbidden) as err:
-        raise ClientError(STREAM_REFUSALS[type(err)]) from None
+    except BadRequest:
+        raise ClientError("the event stream rejected the request") from None
     except Unavailable as err:
         if err.code != "stream_lost":
             raise
@@ -235,7 +222,7 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
             print(f"switchboard: {err}", file=sys.stderr)
             return 1
         except SwitchboardError as err:
-            print(f"switchboard: {_one_line(err)}", file=sys.stderr)
+            print(f"switchboard: {refusal(err, args) or _one_line(err)}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             return 130
@@ -245,13 +232,10 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
 
 def add_client_commands(sub: Any) -> None:
     """Register the operator commands on the ``switchboard`` parser's subcommands."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", help=f"service URL (default: $SWITCHBOARD_URL or {DEFAULT_URL})")
-    common.add_argument("--key", help="API key (default: $SWITCHBOARD_KEY)")
+    common = global_options()
 
     p = sub.add_parser("sessions", parents=[common], help="list live sessions")
     p.add_argument("--all", action="store_true", help="include closed sessions")
-    p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(func=_guarded(cmd_sessions))
 
     p = sub.add_parser("tail", parents=[common], help="follow a session's events live")
@@ -279,7 +263,6 @@ def add_client_commands(sub: Any) -> None:
     p = sub.add_parser("tools", parents=[common], help="running tool calls (of every session, or of one)")
     p.add_argument("sid", nargs="?")
     p.add_argument("--all", action="store_true", help="with a session: every call, not only running ones")
-    p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(func=_guarded(cmd_tools))
 
     p = sub.add_parser("cancel", parents=[common], help="cancel a running, cancellable tool call")

@@ -127,9 +127,8 @@ def terminal_output() -> Iterator[None]:
     sys.stdout, sys.stderr = TerminalStream(saved[0]), TerminalStream(saved[1])
     try:
         yield
-    finally:
         sys.stdout.flush()
-        sys.stderr.flush()
+    finally:
         sys.stdout, sys.stderr = saved
 
 

@@ -1,27 +1,25 @@
 """``switchboard create|say|chat|close|agents|attention``: session life cycle and discovery, on the typed client.
 
-Same options as the other operator commands (``--url``/``SWITCHBOARD_URL``, ``--key``/``SWITCHBOARD_KEY``); an API
-error is one plain line on stderr and a non-zero exit.
+Same options as the other operator commands (``--url``/``SWITCHBOARD_URL``, ``--key``/``SWITCHBOARD_KEY``, before or
+after the command); an API error is one plain line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from ..client import Client, SwitchboardError
+from .common import global_options, refusal, target
 from .output import CHAT_ITEM_FORMATTERS, age, choose_style, other_item, short, table
-
-DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 def _client(args: argparse.Namespace) -> Client:
-    url = args.url or os.environ.get("SWITCHBOARD_URL") or DEFAULT_URL
-    return Client(url, api_key=args.key or os.environ.get("SWITCHBOARD_KEY") or None)
+    url, key = target(args)
+    return Client(url, api_key=key)
 
 
 def _json_object(text: str | None, what: str) -> dict[str, Any] | None:
@@ -123,8 +121,10 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
         try:
             return func(args)
         except SwitchboardError as err:
-            print(f"switchboard: {err.detail or err}", file=sys.stderr)
+            print(f"switchboard: {refusal(err, args) or err.detail or err}", file=sys.stderr)
             return 1
+        except BrokenPipeError:
+            raise  # stdout's reader went away: main() ends quietly
         except (ValueError, OSError) as err:
             print(f"switchboard: {err}", file=sys.stderr)
             return 2
@@ -133,9 +133,7 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
 
 
 def add_session_commands(sub: Any) -> None:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", help=f"service URL (default: $SWITCHBOARD_URL or {DEFAULT_URL})")
-    common.add_argument("--key", help="API key (default: $SWITCHBOARD_KEY)")
+    common = global_options()
 
     p = sub.add_parser("create", parents=[common], help="create a session")
     p.add_argument("agent")
@@ -155,7 +153,6 @@ def add_session_commands(sub: Any) -> None:
 
     p = sub.add_parser("chat", parents=[common], help="the conversation as the model sees it")
     p.add_argument("sid")
-    p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(func=_guarded(cmd_chat))
 
     p = sub.add_parser("close", parents=[common], help="close a session")
@@ -163,10 +160,8 @@ def add_session_commands(sub: Any) -> None:
     p.set_defaults(func=_guarded(cmd_close))
 
     p = sub.add_parser("agents", parents=[common], help="the agents the service runs, their tools and models")
-    p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(func=_guarded(cmd_agents))
 
     p = sub.add_parser("attention", parents=[common], help="sessions that need an operator, and why")
     p.add_argument("--agent", help="only sessions of this agent")
-    p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(func=_guarded(cmd_attention))
