@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from switchboard.api.app import create_app
 from switchboard.api.auth import issue_token
+from switchboard.api.request_metrics import SLOW_REQUEST_S, access_level
 from switchboard.api.streams import events as event_routes
 from switchboard.control import logs
 from switchboard.control.settings import ALL_SCOPES, ApiKey
@@ -214,6 +215,9 @@ async def test_websocket_connections_and_dropped_slow_consumers(api: Api):
             await ws.disconnect()
     m = await scrape(api)
     assert sample(m, "switchboard_ws_connections") == 0 and sample(m, "switchboard_event_subscribers") == 0
+    # every connection accepted, counted by its route template
+    assert sample(m, "switchboard_websocket_connections_total", route="/v1/sessions/{sid}/events") == 2
+    assert sample(m, "switchboard_websocket_connections_total", route="/v1/events") == 1
 
 
 async def test_a_stalled_send_is_a_slow_consumer_too(api: Api, monkeypatch: pytest.MonkeyPatch):
@@ -407,3 +411,56 @@ async def test_logs_never_hold_an_api_key_or_token(
         text = f"{record.getMessage()} {record.__dict__!r}"
         for secret in secrets:
             assert secret not in text, f"{record.name}: {record.getMessage()}"
+
+
+async def test_metrics_have_no_created_series(api: Api):
+    sid = await create(api, [])
+    await api.client.post(f"/v1/sessions/{sid}/say", json={"text": "Hello."})
+    text = (await api.client.get("/metrics")).text
+    assert "switchboard_http_requests_total" in text and "switchboard_speeches_total" in text
+    assert [line for line in text.splitlines() if "_created" in line] == []
+
+
+async def test_requests_are_counted_and_timed_by_their_route_template(api: Api):
+    sid = await create(api, [])
+    assert (await api.client.get(f"/v1/sessions/{sid}")).status_code == 200
+    assert (await api.client.get("/v1/sessions/no-such-session")).status_code == 404
+    assert (await api.client.get(f"/no/such/{sid}")).status_code == 404
+    assert (await api.client.request("BREW", f"/v1/sessions/{sid}")).status_code == 405
+    assert (await api.client.get("/console/")).status_code == 200
+    m = await scrape(api)
+    session = "/v1/sessions/{sid}"
+    assert sample(m, "switchboard_http_requests_total", method="POST", route="/v1/sessions", status="201") == 1
+    assert sample(m, "switchboard_http_requests_total", method="GET", route=session, status="200") == 1
+    assert sample(m, "switchboard_http_requests_total", method="GET", route=session, status="404") == 1
+    assert sample(m, "switchboard_http_requests_total", method="GET", route="unmatched", status="404") == 1
+    assert sample(m, "switchboard_http_requests_total", method="other", route=session, status="405") == 1
+    assert sample(m, "switchboard_http_requests_total", method="GET", route="/console/{path:path}", status="200") == 1
+    timed = {"method": "GET", "route": session, "status": "2xx"}
+    assert sample(m, "switchboard_http_request_duration_seconds_count", **timed) == 1
+    assert sample(m, "switchboard_http_request_duration_seconds_bucket", le="+Inf", **timed) == 1
+    assert sample(m, "switchboard_http_request_duration_seconds_sum", **timed) > 0
+    assert not [key for key in m if any(sid in value for _, value in key[1])]  # never a raw path
+
+
+async def test_a_poll_is_logged_at_debug_a_write_or_an_error_at_info(api: Api, caplog: pytest.LogCaptureFixture):
+    caplog.set_level(logging.DEBUG, logger="switchboard.access")
+    sid = await create(api, [])
+    await api.client.get("/v1/sessions")  # what the console polls
+    await api.client.get(f"/v1/sessions/{sid}/tool-calls")
+    await api.client.get("/v1/sessions/no-such-session")
+    levels = {r.getMessage().split('"')[1]: r.levelname for r in caplog.records if r.name == "switchboard.access"}
+    assert levels == {
+        "POST /v1/sessions HTTP/1.1": "INFO",
+        "GET /v1/sessions HTTP/1.1": "DEBUG",
+        f"GET /v1/sessions/{sid}/tool-calls HTTP/1.1": "DEBUG",
+        "GET /v1/sessions/no-such-session HTTP/1.1": "INFO",
+    }
+
+
+def test_a_slow_read_is_logged_at_info():
+    assert access_level("GET", 200, 0.2) == logging.DEBUG
+    assert access_level("GET", 304, 0.2) == logging.DEBUG
+    assert access_level("GET", 200, SLOW_REQUEST_S) == logging.INFO
+    assert access_level("GET", 503, 0.01) == logging.INFO
+    assert access_level("DELETE", 204, 0.01) == logging.INFO

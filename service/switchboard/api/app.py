@@ -47,6 +47,7 @@ from .limits import BodyLimit, RequestDeadline
 from .media import routes as media_routes
 from .media.budget import TranscriptBudget
 from .rate_limit import RateLimiter, SharedRateLimits
+from .request_metrics import RequestMetrics
 from .sessions import export as session_export
 from .sessions import routes as session_routes
 from .sessions.export_budget import ExportBudget
@@ -355,4 +356,6 @@ def create_app(
     app.add_middleware(SecurityHeaders)
     if traces is not None:  # outside all: a refused command is a span too
         app.add_middleware(CommandSpans, tracer=traces.tracer)
+    # outermost: every answer counted, timed and logged, a refusal by any middleware too
+    app.add_middleware(RequestMetrics, metrics=metrics, router=app.router)
     return app

@@ -121,6 +121,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_config=None,
+        access_log=False,  # written by the app (api.request_metrics), with the time taken and a level by kind
         # uvicorn's own pick (httptools, else h11), with a header deadline and connection caps (api/connections.py)
         http=gated_http_protocol(app.state.connection_gate),
         ws=EventStreamProtocol,  # event frames encoded once for every subscriber

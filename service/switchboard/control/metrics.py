@@ -1,4 +1,8 @@
-"""Prometheus metrics, on a registry of the app's own (several apps can live in one test process)."""
+"""Prometheus metrics, on a registry of the app's own (several apps can live in one test process).
+
+No ``*_created`` series: the time each counter and histogram (and each of their label sets) was created is a third of
+the exposition and tells nothing a restart's ``process_start_time_seconds`` does not. Turned off for the process as
+this module is imported, so in every process that builds the app (each node of a cluster is one)."""
 
 from __future__ import annotations
 
@@ -6,7 +10,14 @@ import asyncio
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -14,6 +25,9 @@ from ..runtime.events import Event
 from .cluster.fanout import REJECT_REASONS
 
 CONNECTION_CLOSE_REASONS = ("header_timeout", "per_client", "pending_full")  # api.connections
+HTTP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 if TYPE_CHECKING:
     from .cluster.fanout import RedisFanout
@@ -231,6 +245,33 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
             registry=r,
         )
+
+        self.http_requests = Counter(
+            "switchboard_http_requests",
+            "HTTP requests answered, by method, route template (unmatched: no route) and status code",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.http_duration = Histogram(
+            "switchboard_http_request_duration_seconds",
+            "HTTP requests: from arrival to the start of the response, by method, route template and status class",
+            ["method", "route", "status"],
+            buckets=HTTP_BUCKETS_S,
+            registry=r,
+        )
+        self.websockets = Counter(
+            "switchboard_websocket_connections",
+            "WebSocket connections accepted, by route template",
+            ["route"],
+            registry=r,
+        )
+
+    def http_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.http_requests.labels(method, route, str(status)).inc()
+        self.http_duration.labels(method, route, f"{status // 100}xx").observe(seconds)
+
+    def websocket_accepted(self, route: str) -> None:
+        self.websockets.labels(route).inc()
 
     def bind_connections(self, pending: Callable[[], int]) -> None:
         """The connection gate (``api.connections``): its closes are counted with ``connection_closed``."""
