@@ -81,6 +81,13 @@ def test_each_node_reports_its_sessions_forwards_adoptions_fencing_and_lease(nod
     assert on_b_metrics['switchboard_node_forwards_total{outcome="answered"}'] == 2
     assert on_b_metrics["switchboard_node_forward_seconds_count"] == 2
     assert 'switchboard_node_forwards_total{outcome="answered"}' not in on_a_metrics  # a ran them itself
+    # counted by the node that answered the client, by its route template
+    assert (
+        on_b_metrics['switchboard_http_requests_total{method="POST",route="/v1/sessions/{sid}/input",status="202"}']
+        == 2
+    )
+    # no `*_created` series, on any node
+    assert not [name for name in (*on_a_metrics, *on_b_metrics) if name.split("{")[0].endswith("_created")]
     for node_metrics in (on_a_metrics, on_b_metrics):
         assert node_metrics["switchboard_node_fencing_refusals_total"] == 0
         assert node_metrics["switchboard_node_adoptions_total"] == 0
