@@ -144,9 +144,9 @@ def clean_checkout(target: Path) -> None:
     )
     for name in filter(None, listed.stdout.decode().split("\0")):
         source = ROOT / name
-        if source.is_file():
+        if source.is_symlink() or source.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
+            shutil.copy2(source, target / name, follow_symlinks=False)  # a link stays a link, as git keeps it
 
 
 def test_the_readme_first_screen_as_written(tmp_path: Path) -> None:

@@ -18,17 +18,21 @@ from .engine import make_engine, sibling_engine
 MIGRATIONS_DIR_ENV = "SWITCHBOARD_MIGRATIONS_DIR"
 
 
+class MigrationsNotFound(Exception):
+    """No migrations where they were looked for: an install without them, not a database that is unavailable (an
+    ``OSError`` would be taken for one and waited on)."""
+
+
 def script_location() -> Path:
-    """The ``migrations/`` folder: ``$SWITCHBOARD_MIGRATIONS_DIR``, else the one at the top of the repository this
-    package lives in (an editable install or a checkout)."""
+    """The ``migrations/`` folder: ``$SWITCHBOARD_MIGRATIONS_DIR``, else the copy an installed package carries
+    (``store/alembic``, a link to the repository's ``migrations/`` in a checkout)."""
     override = os.environ.get(MIGRATIONS_DIR_ENV)
     candidates = [Path(override)] if override else []
-    # service/switchboard/store/migrate.py -> the repository root is three folders above this package folder.
-    candidates.append(Path(__file__).resolve().parents[3] / "migrations")
+    candidates.append(Path(__file__).parent / "alembic")
     for path in candidates:
         if (path / "env.py").is_file():
             return path
-    raise FileNotFoundError(
+    raise MigrationsNotFound(
         f"Alembic migrations not found (looked in {', '.join(map(str, candidates))}); set {MIGRATIONS_DIR_ENV}"
     )
 
