@@ -1,7 +1,7 @@
 """A real webhook backend for tests: a Starlette app served by uvicorn on a loopback port, in the test's loop.
 
-It checks every request's signature with ``switchboard.integrations.webhooks.verify_signature`` (a bad one gets
-401 and is counted), records deliveries and cancel notices, and answers each tool with scripted responses.
+It checks every request's signature (by default with ``switchboard.integrations.webhooks.verify_signature``; a bad one
+gets 401 and is counted), records deliveries and cancel notices, and answers each tool with scripted responses.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import uvicorn
@@ -18,18 +19,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from switchboard.integrations.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
+from switchboard.integrations.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER
+from switchboard.integrations.webhooks import verify_signature
 from tests.waiting import WAIT_S
 
 Answer = tuple[int, Any]  # (status, JSON body or None)
+#: whether a request is signed: (raw body, headers) -> ok
+Check = Callable[[bytes, Mapping[str, str]], bool]
 
 
 class FakeBackend:
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, check: Check | None = None) -> None:
         self.secret = secret
+        self.check = check or self._switchboard_signed
         self.calls: list[dict[str, Any]] = []
         self.call_headers: list[dict[str, str]] = []  # the headers of each call in ``calls``
+        self.attempt_headers: list[dict[str, str]] = []  # the headers of every signed delivery, whatever its answer
         self.cancels: list[dict[str, Any]] = []
+        self.cancel_headers: list[dict[str, str]] = []  # the headers of each notice in ``cancels``
         self.bad_signatures = 0
         self.attempts: dict[str, int] = defaultdict(int)
         self.answers: dict[str, list[Answer]] = {}  # tool -> answers in order; the last one repeats
@@ -70,12 +77,12 @@ class FakeBackend:
         assert got == kind, (got, payload)
         return payload
 
+    def _switchboard_signed(self, body: bytes, headers: Mapping[str, str]) -> bool:
+        return verify_signature(self.secret, headers.get(TIMESTAMP_HEADER), body, headers.get(SIGNATURE_HEADER))
+
     async def _verified(self, request: Request) -> dict[str, Any] | None:
         body = await request.body()
-        ok = verify_signature(
-            self.secret, request.headers.get(TIMESTAMP_HEADER), body, request.headers.get(SIGNATURE_HEADER)
-        )
-        if not ok:
+        if not self.check(body, request.headers):
             self.bad_signatures += 1
             return None
         return dict(json.loads(body))
@@ -86,6 +93,7 @@ class FakeBackend:
             return JSONResponse({"detail": "bad signature"}, status_code=401)
         name = request.path_params["name"]
         self.attempts[name] += 1
+        self.attempt_headers.append(dict(request.headers))
         script = self.answers.get(name) or [(200, {"output": f"{name} done"})]
         status, body = script.pop(0) if len(script) > 1 else script[0]
         if status < 300:
@@ -101,5 +109,6 @@ class FakeBackend:
         if payload is None:
             return JSONResponse({"detail": "bad signature"}, status_code=401)
         self.cancels.append(payload)
+        self.cancel_headers.append(dict(request.headers))
         await self.received.put(("cancel", payload))
         return Response(status_code=204)

@@ -19,7 +19,8 @@ from pydantic import ValidationError
 from switchboard.api.app import create_app
 from switchboard.control.logs import redact
 from switchboard.control.settings import ALL_SCOPES, ApiKey, Settings
-from switchboard.integrations.webhooks import sign, verify_signature
+from switchboard.integrations.signing import sign
+from switchboard.integrations.webhooks import verify_signature
 from switchboard.runtime.agent import AgentRegistry
 
 from .conftest import Api, make_settings

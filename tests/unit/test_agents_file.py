@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from pathlib import Path
@@ -16,7 +17,8 @@ from switchboard.cli.main import main
 from switchboard.control.settings import Settings
 from switchboard.integrations.agents_file import AgentsFileError, load_agents_file, read_agents_file
 from switchboard.integrations.demo import AGENTS as DEMO_AGENTS
-from switchboard.integrations.webhooks import Webhooks, WebhookTool, sign, signed_headers, verify_signature
+from switchboard.integrations.signing import sign, signed_headers
+from switchboard.integrations.webhooks import Webhooks, WebhookTool, verify_signature
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.tools import CONFIRM_FIELD, ToolPolicy, format_validation_error
 
@@ -339,7 +341,7 @@ def test_additional_properties_and_the_schema_shown_to_the_model(tmp_path: Path)
 def test_signatures_verify_and_reject_tampering_and_replays():
     body = b'{"call_id":"c1","session_id":"s1","tool":"t","arguments":{}}'
     now = time.time()
-    headers = signed_headers("k", body, now=now)
+    headers = signed_headers("k", body, message_id="msg_1", signature="switchboard", now=now)
     ts, sig = headers["X-Switchboard-Timestamp"], headers["X-Switchboard-Signature"]
     assert sig.startswith("v1=") and len(sig) == 3 + 64
     assert verify_signature("k", ts, body, sig)
@@ -366,6 +368,47 @@ def test_a_webhook_secret_of_32_characters_is_enough(tmp_path: Path):
     assert isinstance(found, WebhookTool) and found.endpoint.secret == secret
     text = load_error(tmp_path, agents, env={"EXACT": secret[1:]})
     assert "of 31 characters" in text and secret[1:] not in text  # the error never shows the secret
+
+
+STANDARD_KEY = base64.b64encode(bytes(range(32))).decode()  # 32 bytes: 43 characters and one "="
+
+
+@pytest.mark.parametrize("secret", [f"whsec_{STANDARD_KEY}", f"whsec_{STANDARD_KEY.rstrip('=')}", "whsec_" + "A" * 32])
+def test_a_whsec_secret_of_24_bytes_or_more_is_a_standard_webhooks_one(tmp_path: Path, secret: str):
+    """Its padding is optional, as the Standard Webhooks libraries read it; ``signature`` is as the file says (None:
+    the default for the secret, Standard Webhooks alone)."""
+    for signature in (None, "both", "switchboard"):
+        agents = [{"name": "a", "instructions": "x", "tools": [tool(secret_env="STD", signature=signature)]}]
+        agent = load_agents_file(write(tmp_path, agents), Webhooks(), environ={"STD": secret}).factories["a"]()
+        found = agent.tools["search"]
+        assert isinstance(found, WebhookTool)
+        assert (found.endpoint.secret, found.endpoint.signature) == (secret, signature)
+    refused = [{"name": "a", "instructions": "x", "tools": [tool(secret_env="STD", signature="hmac")]}]
+    text = load_error(tmp_path, refused, env={"STD": secret})
+    assert "agents[0].tools[0].signature: Input should be 'standard', 'switchboard' or 'both'" in text
+
+
+@pytest.mark.parametrize(
+    ("secret", "problem"),
+    [
+        ("whsec_not/quite+base64!" + "A" * 20, "holds a whsec_ secret that is not valid base64 after its prefix"),
+        ("whsec_" + "A" * 33, "holds a whsec_ secret that is not valid base64 after its prefix"),  # 4k+1 characters
+        ("whsec_" + base64.b64encode(b"k" * 23).decode(), "holds a whsec_ secret of 23 bytes; at least 24 are needed"),
+        ("whsec_", "holds a whsec_ secret of 0 bytes; at least 24 are needed"),
+    ],
+)
+def test_a_malformed_whsec_secret_stops_startup_naming_the_variable_never_the_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, secret: str, problem: str
+):
+    monkeypatch.setenv("STD_WEBHOOK_SECRET", secret)
+    path = write(tmp_path, [{"name": "a", "instructions": "x", "tools": [tool(secret_env="STD_WEBHOOK_SECRET")]}])
+    with pytest.raises(AgentsFileError) as err:  # the CLI prints it and exits 2 (above)
+        create_app(Settings(agents_file=path, database_url=f"sqlite+aiosqlite:///{tmp_path}/x.db"))
+    text = str(err.value)
+    assert f"agents[0].tools[0].secret_env: environment variable STD_WEBHOOK_SECRET {problem}" in text, text
+    assert "make one with: python -c" in text
+    key = secret.removeprefix("whsec_")
+    assert not key or key[:8] not in text  # the error never shows the secret
 
 
 FORMATTED = {

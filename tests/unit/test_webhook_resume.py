@@ -46,6 +46,7 @@ class Backend:
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
+        self.call_headers: list[httpx.Headers] = []  # the headers of each delivery in ``calls``
         self.cancels: list[dict[str, Any]] = []
 
     def _handle(self, request: httpx.Request) -> httpx.Response:
@@ -54,6 +55,7 @@ class Backend:
             self.cancels.append(body)
             return httpx.Response(200)
         self.calls.append(body)
+        self.call_headers.append(request.headers)
         return httpx.Response(202)
 
     def webhooks(self) -> Webhooks:
@@ -357,6 +359,8 @@ async def test_an_explicit_policy_is_kept_fail_ends_the_call_and_retry_delivers_
         await nxt.waiting()
         await backend.delivered(2)
         assert len(backend.calls) == 2  # the call's work is asked for again: a second effect, as declared
+        # ... as the same message: one webhook-id, which a backend can dedupe on if it would rather not
+        assert [h["webhook-id"] for h in backend.call_headers] == ["msg_c1", "msg_c1"]
         await nxt.result("shipped")
     finally:
         await nxt.aclose()

@@ -48,6 +48,7 @@ from ..runtime.llm import MissingCredential, build_llm
 from ..runtime.tools import CONFIRM_FIELD, OnRestart, ToolPolicy
 from .model_profiles import SESSION_TUNABLE
 from .schema_model import SchemaError, object_model
+from .signing import STANDARD_SECRET_PREFIX, Signature, signing_key
 from .webhooks import WebhookEndpoint, Webhooks, WebhookTool, default_cancel_url
 
 logger = logging.getLogger("switchboard.integrations.agents_file")
@@ -56,8 +57,9 @@ AGENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # what model providers accept as a function name
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_TIMEOUT_S = 24 * 3600.0
-# a webhook secret keys the HMAC-SHA256 of every call (webhooks.sign): a short one can be guessed offline from one
-# signed delivery, so it needs as many characters as a 32-byte random key has (secrets.token_urlsafe(32): 43)
+# a webhook secret keys the HMAC-SHA256 of every call (signing.sign): a short one can be guessed offline from one
+# signed delivery, so it needs as many characters as a 32-byte random key has (secrets.token_urlsafe(32): 43); a
+# whsec_ secret needs the key length Standard Webhooks asks for instead (signing.signing_key)
 MIN_SECRET_CHARS = 32
 
 
@@ -82,6 +84,8 @@ class WebhookToolSpec(ToolPolicy):
     cancel_url: HttpUrl | None = None
     timeout_s: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT_S)
     secret_env: str = Field(pattern=ENV_NAME_PATTERN)
+    # None: Standard Webhooks alone for a whsec_ secret, both schemes for any other (signing.default_signature)
+    signature: Signature | None = None
 
     @property
     def policy(self) -> ToolPolicy:
@@ -114,7 +118,11 @@ class WebhookToolSpec(ToolPolicy):
         secret = environ.get(value)
         if not secret:
             raise ValueError(f"environment variable {value} is not set (it holds the webhook signing secret)")
-        if len(secret) < MIN_SECRET_CHARS:
+        try:
+            signing_key(secret)
+        except ValueError as err:
+            raise ValueError(f"environment variable {value} holds {err}") from None
+        if not secret.startswith(STANDARD_SECRET_PREFIX) and len(secret) < MIN_SECRET_CHARS:
             raise ValueError(
                 f"environment variable {value} holds a webhook signing secret of {len(secret)} characters; at least "
                 f"{MIN_SECRET_CHARS} are needed (make one with: "
@@ -278,6 +286,7 @@ def webhook_tool(spec: WebhookToolSpec, webhooks: Webhooks, secret: str) -> Webh
         cancel_url=str(spec.cancel_url) if spec.cancel_url else default_cancel_url(url),
         timeout_s=spec.timeout_s,
         secret=secret,
+        signature=spec.signature,
     )
     return WebhookTool(
         name=spec.name,

@@ -1,14 +1,15 @@
 """Webhook tools: a declared tool whose calls are POSTed, signed, to a backend that answers at once or reports later.
 
-Delivery: ``POST url`` with ``{call_id, session_id, tool, arguments, report_token}`` and the headers
-``X-Switchboard-Timestamp`` (Unix seconds) and ``X-Switchboard-Signature: v1=<hex HMAC-SHA256 of "<timestamp>.<raw
-body>">``. The backend answers ``200 {"output": str, "is_error"?: bool}`` (the result), or ``202`` and later reports
-progress and the result through the API (``WebhookBroker`` routes those reports to the waiting call), sending the
-call's ``report_token`` in the ``X-Switchboard-Report-Token`` header: a report credential that names one call, so a
-backend can report on its own calls and on no one else's (``ReportCredentials``). Connection failures and 5xx
-are retried with backoff until the call's ``timeout_s``; any other status ends the call with an ``is_error`` output.
-Deliveries are at least once: a backend dedupes on ``call_id``. Cancellation is cooperative, as for Python tools:
-the call ends ``cancelled`` at once and the backend is told by a signed POST to ``cancel_url`` in the background.
+Delivery: ``POST url`` with ``{call_id, session_id, tool, arguments, report_token}``, signed per Standard Webhooks,
+the service's earlier scheme, or both (``signing``). The backend answers ``200 {"output": str, "is_error"?: bool}``
+(the result), or ``202`` and later reports progress and the result through the API (``WebhookBroker`` routes those
+reports to the waiting call), sending the call's ``report_token`` in the ``X-Switchboard-Report-Token`` header: a
+report credential that names one call, so a backend can report on its own calls and on no one else's
+(``ReportCredentials``). Connection failures and 5xx are retried with backoff until the call's ``timeout_s``; any
+other status ends the call with an ``is_error`` output. Deliveries are at least once: a backend dedupes on
+``call_id``, or on ``webhook-id`` (``message_id``: the same on every attempt and re-delivery of one message).
+Cancellation is cooperative, as for Python tools: the call ends ``cancelled`` at once and the backend is told by a
+signed POST to ``cancel_url`` in the background.
 
 A call whose session stops where it runs while the backend works (a crash, a restart, a move to another node) goes
 on where the session runs next (``on_restart="resume"``, the default of webhook tools): it is not delivered again,
@@ -26,7 +27,6 @@ import json
 import logging
 import random
 import secrets
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,15 +51,13 @@ from ..runtime.tools import (
     ToolPolicy,
 )
 from .schema_model import dump, object_model
+from .signing import Signature, signed_headers, signing_key
+from .signing import verify_signature as verify_signature  # for backends, where it always was
 
 logger = logging.getLogger("switchboard.integrations.webhooks")
 
-TIMESTAMP_HEADER = "X-Switchboard-Timestamp"
-SIGNATURE_HEADER = "X-Switchboard-Signature"
-SIGNATURE_VERSION = "v1"
 REPORT_TOKEN_HEADER = "X-Switchboard-Report-Token"
 REPORT_TOKEN_PREFIX = "sbr_"
-REPLAY_WINDOW_S = 300.0  # backends reject a timestamp further than this from their clock
 RETRY_BASE_S = 0.1
 RETRY_MAX_S = 2.0
 CONNECT_TIMEOUT_S = 5.0
@@ -74,55 +72,7 @@ MAX_RESPONSE_BYTES = 1024 * 1024
 RESUMING_POLICY = ToolPolicy(on_restart="resume")
 
 
-# -- signatures ---------------------------------------------------------------------------------------------------
-
-
-def sign(secret: str, timestamp: str | int, body: bytes) -> str:
-    """The signature header value for ``body`` sent at ``timestamp``: ``v1=<hex HMAC-SHA256>``."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"{SIGNATURE_VERSION}={mac}"
-
-
-def signed_headers(secret: str, body: bytes, *, now: float | None = None) -> dict[str, str]:
-    timestamp = str(int(time.time() if now is None else now))
-    return {
-        "content-type": "application/json",
-        TIMESTAMP_HEADER: timestamp,
-        SIGNATURE_HEADER: sign(secret, timestamp, body),
-    }
-
-
-def verify_signature(
-    secret: str,
-    timestamp: str | int | None,
-    body: bytes | str,
-    signature: str | None,
-    now: float | None = None,
-    window_s: float = REPLAY_WINDOW_S,
-) -> bool:
-    """Check a delivery's signature, for backends. Pass the raw body bytes and the two headers as received.
-
-    False when the signature does not match, or the timestamp is more than ``window_s`` from ``now`` (a replay).
-    ``signature`` may hold several comma-separated values (a backend rotating secrets accepts any that matches).
-
-    >>> ok = verify_signature(secret, request.headers["X-Switchboard-Timestamp"], await request.body(),
-    ...                       request.headers["X-Switchboard-Signature"])
-    """
-    if timestamp is None or not signature:
-        return False
-    try:
-        sent_at = int(timestamp)
-    except (TypeError, ValueError):
-        return False
-    if abs((time.time() if now is None else now) - sent_at) > window_s:
-        return False
-    try:
-        raw = body.encode() if isinstance(body, str) else body
-        expected = sign(secret, timestamp, raw)
-    except UnicodeEncodeError:  # a lone surrogate: not text any sender could have signed
-        return False
-    # compare_digest raises on a str holding anything but ASCII; no such value can be one of our hex signatures
-    return any(part.isascii() and hmac.compare_digest(expected, part.strip()) for part in signature.split(","))
+# -- report credentials -------------------------------------------------------------------------------------------
 
 
 class ReportCredentials:
@@ -299,6 +249,22 @@ class WebhookEndpoint:
     cancel_url: str
     timeout_s: float
     secret: str = field(repr=False)
+    #: the signatures its requests carry; None: the default for its secret (``signing.default_signature``)
+    signature: Signature | None = None
+
+    def __post_init__(self) -> None:
+        signing_key(self.secret)  # a malformed whsec_ secret is refused here, never at a delivery
+
+    def headers(self, body: bytes, msg_id: str) -> dict[str, str]:
+        """The headers of one attempt to send ``body``, message ``msg_id``: signed as ``signature`` says."""
+        return signed_headers(self.secret, body, message_id=msg_id, signature=self.signature)
+
+
+def message_id(call_id: str, notice: str | None = None) -> str:
+    """The ``webhook-id`` of a call's delivery, or of a ``notice`` about the call: the same on every attempt and every
+    re-delivery of that message, so a backend dedupes on it; unique across sessions, as call ids are (the service
+    names every call itself: ``call_<hex>``, never holding the ``.`` that the signed content separates with)."""
+    return f"msg_{call_id}" if notice is None else f"msg_{call_id}_{notice}"
 
 
 def default_cancel_url(url: str) -> str:
@@ -330,8 +296,10 @@ class Webhooks:
         #: (session id, call id) -> headers naming the call's trace (W3C ``traceparent``), set when tracing is on
         self.trace_headers: Callable[[str, str], dict[str, str]] | None = None
 
-    def _headers(self, secret: str, body: bytes, pending: PendingCall) -> dict[str, str]:
-        headers = signed_headers(secret, body)
+    def _headers(
+        self, endpoint: WebhookEndpoint, body: bytes, pending: PendingCall, notice: str | None = None
+    ) -> dict[str, str]:
+        headers = endpoint.headers(body, message_id(pending.call_id, notice))
         if self.trace_headers is not None:
             headers.update(self.trace_headers(pending.session_id, pending.call_id))
         return headers
@@ -358,7 +326,7 @@ class Webhooks:
 
         while True:
             request = self.client.build_request(
-                "POST", endpoint.url, content=body, headers=self._headers(endpoint.secret, body, pending)
+                "POST", endpoint.url, content=body, headers=self._headers(endpoint, body, pending)
             )
             request.extensions["trace"] = trace
             try:
@@ -433,7 +401,7 @@ class Webhooks:
                 response = await self.client.post(
                     endpoint.cancel_url,
                     content=body,
-                    headers=self._headers(endpoint.secret, body, pending),
+                    headers=self._headers(endpoint, body, pending, "cancel"),
                     timeout=CANCEL_TIMEOUT_S,
                 )
             except httpx.TransportError as err:
