@@ -23,52 +23,25 @@ from switchboard.integrations.mcp_tools import MCPServer, MCPServerHTTP, MCPServ
 from switchboard.integrations.webhooks import Webhooks
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.llm.scripted import Turn
+from switchboard.runtime.options import SessionOptions
+from switchboard.runtime.playout import SimulatedPlayout
+from switchboard.runtime.ports import Reported
+from switchboard.runtime.recovery import recover
+from switchboard.runtime.session import AgentSession
 from switchboard.runtime.tools import ToolStatus
+from tests.mcp_support import SERVER_SCRIPT, ServerLog, running_http_server
 from tests.ports import free_port
-from tests.waiting import until, wait_until
+from tests.waiting import until
 
-from .harness import Harness
+from .harness import WPS, Harness
 
-SERVER_SCRIPT = str(Path(__file__).resolve().parents[1] / "mcp_server.py")
 pytestmark = pytest.mark.timeout(120)
-
-
-class ServerLog:
-    """What the test server wrote: one line per call, cancellation and exit."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def lines(self) -> list[str]:
-        return self.path.read_text().splitlines() if self.path.exists() else []
-
-    async def shows(self, line: str) -> None:
-        await until(lambda: line in self.lines())
-
-
-def _answers(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[tuple[str, ServerLog, subprocess.Popen[bytes]]]:
-    port = free_port()
-    log = ServerLog(tmp_path / "server.log")
-    proc = subprocess.Popen(
-        [sys.executable, SERVER_SCRIPT, "http", str(port), str(log.path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_until(lambda: _answers(port) or proc.poll() is not None)
-        assert proc.poll() is None, "the test MCP server did not start"
-        yield f"http://127.0.0.1:{port}/mcp", log, proc
-    finally:
-        proc.terminate()
-        proc.wait()
+    with running_http_server(tmp_path) as server:
+        yield server
 
 
 @pytest.fixture
@@ -355,3 +328,59 @@ def test_an_agents_file_with_a_bad_mcp_server_is_refused_naming_the_field(tmp_pa
         read_agents_file(agents_file(tmp_path, [server]), environ={"SET_VAR": "v"})
     assert "shop.mcp_servers[0]" in str(err.value) or "agents[0].mcp_servers[0]" in str(err.value), str(err.value)
     assert problem in str(err.value)
+
+
+# -- restarts -----------------------------------------------------------------------------------------------------
+
+
+async def recovered(first: Harness, agent: Agent) -> Harness:
+    """The session of ``first`` rebuilt from its store alone and recovered, as a new process would."""
+    store, events, sid = first.store, first.events, first.sid
+    h = Harness(agent)
+    h.store, h.events = store, events
+    h.session = AgentSession(
+        session_id=sid,
+        agent=agent,
+        llm=h.llm,
+        playout=SimulatedPlayout(WPS),
+        store=store,
+        events=events,
+        options=SessionOptions(trust_model_call_ids=True, tool_cancel_grace_s=0.2),
+        items=store.chat(sid),
+        last_seq=events.events[sid][-1].seq,
+    )
+    await recover(
+        h.session,
+        tool_calls=list(store.tool_calls[sid].values()),
+        speeches=list(store.speeches[sid].values()),
+        reported=Reported.of(events.events[sid]),
+    )
+    return h
+
+
+@pytest.mark.parametrize("on_restart", ["fail", "retry"])
+async def test_a_call_running_when_its_process_stops_ends_interrupted_or_is_called_again(http_server, on_restart):
+    url, log, _ = http_server
+
+    def agent() -> Agent:  # each process builds its own server object: nothing is listed yet when it recovers
+        policy = {"allow_cancellation": True, "on_restart": on_restart}
+        return Agent(instructions="x", mcp_servers=[MCPServerHTTP(url, policies={"slow": policy})])
+
+    first = Harness(agent(), [call("slow")])
+    await first.session.start()
+    await first.session.input("take your time")
+    await log.shows("called slow")
+    await first.session.suspend(tool_grace=False)  # the process stops: nothing more is written from it
+    h = await recovered(first, agent())
+    try:
+        recovered_ev = h.of_type("session.recovered")[-1].data
+        if on_restart == "fail":
+            assert recovered_ev["interrupted_calls"] == ["c1"]
+            assert h.store.tool_calls[h.sid]["c1"].status is ToolStatus.INTERRUPTED
+        else:
+            assert recovered_ev["retried_calls"] == ["c1"]
+            await until(lambda: log.lines().count("called slow") == 2)
+    finally:
+        await h.session.aclose()
+    assert h.store.tool_calls[h.sid]["c1"].ended
+    h.check_invariants()

@@ -239,7 +239,8 @@ class MCPServer:
                 err = _first_leaf(group)
                 if isinstance(err, ToolError | ToolCancelled):
                     raise err from None
-                if isinstance(err, MCPError) and err.code == mcp_types.REQUEST_TIMEOUT:
+                timed_out = isinstance(err, MCPError) and err.code == mcp_types.REQUEST_TIMEOUT
+                if timed_out or isinstance(err, httpx2.TimeoutException):
                     raise ToolError(f"{self._whose()}: no answer within {timeout_s:g} s.") from None
                 if not scope.cancel_called:
                     raise ToolError(f"{self._whose()}: {what} ({_describe(err)}).") from None
@@ -267,7 +268,8 @@ class MCPServerHTTP(MCPServer):
     async def connect(self, budget: _ByteBudget, timeout_s: float) -> AsyncIterator[Any]:
         client = httpx2.AsyncClient(
             headers={"user-agent": f"switchboard/{__version__}", **self.headers},
-            timeout=httpx2.Timeout(timeout_s, connect=min(timeout_s, CONNECT_TIMEOUT_S)),
+            # the request's own timeout (which cancels it at the server) comes first; these bound the rest
+            timeout=httpx2.Timeout(timeout_s + CLOSE_GRACE_S, connect=min(timeout_s, CONNECT_TIMEOUT_S)),
             transport=_CappedTransport(budget),
         )
         transport = streamable_http_client(self.url, http_client=client, max_sse_event_size=budget.limit)
