@@ -384,3 +384,30 @@ async def test_a_call_running_when_its_process_stops_ends_interrupted_or_is_call
         await h.session.aclose()
     assert h.store.tool_calls[h.sid]["c1"].ended
     h.check_invariants()
+
+
+async def test_a_handoff_to_an_agent_with_mcp_servers_lists_its_servers_before_the_model_sees_its_tools(http_server):
+    url, log, _ = http_server
+
+    class Front(Agent):
+        @function_tool
+        async def transfer(self) -> Agent:
+            """Hand the caller to the warehouse."""
+            return Agent(instructions="Use the warehouse.", name="warehouse", mcp_servers=[MCPServerHTTP(url)])
+
+    async with Harness(Front(instructions="Route."), [call("transfer")]) as h:
+        assert "lookup" not in h.session.model_tools()
+        await h.session.input("the warehouse please")
+        await until(lambda: h.session.agent.name == "warehouse")
+        assert "lookup" in h.session.model_tools()
+        await h.idle()
+        h.llm.turns.append(Turn(**call("lookup", {"order_id": "E-5"}, call_id="c2")))
+        await h.session.input("where is my order")
+        done = await ended(h, "c2")
+        assert done.data["output"] == "order E-5: shipped", done.data
+    assert "called lookup E-5" in log.lines()
+
+
+def test_a_server_is_named_by_its_url_without_the_credentials_it_may_carry():
+    assert MCPServerHTTP("https://user:pw@crm.example:8443/mcp?token=t#x").name == "https://crm.example:8443/mcp"
+    assert MCPServerHTTP("https://crm.example/mcp", name="crm").name == "crm"

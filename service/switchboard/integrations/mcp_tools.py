@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx2
@@ -257,7 +258,7 @@ class MCPServerHTTP(MCPServer):
     from the environment or a secret store, never write them in code)."""
 
     def __init__(self, url: str, *, headers: Mapping[str, str] | None = None, name: str | None = None, **kw: Any):
-        super().__init__(name=name or url, **kw)
+        super().__init__(name=name or _without_secrets(url), **kw)
         self.url = url
         self.headers = dict(headers or {})
 
@@ -440,6 +441,16 @@ def render_result(result: mcp_types.CallToolResult) -> str:
     if not any(parts) and result.structured_content is not None:
         return json.dumps(result.structured_content)
     return "\n".join(parts)
+
+
+def _without_secrets(url: str) -> str:
+    """``url`` without its user, password, query and fragment (what logs and the model may see of it)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _first_leaf(err: BaseException) -> BaseException:
