@@ -28,6 +28,7 @@ from switchboard.runtime.playout import SimulatedPlayout
 from switchboard.runtime.ports import Reported
 from switchboard.runtime.recovery import recover
 from switchboard.runtime.session import AgentSession
+from switchboard.runtime.status import SessionStatus
 from switchboard.runtime.tools import ToolStatus
 from tests.mcp_support import SERVER_SCRIPT, ServerLog, running_http_server
 from tests.ports import free_port
@@ -36,6 +37,7 @@ from tests.waiting import until
 from .harness import WPS, Harness
 
 pytestmark = pytest.mark.timeout(120)
+HELD: list[asyncio.StreamWriter] = []  # the connections the hanging server holds (none outlives its test)
 
 
 @pytest.fixture
@@ -47,7 +49,7 @@ def http_server(tmp_path: Path) -> Iterator[tuple[str, ServerLog, subprocess.Pop
 @pytest.fixture
 async def hanging_server() -> AsyncIterator[str]:
     """Accepts connections and never answers."""
-    held: list[asyncio.StreamWriter] = []
+    held: list[asyncio.StreamWriter] = HELD
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         held.append(writer)
@@ -59,6 +61,7 @@ async def hanging_server() -> AsyncIterator[str]:
     finally:
         for writer in held:
             writer.close()
+        held.clear()
         server.close()
         await server.wait_closed()
 
@@ -411,3 +414,13 @@ async def test_a_handoff_to_an_agent_with_mcp_servers_lists_its_servers_before_t
 def test_a_server_is_named_by_its_url_without_the_credentials_it_may_carry():
     assert MCPServerHTTP("https://user:pw@crm.example:8443/mcp?token=t#x").name == "https://crm.example:8443/mcp"
     assert MCPServerHTTP("https://crm.example/mcp", name="crm").name == "crm"
+
+
+async def test_a_session_closed_while_its_servers_are_listed_never_starts(hanging_server):
+    h = Harness(Agent(instructions="x", mcp_servers=[MCPServerHTTP(hanging_server, timeout_s=5.0)]))
+    start = asyncio.create_task(h.session.start())
+    await until(lambda: HELD)  # the listing is under way (and hangs)
+    await h.session.aclose()
+    await start
+    assert h.session.state is SessionStatus.CLOSED
+    assert "session.started" not in h.types()
