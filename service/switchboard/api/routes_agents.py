@@ -22,8 +22,8 @@ router = APIRouter(prefix="/v1/agents", tags=["agents"])
 async def list_agents(host: HostDep) -> AgentList:
     """The registered agents by name: each one's description, tools (name, description, JSON schema of the
     arguments, policies) and the model its sessions use by default (provider, model and profile names; never an
-    endpoint or a credential)."""
-    return AgentList(items=host.catalog.all())
+    endpoint or a credential). An agent's MCP tools are those its servers list (cached by each server)."""
+    return AgentList(items=await host.catalog.all())
 
 
 @router.get(
@@ -37,4 +37,4 @@ async def get_agent(name: str, host: HostDep) -> AgentDescription:
     """One agent, described as in the list."""
     if name not in host.registry:
         raise not_found("agent", name)
-    return host.catalog.describe(name)
+    return await host.catalog.describe(name)

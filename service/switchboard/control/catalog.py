@@ -95,21 +95,27 @@ class AgentCatalog:
         self.default_llms = default_llms
         self._described: dict[str, AgentDescription] = {}
 
-    def describe(self, name: str) -> AgentDescription:
+    async def describe(self, name: str) -> AgentDescription:
+        """The agent's description. One that takes tools from MCP servers is described anew each time, its servers
+        listed first (cached by them, each listing bounded by its timeout): its tools are what the servers have."""
         found = self._described.get(name)
         if found is None:
-            found = self._described[name] = self._build(name)
+            found, lists_servers = await self._build(name)
+            if not lists_servers:
+                self._described[name] = found
         return found
 
-    def all(self) -> list[AgentDescription]:
-        return [self.describe(name) for name in self.registry.names()]
+    async def all(self) -> list[AgentDescription]:
+        return [await self.describe(name) for name in self.registry.names()]
 
-    def _build(self, name: str) -> AgentDescription:
+    async def _build(self, name: str) -> tuple[AgentDescription, bool]:
         model = summarize_model(self.models, None, self.default_llms.get(name))
         try:
             agent = self.registry.create(name)
         except Exception as err:  # an agent's own factory: report it, do not fail the listing
             logger.exception("agent %r cannot be built", name)
-            return AgentDescription(name=name, description=None, tools=[], model=model, error=type(err).__name__)
+            return AgentDescription(name=name, description=None, tools=[], model=model, error=type(err).__name__), False
+        await agent.load_tools()
         tools = sorted(agent.tools.values(), key=lambda t: t.name)
-        return AgentDescription(name=name, description=_doc(agent), tools=[_tool(t) for t in tools], model=model)
+        described = AgentDescription(name=name, description=_doc(agent), tools=[_tool(t) for t in tools], model=model)
+        return described, bool(agent.mcp_servers)

@@ -14,6 +14,16 @@ The file holds a list of agents, or a mapping of agent names to agents::
           url: https://backend.example/tools/search_tables
           secret_env: CONCIERGE_WEBHOOK_SECRET
 
+An agent may also take the tools of MCP servers (``mcp_servers:``, see ``mcp_tools``)::
+
+      mcp_servers:
+        - name: crm
+          url: https://crm.example/mcp         # or, for a local server: command: [crm-mcp, --stdio]
+          headers_env: {Authorization: CRM_MCP_AUTHORIZATION}   # header -> environment variable holding it
+          tools: [find_customer, open_ticket]   # optional allow-list
+          timeout_s: 20
+          policies: {open_ticket: {on_duplicate: reject, timeout_s: 60}}
+
 It is validated completely at startup; every problem is reported with the file and the field
 (``agents.yaml: agents[0].tools[0].url: ...``) and the service does not start.
 """
@@ -24,6 +34,7 @@ import functools
 import json
 import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -46,6 +57,7 @@ from ..runtime.agent import Agent, AgentFactory, AgentRegistry
 from ..runtime.executor import COMPANION_TOOLS
 from ..runtime.llm import MissingCredential, build_llm
 from ..runtime.tools import CONFIRM_FIELD, OnRestart, ToolPolicy
+from .mcp_tools import MCPServer, MCPServerHTTP, MCPServerStdio, MCPToolPolicy
 from .model_profiles import SESSION_TUNABLE
 from .schema_model import SchemaError, object_model
 from .signing import STANDARD_SECRET_PREFIX, Signature, signing_key
@@ -131,6 +143,60 @@ class WebhookToolSpec(ToolPolicy):
         return value
 
 
+class MCPServerSpec(_Spec):
+    """An MCP server whose tools an agent takes: ``url`` (streamable HTTP) or ``command`` (a local server over stdio,
+    run from the service's working directory). Credentials come from the environment: ``headers_env`` maps a header
+    to the variable holding its value, ``env_from`` a variable of the server's process to one of this process."""
+
+    name: str | None = Field(default=None, pattern=AGENT_NAME_PATTERN)
+    url: HttpUrl | None = None
+    command: list[str] | None = Field(default=None, min_length=1)
+    headers_env: dict[str, str] = Field(default_factory=dict)
+    env_from: dict[str, str] = Field(default_factory=dict)
+    tools: list[str] | None = None
+    prefix: str = Field(default="", pattern=r"^[A-Za-z0-9_-]{0,32}$")
+    timeout_s: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT_S)
+    tools_ttl_s: float = Field(default=300.0, ge=0)
+    policies: dict[str, MCPToolPolicy] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> MCPServerSpec:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("give either url (streamable HTTP) or command (stdio)")
+        if self.url is not None and self.env_from:
+            raise ValueError("env_from is for a command; a server at a url takes headers_env")
+        if self.command is not None and self.headers_env:
+            raise ValueError("headers_env is for a url; a command takes env_from")
+        return self
+
+    @field_validator("headers_env", "env_from")
+    @classmethod
+    def _variables_set(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        environ: Mapping[str, str] = (info.context or {}).get("environ", os.environ)
+        for key, variable in value.items():
+            if not re.fullmatch(ENV_NAME_PATTERN, variable):
+                raise ValueError(f"{key}: {variable!r} is not an environment variable name")
+            if not environ.get(variable):
+                raise ValueError(f"{key}: environment variable {variable} is not set")
+        return value
+
+    def build(self, environ: Mapping[str, str]) -> MCPServer:
+        common: dict[str, Any] = {
+            "name": self.name,
+            "timeout_s": self.timeout_s,
+            "tools": self.tools,
+            "policies": self.policies,
+            "prefix": self.prefix,
+            "tools_ttl_s": self.tools_ttl_s,
+        }
+        if self.url is not None:
+            headers = {header: environ[variable] for header, variable in self.headers_env.items()}
+            return MCPServerHTTP(str(self.url), headers=headers, **common)
+        assert self.command is not None
+        env = {key: environ[variable] for key, variable in self.env_from.items()}
+        return MCPServerStdio(self.command, env=env, **common)
+
+
 class AgentSpec(_Spec):
     name: str = Field(pattern=AGENT_NAME_PATTERN)
     instructions: str = Field(min_length=1)
@@ -139,6 +205,7 @@ class AgentSpec(_Spec):
     llm: dict[str, Any] | None = None
     on_model_error: str | None = Field(default=None, min_length=1, max_length=1000)
     tools: list[WebhookToolSpec] = Field(default_factory=list)
+    mcp_servers: list[MCPServerSpec] = Field(default_factory=list)
 
     @field_validator("llm")
     @classmethod
@@ -252,8 +319,11 @@ class DeclaredAgent(Agent):
         tools: Iterable[WebhookTool],
         greeting: str | None = None,
         on_model_error: str | None = None,
+        mcp_servers: Iterable[MCPServer] = (),
     ) -> None:
-        super().__init__(instructions=instructions, tools=tools, name=name, on_model_error=on_model_error)
+        super().__init__(
+            instructions=instructions, tools=tools, name=name, on_model_error=on_model_error, mcp_servers=mcp_servers
+        )
         self.greeting = greeting
 
     async def on_enter(self) -> None:
@@ -307,6 +377,8 @@ def load_agents_file(
     factories: dict[str, AgentFactory] = {}
     for spec in specs:
         tools = tuple(webhook_tool(t, webhooks, environ[t.secret_env]) for t in spec.tools)
+        # built once: every session of the agent shares each server's cached tool list
+        servers = tuple(server.build(environ) for server in spec.mcp_servers)
         factories[spec.name] = functools.partial(
             DeclaredAgent,
             instructions=spec.instructions,
@@ -314,6 +386,7 @@ def load_agents_file(
             name=spec.name,
             greeting=spec.greeting,
             on_model_error=spec.on_model_error,
+            mcp_servers=servers,
         )
     llms = {spec.name: spec.llm for spec in specs if spec.llm is not None}
     return DeclaredAgents(Path(path), factories, llms)

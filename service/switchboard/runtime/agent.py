@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,6 +16,7 @@ logger = logging.getLogger("switchboard.runtime.agent")
 
 # commands wait for the hook (it runs before the input is committed): one that hangs must not make the session deaf
 USER_TURN_HOOK_TIMEOUT_S = 5.0
+_WARNED_COLLISIONS: set[tuple[str, str, str]] = set()  # (agent, tool, server): each is logged once
 
 
 class AgentSessionControl(Protocol):
@@ -26,6 +27,18 @@ class AgentSessionControl(Protocol):
     async def generate_reply(self, *, instructions: str | None = None) -> Any: ...
 
     async def interrupt(self, *, force: bool = False) -> Any: ...
+
+
+class ToolSource(Protocol):
+    """Tools that live elsewhere (an MCP server): listed asynchronously, then read as last listed."""
+
+    name: str
+
+    async def refresh(self) -> None:
+        """List the tools again unless the list is fresh; never raises (a failure keeps the last list)."""
+        ...
+
+    def tools(self) -> Sequence[FunctionTool]: ...
 
 
 class TurnContext:
@@ -72,7 +85,8 @@ class Agent:
 
     The hooks (``on_enter``, ``on_exit``, ``on_user_turn_completed``) do nothing unless overridden.
     ``on_model_error``: what the agent says when its model fails (after any fallback models), so that the caller
-    hears something rather than silence; None says nothing.
+    hears something rather than silence; None says nothing. ``mcp_servers``: servers whose tools are the agent's
+    tools too (``switchboard.integrations.mcp_tools``); a name the agent already has keeps its own tool.
     """
 
     def __init__(
@@ -82,11 +96,13 @@ class Agent:
         tools: Iterable[FunctionTool] = (),
         name: str | None = None,
         on_model_error: str | None = None,
+        mcp_servers: Iterable[ToolSource] = (),
     ) -> None:
         self.instructions = instructions
         self.on_model_error = on_model_error
         self.name = name or getattr(type(self), "registry_name", None) or type(self).__name__.lower()
         self._extra_tools = list(tools)
+        self.mcp_servers = list(mcp_servers)
         self._session: AgentSessionControl | None = None
 
     def __repr__(self) -> str:
@@ -130,7 +146,38 @@ class Agent:
                     found[bound.name] = bound
         for tool in self._extra_tools:
             found[tool.name] = tool
+        for server in self.mcp_servers:
+            for tool in server.tools():
+                found.setdefault(tool.name, tool)
         return found
+
+    async def load_tools(self) -> None:
+        """List the tools of the agent's MCP servers (each bounded by its timeout, cached by the server); a tool
+        whose name the agent already has is left out, with a warning. The session calls it before the agent's tools
+        are shown to the model: when it starts or recovers, and when a handoff makes this agent its agent."""
+        if not self.mcp_servers:
+            return
+        await asyncio.gather(*(server.refresh() for server in self.mcp_servers))
+        owners: dict[str, str] = {name: "the agent" for name in self._own_tool_names()}
+        for server in self.mcp_servers:
+            for tool in server.tools():
+                key = (self.name, tool.name, server.name)
+                if tool.name in owners and key not in _WARNED_COLLISIONS:
+                    _WARNED_COLLISIONS.add(key)
+                    logger.warning(
+                        "agent %s: tool %r of MCP server %s is left out: %s has a tool of that name",
+                        self.name,
+                        tool.name,
+                        server.name,
+                        owners[tool.name],
+                    )
+                owners.setdefault(tool.name, f"MCP server {server.name}")
+
+    def _own_tool_names(self) -> set[str]:
+        names = {t.name for t in self._extra_tools}
+        for klass in type(self).__mro__:
+            names.update(v.name for v in vars(klass).values() if isinstance(v, FunctionTool))
+        return names
 
 
 async def complete_user_turn(

@@ -93,6 +93,8 @@ class HandoffStep:
                 return
             # the agent's other calls end first (cancelled, or awaited), unless the session moves meanwhile
             await first_of(host.executor.drain(scope="agent", exclude={rc.call_id}), self._moving_fut())
+            if new_agent.mcp_servers:  # its MCP tools, listed before the model sees them (bounded by their timeouts)
+                await first_of(new_agent.load_tools(), self._moving_fut())
             if _held_by_interrupted_speech(rc):  # interrupted while the other calls were drained
                 await host.executor.end_without_handoff(rc, NOT_DONE_INTERRUPTED)
                 return

@@ -50,6 +50,7 @@ async def recover(
         report_missing(session.events, session.chat.items, tool_calls, speeches, reported)
     for info in tool_calls:
         session.executor.adopt(info)
+    await session.agent.load_tools()  # a call of an MCP tool is re-run or ended by its tool's policy
     interrupted, retry, resume = _split_running(tool_calls, session.agent.tools, tools_of)
     retry_ids = sorted(info.call_id for info in retry)
     resume_ids = sorted(info.call_id for info, _ in resume)

@@ -136,6 +136,11 @@ class AgentSession(SessionEnds):
     async def start(self, *, recovered: bool = False, **event_data: Any) -> None:
         if self.speeches.scheduler.started:
             return
+        if self.agent.mcp_servers:
+            before = self.state
+            await self.agent.load_tools()  # its MCP servers' tools, before the model is first asked
+            if self.state != before or self.speeches.scheduler.started:
+                return  # closed, suspended or started while its servers were listed: nothing starts now
         self.state = SessionStatus.ACTIVE
         # a recovered session's agent that had entered does not greet twice; one whose on_enter was owed (created or
         # handed off just before its process stopped) enters now. Marked in the same write: at most once
