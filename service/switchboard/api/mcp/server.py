@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -43,8 +42,6 @@ from ..auth import AuthError, authenticate, bearer
 from ..deps import services
 from ..problems import problem_response
 from .tools import BY_NAME, TOOLS, McpTool, RestCall, input_schema
-
-logger = logging.getLogger("switchboard.api.mcp")
 
 PATH = "/mcp"
 INSTRUCTIONS = (
