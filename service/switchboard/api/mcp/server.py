@@ -49,6 +49,7 @@ INSTRUCTIONS = (
     "inject user input, make the agent say something, interrupt it, and list or cancel its tool calls. Each tool is "
     "one REST operation of the server, with the same scopes and budgets."
 )
+PLAIN_DETAIL_MAX_CHARS = 500  # of an error answer that is not a problem document
 # what the tool's REST request carries from the MCP request (the caller, the host it reached)
 _PASSED_HEADERS = ("authorization", "host", "traceparent", "tracestate")
 
@@ -154,12 +155,15 @@ def _first_error(err: ValidationError) -> str:
 
 
 def _result(tool: McpTool, response: httpx.Response) -> CallToolResult:
-    body: Any = response.json() if response.content else None
+    try:
+        body: Any = response.json() if response.content else None
+    except ValueError:  # not JSON: every answer of the API is, but a proxy's or a server's last-resort one may not be
+        body = None
     if response.is_success:
-        structured = body if isinstance(body, dict) else {"done": True}
+        structured = body if isinstance(body, dict) else {"done": True}  # close_session: 204, no body
         return CallToolResult(content=[TextContent(text=json.dumps(structured))], structured_content=structured)
-    if not isinstance(body, dict):  # pragma: no cover - every error of the API is a problem document
-        body = {"status": response.status_code, "detail": response.text}
+    if not isinstance(body, dict):
+        body = {"status": response.status_code, "detail": response.text[:PLAIN_DETAIL_MAX_CHARS]}
     text = f"{tool.operation} answered {response.status_code} {body.get('code', '')}: {body.get('detail', '')}"
     retry_after = response.headers.get("retry-after")
     if retry_after is not None:
