@@ -292,6 +292,7 @@ async def test_a_command_for_another_nodes_session_is_forwarded_to_it(
             node.stop()
 
 
+@pytest.mark.timeout(INSPECTOR_TIMEOUT_S + 60)
 def test_the_inspector_command_line_lists_the_tools(server: Server) -> None:
     auth = [f"Authorization: Bearer {READER}"]
     if shutil.which("npx") is None:
