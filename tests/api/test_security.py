@@ -33,6 +33,7 @@ from .test_observability import AsgiWebSocket
 from .test_sessions_api import until
 
 PUBLIC = None
+ANY_CREDENTIAL = "any credential"  # the MCP endpoint: each of its tools then needs its REST operation's scope
 # (method, path) -> the scope it needs; PUBLIC for probes and the API's own documentation (with the default
 # SWITCHBOARD_PUBLIC_DOCS=true; test_hardening.py covers both settings). "WS" for WebSockets.
 ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
@@ -67,6 +68,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("WS", "/v1/events"): "events:read",
     ("WS", "/v1/sessions/{sid}/media"): "media:connect",
     ("GET", "/v1/sessions/{sid}/ag-ui"): "events:read",
+    ("POST", "/mcp"): ANY_CREDENTIAL,
 }
 # routes a session token may not call even on its own session, whatever its scopes: it cannot renew itself
 KEYS_ONLY = {("POST", "/v1/sessions/{sid}/tokens")}
@@ -210,6 +212,8 @@ def _expect(needed: str | None, held: set[str] | None, session_ok: bool = True) 
         return "ok"
     if held is None:
         return "401"
+    if needed == ANY_CREDENTIAL:
+        return "ok"
     return "ok" if needed in held and session_ok else "403"
 
 

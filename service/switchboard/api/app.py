@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.staticfiles import StaticFiles
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+from starlette.routing import Route
 
 from .. import __version__
 from ..control import tracing
@@ -44,6 +45,8 @@ from .connections import ConnectionGate, ConnectionLimits
 from .deps import Services, services
 from .guards import BrowserGuard, JsonBodies, PrivatePaths, SecurityHeaders
 from .limits import BodyLimit, RequestDeadline
+from .mcp.server import PATH as MCP_PATH
+from .mcp.server import McpService
 from .media import routes as media_routes
 from .media.budget import TranscriptBudget
 from .rate_limit import RateLimiter, SharedRateLimits
@@ -277,7 +280,8 @@ def create_app(
             logger.info("switchboard ready (%d live sessions)", len(host.sessions))
             logger.info("agents: %s", ", ".join(registry.names()))
             logger.info("operator console: http://%s:%d/console/", settings.host, settings.port)
-            yield
+            async with mcp.run():  # ends first: no tool call is made of a service being torn down
+                yield
         finally:
             await cancel_and_wait(*tasks)
             await host.aclose()
@@ -317,6 +321,8 @@ def create_app(
     )
     problems.install(app)
     app.state.connection_gate = gate
+    # MCP clients: each tool call is its REST request, made through this application (``mcp.server``)
+    mcp = McpService(app, max_text_chars=settings.max_text_chars)
 
     @app.exception_handler(SessionElsewhere)
     async def _elsewhere(request: Request, exc: SessionElsewhere) -> Response:
@@ -334,6 +340,8 @@ def create_app(
     app.include_router(routes_health.router)
     app.include_router(asyncapi.router)  # GET /asyncapi.json, like /openapi.json: outside the schema
     docs_pages.mount(app)
+    # stateless: no stream to GET (405, as the transport allows), no session to DELETE
+    app.router.routes.append(Route(MCP_PATH, mcp, methods=["POST"], include_in_schema=False))
     # the operator console: static ES modules, a pure client of the public API (/console redirects to /console/)
     app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
     # added first, so inside BodyLimit: the deadline counts handling time, not the time the body takes to arrive

@@ -145,6 +145,8 @@ class _JsonFormatter(logging.Formatter):
 
 
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
+# the MCP transport says at INFO that it ends each request's transport, which /mcp (stateless) makes for every request
+QUIET_LOGGERS = ("mcp.server.streamable_http",)
 
 
 def configure(level: str = "INFO", *, json_lines: bool = False, secrets: Iterable[str] = ()) -> None:
@@ -164,3 +166,5 @@ def configure(level: str = "INFO", *, json_lines: bool = False, secrets: Iterabl
         logger.handlers[:] = []
         logger.setLevel(logging.NOTSET)
         logger.propagate = True
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
