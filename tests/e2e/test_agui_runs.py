@@ -161,7 +161,9 @@ async def test_a_retried_run_injects_once_and_continues_from_a_position(server: 
         assert await read_sse(client, url, again, method="POST", json=body) == 200
         cut = first.events()[3]["rawEvent"]["seq"]
         headers = {"Last-Event-ID": str(cut)}
-        assert await read_sse(client, url, rest, method="POST", json=body, headers=headers) == 200
+        # continued: known by its runId (the client's messages have grown since, with what it got)
+        grown = {**body, "messages": [*body["messages"], {"id": "a1", "role": "assistant", "content": "one two"}]}
+        assert await read_sse(client, url, rest, method="POST", json=grown, headers=headers) == 200
         other = {**body, "messages": [{"id": "m2", "role": "user", "content": "something else"}]}
         reused = await client.post(url, json=other)
         chat = (await client.get(f"/v1/sessions/{sid}/chat")).json()["items"]

@@ -29,6 +29,7 @@ from ...runtime.aio import cancel_and_wait, spawn
 from ...runtime.session import InputResult
 from ...runtime.speech import NotInterruptible
 from ...runtime.status import SessionStatus
+from ...store import IdempotencyState
 from .. import audit, deps
 from ..auth import AuthError, Principal, Require, check, principal_of
 from ..idempotency import Attempt, KeyedCommands
@@ -187,27 +188,39 @@ async def _thread_session(request: Request, principal: Principal, agent: str, si
 
 async def _start(request: Request, sid: str, body: RunAgentInput, last_event_id: str | None) -> StreamingResponse:
     services = deps.services(request)
-    resume = resume_point(None, last_event_id) if last_event_id is not None else None
-    message_id, text = _user_text(body)
-    limit = services.settings.max_text_chars
-    if len(text) > limit:
-        raise ProblemError(413, "text_too_long", f"text is {len(text)} characters; the limit is {limit}.")
     principal = principal_of(request)
+    scope = f"{principal.identity} POST /v1/sessions/{sid}/ag-ui"  # both doors: one run, one key
+    resume = resume_point(None, last_event_id) if last_event_id is not None else None
+    # a run continued on a new connection is known by its runId alone: its client's messages have grown since
+    started = await _started_before(services, body.run_id, scope) if resume is not None else None
+    if started is None:
+        message_id, text = _user_text(body)
+        limit = services.settings.max_text_chars
+        if len(text) > limit:
+            raise ProblemError(413, "text_too_long", f"text is {len(text)} characters; the limit is {limit}.")
     try:
         release = services.streams.acquire(principal.budget, operator=principal.operator)
     except TooManyStreams as err:
         raise ProblemError(429, "too_many_streams", err.reason, headers={"Retry-After": "1"}) from None
     try:
-        scope = f"{principal.identity} POST /v1/sessions/{sid}/ag-ui"
-        key_body = {"message_id": message_id, "text": text}
-        started = await RUNS.run(
-            request, body.run_id, scope, key_body, lambda idem: _inject(request, sid, text, body.run_id, idem)
-        )
+        if started is None:
+            key_body = {"message_id": message_id, "text": text}
+            started = await RUNS.run(
+                request, body.run_id, scope, key_body, lambda idem: _inject(request, sid, text, body.run_id, idem)
+            )
     except BaseException:
         release()
         raise
     run = RunTranslator(sid, body.run_id, str(started["item_id"]))
     return RunStream(services, run, int(started["since"]), resume, release, _Abort(sid, run, started, request))
+
+
+async def _started_before(services: deps.Services, run_id: str, scope: str) -> dict[str, Any] | None:
+    """What the input of run ``run_id`` answered, when it was injected already."""
+    found = await services.store.idempotency.find(run_id, scope)
+    if found is None or found.state is not IdempotencyState.DONE or not isinstance(found.response_body, dict):
+        return None
+    return found.response_body
 
 
 async def _inject(request: Request, sid: str, text: str, run_id: str, attempt: Attempt) -> dict[str, Any]:
