@@ -11,6 +11,7 @@ webhook secrets that never reach a log line, even at DEBUG with the HTTP client'
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,7 +37,8 @@ PUBLIC = None
 ANY_CREDENTIAL = "any credential"  # the MCP endpoint: each of its tools then needs its REST operation's scope
 # (method, path) -> the scope it needs; PUBLIC for probes and the API's own documentation (with the default
 # SWITCHBOARD_PUBLIC_DOCS=true; test_hardening.py covers both settings). "WS" for WebSockets.
-ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
+# a tuple: every one of those scopes at once
+ROUTE_SCOPES: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
     ("GET", "/metrics"): "metrics:read",
@@ -69,6 +71,8 @@ ROUTE_SCOPES: dict[tuple[str, str], str | None] = {
     ("WS", "/v1/sessions/{sid}/media"): "media:connect",
     ("GET", "/v1/sessions/{sid}/ag-ui"): "events:read",
     ("POST", "/mcp"): ANY_CREDENTIAL,
+    ("POST", "/v1/sessions/{sid}/ag-ui"): ("sessions:control", "events:read"),
+    ("POST", "/v1/agents/{agent}/ag-ui"): ("sessions:write", "sessions:control", "events:read"),
 }
 # routes a session token may not call even on its own session, whatever its scopes: it cannot renew itself
 KEYS_ONLY = {("POST", "/v1/sessions/{sid}/tokens")}
@@ -84,6 +88,11 @@ BODIES = {  # a valid body where one is needed, so that the right scope is seen 
     "/v1/sessions/{sid}/tool-calls/{call_id}/result": {"output": "done"},
 }
 KEYS = {scope: f"key-{scope.replace(':', '-')}-0123456789" for scope in ALL_SCOPES}
+# a key for each route that needs several scopes, holding exactly those
+COMBOS = {
+    needed: f"key-combo-{i}-0123456789"
+    for i, needed in enumerate(v for v in ROUTE_SCOPES.values() if isinstance(v, tuple))
+}
 NO_SCOPE = "key-without-any-scope-0123456789"
 
 
@@ -114,6 +123,7 @@ def app_routes(app: Any) -> set[tuple[str, str]]:
 @pytest.fixture
 async def secured(tmp_path: Path, registry: AgentRegistry) -> AsyncIterator[Any]:
     keys = [ApiKey(key=key, scopes=[scope]) for scope, key in KEYS.items()] + [ApiKey(key=NO_SCOPE, scopes=[])]
+    keys += [ApiKey(key=key, scopes=list(scopes)) for scopes, key in COMBOS.items()]
     keys.append(ApiKey(key="admin-key-0123456789abcdef", scopes=list(ALL_SCOPES)))
     app = create_app(make_settings(tmp_path, api_keys=keys), registry=registry)
     async with app.router.lifespan_context(app):
@@ -141,25 +151,37 @@ def test_every_route_has_its_scope_in_the_table(tmp_path: Path, registry: AgentR
 
 
 def _path(path: str, sid: str = SID) -> str:
-    return path.format(sid=sid, speech_id="sp-1", call_id="call-1", name="tester")
+    return path.format(sid=sid, speech_id="sp-1", call_id="call-1", name="tester", agent="tester")
 
 
 async def _http(client: httpx.AsyncClient, method: str, path: str, credential: str | None) -> httpx.Response:
     headers = {"authorization": f"Bearer {credential}"} if credential else {}
-    if path.endswith("/ag-ui"):  # a stream: it would not end while the session lives
-        return await _stream_status(client._transport.app, _path(path), headers)  # type: ignore[attr-defined]
+    if path.endswith("/ag-ui"):  # a stream: it would not end while the session lives (or its run)
+        body = _run_input(SID) if method == "POST" else None
+        return await _stream_status(client._transport.app, _path(path), headers, body)  # type: ignore[attr-defined]
     body = BODIES.get(path)
     if method == "DELETE":  # with the right scope it would close the session the other cases use
         return await client.request(method, _path(path, "sec-gone"), headers=headers)
     return await client.request(method, _path(path), json=body, headers=headers)
 
 
-async def _stream_status(app: Any, path: str, headers: dict[str, str]) -> httpx.Response:
-    """A GET of a streaming route, in-process: a refusal in full; an accepted stream only its status (left at once)."""
+def _run_input(sid: str) -> dict[str, Any]:
+    """An AG-UI run's input on the session ``sid``."""
+    return {"threadId": sid, "runId": "sec-run", "messages": [{"id": "m1", "role": "user", "content": "hello"}]}
+
+
+async def _stream_status(
+    app: Any, path: str, headers: dict[str, str], payload: dict[str, Any] | None = None
+) -> httpx.Response:
+    """A GET (or, with ``payload``, a POST) of a streaming route, in-process: a refusal in full; an accepted stream
+    only its status (left at once)."""
     started: asyncio.Future[tuple[int, list[tuple[bytes, bytes]]]] = asyncio.get_running_loop().create_future()
     body, finished, leave, first_frame = bytearray(), asyncio.Event(), asyncio.Event(), asyncio.Event()
+    request_body = [json.dumps(payload).encode()] if payload is not None else []
 
     async def receive() -> dict[str, Any]:
+        if request_body:
+            return {"type": "http.request", "body": request_body.pop(), "more_body": False}
         await leave.wait()
         return {"type": "http.disconnect"}
 
@@ -174,7 +196,10 @@ async def _stream_status(app: Any, path: str, headers: dict[str, str]) -> httpx.
                 finished.set()
 
     raw = [(b"host", b"test"), *[(k.encode(), v.encode()) for k, v in headers.items()]]
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+    if payload is not None:
+        raw.append((b"content-type", b"application/json"))
+    method = "GET" if payload is None else "POST"
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
              "path": path, "raw_path": path.encode(), "query_string": b"", "headers": raw, "root_path": "",
              "client": ("127.0.0.1", 50000), "server": ("test", 80)}  # fmt: skip
     task = asyncio.create_task(app(scope, receive, send))
@@ -206,7 +231,7 @@ async def _ws(app: Any, path: str, credential: str | None) -> tuple[int, str] | 
     return await ws.closed()
 
 
-def _expect(needed: str | None, held: set[str] | None, session_ok: bool = True) -> str:
+def _expect(needed: str | tuple[str, ...] | None, held: set[str] | None, session_ok: bool = True) -> str:
     """What a credential holding ``held`` scopes (None: no credential) gets: "401", "403" or "ok"."""
     if needed is PUBLIC:
         return "ok"
@@ -214,7 +239,8 @@ def _expect(needed: str | None, held: set[str] | None, session_ok: bool = True) 
         return "401"
     if needed == ANY_CREDENTIAL:
         return "ok"
-    return "ok" if needed in held and session_ok else "403"
+    every = {needed} if isinstance(needed, str) else set(needed)
+    return "ok" if every <= held and session_ok else "403"
 
 
 def _got_http(r: httpx.Response) -> str:
@@ -237,6 +263,7 @@ async def test_every_route_with_every_scope(secured: Any):
     app, client = secured
     credentials: dict[str, tuple[str | None, set[str] | None]] = {"none": (None, None), "no scope": (NO_SCOPE, set())}
     credentials |= {scope: (key, {scope}) for scope, key in KEYS.items()}
+    credentials |= {" + ".join(scopes): (key, set(scopes)) for scopes, key in COMBOS.items()}
     mismatches = []
     checked = 0
     for (method, path), needed in sorted(ROUTE_SCOPES.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -270,7 +297,8 @@ async def test_every_route_with_a_session_token(secured: Any):
             mismatches.append(f"{method} {path}: expected {want}, got {got}")
         if "{sid}" in path and needed is not PUBLIC and method != "WS":  # and never another session's
             headers = {"authorization": f"Bearer {token}"}
-            r = await client.request(method, _path(path, OTHER), json=BODIES.get(path), headers=headers)
+            body = _run_input(OTHER) if path.endswith("/ag-ui") else BODIES.get(path)
+            r = await client.request(method, _path(path, OTHER), json=body, headers=headers)
             if r.status_code != 403:
                 mismatches.append(f"{method} {path} of another session: expected 403, got {r.status_code}")
     assert not mismatches, "\n".join(mismatches)

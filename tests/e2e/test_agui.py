@@ -60,11 +60,17 @@ class SseCapture:
 
 
 async def read_sse(
-    client: httpx.AsyncClient, url: str, capture: SseCapture, *, stop_after_id: int | None = None, **kw: Any
+    client: httpx.AsyncClient,
+    url: str,
+    capture: SseCapture,
+    *,
+    stop_after_id: int | None = None,
+    method: str = "GET",
+    **kw: Any,
 ) -> int:
     """Read an SSE stream into ``capture`` until it ends (or after the frame with ``stop_after_id`` or a later one);
     its status."""
-    async with client.stream("GET", url, **kw) as resp:
+    async with client.stream(method, url, **kw) as resp:
         if resp.status_code != 200:
             await resp.aread()
             return resp.status_code
@@ -121,6 +127,16 @@ def of_type(events: list[dict[str, Any]], t: str) -> list[dict[str, Any]]:
     return [e for e in events if e["type"] == t]
 
 
+def split_runs(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``events`` as runs, each from its RUN_STARTED to its RUN_FINISHED or RUN_ERROR."""
+    runs: list[list[dict[str, Any]]] = []
+    for e in events:
+        if e["type"] == "RUN_STARTED":
+            runs.append([])
+        runs[-1].append(e)
+    return runs
+
+
 async def test_full_scenario_passes_the_validator_live_and_maps_every_event(server: Server):
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
         sid = await new_session(client)
@@ -151,7 +167,21 @@ async def test_full_scenario_passes_the_validator_live_and_maps_every_event(serv
     }
     results = {e["toolCallId"]: e["content"] for e in of_type(ag, "TOOL_CALL_RESULT")}
     assert results[starts["book"]] == "booked table 7"
-    assert results[starts["progress"]] == "all 3 steps done"
+    # the operator's interrupt finishes the turn it cut short, cancelled; the background call's result lands in the
+    # next run (as CUSTOM: its call started in the cancelled one), and so does the reply to it (the transfer)
+    runs = split_runs(ag)
+    cut = next(
+        i for i, run in enumerate(runs) if starts["book"] in [e["toolCallId"] for e in of_type(run, "TOOL_CALL_START")]
+    )
+    assert runs[cut][-1]["outcome"] == {"type": "cancelled"}
+    late = next(
+        i
+        for i, run in enumerate(runs)
+        for e in of_type(run, "CUSTOM")
+        if e["name"] == "switchboard.tool.ended" and e["value"]["call_id"] == starts["progress"]
+    )
+    assert late == cut + 1 and starts["transfer"] in [e["toolCallId"] for e in of_type(runs[late], "TOOL_CALL_START")]
+    assert "outcome" not in runs[late][-1]
     progress = [e["content"]["message"] for e in of_type(ag, "ACTIVITY_SNAPSHOT")]
     assert progress == ["step 1/3", "step 2/3", "step 3/3"]
     # the interrupted message holds what was heard, and says it was interrupted

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ag_ui.core import RunFinishedCancelledOutcome, RunFinishedEvent
 from ag_ui_validate.pytest_plugin import assert_valid_agui
 
-from switchboard.api.streams.agui import AguiTranslator, SharedEncodings, encode_sse, encode_ws
+from switchboard.api.streams.agui import AguiTranslator, RunTranslator, SharedEncodings, encode_sse, encode_ws
 from switchboard.runtime.events import Event
 
 LOG: list[tuple[str, dict[str, Any]]] = [
@@ -90,3 +91,94 @@ def test_a_progress_updates_chat_items_make_no_agui_event_and_the_stream_stays_r
     frames = [json.loads(f) for ev in log for f in shared.ws(fresh, ev)]
     assert_valid_agui(frames, max_warnings=0)
     assert [f["rawEvent"]["seq"] for f in frames if "rawEvent" in f] == [1, 2, 3, 4, 5, 8, 9, 10, 11, 12]
+
+
+def log_of(sid: str, entries: list[tuple[str, dict[str, Any]]]) -> list[Event]:
+    return [Event(seq=i + 1, session_id=sid, type=t, data=d) for i, (t, d) in enumerate(entries)]
+
+
+ASSISTANT = {"type": "message", "id": "i9", "role": "assistant", "text": "Done.", "interrupted": False}
+BACKGROUND = [
+    ("user.input", {"item_id": "i1", "text": "go", "final": True, "role": "user"}),
+    ("speech.created", {"speech_id": "s1", "source": "reply"}),
+    ("agent.state", {"state": "speaking"}),
+    ("tool.started", {"call_id": "c1", "name": "t", "arguments": {}, "cancellable": False, "speech_id": "s1"}),
+    ("speech.done", {"speech_id": "s1", "interrupted": False}),
+    ("agent.state", {"state": "listening"}),  # the call runs on in the background
+    # its end makes a deferred reply owed (committed with it): the run waits for that reply too
+    (
+        "tool.ended",
+        {
+            "call_id": "c1",
+            "name": "t",
+            "status": "completed",
+            "output": "ok",
+            "is_error": False,
+            "reply_speech_id": "s2",
+        },
+    ),
+    ("speech.created", {"speech_id": "s2", "source": "deferred_reply"}),
+    ("agent.state", {"state": "speaking"}),
+    ("chat.item", {"item": ASSISTANT}),
+    ("agent.state", {"state": "listening"}),
+    ("speech.done", {"speech_id": "s2", "interrupted": False}),
+]
+
+
+def test_the_reply_to_a_background_result_stays_in_the_run_of_the_result():
+    translator = AguiTranslator("bg")
+    out = [[e.type.value for e in translator.translate(ev)] for ev in log_of("bg", BACKGROUND)]
+    assert out[6] == ["TOOL_CALL_RESULT"]  # quiet but for the reply it makes owed: the run goes on
+    assert out[9] == ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"]
+    assert out[10] == ["STATE_DELTA"]  # listening, the reply's end still to be reported
+    assert out[11] == ["CUSTOM", "RUN_FINISHED"]
+    assert sum(o.count("RUN_STARTED") for o in out) == 1
+
+
+def test_an_operators_interrupt_cancels_the_run_and_a_new_input_ends_the_turn_it_cuts_short():
+    entries = [
+        *BACKGROUND[:4],
+        ("speech.interrupted", {"speech_id": "s1", "played_text": ""}),
+        ("operator.action", {"action": "interrupt", "actor": "op", "speech_id": "s1"}),
+        ("speech.done", {"speech_id": "s1", "interrupted": True}),  # a run of its own: c1 still runs
+        ("user.input", {"item_id": "i2", "text": "again", "final": True, "role": "user"}),
+        ("speech.created", {"speech_id": "s3", "source": "reply"}),
+        ("speech.interrupted", {"speech_id": "s3", "played_text": ""}),
+        ("user.input", {"item_id": "i3", "text": "and again", "final": True, "role": "user"}),
+    ]
+    translator = AguiTranslator("cut")
+    out = [translator.translate(ev) for ev in log_of("cut", entries)]
+    cancelled = out[5][-1]
+    assert isinstance(cancelled, RunFinishedEvent) and cancelled.outcome == RunFinishedCancelledOutcome()
+    assert [e.type.value for e in out[6]] == ["RUN_STARTED", "CUSTOM"]  # no RUN_FINISHED: c1 still runs
+    # a new input ends the run still open; one whose speech it cut short, cancelled
+    first, second = out[7][0], out[10][0]
+    assert isinstance(first, RunFinishedEvent) and first.outcome is None
+    assert isinstance(second, RunFinishedEvent) and second.outcome == RunFinishedCancelledOutcome()
+    made = [json.loads(e.model_dump_json(by_alias=True)) for o in out for e in o]
+    assert_valid_agui(made[:-2], max_warnings=0)  # up to the last run, opened by the last input
+
+
+def test_a_run_translator_makes_the_clients_run_and_ends_with_it():
+    user = {"type": "message", "id": "i1", "role": "user", "text": "go", "interrupted": False}
+    entries = [
+        ("agent.state", {"state": "listening"}),  # before its input: not the run's
+        *BACKGROUND[:1],
+        ("chat.item", {"item": user}),
+        *BACKGROUND[1:],
+        ("user.input", {"item_id": "i4", "text": "next", "final": True, "role": "user"}),
+    ]
+    run = RunTranslator("rt", "client-run", "i1")
+    out = [[e.type.value for e in run.translate(ev)] for ev in log_of("rt", entries)]
+    assert out[0] == [] and out[1] == ["RUN_STARTED"] and out[2] == []  # the client holds its own message
+    assert out[-2] == ["CUSTOM", "RUN_FINISHED"] and run.over and out[-1] == []
+    assert run.restarted(0).run_id == "client-run" and not run.calls
+
+
+def test_every_sse_frame_carries_the_position_to_resume_from():
+    translator = AguiTranslator("pos")
+    text = encode_sse(translator.translate(events("pos")[0]), 1)
+    frames = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert [f["type"] for f in frames] == ["RUN_STARTED", "STATE_SNAPSHOT"]
+    assert [f["rawEvent"] for f in frames] == [{"seq": 0}, {"seq": 1}]  # the whole event again, or after it
+    assert text.count("id: 1\n") == 1

@@ -54,7 +54,7 @@ from .request_metrics import RequestMetrics
 from .sessions import export as session_export
 from .sessions import routes as session_routes
 from .sessions.export_budget import ExportBudget
-from .streams import agui_routes
+from .streams import agui_routes, agui_runs
 from .streams import events as event_routes
 from .streams.stream_slots import StreamSlots
 from .tools import reports as tool_reports
@@ -337,6 +337,7 @@ def create_app(
     app.include_router(event_routes.router)
     app.include_router(media_routes.router)
     app.include_router(agui_routes.router, responses=problems.problem_responses(*problems.API_ERRORS))
+    app.include_router(agui_runs.router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(routes_health.router)
     app.include_router(asyncapi.router)  # GET /asyncapi.json, like /openapi.json: outside the schema
     docs_pages.mount(app)

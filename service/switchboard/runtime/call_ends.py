@@ -174,6 +174,7 @@ class CallEnds:
                 output=info.output or "",
                 is_error=info.is_error,
                 error=info.error,
+                **({"reply_speech_id": record.owed[0].id} if record.owed else {}),
             )
         )
 

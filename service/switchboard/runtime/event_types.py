@@ -227,6 +227,11 @@ class ToolEnded(EventPayload):
     output: str
     is_error: bool
     error: str | None = None  # why it failed (the exception's message, redacted); the model gets only ``output``
+    reply_speech_id: str | None = Field(
+        default=None,
+        description="The deferred reply this end makes owed (a background call's result), committed with it: its "
+        "`speech.created` follows.",
+    )
 
 
 # -- operators --------------------------------------------------------------------------------------------------

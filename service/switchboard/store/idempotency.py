@@ -190,6 +190,13 @@ class IdempotencyKeys:
             return Claim(held=True, taken_from=None if found.held_by(holder) else old)
         return None
 
+    async def find(self, key: str, scope: str) -> IdempotencyRecord | None:
+        """The record of ``(key, scope)`` as it is (None: there is none, or it cannot be read)."""
+        async with self.engine.connect() as conn:
+            query = _row_of(conn.dialect.name)
+            row = (await conn.execute(query, {"k_key": key, "k_scope": scope})).mappings().first()
+        return None if row is None else self._read(row)
+
     async def complete(self, done: Completion) -> bool:
         """Complete a reservation in a transaction of its own (an answer with no durable effect to ride on); False
         when ``done``'s holder no longer holds it."""

@@ -1,9 +1,12 @@
 """Switchboard events as AG-UI events (the ``ag-ui-protocol`` package's models), for AG-UI front-ends.
 
-One ``AguiTranslator`` per stream turns each session event into one or more AG-UI events, in order. Its only state
-is the run it has open and the tool calls started in that run: a run opens with the first event after a quiet
-point and finishes at the next one (the agent back to `listening` with none of the run's tool calls running), so a
-turn with its tools, their background progress and results is one run. ``docs/ag-ui.md`` has the whole mapping.
+One ``AguiTranslator`` per stream turns each session event into one or more AG-UI events, in order. Its state is
+the run it has open: the tool calls and the speeches started in it. A run is a turn: it opens with the first event
+after a quiet point, or with a final user input (which finishes the run still open, the turn it cuts short), and
+finishes at the next quiet point: the agent back to `listening`, none of the run's tool calls running and none of its
+speeches (a deferred reply to a background result included: ``tool.ended`` names the one it makes owed) still to
+play. An operator's interrupt of one of its speeches finishes it at once, with the ``cancelled`` outcome.
+``docs/ag-ui.md`` has the whole mapping.
 
 The last AG-UI event a session event yields completes it: a stream marks that one with the event's ``seq`` (the SSE
 ``id``), so resuming from an id never splits a session event. The chat items of a progress update
@@ -27,6 +30,7 @@ from ag_ui.core import (
     BaseEvent,
     CustomEvent,
     RunErrorEvent,
+    RunFinishedCancelledOutcome,
     RunFinishedEvent,
     RunStartedEvent,
     StateDeltaEvent,
@@ -47,9 +51,10 @@ PROTOCOL_VERSION = "1.0"
 CUSTOM_PREFIX = "switchboard."  # CUSTOM event names: `switchboard.<event type>`
 PROGRESS_ACTIVITY = "switchboard.tool_progress"
 BUSY_AGENT_STATES = frozenset({"thinking", "speaking"})
+SETTLING_EVENTS = frozenset({"agent.state", "tool.ended", "speech.done"})  # the events that can make a run quiet
 
 Handler = Callable[["AguiTranslator", Event, int], list[BaseEvent]]
-StateKey = tuple[str | None, frozenset[str], frozenset[str], str | None]
+StateKey = tuple[Any, ...]
 SHARED_TRANSLATIONS = 4096  # recent (event, stream state) translations kept for the other streams of a session
 
 
@@ -67,27 +72,31 @@ def _state(ts: int, **changes: Any) -> StateDeltaEvent:
 class AguiTranslator:
     """Turns one session's events, in ``seq`` order, into AG-UI events (see the module docstring)."""
 
-    __slots__ = ("_key", "agent_state", "calls", "run_id", "running", "thread_id")
+    __slots__ = ("_key", "agent_state", "calls", "cut", "pending", "run_id", "running", "spoken", "thread_id")
 
     def __init__(self, session_id: str) -> None:
         self.thread_id = session_id
         self.run_id: str | None = None
         self.calls: set[str] = set()  # tool calls started in the open run
-        self.running: set[str] = set()  # ... and not ended yet
+        self.running: set[str] = set()  # ... and not ended yet (or started in a run cut short)
+        self.spoken: set[str] = set()  # speeches of the open run (created in it, or owed by the end of a call)
+        self.pending: set[str] = set()  # ... not done yet
+        self.cut = False  # a speech of the open run was interrupted
         self.agent_state: str | None = None
         self._key: StateKey | None = None  # ``state_key()`` until ``translate`` changes the state
 
     def state_key(self) -> StateKey:
         """Everything ``translate`` depends on besides the event (streams in the same state share a translation)."""
         if self._key is None:  # asked for every event of every stream: built once per change of state
-            self._key = self.run_id, frozenset(self.calls), frozenset(self.running), self.agent_state
+            sets = (frozenset(s) for s in (self.calls, self.running, self.spoken, self.pending))
+            self._key = (self.run_id, *sets, self.cut, self.agent_state)
         return self._key
 
     def restore(self, state: StateKey) -> None:
         if state == self.state_key():
             return
-        self.run_id, calls, running, self.agent_state = state
-        self.calls, self.running = set(calls), set(running)
+        self.run_id, calls, running, spoken, pending, self.cut, self.agent_state = state
+        self.calls, self.running, self.spoken, self.pending = set(calls), set(running), set(spoken), set(pending)
         self._key = state
 
     def translate(self, event: Event) -> list[BaseEvent]:
@@ -97,27 +106,41 @@ class AguiTranslator:
         self._key = None
         ts = int(event.at.timestamp() * 1000)
         out: list[BaseEvent] = []
+        if self.run_id is not None and _new_turn(event):  # the turn it cuts short ends here
+            out.append(self._finish(ts, cancelled=self.cut))
         if self.run_id is None:
-            self.run_id = f"{self.thread_id}.{event.seq}"
-            out.append(
-                RunStartedEvent(
-                    thread_id=self.thread_id, run_id=self.run_id, protocol_version=PROTOCOL_VERSION, timestamp=ts
-                )
-            )
+            out.append(self._open(self._next_run_id(event), ts))
         out.extend(_HANDLERS.get(event.type, _generic)(self, event, ts))
-        if self.run_id is not None and event.type in ("agent.state", "tool.ended") and self._quiet():
-            out.append(self._finish(ts))
+        if self.run_id is not None:
+            if _operator_interrupt(event) and event.data.get("speech_id") in self.spoken:
+                out.append(self._finish(ts, cancelled=True))
+            elif event.type in SETTLING_EVENTS and self._quiet():
+                out.append(self._finish(ts))
         return out
 
-    def _quiet(self) -> bool:
-        return self.agent_state not in BUSY_AGENT_STATES and not self.running
+    def _next_run_id(self, event: Event) -> str:
+        return f"{self.thread_id}.{event.seq}"
 
-    def _finish(self, ts: int) -> RunFinishedEvent:
-        finished = RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id or "", timestamp=ts)
-        self.run_id = None
-        self.calls.clear()
-        self.running.clear()
+    def _open(self, run_id: str, ts: int) -> RunStartedEvent:
+        self.run_id = run_id
+        return RunStartedEvent(thread_id=self.thread_id, run_id=run_id, protocol_version=PROTOCOL_VERSION, timestamp=ts)
+
+    def _quiet(self) -> bool:
+        return self.agent_state not in BUSY_AGENT_STATES and not self.running and not self.pending
+
+    def _finish(self, ts: int, *, cancelled: bool = False) -> RunFinishedEvent:
+        outcome = RunFinishedCancelledOutcome() if cancelled else None
+        finished = RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id or "", outcome=outcome, timestamp=ts)
+        self._close_run()
         return finished
+
+    def _close_run(self) -> None:
+        # calls still running (a run cut short) stay: the run their results land in waits for them, and for the
+        # reply to them
+        self.run_id = None
+        self.cut = False
+        for ids in (self.calls, self.spoken, self.pending):
+            ids.clear()
 
     # -- one handler per event type -----------------------------------------------------------------------------
 
@@ -129,11 +152,13 @@ class AguiTranslator:
         return [_state(ts, agent=event.data.get("agent"), status="active"), *_custom(event, ts)]
 
     def _session_closed(self, event: Event, ts: int) -> list[BaseEvent]:
+        self.running.clear()
         return [_state(ts, status="closed"), self._finish(ts)]
 
     def _session_failed(self, event: Event, ts: int) -> list[BaseEvent]:
         error = RunErrorEvent(message=str(event.data.get("reason", "")), code="session_failed", timestamp=ts)
-        self.run_id = None
+        self.running.clear()
+        self._close_run()
         return [_state(ts, status="failed"), *_custom(event, ts), error]
 
     def _agent_state(self, event: Event, ts: int) -> list[BaseEvent]:
@@ -179,9 +204,29 @@ class AguiTranslator:
             )
         ]
 
+    def _speech_created(self, event: Event, ts: int) -> list[BaseEvent]:
+        self._owes(str(event.data["speech_id"]))
+        return _custom(event, ts)
+
+    def _speech_interrupted(self, event: Event, ts: int) -> list[BaseEvent]:
+        self.cut = self.cut or event.data.get("speech_id") in self.spoken
+        return _custom(event, ts)
+
+    def _speech_done(self, event: Event, ts: int) -> list[BaseEvent]:
+        self.pending.discard(str(event.data["speech_id"]))
+        return _custom(event, ts)
+
+    def _owes(self, speech_id: str) -> None:
+        if speech_id not in self.spoken:  # a speech reported created after it was owed is still the same one
+            self.spoken.add(speech_id)
+            self.pending.add(speech_id)
+
     def _tool_ended(self, event: Event, ts: int) -> list[BaseEvent]:
         call_id = str(event.data["call_id"])
         self.running.discard(call_id)
+        reply = event.data.get("reply_speech_id")
+        if reply is not None:  # the reply to its result belongs to the run its result lands in
+            self._owes(str(reply))
         if call_id not in self.calls:
             # started before this stream's first event (it resumed): AG-UI ties a result to a call of the same run
             return _custom(event, ts)
@@ -197,12 +242,68 @@ class AguiTranslator:
         ]
 
 
+class RunTranslator(AguiTranslator):
+    """The AG-UI events of one run a client started with its input (``POST .../ag-ui``): nothing before the input's
+    ``user.input`` (the previous turn's end, cut short by it), which opens the run under the client's ``run_id``,
+    then the run as ``AguiTranslator`` makes it, up to its ``RUN_FINISHED`` (or ``RUN_ERROR``): ``over`` then. The
+    input's own chat item makes nothing: the client holds that message already, under its own id."""
+
+    __slots__ = ("client_run_id", "item_id", "opened", "over")
+
+    def __init__(self, session_id: str, run_id: str, item_id: str) -> None:
+        super().__init__(session_id)
+        self.client_run_id = run_id
+        self.item_id = item_id
+        self.opened = False
+        self.over = False
+
+    def translate(self, event: Event) -> list[BaseEvent]:
+        if self.over:
+            return []
+        if not self.opened:
+            if event.type == "agent.state":
+                self.agent_state = str(event.data.get("state"))
+            if not (event.type == "user.input" and event.data.get("item_id") == self.item_id):
+                return []
+            self.opened = True
+            return [self._open(self.client_run_id, int(event.at.timestamp() * 1000))]
+        return self._translate_open(event)
+
+    def restarted(self, ts: int) -> RunStartedEvent:
+        """``RUN_STARTED`` again, for a client continuing the run on a new connection. The results of the calls it
+        got before come as ``CUSTOM switchboard.tool.ended`` (as on a resumed watch stream)."""
+        self.calls.clear()
+        return RunStartedEvent(
+            thread_id=self.thread_id, run_id=self.client_run_id, protocol_version=PROTOCOL_VERSION, timestamp=ts
+        )
+
+    def _translate_open(self, event: Event) -> list[BaseEvent]:
+        if event.type == "chat.item" and (event.data.get("item") or {}).get("id") == self.item_id:
+            return []
+        out = super().translate(event)
+        for i, made in enumerate(out):
+            if isinstance(made, RunFinishedEvent | RunErrorEvent):  # the run ends: what follows is the next one's
+                self.over = True
+                return out[: i + 1]
+        return out
+
+
 def _update_item(event: Event) -> bool:
     """``event`` adds a chat item of a progress update's pair (its ``tool.progress`` follows)."""
     if event.type != "chat.item":
         return False
     item = event.data.get("item") or {}
     return UPDATE_MARK in str(item.get("call_id") or "")
+
+
+def _new_turn(event: Event) -> bool:
+    """``event`` is a final user input: it starts a turn."""
+    return event.type == "user.input" and bool(event.data.get("final"))
+
+
+def _operator_interrupt(event: Event) -> bool:
+    """``event`` logs an operator's interrupt that stopped a speech."""
+    return event.type == "operator.action" and event.data.get("action") == "interrupt"
 
 
 def _generic(translator: AguiTranslator, event: Event, ts: int) -> list[BaseEvent]:
@@ -220,6 +321,9 @@ _HANDLERS: dict[str, Handler] = {
     "tool.started": AguiTranslator._tool_started,
     "tool.progress": AguiTranslator._tool_progress,
     "tool.ended": AguiTranslator._tool_ended,
+    "speech.created": AguiTranslator._speech_created,
+    "speech.interrupted": AguiTranslator._speech_interrupted,
+    "speech.done": AguiTranslator._speech_done,
 }
 
 
@@ -260,12 +364,22 @@ SHARED = SharedEncodings()
 
 
 def encode_sse(events: list[BaseEvent], seq: int) -> str:
-    """SSE frames for one session event's AG-UI events; the last carries ``id: <seq>``."""
+    """SSE frames for one session event's AG-UI events; the last carries ``id: <seq>``, and each its position in
+    ``rawEvent`` (``with_positions``)."""
     if not events:
         return ""
-    frames = [f"data: {e.model_dump_json(by_alias=True)}\n\n" for e in events]
+    frames = [f"data: {e.model_dump_json(by_alias=True)}\n\n" for e in with_positions(events, seq)]
     frames[-1] = f"id: {seq}\n{frames[-1]}"
     return "".join(frames)
+
+
+def with_positions(events: list[BaseEvent], seq: int) -> list[BaseEvent]:
+    """``events`` (made from the session event ``seq``), each carrying ``rawEvent: {"seq": <position>}``: where a
+    client that got it resumes from (``since`` or ``Last-Event-ID``). The last is the event's ``seq``; the others,
+    the seq before it, so that resuming from one of them sends the whole session event again, never half of it. A
+    stock client drops the SSE ``id`` but keeps ``rawEvent``."""
+    last = len(events) - 1
+    return [e.model_copy(update={"raw_event": {"seq": seq if i == last else seq - 1}}) for i, e in enumerate(events)]
 
 
 def encode_ws(events: list[BaseEvent], seq: int) -> list[str]:

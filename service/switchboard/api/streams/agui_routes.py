@@ -37,7 +37,7 @@ KEEPALIVE_S = 15.0  # an SSE comment this often on a quiet stream: proxies and c
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _resume_point(since: int | None, last_event_id: str | None) -> int:
+def resume_point(since: int | None, last_event_id: str | None) -> int:
     """Where to resume: ``Last-Event-ID`` (what an EventSource sends when it reconnects) wins over ``since``."""
     if last_event_id is None or not last_event_id.strip():
         return since or 0
@@ -98,7 +98,7 @@ async def stream_session_agui(
     except AuthError as err:
         headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
         raise ProblemError(err.status, err.code, err.detail, headers=headers) from None
-    resume = _resume_point(since, last_event_id)
+    resume = resume_point(since, last_event_id)
     if await services.host.find(sid) is None:
         raise not_found("session", sid)
     try:
@@ -130,7 +130,7 @@ class AguiStream(StreamingResponse):
             try:
                 async with asyncio.timeout(SLOW_CLOSE_TIMEOUT_S if behind else CLOSE_TIMEOUT_S):
                     if behind:  # nothing is lost: the client reconnects with the Last-Event-ID it holds
-                        await send(_chunk(TOO_SLOW))
+                        await send(sse_chunk(TOO_SLOW))
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
             except TimeoutError:  # a client that reads nothing is not waited for: the server closes the connection
                 logger.warning("AG-UI stream of session %s: the client reads nothing; closing", self._sid)
@@ -156,7 +156,7 @@ class AguiStream(StreamingResponse):
 
         async def send_text(text: str) -> None:
             sends.since = time.monotonic()
-            await send(_chunk(text))
+            await send(sse_chunk(text))
             sends.since = None
 
         async def keepalive() -> None:
@@ -191,5 +191,5 @@ class AguiStream(StreamingResponse):
         return session is not None and session.ended
 
 
-def _chunk(text: str) -> Message:
+def sse_chunk(text: str) -> Message:
     return {"type": "http.response.body", "body": text.encode(), "more_body": True}
