@@ -149,7 +149,7 @@ async def test_an_owner_killed_under_a_relayed_edge_closes_it_to_reconnect_anywh
     redis: RedisServer,
 ) -> None:
     """SIGKILL the owner while an edge relayed through node-b plays a speech: the edge is closed with 4410 at once
-    (not left hanging on a dead node); connecting again to any node is answered 4410 until the session is adopted,
+    (not left hanging on a dead node); connecting again to any node is answered 4410 (or 1013) until the session is adopted,
     then the edge plays the session's next speech from its new node."""
     nodes = _nodes(tmp_path, database_url, redis)
     a, b, _ = nodes
@@ -170,7 +170,9 @@ async def test_an_owner_killed_under_a_relayed_edge_closes_it_to_reconnect_anywh
 
             refusals: list[int] = []
             edge = await until(lambda: _served(nodes, sid, refusals), timeout_s=LEASE_S + 40, every_s=0.3)
-            assert set(refusals) <= {4410}, refusals
+            # 4410 until adopted; 1013 (the node's database did not answer in time, on a loaded machine) says
+            # "connect again in a moment" too: both are refusals an edge retries, never a final close
+            assert set(refusals) <= {4410, 1013}, refusals
             await edge.send({"type": "user.transcript", "text": "are you there?"})
             await edge.wait_for("speech.start", timeout=WAIT_S)
             r = await http.get(f"{b.url}/v1/sessions/{sid}")
