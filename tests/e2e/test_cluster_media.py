@@ -149,8 +149,8 @@ async def test_an_owner_killed_under_a_relayed_edge_closes_it_to_reconnect_anywh
     redis: RedisServer,
 ) -> None:
     """SIGKILL the owner while an edge relayed through node-b plays a speech: the edge is closed with 4410 at once
-    (not left hanging on a dead node); connecting again to any node is answered 4410 (or 1013) until the session is adopted,
-    then the edge plays the session's next speech from its new node."""
+    (not left hanging on a dead node); connecting again to any node is answered 4410 (or 1013) until the session is
+    adopted, then the edge plays the session's next speech from its new node."""
     nodes = _nodes(tmp_path, database_url, redis)
     a, b, _ = nodes
     try:
