@@ -240,6 +240,35 @@ async def test_say_without_interruptions_is_a_barrier_in_the_queue() -> None:
 
 
 @on_virtual_clock
+async def test_a_cancelled_protected_speech_is_no_barrier() -> None:
+    async with Harness(Plain(), [{"text": LONG}]) as h:
+        await h.session.input("talk")
+        await speaking(h)
+        notice = await h.session.say("This call is recorded.", allow_interruptions=False)
+        behind = await h.session.say("After the notice.")
+        notice.interrupt(force=True)  # its caller cancelled it: it will never play, so it leaves no gap
+        await h.session.interrupt()
+        await h.idle()
+        assert notice.interrupted and behind.interrupted
+        assert assistant_texts(h)[1:] == []
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_protected_speech_cancelled_while_it_plays_does_not_refuse_an_interrupt() -> None:
+    async with Harness(Plain(), []) as h:
+        current = await h.session.say(LONG, allow_interruptions=False)
+        await speaking(h)
+        behind = await h.session.say("After it.")
+        current.interrupt(force=True)
+        assert await h.session.interrupt() is current  # no NotInterruptible: it is cancelled already
+        await h.idle()
+        assert behind.interrupted
+        assert "After it." not in assistant_texts(h)
+        h.check_invariants()
+
+
+@on_virtual_clock
 async def test_speech_priorities_order_the_queue() -> None:
     async with Harness(Plain(), []) as h:
         await h.session.say(LONG)

@@ -196,8 +196,10 @@ class RunningCall:
 
 
 def protected_by_speech(rc: RunningCall) -> bool:
-    """The speech that made the call is still going on and does not allow interruptions."""
-    return rc.speech is not None and not rc.speech.allow_interruptions and not rc.speech.done
+    """The speech that made the call is still going on and does not allow interruptions (one cancelled with
+    ``force`` protects nothing any more)."""
+    speech = rc.speech
+    return speech is not None and not (speech.allow_interruptions or speech.interrupted or speech.done)
 
 
 def cancel_refusal(rc: RunningCall) -> str | None:
