@@ -72,7 +72,9 @@ async def test_barge_in_before_audio_goes_thinking_to_listening_without_speaking
     async with h:
         first = await h.session.input("tell me everything")
         await asyncio.sleep(0.4)  # tokens are streaming, no audio yet (it would start at 0.7 s)
-        await h.session.input("wait")
+        await h.session.interrupt()  # the user starts talking (a media edge's barge-in)
+        await asyncio.sleep(0.3)
+        await h.session.input("wait")  # the end of the user's turn
         await h.idle()
     assert timeline.states() == ["listening", "thinking", "listening", "thinking", "speaking", "listening"]
     assert [e.data["speech_id"] for e in h.of_type("speech.started")] != [first.speech_id]
@@ -80,6 +82,31 @@ async def test_barge_in_before_audio_goes_thinking_to_listening_without_speaking
     assert [(e.data["speech_id"], e.data["played_text"]) for e in interrupted] == [(first.speech_id, "")]
     assert h.summary() == [("user", "tell me everything"), ("user", "wait"), ("assistant", "Yes?")]
     h.check_invariants()
+
+
+@on_virtual_clock
+async def test_an_input_that_interrupts_goes_from_speaking_straight_to_thinking() -> None:
+    async with Harness(Plain(), [{"text": LONG}, {"text": "Ok, I'll stop now."}]) as h:
+        timeline = Timeline(h)
+        await h.session.input("tell me a story")
+        await speaking(h)
+        await h.session.input("stop from text input")
+        await h.idle()
+        assert timeline.states() == ["thinking", "speaking", "thinking", "speaking", "listening"]
+        assert h.summary()[2:] == [("user", "stop from text input"), ("assistant", "Ok, I'll stop now.")]
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_an_input_that_interrupts_and_asks_no_reply_goes_back_to_listening() -> None:
+    async with Harness(Plain(), [{"text": LONG}]) as h:
+        timeline = Timeline(h)
+        await h.session.input("tell me a story")
+        await speaking(h)
+        await h.session.input("a note for later", reply=False)
+        await h.idle()
+        assert timeline.states() == ["thinking", "speaking", "listening"]
+        h.check_invariants()
 
 
 async def _end_of_speech_to_audio(*, preemptive: bool) -> float:

@@ -126,6 +126,8 @@ class AgentSession(SessionEnds):
         self._commands: set[asyncio.Task[Any]] = set()
         self._closing: asyncio.Task[None] | None = None
         self._suspending: asyncio.Task[None] | None = None
+        # final inputs being taken that ask for a reply: a speech they interrupt yields to thinking, not listening
+        self._answering = 0
         agent.attach(self)
 
     def __repr__(self) -> str:
@@ -282,10 +284,27 @@ class AgentSession(SessionEnds):
             self.speculation.on_interim(text)
             return InputResult(None, None)
         return await self._command(
-            lambda: self._final_input(text, interrupt=interrupt, force=force, reply=reply, role=role, receipt=receipt),
+            lambda: self._answered_input(
+                text, interrupt=interrupt, force=force, reply=reply, role=role, receipt=receipt
+            ),
             "input",
             owed=True,
         )
+
+    async def _answered_input(
+        self, text: str, *, interrupt: bool, force: bool, reply: bool, role: Role, receipt: Receipt[InputResult] | None
+    ) -> InputResult:
+        """A final input; one that asks for a reply takes the agent it interrupts from speaking straight to thinking
+        (as LiveKit does): a dashboard never sees it flicker to listening between the two speeches."""
+        self._answering += int(reply)
+        try:
+            return await self._final_input(
+                text, interrupt=interrupt, force=force, reply=reply, role=role, receipt=receipt
+            )
+        finally:
+            self._answering -= int(reply)
+            if not self._answering and self.agent_state == "thinking" and self.idle:
+                self.set_agent_state("listening")  # no reply was queued after all (the turn hook said so, a failure)
 
     async def _final_input(
         self, text: str, *, interrupt: bool, force: bool, reply: bool, role: Role, receipt: Receipt[InputResult] | None
@@ -455,6 +474,8 @@ class AgentSession(SessionEnds):
         return self.agent.on_model_error
 
     def set_agent_state(self, state: AgentState) -> None:
+        if state == "listening" and self._answering and self.state == SessionStatus.ACTIVE:
+            state = "thinking"  # an input being taken will be answered (``_answered_input``)
         if state != self.agent_state:
             self.agent_state = state
             self.events.emit(ev.AgentStateChanged(state=state))
