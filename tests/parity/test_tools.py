@@ -549,3 +549,24 @@ async def test_the_readme_tool_that_speaks_through_ctx_session_carries_over() ->
             ("assistant", "Thank you for calling. Goodbye!"),
         ]
         assert len(h.llm.requests) == 1, "no tool reply"
+
+
+@on_virtual_clock
+async def test_a_call_made_when_the_agent_offers_no_tools_is_answered_with_an_error_output() -> None:
+    turns = [
+        {"text": "Let me look.", "tool_calls": [{"name": "lookup", "arguments": {}, "id": "c1"}]},
+        {"text": "I cannot look that up. {{tool_output:lookup}}"},
+    ]
+    async with Harness(Other(), turns) as h:
+        await h.session.input("look it up")
+        await h.idle()
+        assert [(r.step, r.tools, r.tool_choice) for r in h.llm.requests] == [(0, [], "none"), (1, [], "none")]
+        output = "Unknown tool 'lookup'. Available tools: (none)."
+        assert h.summary()[1:] == [
+            ("assistant", "Let me look."),
+            ("call", "lookup"),
+            ("output", "lookup", output),
+            ("assistant", f"I cannot look that up. {output}"),
+        ]
+        assert h.store.tool_calls[h.sid]["c1"].status == "failed"
+        h.check_invariants()
