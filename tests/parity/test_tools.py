@@ -173,6 +173,29 @@ class Shop(Agent):
         self.runs.append(("hang_up", interrupted))
         return "hung up"
 
+    @function_tool
+    async def wait_own_speech(self, ctx: RunContext) -> str:
+        """Waits, in the foreground, for the speech that made the call: a circular wait."""
+        assert ctx.speech_handle is not None
+        await ctx.speech_handle.wait_for_playout()
+        return "never returned"
+
+    @function_tool
+    async def wait_queued_say(self, ctx: RunContext) -> str:
+        """Waits, in the foreground, for a speech it queued (it plays after the reply, which waits for the call)."""
+        said = await ctx.session.say("One moment please.")
+        await said.wait_for_playout()
+        return "never returned"
+
+    @function_tool
+    async def wait_own_speech_in_background(self, ctx: RunContext) -> str:
+        """Moves to the background, then waits for the speech that made the call."""
+        assert ctx.speech_handle is not None
+        await ctx.update("waiting for the reply to be heard")
+        await ctx.speech_handle.wait_for_playout()
+        self.runs.append(("heard", ctx.speech_handle.done))
+        return "the reply was heard"
+
 
 def call(name: str, call_id: str, arguments: Any = None) -> dict[str, Any]:
     return {"name": name, "arguments": {} if arguments is None else arguments, "id": call_id}
@@ -569,4 +592,40 @@ async def test_a_call_made_when_the_agent_offers_no_tools_is_answered_with_an_er
             ("assistant", f"I cannot look that up. {output}"),
         ]
         assert h.store.tool_calls[h.sid]["c1"].status == "failed"
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_foreground_tool_waiting_for_its_own_speech_raises_at_once() -> None:
+    loop = asyncio.get_running_loop()
+    turns = [
+        {"text": "Let me check.", "tool_calls": [call("wait_own_speech", "w1"), call("wait_queued_say", "w2")]},
+        {"text": "That did not work."},
+    ]
+    async with Harness(Shop(), turns) as h:
+        asked = loop.time()
+        await h.session.input("check")
+        await h.tools_done()
+        assert loop.time() - asked < 0.1, "the circular wait raised at once, nothing interrupted it"
+        await h.idle()
+        for call_id in ("w1", "w2"):
+            end = ended(h)[call_id]
+            assert (end["status"], end["output"]) == ("failed", INTERNAL_ERROR_OUTPUT)
+            assert end["error"].startswith("CircularWait: ") and "circular wait" in end["error"]
+        assert h.of_type("speech.interrupted") == []
+        texts = [x[1] for x in h.summary() if x[0] == "assistant"]
+        assert texts == ["Let me check.", "That did not work.", "One moment please."]
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_tool_in_the_background_may_wait_for_its_own_speech() -> None:
+    agent = Shop()
+    turns = [{"text": "Let me check.", "tool_calls": [call("wait_own_speech_in_background", "b1")]}]
+    async with Harness(agent, turns, fallback={"text": "It was heard."}) as h:
+        await h.session.input("check")
+        await h.tools_done()
+        await h.idle()
+        assert ("heard", True) in agent.runs
+        assert ended(h)["b1"]["status"] == "completed"
         h.check_invariants()

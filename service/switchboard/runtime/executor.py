@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -17,7 +18,7 @@ from .companions import COMPANION_TOOLS, companion_tools
 from .duplicates import duplicate_verdict, validate_arguments
 from .events import EventLog
 from .ports import Commit, Receipt, completions
-from .speech import NotInterruptible, SpeechHandle, SpeechInfo, SpeechInterrupted
+from .speech import RUNNING_CALL, NotInterruptible, SpeechHandle, SpeechInfo, SpeechInterrupted
 from .tool_call import (
     INTERNAL_ERROR_OUTPUT,
     AlreadyEnded,
@@ -310,7 +311,9 @@ class ToolExecutor(CallEnds):
             return Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", is_error=True)
 
         ctx = RunContext(rc)
-        rc.tool_task = asyncio.create_task(rc.tool.invoke(ctx, args), name=f"tool-body:{name}")
+        body_context = contextvars.copy_context()
+        body_context.run(RUNNING_CALL.set, rc)  # what a wait on a speech checks (``CircularWait``)
+        rc.tool_task = asyncio.create_task(rc.tool.invoke(ctx, args), name=f"tool-body:{name}", context=body_context)
         await asyncio.wait({rc.tool_task, rc.abandoned_fut}, return_when=asyncio.FIRST_COMPLETED)
         return outcome_of(rc, self.session_id)
 

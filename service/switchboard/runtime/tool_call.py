@@ -167,6 +167,10 @@ class RunningCall:
         return self.info.call_id
 
     @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
     def session_id(self) -> str:
         return self.executor.session_id
 

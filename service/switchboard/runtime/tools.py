@@ -473,7 +473,7 @@ class RunContext:
 
         What it queues plays after the reply that made this call, and that reply waits for this call while it
         runs in the foreground: a tool that waits for the playout of a speech it queued must first move to the
-        background (``ctx.update()``), or it waits until the user interrupts.
+        background (``ctx.update()``), or the wait raises ``CircularWait`` at once.
         """
         session = self._call.session
         if session is None:
