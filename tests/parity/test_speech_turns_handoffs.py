@@ -177,6 +177,49 @@ async def test_playback_started_is_reported_by_the_playout_so_a_media_edge_can_d
         h.check_invariants()
 
 
+@on_virtual_clock
+async def test_a_cut_reply_commits_what_was_generated_when_the_sink_reports_no_heard_text() -> None:
+    edge = EdgePlayout()
+    async with Harness(Plain(), [{"text": "One two three four."}, {"text": "Sure."}], playout=edge) as h:
+        await h.session.input("count")
+        await asyncio.sleep(0.1)
+        edge.streams[0].playback_started()  # a sink with no word timings: it never reports a position
+        await h.session.input("stop")
+        while len(edge.streams) < 2:  # the reply to "stop" is generating
+            await asyncio.sleep(0.01)
+        edge.streams[1].playback_finished()
+        await h.idle()
+        assert h.summary()[1:] == [
+            ("assistant", "One two three four.", "interrupted"),
+            ("user", "stop"),
+            ("assistant", "Sure."),
+        ]
+
+        # closed while it plays: the same
+        await h.session.say("Five six seven.")
+        await asyncio.sleep(0.1)
+        edge.streams[2].playback_started()
+    assert h.summary()[-1] == ("assistant", "Five six seven.", "interrupted")
+    h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_sink_that_reports_positions_is_trusted_even_when_nothing_was_heard() -> None:
+    edge = EdgePlayout()
+    async with Harness(Plain(), [{"text": "One two three four."}, {"text": "Sure."}], playout=edge) as h:
+        await h.session.input("count")
+        await asyncio.sleep(0.1)
+        edge.streams[0].playback_started()
+        edge.streams[0].playback_progress(0)  # its word timings: not one word was heard yet
+        await h.session.input("stop")
+        while len(edge.streams) < 2:  # the reply to "stop" is generating
+            await asyncio.sleep(0.01)
+        edge.streams[1].playback_finished()
+        await h.idle()
+        assert h.summary() == [("user", "count"), ("user", "stop"), ("assistant", "Sure.")]
+        h.check_invariants()
+
+
 # -- 2. an interrupt interrupts the chain -----------------------------------------------------------------------
 
 
