@@ -220,6 +220,38 @@ async def test_a_sink_that_reports_positions_is_trusted_even_when_nothing_was_he
         h.check_invariants()
 
 
+@on_virtual_clock
+async def test_a_close_waits_briefly_for_the_trailing_transcript_of_a_user_turn_under_way() -> None:
+    loop = asyncio.get_running_loop()
+    async with Harness(Plain(), [], fallback={"text": "never said"}) as h:
+        await h.session.input("I would like to", final=False)  # the user is talking
+        asked = loop.time()
+        closing = asyncio.create_task(h.session.aclose())
+        await asyncio.sleep(0.5)
+        result = await h.session.input("I would like to cancel my order")  # the final transcript, just after
+        await closing
+        assert loop.time() - asked == pytest.approx(0.5)
+    assert result.item_id is not None and result.speech_id is None, "recorded, not answered: the session closes"
+    assert h.summary() == [("user", "I would like to cancel my order")]
+    assert not h.llm.requests
+    h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_close_waits_for_a_trailing_transcript_two_seconds_at_most_and_not_at_all_without_a_turn() -> None:
+    loop = asyncio.get_running_loop()
+    async with Harness(Plain(), []) as h:
+        asked = loop.time()
+        await h.session.aclose()  # nobody is talking: at once
+        assert loop.time() == pytest.approx(asked)
+    async with Harness(Plain(), []) as h:
+        await h.session.input("and one more", final=False)
+        asked = loop.time()
+        await h.session.aclose()
+        assert loop.time() - asked == pytest.approx(2.0)  # LiveKit's session_close_transcript_timeout
+    assert h.summary() == []
+
+
 # -- 2. an interrupt interrupts the chain -----------------------------------------------------------------------
 
 

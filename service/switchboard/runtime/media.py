@@ -56,6 +56,10 @@ class EdgeSession(Protocol):
 
     async def interrupt(self, *, force: bool = False) -> SpeechHandle | None: ...
 
+    def user_speaking(self) -> None: ...
+
+    def user_gone(self) -> None: ...
+
     async def input(
         self, text: str, *, final: bool = True, receipt: Receipt[InputResult] | None = None
     ) -> InputResult: ...
@@ -192,6 +196,7 @@ class MediaEdge:
         return stream is not None and not stream.ended
 
     async def _barge_in(self) -> None:
+        self.session.user_speaking()  # a close now waits briefly for the final transcript
         current = self.session.current_speech
         if current is not None and current.allow_interruptions and not current.done:
             # at once, before the command's turn comes: its audio stops and its waits are released now (I3); the
@@ -234,6 +239,7 @@ class MediaEdge:
         if self.gone:
             return
         self.gone = True
+        self.session.user_gone()  # no transcript comes from an edge that left: a close waits for none
         for stream in list(self._streams.values()):
             if not stream.ended:
                 logger.info(
