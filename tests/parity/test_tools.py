@@ -16,7 +16,7 @@ from switchboard.runtime.chat import FunctionCall, FunctionCallOutput, validate
 from switchboard.runtime.executor import INTERNAL_ERROR_OUTPUT
 from switchboard.runtime.speech import NotInterruptible
 from switchboard.runtime.tool_call import MAX_ERROR_CHARS
-from switchboard.runtime.tools import TRUNCATION_MARKER
+from switchboard.runtime.tools import TRUNCATION_MARKER, ToolStatus
 
 from ..unit.harness import Harness
 from .clock import on_virtual_clock
@@ -195,6 +195,17 @@ class Shop(Agent):
         await ctx.speech_handle.wait_for_playout()
         self.runs.append(("heard", ctx.speech_handle.done))
         return "the reply was heard"
+
+    @function_tool(allow_cancellation=True)
+    async def deaf(self, ctx: RunContext) -> str:
+        """Ignores its cancellation (a badly written tool) and returns once the gate opens."""
+        await ctx.update("working")
+        while not self.gate.is_set():
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:
+                self.runs.append(("deaf", "swallowed a cancellation"))
+        return "finished anyway"
 
 
 def call(name: str, call_id: str, arguments: Any = None) -> dict[str, Any]:
@@ -629,3 +640,51 @@ async def test_a_tool_in_the_background_may_wait_for_its_own_speech() -> None:
         assert ("heard", True) in agent.runs
         assert ended(h)["b1"]["status"] == "completed"
         h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_cancelled_tool_that_ignores_cancellation_stays_listed_cancelling_until_its_body_settles() -> None:
+    loop = asyncio.get_running_loop()
+    agent = Shop()
+    async with Harness(agent, [{"text": "On it.", "tool_calls": [call("deaf", "d1")]}]) as h:
+        await h.session.input("go")
+        await h.wait_for("tool.progress")
+        asked = loop.time()
+        info = await h.session.cancel_tool("d1")
+        assert loop.time() - asked == pytest.approx(0.2 + 1.0), "the cancel returns after the grace (bounded)"
+        assert info.status == "cancelling" and not info.ended
+        assert [c.call_id for c in h.session.tool_calls(ToolStatus.RUNNING)] == ["d1"], "still listed as running"
+        assert h.store.tool_calls[h.sid]["d1"].status == "cancelling"
+        assert [e.data for e in h.of_type("tool.cancelling")] == [
+            {"call_id": "d1", "reason": "cancelled by an operator"}
+        ]
+        assert h.of_type("tool.ended") == []
+        again = await h.session.cancel_tool("d1")  # at once: it is cancelling already
+        assert again.status == "cancelling"
+
+        await asyncio.sleep(5)
+        assert h.session.tool_call("d1").status == "cancelling"
+        agent.gate.set()  # the body settles at last: the call ends, exactly once
+        await h.tools_done()
+        await h.idle()
+        assert [(e.data["call_id"], e.data["status"]) for e in h.of_type("tool.ended")] == [("d1", "cancelled")]
+        assert h.store.tool_calls[h.sid]["d1"].status == "cancelled"
+        assert h.session.tool_calls(ToolStatus.RUNNING) == []
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_close_does_not_wait_for_a_tool_that_ignores_its_cancellation() -> None:
+    loop = asyncio.get_running_loop()
+    agent = Shop()
+    async with Harness(agent, [{"text": "On it.", "tool_calls": [call("deaf", "d1")]}]) as h:
+        await h.session.input("go")
+        await h.wait_for("tool.progress")
+        info = await h.session.cancel_tool("d1")
+        assert info.status == "cancelling"
+        asked = loop.time()
+    assert loop.time() - asked < 0.1, "a close lets a cancelling call's body go at once"
+    assert [(e.data["call_id"], e.data["status"]) for e in h.of_type("tool.ended")] == [("d1", "cancelled")]
+    h.check_invariants()
+    agent.gate.set()  # the body, let go by the close, ends on its own
+    await asyncio.sleep(0)

@@ -238,7 +238,7 @@ class AgentSession(SessionEnds):
         return self.speeches.get(speech_id)
 
     def tool_calls(self, status: ToolStatus | None = None) -> list[ToolCallInfo]:
-        return [rc.info for rc in self.executor.calls() if status is None or rc.info.status == status]
+        return [rc.info for rc in self.executor.calls() if rc.info.listed_as(status)]
 
     def tool_call(self, call_id: str) -> ToolCallInfo | None:
         rc = self.executor.get(call_id)

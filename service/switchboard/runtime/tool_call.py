@@ -138,11 +138,18 @@ class RunningCall:
     end_error: Exception | None = None
     # the idempotency receipts of the commands that decide its end (a cancel, a reported result): its end commits them
     end_receipts: list[Receipt[ToolCallInfo]] = field(default_factory=list)
+    # the receipts of the cancel commands that cancel it: answered by its end, or by its `cancelling` record
+    cancel_receipts: list[Receipt[ToolCallInfo]] = field(default_factory=list)
     cancel_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     settled_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     ended_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     # resolved when the body ignored cancellation past its grace: the call ends without waiting for it
     abandoned_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    # resolved when the body ignored an operator's or the model's cancellation past its grace: the call is then
+    # `cancelling`, still running, until its body returns (``cancelling_fut``: once that is recorded)
+    deaf_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    cancelling_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    drained: bool = False  # cancelled by a drain (a handoff, a close), which lets a body that ignores it go
     # the call's progress and its end are written one at a time, in order (an update never lands after the end)
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
