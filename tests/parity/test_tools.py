@@ -200,6 +200,11 @@ class Shop(Agent):
     async def deaf(self, ctx: RunContext) -> str:
         """Ignores its cancellation (a badly written tool) and returns once the gate opens."""
         await ctx.update("working")
+        return await self.deaf_in_the_foreground.fn(self, ctx)
+
+    @function_tool(allow_cancellation=True)
+    async def deaf_in_the_foreground(self, ctx: RunContext) -> str:
+        """Ignores its cancellation, in the foreground, and returns once the gate opens."""
         while not self.gate.is_set():
             try:
                 await self.gate.wait()
@@ -688,3 +693,22 @@ async def test_a_close_does_not_wait_for_a_tool_that_ignores_its_cancellation() 
     h.check_invariants()
     agent.gate.set()  # the body, let go by the close, ends on its own
     await asyncio.sleep(0)
+
+
+@on_virtual_clock
+async def test_the_reply_goes_on_without_a_foreground_call_that_is_cancelling() -> None:
+    agent = Shop()
+    turns = [{"text": "On it.", "tool_calls": [call("deaf_in_the_foreground", "d1")]}]
+    async with Harness(agent, turns, fallback={"text": "never asked"}) as h:
+        await h.session.input("go")
+        await h.wait_for("tool.started")
+        info = await h.session.cancel_tool("d1")
+        assert info.status == "cancelling"
+        await h.idle()  # the reply ended: it does not wait for a call its operator cancelled
+        assert len(h.llm.requests) == 1, "no tool reply for a cancelled call"
+        assert h.session.tool_call("d1").status == "cancelling"
+        agent.gate.set()
+        await h.tools_done()
+        assert outputs(h)["d1"].output == "finished anyway"  # what it returned, late: the call ends cancelled
+        assert ended(h)["d1"]["status"] == "cancelled"
+        h.check_invariants()

@@ -348,6 +348,10 @@ class ToolExecutor(CallEnds):
                 rc.info = info
                 self._events.emit(ev.ToolCancelling(call_id=rc.call_id, reason=rc.cancel_reason or "cancelled"))
         finally:
+            # the reply that made it goes on without it, asking for no tool reply of its own (it was cancelled): its
+            # pair lands when its body returns
+            rc.needs_reply = False
+            resolve(rc.settled_fut, None)
             resolve(rc.cancelling_fut, None)
 
     async def _apply_duplicate_policy(self, rc: RunningCall, args: dict[str, Any]) -> Outcome | None:
