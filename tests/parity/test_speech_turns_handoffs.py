@@ -72,7 +72,9 @@ async def test_barge_in_before_audio_goes_thinking_to_listening_without_speaking
     async with h:
         first = await h.session.input("tell me everything")
         await asyncio.sleep(0.4)  # tokens are streaming, no audio yet (it would start at 0.7 s)
-        await h.session.input("wait")
+        await h.session.interrupt()  # the user starts talking (a media edge's barge-in)
+        await asyncio.sleep(0.3)
+        await h.session.input("wait")  # the end of the user's turn
         await h.idle()
     assert timeline.states() == ["listening", "thinking", "listening", "thinking", "speaking", "listening"]
     assert [e.data["speech_id"] for e in h.of_type("speech.started")] != [first.speech_id]
@@ -80,6 +82,31 @@ async def test_barge_in_before_audio_goes_thinking_to_listening_without_speaking
     assert [(e.data["speech_id"], e.data["played_text"]) for e in interrupted] == [(first.speech_id, "")]
     assert h.summary() == [("user", "tell me everything"), ("user", "wait"), ("assistant", "Yes?")]
     h.check_invariants()
+
+
+@on_virtual_clock
+async def test_an_input_that_interrupts_goes_from_speaking_straight_to_thinking() -> None:
+    async with Harness(Plain(), [{"text": LONG}, {"text": "Ok, I'll stop now."}]) as h:
+        timeline = Timeline(h)
+        await h.session.input("tell me a story")
+        await speaking(h)
+        await h.session.input("stop from text input")
+        await h.idle()
+        assert timeline.states() == ["thinking", "speaking", "thinking", "speaking", "listening"]
+        assert h.summary()[2:] == [("user", "stop from text input"), ("assistant", "Ok, I'll stop now.")]
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_an_input_that_interrupts_and_asks_no_reply_goes_back_to_listening() -> None:
+    async with Harness(Plain(), [{"text": LONG}]) as h:
+        timeline = Timeline(h)
+        await h.session.input("tell me a story")
+        await speaking(h)
+        await h.session.input("a note for later", reply=False)
+        await h.idle()
+        assert timeline.states() == ["thinking", "speaking", "listening"]
+        h.check_invariants()
 
 
 async def _end_of_speech_to_audio(*, preemptive: bool) -> float:
@@ -148,6 +175,81 @@ async def test_playback_started_is_reported_by_the_playout_so_a_media_edge_can_d
         await h.idle()
         assert h.summary()[2:] == [("assistant", "One two", "interrupted"), ("user", "stop"), ("assistant", "Sure.")]
         h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_cut_reply_commits_what_was_generated_when_the_sink_reports_no_heard_text() -> None:
+    edge = EdgePlayout()
+    async with Harness(Plain(), [{"text": "One two three four."}, {"text": "Sure."}], playout=edge) as h:
+        await h.session.input("count")
+        await asyncio.sleep(0.1)
+        edge.streams[0].playback_started()  # a sink with no word timings: it never reports a position
+        await h.session.input("stop")
+        while len(edge.streams) < 2:  # the reply to "stop" is generating
+            await asyncio.sleep(0.01)
+        edge.streams[1].playback_finished()
+        await h.idle()
+        assert h.summary()[1:] == [
+            ("assistant", "One two three four.", "interrupted"),
+            ("user", "stop"),
+            ("assistant", "Sure."),
+        ]
+
+        # closed while it plays: the same
+        await h.session.say("Five six seven.")
+        await asyncio.sleep(0.1)
+        edge.streams[2].playback_started()
+    assert h.summary()[-1] == ("assistant", "Five six seven.", "interrupted")
+    h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_sink_that_reports_positions_is_trusted_even_when_nothing_was_heard() -> None:
+    edge = EdgePlayout()
+    async with Harness(Plain(), [{"text": "One two three four."}, {"text": "Sure."}], playout=edge) as h:
+        await h.session.input("count")
+        await asyncio.sleep(0.1)
+        edge.streams[0].playback_started()
+        edge.streams[0].playback_progress(0)  # its word timings: not one word was heard yet
+        await h.session.input("stop")
+        while len(edge.streams) < 2:  # the reply to "stop" is generating
+            await asyncio.sleep(0.01)
+        edge.streams[1].playback_finished()
+        await h.idle()
+        assert h.summary() == [("user", "count"), ("user", "stop"), ("assistant", "Sure.")]
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_close_waits_briefly_for_the_trailing_transcript_of_a_user_turn_under_way() -> None:
+    loop = asyncio.get_running_loop()
+    async with Harness(Plain(), [], fallback={"text": "never said"}) as h:
+        await h.session.input("I would like to", final=False)  # the user is talking
+        asked = loop.time()
+        closing = asyncio.create_task(h.session.aclose())
+        await asyncio.sleep(0.5)
+        result = await h.session.input("I would like to cancel my order")  # the final transcript, just after
+        await closing
+        assert loop.time() - asked == pytest.approx(0.5)
+    assert result.item_id is not None and result.speech_id is None, "recorded, not answered: the session closes"
+    assert h.summary() == [("user", "I would like to cancel my order")]
+    assert not h.llm.requests
+    h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_close_waits_for_a_trailing_transcript_two_seconds_at_most_and_not_at_all_without_a_turn() -> None:
+    loop = asyncio.get_running_loop()
+    async with Harness(Plain(), []) as h:
+        asked = loop.time()
+        await h.session.aclose()  # nobody is talking: at once
+        assert loop.time() == pytest.approx(asked)
+    async with Harness(Plain(), []) as h:
+        await h.session.input("and one more", final=False)
+        asked = loop.time()
+        await h.session.aclose()
+        assert loop.time() - asked == pytest.approx(2.0)  # LiveKit's session_close_transcript_timeout
+    assert h.summary() == []
 
 
 # -- 2. an interrupt interrupts the chain -----------------------------------------------------------------------
@@ -236,6 +338,35 @@ async def test_say_without_interruptions_is_a_barrier_in_the_queue() -> None:
             ("assistant", "Please hold while I check."),
             ("assistant", "Sure, stopping."),
         ]
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_cancelled_protected_speech_is_no_barrier() -> None:
+    async with Harness(Plain(), [{"text": LONG}]) as h:
+        await h.session.input("talk")
+        await speaking(h)
+        notice = await h.session.say("This call is recorded.", allow_interruptions=False)
+        behind = await h.session.say("After the notice.")
+        notice.interrupt(force=True)  # its caller cancelled it: it will never play, so it leaves no gap
+        await h.session.interrupt()
+        await h.idle()
+        assert notice.interrupted and behind.interrupted
+        assert assistant_texts(h)[1:] == []
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_protected_speech_cancelled_while_it_plays_does_not_refuse_an_interrupt() -> None:
+    async with Harness(Plain(), []) as h:
+        current = await h.session.say(LONG, allow_interruptions=False)
+        await speaking(h)
+        behind = await h.session.say("After it.")
+        current.interrupt(force=True)
+        assert await h.session.interrupt() is current  # no NotInterruptible: it is cancelled already
+        await h.idle()
+        assert behind.interrupted
+        assert "After it." not in assistant_texts(h)
         h.check_invariants()
 
 

@@ -16,7 +16,7 @@ from switchboard.runtime.chat import FunctionCall, FunctionCallOutput, validate
 from switchboard.runtime.executor import INTERNAL_ERROR_OUTPUT
 from switchboard.runtime.speech import NotInterruptible
 from switchboard.runtime.tool_call import MAX_ERROR_CHARS
-from switchboard.runtime.tools import TRUNCATION_MARKER
+from switchboard.runtime.tools import TRUNCATION_MARKER, ToolStatus
 
 from ..unit.harness import Harness
 from .clock import on_virtual_clock
@@ -172,6 +172,45 @@ class Shop(Agent):
         interrupted = await ctx.session.interrupt()
         self.runs.append(("hang_up", interrupted))
         return "hung up"
+
+    @function_tool
+    async def wait_own_speech(self, ctx: RunContext) -> str:
+        """Waits, in the foreground, for the speech that made the call: a circular wait."""
+        assert ctx.speech_handle is not None
+        await ctx.speech_handle.wait_for_playout()
+        return "never returned"
+
+    @function_tool
+    async def wait_queued_say(self, ctx: RunContext) -> str:
+        """Waits, in the foreground, for a speech it queued (it plays after the reply, which waits for the call)."""
+        said = await ctx.session.say("One moment please.")
+        await said.wait_for_playout()
+        return "never returned"
+
+    @function_tool
+    async def wait_own_speech_in_background(self, ctx: RunContext) -> str:
+        """Moves to the background, then waits for the speech that made the call."""
+        assert ctx.speech_handle is not None
+        await ctx.update("waiting for the reply to be heard")
+        await ctx.speech_handle.wait_for_playout()
+        self.runs.append(("heard", ctx.speech_handle.done))
+        return "the reply was heard"
+
+    @function_tool(allow_cancellation=True)
+    async def deaf(self, ctx: RunContext) -> str:
+        """Ignores its cancellation (a badly written tool) and returns once the gate opens."""
+        await ctx.update("working")
+        return await self.deaf_in_the_foreground.fn(self, ctx)
+
+    @function_tool(allow_cancellation=True)
+    async def deaf_in_the_foreground(self, ctx: RunContext) -> str:
+        """Ignores its cancellation, in the foreground, and returns once the gate opens."""
+        while not self.gate.is_set():
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:
+                self.runs.append(("deaf", "swallowed a cancellation"))
+        return "finished anyway"
 
 
 def call(name: str, call_id: str, arguments: Any = None) -> dict[str, Any]:
@@ -549,3 +588,127 @@ async def test_the_readme_tool_that_speaks_through_ctx_session_carries_over() ->
             ("assistant", "Thank you for calling. Goodbye!"),
         ]
         assert len(h.llm.requests) == 1, "no tool reply"
+
+
+@on_virtual_clock
+async def test_a_call_made_when_the_agent_offers_no_tools_is_answered_with_an_error_output() -> None:
+    turns = [
+        {"text": "Let me look.", "tool_calls": [{"name": "lookup", "arguments": {}, "id": "c1"}]},
+        {"text": "I cannot look that up. {{tool_output:lookup}}"},
+    ]
+    async with Harness(Other(), turns) as h:
+        await h.session.input("look it up")
+        await h.idle()
+        assert [(r.step, r.tools, r.tool_choice) for r in h.llm.requests] == [(0, [], "none"), (1, [], "none")]
+        output = "Unknown tool 'lookup'. Available tools: (none)."
+        assert h.summary()[1:] == [
+            ("assistant", "Let me look."),
+            ("call", "lookup"),
+            ("output", "lookup", output),
+            ("assistant", f"I cannot look that up. {output}"),
+        ]
+        assert h.store.tool_calls[h.sid]["c1"].status == "failed"
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_foreground_tool_waiting_for_its_own_speech_raises_at_once() -> None:
+    loop = asyncio.get_running_loop()
+    turns = [
+        {"text": "Let me check.", "tool_calls": [call("wait_own_speech", "w1"), call("wait_queued_say", "w2")]},
+        {"text": "That did not work."},
+    ]
+    async with Harness(Shop(), turns) as h:
+        asked = loop.time()
+        await h.session.input("check")
+        await h.tools_done()
+        assert loop.time() - asked < 0.1, "the circular wait raised at once, nothing interrupted it"
+        await h.idle()
+        for call_id in ("w1", "w2"):
+            end = ended(h)[call_id]
+            assert (end["status"], end["output"]) == ("failed", INTERNAL_ERROR_OUTPUT)
+            assert end["error"].startswith("CircularWait: ") and "circular wait" in end["error"]
+        assert h.of_type("speech.interrupted") == []
+        texts = [x[1] for x in h.summary() if x[0] == "assistant"]
+        assert texts == ["Let me check.", "That did not work.", "One moment please."]
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_tool_in_the_background_may_wait_for_its_own_speech() -> None:
+    agent = Shop()
+    turns = [{"text": "Let me check.", "tool_calls": [call("wait_own_speech_in_background", "b1")]}]
+    async with Harness(agent, turns, fallback={"text": "It was heard."}) as h:
+        await h.session.input("check")
+        await h.tools_done()
+        await h.idle()
+        assert ("heard", True) in agent.runs
+        assert ended(h)["b1"]["status"] == "completed"
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_cancelled_tool_that_ignores_cancellation_stays_listed_cancelling_until_its_body_settles() -> None:
+    loop = asyncio.get_running_loop()
+    agent = Shop()
+    async with Harness(agent, [{"text": "On it.", "tool_calls": [call("deaf", "d1")]}]) as h:
+        await h.session.input("go")
+        await h.wait_for("tool.progress")
+        asked = loop.time()
+        info = await h.session.cancel_tool("d1")
+        assert loop.time() - asked == pytest.approx(0.2 + 1.0), "the cancel returns after the grace (bounded)"
+        assert info.status == "cancelling" and not info.ended
+        assert [c.call_id for c in h.session.tool_calls(ToolStatus.RUNNING)] == ["d1"], "still listed as running"
+        assert h.store.tool_calls[h.sid]["d1"].status == "cancelling"
+        assert [e.data for e in h.of_type("tool.cancelling")] == [
+            {"call_id": "d1", "reason": "cancelled by an operator"}
+        ]
+        assert h.of_type("tool.ended") == []
+        again = await h.session.cancel_tool("d1")  # at once: it is cancelling already
+        assert again.status == "cancelling"
+
+        await asyncio.sleep(5)
+        assert h.session.tool_call("d1").status == "cancelling"
+        agent.gate.set()  # the body settles at last: the call ends, exactly once
+        await h.tools_done()
+        await h.idle()
+        assert [(e.data["call_id"], e.data["status"]) for e in h.of_type("tool.ended")] == [("d1", "cancelled")]
+        assert h.store.tool_calls[h.sid]["d1"].status == "cancelled"
+        assert h.session.tool_calls(ToolStatus.RUNNING) == []
+        h.check_invariants()
+
+
+@on_virtual_clock
+async def test_a_close_does_not_wait_for_a_tool_that_ignores_its_cancellation() -> None:
+    loop = asyncio.get_running_loop()
+    agent = Shop()
+    async with Harness(agent, [{"text": "On it.", "tool_calls": [call("deaf", "d1")]}]) as h:
+        await h.session.input("go")
+        await h.wait_for("tool.progress")
+        info = await h.session.cancel_tool("d1")
+        assert info.status == "cancelling"
+        asked = loop.time()
+    assert loop.time() - asked < 0.1, "a close lets a cancelling call's body go at once"
+    assert [(e.data["call_id"], e.data["status"]) for e in h.of_type("tool.ended")] == [("d1", "cancelled")]
+    h.check_invariants()
+    agent.gate.set()  # the body, let go by the close, ends on its own
+    await asyncio.sleep(0)
+
+
+@on_virtual_clock
+async def test_the_reply_goes_on_without_a_foreground_call_that_is_cancelling() -> None:
+    agent = Shop()
+    turns = [{"text": "On it.", "tool_calls": [call("deaf_in_the_foreground", "d1")]}]
+    async with Harness(agent, turns, fallback={"text": "never asked"}) as h:
+        await h.session.input("go")
+        await h.wait_for("tool.started")
+        info = await h.session.cancel_tool("d1")
+        assert info.status == "cancelling"
+        await h.idle()  # the reply ended: it does not wait for a call its operator cancelled
+        assert len(h.llm.requests) == 1, "no tool reply for a cancelled call"
+        assert h.session.tool_call("d1").status == "cancelling"
+        agent.gate.set()
+        await h.tools_done()
+        assert outputs(h)["d1"].output == "finished anyway"  # what it returned, late: the call ends cancelled
+        assert ended(h)["d1"]["status"] == "cancelled"
+        h.check_invariants()

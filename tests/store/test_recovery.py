@@ -78,6 +78,22 @@ class Worker(Agent):
             await forever()
         return "fetched"
 
+    @function_tool(on_restart="retry", allow_cancellation=True)
+    async def deaf_fetch(self, ctx: RunContext) -> str:
+        """Safe to run again, but ignores its cancellation until released."""
+        RUNS["deaf_fetch"] += 1
+        await ctx.update("fetching")
+        release = RELEASES[-1]
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue  # a badly written tool
+        return "fetched"
+
+
+RELEASES: list[asyncio.Event] = []  # one per test (an event belongs to its test's loop)
+
 
 class Retired(Worker):
     pass
@@ -251,6 +267,34 @@ async def test_retry_tool_left_running_is_run_again_once(db: Db, runs: Counter[s
     finally:
         await second.stop()
     assert runs["reserve"] == 2
+
+
+async def test_a_cancelling_call_left_by_a_restart_ends_interrupted_and_is_never_run_again(
+    db: Db, runs: Counter[str]
+) -> None:
+    RELEASES.append(release := asyncio.Event())
+    turns = [{"text": "Fetching.", "tool_calls": [{"name": "deaf_fetch"}]}]
+    first = await Proc(db, AGENTS).start()
+    try:
+        await first.create("s", turns)
+        await first.host.sessions["s"].input("fetch")
+        await first.until("s", "tool.progress")
+        call_id = (await first.store.tool_calls("s"))[0].call_id
+        info = await first.host.sessions["s"].cancel_tool(call_id)  # its tool ignores it: cancelling
+        assert info.status == ToolStatus.CANCELLING
+        await first.stop()
+        second = await Proc(db, AGENTS).start()
+        try:
+            recovered = await second.until("s", "session.recovered")
+            assert recovered.data["interrupted_calls"] == [call_id] and recovered.data["retried_calls"] == []
+            ended = await second.store.tool_call("s", call_id)
+            assert ended is not None and ended.status == ToolStatus.INTERRUPTED
+            assert runs["deaf_fetch"] == 1, "a cancelled call is never run again"
+            await check_chat(second.store, "s")
+        finally:
+            await second.stop()
+    finally:
+        release.set()  # the body the first process let go of ends now
 
 
 async def test_retry_tool_already_in_the_background_keeps_one_pair(db: Db, runs: Counter[str]) -> None:

@@ -171,6 +171,20 @@ async def test_running_tool_calls_across_sessions(store: Store) -> None:
     assert await store.running_tool_calls(limit=1) == [("s2", b)]
 
 
+async def test_a_cancelling_call_is_listed_as_running_until_it_ends(store: Store) -> None:
+    running = ToolCallInfo(call_id="a", name="t", cancellable=True, started_at=at(1))
+    cancelling = running.model_copy(update={"status": ToolStatus.CANCELLING})
+    await store.chat_store().commit("s1", Commit(tool_calls=[cancelling]))
+    assert await store.running_tool_calls() == [("s1", cancelling)]
+    assert await store.tool_calls("s1", status="running") == [cancelling]
+    assert await store.tool_calls_after("s1", None, 10, status="running") == [cancelling]
+    assert await store.tool_calls("s1", status="cancelling") == [cancelling]
+    ended = cancelling.model_copy(update={"status": ToolStatus.CANCELLED, "output": "late", "ended_at": at(2)})
+    await store.chat_store().commit("s1", Commit(tool_calls=[ended]))
+    assert await store.running_tool_calls() == []
+    assert await store.tool_calls("s1", status="running") == []
+
+
 async def test_running_tool_calls_that_started_at_the_same_instant_have_one_order(store: Store) -> None:
     """Calls of several sessions started within the clock's resolution: the list is by (started_at, session, call),
     so a limit cuts it at the same place on every read and in every database."""

@@ -32,6 +32,7 @@ DOCUMENTED = {  # the event types the design names, with the keys its consumers 
     "chat.item": {"item"},
     "tool.started": {"call_id", "name", "arguments", "cancellable", "speech_id"},
     "tool.progress": {"call_id", "message", "progress"},
+    "tool.cancelling": {"call_id", "reason"},
     "tool.ended": {"call_id", "name", "status", "output", "is_error"},
     "operator.action": {"action", "actor"},
 }

@@ -126,6 +126,54 @@ async def test_progress_that_arrives_in_the_same_tick_as_an_interrupt_is_not_hea
         assert speech.played_text == "one"
 
 
+async def test_an_edge_without_word_timings_cut_after_its_audio_started_keeps_what_it_was_sent() -> None:
+    h, playout = harness(Waiter(), [])
+    async with h:
+        s = Setup(h, playout)
+        first = await h.session.say(WORDS)
+        await s.until_sent("speech.end")
+        await s.frame(type="playback.started", speech_id=first.id)
+        await s.frame(type="user.speech_started")
+        await h.idle()
+        assert first.played_text == WORDS and h.summary()[-1] == ("assistant", WORDS, "interrupted")
+
+        # once the edge has reported a position, its reports are what was heard, from its next speech on too
+        second = await h.session.say("You may cut me off.")
+        await asyncio.sleep(0.01)
+        await s.frame(type="playback.progress", speech_id=second.id, played_chars=3)
+        await s.frame(type="playback.finished", speech_id=second.id, interrupted=True)
+        third = await h.session.say("Cut before a word.")
+        await asyncio.sleep(0.01)
+        await s.frame(type="playback.started", speech_id=third.id)
+        await s.frame(type="user.speech_started")
+        await h.idle()
+        assert (second.played_text, third.played_text) == ("You", "")
+        assert h.summary()[-1] == ("assistant", "You", "interrupted")
+
+
+async def test_a_close_takes_the_final_transcript_of_a_barge_in_that_arrives_just_after_it() -> None:
+    h, playout = harness(Waiter(), [{"text": WORDS}])
+    async with h:
+        s = Setup(h, playout)
+        await h.session.input("tell me")
+        await s.until_sent("speech.end")
+        await s.frame(type="user.speech_started")  # the caller talks over the agent, then hangs up
+        closing = asyncio.create_task(h.session.aclose())
+        await asyncio.sleep(0.05)
+        await s.frame(type="user.transcript", text="never mind, bye", final=True)
+        await closing
+    assert h.summary()[-1] == ("user", "never mind, bye")
+
+    h, playout = harness(Waiter(), [])
+    async with h:
+        s = Setup(h, playout)
+        await s.frame(type="user.speech_started")
+        playout.detach(s.edge)
+        s.edge.close()  # the edge left: no transcript can come, the close does not wait for one
+        async with asyncio.timeout(0.5):  # bound: well under the 2 s it would wait for a transcript
+            await h.session.aclose()
+
+
 async def test_barge_in_interrupts_only_speeches_that_allow_it() -> None:
     h, playout = harness(Waiter(), [])
     async with h:

@@ -384,8 +384,12 @@ async def test_rest_cancel_returns_when_a_tool_swallows_cancellation():
         async with h:
             await h.session.input("search")
             await h.wait_for("tool.started")
-            info = await asyncio.wait_for(h.session.cancel_tool("d1"), 3.0)
-            assert info.status == "cancelled"
+            info = await asyncio.wait_for(h.session.cancel_tool("d1"), 3.0)  # bound: the cancel's graces, ~1 s
+            assert info.status == "cancelling", "its body still runs: it is not shown ended"
+            assert stored_outputs(h, "d1") == []
+            agent.release.set()
+            await ended(h, "d1")
+            assert h.session.tool_call("d1").status == "cancelled"
             assert len(stored_outputs(h, "d1")) == 1
             h.check_invariants()
     finally:

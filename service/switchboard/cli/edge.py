@@ -223,6 +223,8 @@ class Edge:
         if not playback.sinks:
             playback.sinks.append(_Silent())
         await self.conn.send_started(playback.speech_id)
+        # it reports positions: a speech cut before its first word is heard as nothing, not as all it was sent
+        await self.conn.send_progress(playback.speech_id, 0)
         self.say(f"speech {playback.speech_id} playing")
 
     async def _pace(self, playback: Playback, audio: ClauseAudio, clock: float | None) -> float:

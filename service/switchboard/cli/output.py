@@ -24,7 +24,7 @@ ANSI = {
     "magenta": "35",
     "cyan": "36",
 }
-STATUS_COLOURS = {"completed": "green", "cancelled": "magenta", "running": "yellow"}
+STATUS_COLOURS = {"completed": "green", "cancelled": "magenta", "running": "yellow", "cancelling": "yellow"}
 
 
 class Style:
@@ -293,6 +293,7 @@ EVENT_FORMATTERS: dict[str, Formatter] = {
     "chat.item": _chat_item,
     "tool.started": _tool_started,
     "tool.progress": _tool_progress,
+    "tool.cancelling": _template("tool call {call_id} cancelling ({reason}): the tool has not stopped yet", "yellow"),
     "tool.ended": _tool_ended,
     "generation.failed": _template("generation failed: {error}", "red"),
     "operator.action": _operator_action,

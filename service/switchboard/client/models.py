@@ -19,6 +19,7 @@ class _Model(BaseModel):
 
 class ToolStatus(StrEnum):
     RUNNING = "running"
+    CANCELLING = "cancelling"  # cancelled, its tool still running (it ignored the cancellation): not ended
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -218,7 +219,7 @@ class ToolCall(_Model):
 
     @property
     def ended(self) -> bool:
-        return self.status != ToolStatus.RUNNING
+        return self.status not in (ToolStatus.RUNNING, ToolStatus.CANCELLING)
 
 
 class ToolReport(_Model):
@@ -229,7 +230,7 @@ class ToolReport(_Model):
 
     @property
     def ended(self) -> bool:
-        return self.status != ToolStatus.RUNNING
+        return self.status not in (ToolStatus.RUNNING, ToolStatus.CANCELLING)
 
 
 class ToolCallList(_Model):

@@ -8,7 +8,7 @@ import { Intent } from "./api.js";
 import { formatAge, formatArgs, h } from "./dom.js";
 import { MultiStream } from "./stream.js";
 
-const TYPES = "session.*,agent.state,agent.handoff,tool.started,tool.progress,tool.ended";
+const TYPES = "session.*,agent.state,agent.handoff,tool.started,tool.progress,tool.cancelling,tool.ended";
 const POLL_MS = 2000;
 const ARRANGE_MS = 200;
 const RUNNING_PAGE = 1000; // the largest page of GET /v1/tool-calls
@@ -195,6 +195,12 @@ export class Overview {
         if (t) this._upsertTool({ ...t.data, message: d.message, value: d.progress });
         break;
       }
+      case "tool.cancelling": {
+        // still running (its tool ignores the cancellation): listed until its tool.ended
+        const t = this.tools.get(d.call_id);
+        if (t) this._upsertTool({ ...t.data, status: "cancelling" });
+        break;
+      }
       case "tool.ended":
         this._removeTool(d.call_id);
         break;
@@ -325,11 +331,16 @@ export class Overview {
         button.addEventListener("click", () => this.cancel(data, button));
         head.append(button);
       }
-      t = { data, row, bar, msg };
+      t = { data, row, bar, msg, head };
       this.tools.set(data.call_id, t);
       this.toolsList.append(row);
     }
     t.data = { ...t.data, ...data };
+    if (t.data.status === "cancelling" && !t.badge) {
+      t.badge = h("span", { class: "badge status status-cancelling", text: "cancelling" });
+      t.head.querySelector("button.cancel")?.remove();
+      t.head.append(t.badge);
+    }
     if (typeof t.data.value === "number") t.bar.value = t.data.value;
     else t.bar.removeAttribute("value");
     t.msg.textContent = t.data.message || "";
@@ -363,8 +374,10 @@ export class Overview {
     const key = intent.key(path);
     button.disabled = true;
     try {
-      await this.api.post(path, {}, key);
-      this._removeTool(data.call_id);
+      const call = await this.api.post(path, {}, key);
+      // cancelling: its tool ignored the cancellation and still runs; its tool.ended removes it
+      if (call?.status === "cancelling") this._upsertTool({ ...data, status: "cancelling" });
+      else this._removeTool(data.call_id);
       this._counts();
     } catch (err) {
       this.onError(err, `Cancelling ${data.name} failed`);

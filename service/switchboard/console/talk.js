@@ -258,6 +258,8 @@ export class TalkPanel {
       if (!pb.started) {
         pb.started = true;
         this._send({ type: "playback.started", speech_id: pb.id });
+        // positions are reported: a speech cut before its first word is heard as nothing, not as all it was sent
+        this._send({ type: "playback.progress", speech_id: pb.id, played_chars: 0 });
         this._showSpeech(pb);
       }
       await this.speaker.speak(clause.text, (end) => this._heard(pb, clause.start + end));

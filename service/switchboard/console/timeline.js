@@ -40,6 +40,8 @@ function summary(ev) {
     }
     case "tool.progress":
       return `${d.call_id}: ${d.message || ""}${d.progress == null ? "" : ` (${Math.round(d.progress * 100)}%)`}`;
+    case "tool.cancelling":
+      return `${d.call_id} cancelling (${d.reason || "cancelled"}): the tool has not stopped yet`;
     case "tool.ended":
       return `${d.call_id} ${d.status}`;
     case "operator.action":
@@ -99,7 +101,8 @@ export class Timeline {
     }
     appendPinned(this.scroller, this.list, fragment);
     this.info.lastSeq = this.lastSeq;
-    this.info.running = [...this.tools.values()].filter((t) => t.status === "running").length;
+    // a cancelling call is still running: its tool ignored the cancellation and can still act
+    this.info.running = [...this.tools.values()].filter((t) => ["running", "cancelling"].includes(t.status)).length;
     if (this.onChange) this.onChange(this.info);
   }
 
@@ -200,6 +203,9 @@ export class Timeline {
         break;
       case "tool.progress":
         this._progress(ev);
+        break;
+      case "tool.cancelling":
+        this._cancelling(ev);
         break;
       case "tool.ended":
         this._ended(ev);
@@ -463,14 +469,30 @@ export class Timeline {
     tool.message.textContent = d.message || "";
   }
 
+  _setStatus(tool, status) {
+    tool.status = status;
+    tool.row.dataset.status = status;
+    tool.statusEl.textContent = status;
+    tool.statusEl.className = `badge status status-${status}`;
+  }
+
+  /** Cancelled, but its tool ignores cancellation: still running until it returns (then tool.ended). */
+  _cancelling(ev) {
+    const d = ev.data || {};
+    const tool = this.tools.get(d.call_id);
+    if (!tool) return;
+    this._setStatus(tool, "cancelling");
+    if (tool.cancel) {
+      tool.cancel.remove();
+      tool.cancel = null;
+    }
+  }
+
   _ended(ev) {
     const d = ev.data || {};
     const tool = this.tools.get(d.call_id);
     if (!tool) return;
-    tool.status = d.status;
-    tool.row.dataset.status = d.status;
-    tool.statusEl.textContent = d.status;
-    tool.statusEl.className = `badge status status-${d.status}`;
+    this._setStatus(tool, d.status);
     if (tool.bar && d.status === "completed") tool.bar.value = 1;
     if (d.output) {
       tool.output.textContent = truncate(d.output, OUTPUT_MAX);

@@ -154,7 +154,7 @@ class AttentionTracker:
         found = [
             _reason(
                 AttentionCode.TOOL_LONG_RUNNING,
-                f"{call.name} running for {_secs(now, call.started_at)} s",
+                f"{call.name} {call.status.value} for {_secs(now, call.started_at)} s",
                 call.started_at,
             )
             for call in live.tool_calls(ToolStatus.RUNNING)

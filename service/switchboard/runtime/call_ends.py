@@ -68,7 +68,7 @@ class CallEnds:
                 await asyncio.sleep(END_RETRY_BACKOFF_S[attempt - 1])
             # the commands that decided the end are answered by its first attempt only: a call must end even when
             # the store refuses a receipt (its command is then answered on its own)
-            receipts = completions(record.info, *rc.end_receipts) if attempt == 0 else []
+            receipts = completions(record.info, *rc.end_receipts, *rc.cancel_receipts) if attempt == 0 else []
             try:
                 await self._commit(record.commit(receipts))
             except Exception as err:

@@ -36,6 +36,7 @@ class _Companions:
                 "name": rc.info.name,
                 "arguments": rc.info.arguments,
                 "cancellable": rc.info.cancellable,
+                "status": rc.info.status.value,  # `cancelling`: cancelled, and its tool has not stopped yet
                 "progress": rc.info.progress[-1].message if rc.info.progress else None,
             }
             for rc in self.executor.running()
@@ -58,6 +59,8 @@ class _Companions:
             ) from None
         except AlreadyEnded as err:
             raise ToolError(f"Tool call {call_id} already ended ({err.info.status.value}).") from None
+        if not info.ended:
+            return f"Cancelling {info.name} ({call_id}): the tool has not stopped yet."
         return f"Cancelled {info.name} ({call_id})."
 
 

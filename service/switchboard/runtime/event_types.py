@@ -217,6 +217,15 @@ class ToolProgress(EventPayload):
     progress: float | None = Field(description="Fraction done, when the tool knows it.")
 
 
+class ToolCancelling(EventPayload):
+    """A cancelled call whose tool ignores cancellation: it is still running, its status `cancelling`, until its body
+    returns; its `tool.ended` follows then (a close lets the body go, and ends the call `cancelled`)."""
+
+    type: ClassVar[Literal["tool.cancelling"]] = "tool.cancelling"
+    call_id: str
+    reason: str = Field(description="Who cancelled it, as its output will say.")
+
+
 class ToolEnded(EventPayload):
     """A tool call ended, in exactly one terminal status, with its output committed."""
 
@@ -278,6 +287,7 @@ EVENT_PAYLOADS: tuple[type[EventPayload], ...] = (
     GenerationFailed,
     ToolStarted,
     ToolProgress,
+    ToolCancelling,
     ToolEnded,
     OperatorAction,
 )

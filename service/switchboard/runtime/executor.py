@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -17,7 +18,7 @@ from .companions import COMPANION_TOOLS, companion_tools
 from .duplicates import duplicate_verdict, validate_arguments
 from .events import EventLog
 from .ports import Commit, Receipt, completions
-from .speech import NotInterruptible, SpeechHandle, SpeechInfo, SpeechInterrupted
+from .speech import RUNNING_CALL, NotInterruptible, SpeechHandle, SpeechInfo, SpeechInterrupted
 from .tool_call import (
     INTERNAL_ERROR_OUTPUT,
     AlreadyEnded,
@@ -310,9 +311,48 @@ class ToolExecutor(CallEnds):
             return Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", is_error=True)
 
         ctx = RunContext(rc)
-        rc.tool_task = asyncio.create_task(rc.tool.invoke(ctx, args), name=f"tool-body:{name}")
-        await asyncio.wait({rc.tool_task, rc.abandoned_fut}, return_when=asyncio.FIRST_COMPLETED)
+        body_context = contextvars.copy_context()
+        body_context.run(RUNNING_CALL.set, rc)  # what a wait on a speech checks (``CircularWait``)
+        rc.tool_task = asyncio.create_task(rc.tool.invoke(ctx, args), name=f"tool-body:{name}", context=body_context)
+        await self._await_body(rc, rc.tool_task)
         return outcome_of(rc, self.session_id)
+
+    async def _await_body(self, rc: RunningCall, body: asyncio.Task[Any]) -> None:
+        """Wait for the tool's body. One that ignores an operator's or the model's cancellation past its grace does
+        not end its call: the call is `cancelling`, still running and listed, until the body returns (it can still
+        act); a drain or a close lets it go (``abandoned_fut``)."""
+        await asyncio.wait({body, rc.abandoned_fut, rc.deaf_fut}, return_when=asyncio.FIRST_COMPLETED)
+        if body.done() or rc.abandoned_fut.done():
+            return
+        await asyncio.shield(self._mark_cancelling(rc))
+        await asyncio.wait({body, rc.abandoned_fut}, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _mark_cancelling(self, rc: RunningCall) -> None:
+        """Record and report that the call is `cancelling` (durable first, I6); the cancel waiting on it returns."""
+        try:
+            async with rc.write_lock:  # in order with its progress, and never after its end
+                if rc.ended or rc.ending:
+                    return
+                info = rc.info.model_copy(update={"status": ToolStatus.CANCELLING})
+                receipts, rc.cancel_receipts = rc.cancel_receipts, []  # the cancel's effect: answered by this record
+                try:
+                    await self._commit(Commit(tool_calls=[info], receipts=completions(info, *receipts)))
+                except Exception:  # it stays `running` in the store and here; its end is written when it comes
+                    logger.error(
+                        "tool call %s (%s) is cancelling, but that could not be stored",
+                        rc.call_id,
+                        rc.info.name,
+                        extra={"session_id": self.session_id, "call_id": rc.call_id},
+                    )
+                    return
+                rc.info = info
+                self._events.emit(ev.ToolCancelling(call_id=rc.call_id, reason=rc.cancel_reason or "cancelled"))
+        finally:
+            # the reply that made it goes on without it, asking for no tool reply of its own (it was cancelled): its
+            # pair lands when its body returns
+            rc.needs_reply = False
+            resolve(rc.settled_fut, None)
+            resolve(rc.cancelling_fut, None)
 
     async def _apply_duplicate_policy(self, rc: RunningCall, args: dict[str, Any]) -> Outcome | None:
         # only calls started before this one count: duplicates started together must not refuse (or cancel) each other
@@ -403,7 +443,8 @@ class ToolExecutor(CallEnds):
         force: bool = False,
         receipt: Receipt[ToolCallInfo] | None = None,
     ) -> ToolCallInfo:
-        """Cancel a running cancellable call and return its record once it has ended.
+        """Cancel a running cancellable call and return its record once it has ended (``cancelled``), or once it is
+        ``cancelling``: its tool ignored the cancellation past the grace, and the call ends when its body returns.
 
         Refused (``NotInterruptible``) while the speech that made the call is still going on and does not allow
         interruptions, unless ``force``: cancelling its work would interrupt what that speech protects. When this
@@ -423,24 +464,38 @@ class ToolExecutor(CallEnds):
                 "interruptions"
             )
         if receipt is not None and rc.cancel_reason is None:
-            rc.end_receipts.append(receipt)
+            rc.cancel_receipts.append(receipt)
         await self._cancel(rc, reason)
-        if rc.info.status is not ToolStatus.CANCELLED:
+        if rc.ended and rc.info.status is not ToolStatus.CANCELLED:
             raise AlreadyEnded(rc.info)
         return rc.info
 
-    async def _cancel(self, rc: RunningCall, reason: str) -> None:
-        if rc.ended:
+    def _request_cancel(self, rc: RunningCall, reason: str) -> None:
+        if rc.ended or rc.cancel_reason is not None:
             return
-        if rc.cancel_reason is None:
-            rc.cancel_reason = reason
-            resolve(rc.cancel_fut, None)
-            # cooperative first; a tool that ignores ctx.cancelled is cancelled after a grace period, and one that
-            # ignores that too is abandoned after another, so that the cancel always returns
-            loop = asyncio.get_running_loop()
-            loop.call_later(self._cancel_grace_s, self._force_cancel, rc)
-            # not started yet: the runner sees cancel_reason before starting the body (cancelling the runner itself
-            # could hit its first commit, and the call would then never end)
+        rc.cancel_reason = reason
+        resolve(rc.cancel_fut, None)
+        # cooperative first; a tool that ignores ctx.cancelled is cancelled after a grace period, and one that
+        # ignores that too is `cancelling` (or, for a drain, let go) after another, so that the cancel always returns
+        loop = asyncio.get_running_loop()
+        loop.call_later(self._cancel_grace_s, self._force_cancel, rc)
+        # not started yet: the runner sees cancel_reason before starting the body (cancelling the runner itself
+        # could hit its first commit, and the call would then never end)
+
+    async def _cancel(self, rc: RunningCall, reason: str) -> None:
+        """Cancel ``rc``; return once it has ended, or is `cancelling` (its tool ignores cancellation)."""
+        self._request_cancel(rc, reason)
+        if not rc.ended:
+            # futures only: cancelling this wait cancels neither
+            await asyncio.wait({rc.ended_fut, rc.cancelling_fut}, return_when=asyncio.FIRST_COMPLETED)
+
+    async def _drain_call(self, rc: RunningCall, reason: str) -> None:
+        """Cancel ``rc`` for a drain (a handoff, a close) and wait until it has ended: a body that ignores its
+        cancellation is let go, so that the drain is bounded."""
+        rc.drained = True
+        self._request_cancel(rc, reason)
+        if rc.deaf_fut.done():  # cancelling already: its body is not waited for
+            self._abandon_body(rc)
         await asyncio.shield(rc.ended_fut)
 
     async def drain(self, *, scope: str | None = None, exclude: Iterable[str] = ()) -> None:
@@ -450,7 +505,7 @@ class ToolExecutor(CallEnds):
             rc for rc in self.running() if rc.info.call_id not in skip and (scope is None or rc.info.scope == scope)
         ]
         waits = [
-            self._cancel(rc, "agent handoff" if scope == "agent" else "session closed")
+            self._drain_call(rc, "agent handoff" if scope == "agent" else "session closed")
             if rc.info.cancellable
             else asyncio.shield(rc.ended_fut)
             for rc in targets
@@ -488,7 +543,24 @@ class ToolExecutor(CallEnds):
         if task is None or task.done() or rc.ended:
             return
         task.cancel()
-        asyncio.get_running_loop().call_later(TOOL_ABANDON_GRACE_S, self._abandon_body, rc)
+        asyncio.get_running_loop().call_later(TOOL_ABANDON_GRACE_S, self._ignored_cancel, rc)
+
+    def _ignored_cancel(self, rc: RunningCall) -> None:
+        """The body still runs past both graces: a drain or a close lets it go; otherwise the call is `cancelling`
+        until it returns (operators never see a call ended while it can still act)."""
+        task = rc.tool_task
+        if task is None or task.done() or rc.ended:
+            return
+        if rc.drained or self._closing:
+            self._abandon_body(rc)
+            return
+        logger.error(
+            "tool %s ignores cancellation; call %s is cancelling until it returns",
+            rc.info.name,
+            rc.call_id,
+            extra={"session_id": self.session_id, "call_id": rc.call_id},
+        )
+        resolve(rc.deaf_fut, None)
 
     def _abandon_body(self, rc: RunningCall) -> None:
         task = rc.tool_task

@@ -24,6 +24,7 @@ from .ports import Commit, SessionState
 from .speculative import Speculation
 from .speeches import Speeches
 from .status import AgentState, SessionStatus
+from .user_turn import UserTurn
 
 T = TypeVar("T")
 
@@ -51,6 +52,7 @@ class SessionEnds:
     _op_lock: asyncio.Lock
     _hooks: set[asyncio.Task[Any]]
     _sealed: bool
+    user_turn: UserTurn
 
     def snapshot(self) -> SessionState:
         raise NotImplementedError
@@ -112,6 +114,8 @@ class SessionEnds:
 
     async def _close(self, reason: str | None = None) -> None:
         """The body of ``aclose``."""
+        if self.state == SessionStatus.ACTIVE:  # the user's last words, when they are talking, are not lost
+            await self.user_turn.wait_for_last_words(self.options.close_transcript_timeout_s)
         async with self._op_lock:
             if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
                 return

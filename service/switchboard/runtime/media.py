@@ -56,6 +56,10 @@ class EdgeSession(Protocol):
 
     async def interrupt(self, *, force: bool = False) -> SpeechHandle | None: ...
 
+    def user_speaking(self) -> None: ...
+
+    def user_gone(self) -> None: ...
+
     async def input(
         self, text: str, *, final: bool = True, receipt: Receipt[InputResult] | None = None
     ) -> InputResult: ...
@@ -65,12 +69,13 @@ class EdgeStream(ReportedStream):
     """One speech (segment) played by an edge: what is pushed goes out as ``speech.text``, the end of input as
     ``speech.end``, a stop as ``speech.stop``; the edge's ``playback.*`` frames report on it."""
 
-    def __init__(self, speech_id: str, send: Callable[[_Frame], None]) -> None:
+    def __init__(self, speech_id: str, send: Callable[[_Frame], None], *, reports_positions: bool = False) -> None:
         self.speech_id = speech_id
         self._send = send
         super().__init__(
             on_text=lambda delta: send(SpeechTextFrame(speech_id=speech_id, delta=delta)),
             on_stop=lambda: send(SpeechStopFrame(speech_id=speech_id)),
+            reports_positions=reports_positions,
         )
 
     def end_input(self) -> None:
@@ -99,6 +104,9 @@ class MediaEdge:
         self._on_close = on_close
         self._max_text_chars = max_text_chars
         self._streams: OrderedDict[str, EdgeStream] = OrderedDict()
+        # it has sent a `playback.progress`: it reports what was heard, so a speech cut before its first position of
+        # its own was heard up to nothing (not everything it was sent, as for an edge with no word timings)
+        self._reports_positions = False
         self.gone = False
 
     def send(self, frame: _Frame) -> None:
@@ -110,7 +118,7 @@ class MediaEdge:
     def open_stream(self, speech_id: str) -> EdgeStream:
         speech = self.session.speech(speech_id)
         allow = speech.allow_interruptions if speech is not None else True
-        stream = EdgeStream(speech_id, self.send)
+        stream = EdgeStream(speech_id, self.send, reports_positions=self._reports_positions)
         self._streams.pop(speech_id, None)  # a further segment of the same speech replaces the one before
         self._streams[speech_id] = stream
         while len(self._streams) > REMEMBERED_STREAMS:
@@ -147,6 +155,7 @@ class MediaEdge:
 
     def _progress(self, frame: PlaybackProgressFrame) -> None:
         stream = self._stream(frame.speech_id, frame.type)
+        self._reports_positions = True
         if stream.ended:
             return  # stopped or finished: what was heard is settled
         if frame.played_chars > len(stream.text):
@@ -187,6 +196,7 @@ class MediaEdge:
         return stream is not None and not stream.ended
 
     async def _barge_in(self) -> None:
+        self.session.user_speaking()  # a close now waits briefly for the final transcript
         current = self.session.current_speech
         if current is not None and current.allow_interruptions and not current.done:
             # at once, before the command's turn comes: its audio stops and its waits are released now (I3); the
@@ -229,6 +239,7 @@ class MediaEdge:
         if self.gone:
             return
         self.gone = True
+        self.session.user_gone()  # no transcript comes from an edge that left: a close waits for none
         for stream in list(self._streams.values()):
             if not stream.ended:
                 logger.info(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from .speech import INTERRUPT_FORCE_TIMEOUT_S
+from .user_turn import CLOSE_TRANSCRIPT_TIMEOUT_S
 
 
 class SessionOptions(BaseModel):
@@ -24,6 +25,8 @@ class SessionOptions(BaseModel):
     interrupt_force_timeout_s: float = Field(default=INTERRUPT_FORCE_TIMEOUT_S, gt=0)
     tool_cancel_grace_s: float = Field(default=1.0, ge=0)
     close_timeout_s: float = Field(default=30.0, gt=0)
+    # a close that finds the user talking waits this long at most for the final transcript (recorded, not answered)
+    close_transcript_timeout_s: float = Field(default=CLOSE_TRANSCRIPT_TIMEOUT_S, ge=0)
     # at shutdown, how long calls that cannot be cancelled get to end on their own before they are abandoned
     shutdown_tool_grace_s: float = Field(default=10.0, ge=0)
     # an agent's on_user_turn_completed past this is abandoned and the turn handled unchanged (input is never dropped)

@@ -95,16 +95,24 @@ class Playout(Protocol):
 class ReportedStream:
     """A stream played by an outside sink (a media edge) that reports its playback: ``playback_started()``,
     ``playback_progress(chars)`` and ``playback_finished()`` are what its frames call. What the session pushes goes
-    to ``on_text`` (to be sent to the sink); ``on_stop`` is told to stop, and never waited on (I3)."""
+    to ``on_text`` (to be sent to the sink); ``on_stop`` is told to stop, and never waited on (I3).
+
+    The heard text is what the sink reported, up to its last position. A sink that reports no positions (no word
+    timings; ``reports_positions`` stays false until its first ``playback_progress``) says only that its audio
+    started: from then on, what it was sent is the best known heard text (LiveKit commits the generated text the
+    same way), so a reply cut after its audio started is not lost from the context."""
 
     def __init__(
         self,
         *,
         on_text: Callable[[str], None] | None = None,
         on_stop: Callable[[], None] | None = None,
+        reports_positions: bool = False,
     ) -> None:
         self._text = ""
         self._played_chars = 0
+        self.reports_positions = reports_positions
+        self._heard: str | None = None  # settled when the stream stops
         self.input_ended = False
         self._on_text = on_text
         self._on_stop = on_stop
@@ -113,6 +121,10 @@ class ReportedStream:
 
     @property
     def played_text(self) -> str:
+        if self._heard is not None:
+            return self._heard
+        if self._report.is_started and not self.reports_positions:
+            return self._text
         return self._text[: self._played_chars]
 
     @property
@@ -143,6 +155,7 @@ class ReportedStream:
     def stop(self) -> None:
         if self._done_fut.done():
             return
+        self._heard = self.played_text  # text pushed after the stop was never heard
         self._report.stop()
         resolve(self._done_fut, None)
         if self._on_stop is not None:
@@ -161,6 +174,7 @@ class ReportedStream:
         the stream ended: the heard text is what was reported before the stop."""
         if self._done_fut.done():
             return
+        self.reports_positions = True
         self._played_chars = max(self._played_chars, min(played_chars, len(self._text)))
 
     def playback_finished(self) -> None:

@@ -168,6 +168,9 @@ def _split_running(
     for info in tool_calls:
         if info.ended:
             continue
+        if info.status == ToolStatus.CANCELLING:  # cancelled: never run again, whatever its tool's policy
+            interrupted.append(info)
+            continue
         tool = tools.get(info.name)
         if tool is None and tools_of is not None and info.agent is not None:
             # made by the agent the session handed off from as it moved (a hand-over does a handoff under way at once,

@@ -273,9 +273,11 @@ async def _consume(session: ReplySession, speech: SpeechHandle, gen: Generation,
             speech.text += chunk.text
             step.stream.push(chunk.text)
         elif isinstance(chunk, ToolCallChunk):
-            if gen.request.tool_choice == "none":
+            if gen.request.tool_choice == "none" and gen.request.tools:
+                # the last step: tools are off, the reply ends here
                 logger.warning("model called %s although tools were off; ignored", chunk.name)
                 continue
+            # a call made when the agent offers no tools is answered with an error output (unknown tool)
             arguments, error = parse_arguments(chunk.arguments)  # repaired when a model broke it
             refusal = None
             if len(step.calls) >= session.max_tool_calls_per_turn:  # committed as an error output, never run

@@ -73,12 +73,15 @@ class SpeechScheduler:
     def interrupt_chain(self, *, force: bool) -> list[SpeechHandle]:
         """Interrupt the current speech and every queued one after it, in playout order, stopping at the first that
         does not allow interruptions (it plays, and so does all that follows it: no hole in the conversation).
+        A speech already interrupted (cancelled by its caller) or done never plays, so it is no barrier.
         ``force`` interrupts the whole chain. Returns the speeches interrupted."""
         chain = [job.speech for job in self._queue]
         if self.current is not None and not self.current.done:
             chain.insert(0, self.current)
         interrupted: list[SpeechHandle] = []
         for speech in chain:
+            if speech.interrupted or speech.done:
+                continue
             if not (speech.allow_interruptions or force):
                 break
             if speech.interrupt(force=force):

@@ -34,6 +34,7 @@ from .speech import (
 from .speeches import Speeches
 from .status import AgentState, SessionClosed, SessionStatus, SessionSuspended
 from .tools import FunctionTool, ToolCallInfo, ToolStatus
+from .user_turn import UserTurn
 
 logger = logging.getLogger("switchboard.runtime.session")
 
@@ -126,6 +127,9 @@ class AgentSession(SessionEnds):
         self._commands: set[asyncio.Task[Any]] = set()
         self._closing: asyncio.Task[None] | None = None
         self._suspending: asyncio.Task[None] | None = None
+        # final inputs being taken that ask for a reply: a speech they interrupt yields to thinking, not listening
+        self._answering = 0
+        self.user_turn = UserTurn()
         agent.attach(self)
 
     def __repr__(self) -> str:
@@ -234,7 +238,7 @@ class AgentSession(SessionEnds):
         return self.speeches.get(speech_id)
 
     def tool_calls(self, status: ToolStatus | None = None) -> list[ToolCallInfo]:
-        return [rc.info for rc in self.executor.calls() if status is None or rc.info.status == status]
+        return [rc.info for rc in self.executor.calls() if rc.info.listed_as(status)]
 
     def tool_call(self, call_id: str) -> ToolCallInfo | None:
         rc = self.executor.get(call_id)
@@ -278,14 +282,35 @@ class AgentSession(SessionEnds):
         ``receipt`` (an idempotent command's) is completed by the commit of the input and its reply."""
         self._check_open(owed=final)
         if not final:
+            self.user_turn.begin()
             self.events.emit(ev.UserInput(item_id=None, text=text, final=False, role=role))
             self.speculation.on_interim(text)
             return InputResult(None, None)
         return await self._command(
-            lambda: self._final_input(text, interrupt=interrupt, force=force, reply=reply, role=role, receipt=receipt),
+            lambda: self._answered_input(
+                text, interrupt=interrupt, force=force, reply=reply, role=role, receipt=receipt
+            ),
             "input",
             owed=True,
         )
+
+    async def _answered_input(
+        self, text: str, *, interrupt: bool, force: bool, reply: bool, role: Role, receipt: Receipt[InputResult] | None
+    ) -> InputResult:
+        """A final input; one that asks for a reply takes the agent it interrupts from speaking straight to thinking
+        (as LiveKit does): a dashboard never sees it flicker to listening between the two speeches. The user's last
+        words, taken while the session closes (``UserTurn``), are recorded and not answered."""
+        reply = reply and not self.user_turn.last_words
+        self._answering += int(reply)
+        try:
+            return await self._final_input(
+                text, interrupt=interrupt, force=force, reply=reply, role=role, receipt=receipt
+            )
+        finally:
+            self.user_turn.end()
+            self._answering -= int(reply)
+            if not self._answering and self.agent_state == "thinking" and self.idle:
+                self.set_agent_state("listening")  # no reply was queued after all (the turn hook said so, a failure)
 
     async def _final_input(
         self, text: str, *, interrupt: bool, force: bool, reply: bool, role: Role, receipt: Receipt[InputResult] | None
@@ -329,6 +354,14 @@ class AgentSession(SessionEnds):
                 await spec.aclose()
             raise
         return result
+
+    def user_speaking(self) -> None:
+        """The user is heard talking (a media edge's barge-in): a close waits briefly for the final transcript."""
+        self.user_turn.begin()
+
+    def user_gone(self) -> None:
+        """No final transcript can come any more (the media edge left): a close waits for none."""
+        self.user_turn.end()
 
     async def say(
         self,
@@ -455,6 +488,8 @@ class AgentSession(SessionEnds):
         return self.agent.on_model_error
 
     def set_agent_state(self, state: AgentState) -> None:
+        if state == "listening" and self._answering and self.state == SessionStatus.ACTIVE:
+            state = "thinking"  # an input being taken will be answered (``_answered_input``)
         if state != self.agent_state:
             self.agent_state = state
             self.events.emit(ev.AgentStateChanged(state=state))

@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,6 +44,31 @@ class SpeechInterrupted(Exception):
 
 class NotInterruptible(Exception):
     """The speech does not allow interruptions (pass ``force=True`` to interrupt anyway)."""
+
+
+class CircularWait(RuntimeError):
+    """A tool call in the foreground waited for the playout of its own speech, or of one queued after it: that
+    speech waits for the call to end, so only an interruption could end the wait."""
+
+
+class WaitingCall(Protocol):
+    """A tool call, as a wait on a speech sees it (the executor's ``RunningCall``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def speech(self) -> SpeechHandle | None: ...
+
+    @property
+    def foreground(self) -> bool: ...
+
+    @property
+    def tool_task(self) -> asyncio.Task[Any] | None: ...
+
+
+#: The tool call whose body runs in this context (set by the executor for the body's task).
+RUNNING_CALL: ContextVar[WaitingCall | None] = ContextVar("switchboard_running_call", default=None)
 
 
 class SpeechState(StrEnum):
@@ -230,14 +256,34 @@ class SpeechHandle:
     # -- waits ----------------------------------------------------------------------------------------------
 
     async def wait_for_playout(self) -> None:
-        """Wait until the speech has finished playing; raises ``SpeechInterrupted`` at once when interrupted."""
+        """Wait until the speech has finished playing; raises ``SpeechInterrupted`` at once when interrupted.
+
+        Raises ``CircularWait`` at once when called by a tool in the foreground for its own speech, or for one queued
+        after it (that speech waits for the tool): it would wait until something interrupts it. A tool waits for its
+        preamble with ``ctx.wait_for_playout()``, or moves to the background (``ctx.update()``) first."""
+        self._refuse_circular_wait()
         finished, _ = await first_of(self._done_fut, self._interrupt_fut)
         if not finished or self.interrupted:
             raise SpeechInterrupted(self.id)
 
     async def wait_done(self) -> None:
-        """Wait until the speech is completely done (interrupted or not). Cancelling the waiter is harmless."""
+        """Wait until the speech is completely done (interrupted or not). Cancelling the waiter is harmless.
+        ``CircularWait`` as for ``wait_for_playout``."""
+        self._refuse_circular_wait()
         await asyncio.shield(self._done_fut)
+
+    def _refuse_circular_wait(self) -> None:
+        call = RUNNING_CALL.get()
+        if call is None or call.tool_task is not asyncio.current_task() or self.done or self.interrupted:
+            return  # not a tool's own body (a task it spawned is not held up by its speech), or nothing to wait for
+        own = call.speech
+        if own is None or own.done or own.interrupted or not call.foreground:
+            return  # its speech no longer waits for it
+        whose = "its own speech" if own is self else f"speech {self.id}, queued after its own"
+        raise CircularWait(
+            f"tool {call.name} waited, in the foreground, for the playout of {whose}: a circular wait (that speech "
+            "waits for the tool). Use ctx.wait_for_playout() for the preamble, or ctx.update() first."
+        )
 
     async def wait_for_interrupt(self) -> None:
         await asyncio.shield(self._interrupt_fut)

@@ -134,7 +134,8 @@ class Speeches:
         returns the current speech once it has ended interrupted, else None. The commit of the interruption carries
         ``receipt``'s completion when this call is what interrupted it."""
         speech = self.scheduler.current
-        if speech is not None and not speech.done and not (speech.allow_interruptions or force):
+        # a protected speech already interrupted (cancelled with ``force``) or done protects nothing any more
+        if speech is not None and not (force or speech.allow_interruptions or speech.interrupted or speech.done):
             raise NotInterruptible(f"speech {speech.id} does not allow interruptions")
         already = speech is not None and speech.interrupted
         self.scheduler.interrupt_chain(force=force)

@@ -138,11 +138,18 @@ class RunningCall:
     end_error: Exception | None = None
     # the idempotency receipts of the commands that decide its end (a cancel, a reported result): its end commits them
     end_receipts: list[Receipt[ToolCallInfo]] = field(default_factory=list)
+    # the receipts of the cancel commands that cancel it: answered by its end, or by its `cancelling` record
+    cancel_receipts: list[Receipt[ToolCallInfo]] = field(default_factory=list)
     cancel_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     settled_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     ended_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     # resolved when the body ignored cancellation past its grace: the call ends without waiting for it
     abandoned_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    # resolved when the body ignored an operator's or the model's cancellation past its grace: the call is then
+    # `cancelling`, still running, until its body returns (``cancelling_fut``: once that is recorded)
+    deaf_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    cancelling_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    drained: bool = False  # cancelled by a drain (a handoff, a close), which lets a body that ignores it go
     # the call's progress and its end are written one at a time, in order (an update never lands after the end)
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -165,6 +172,10 @@ class RunningCall:
     @property
     def call_id(self) -> str:
         return self.info.call_id
+
+    @property
+    def name(self) -> str:
+        return self.info.name
 
     @property
     def session_id(self) -> str:
@@ -196,8 +207,10 @@ class RunningCall:
 
 
 def protected_by_speech(rc: RunningCall) -> bool:
-    """The speech that made the call is still going on and does not allow interruptions."""
-    return rc.speech is not None and not rc.speech.allow_interruptions and not rc.speech.done
+    """The speech that made the call is still going on and does not allow interruptions (one cancelled with
+    ``force`` protects nothing any more)."""
+    speech = rc.speech
+    return speech is not None and not (speech.allow_interruptions or speech.interrupted or speech.done)
 
 
 def cancel_refusal(rc: RunningCall) -> str | None:

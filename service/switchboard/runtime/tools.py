@@ -70,6 +70,8 @@ DEFAULT_POLICY = ToolPolicy()
 
 class ToolStatus(StrEnum):
     RUNNING = "running"
+    # cancelled, but its tool ignores cancellation: still running (it can still act) until its body returns
+    CANCELLING = "cancelling"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -77,7 +79,9 @@ class ToolStatus(StrEnum):
     INTERRUPTED = "interrupted"
 
 
-TERMINAL_STATUSES = frozenset(s for s in ToolStatus if s is not ToolStatus.RUNNING)
+#: a call in one of these has not ended: it is listed among the running ones
+RUNNING_STATUSES = frozenset({ToolStatus.RUNNING, ToolStatus.CANCELLING})
+TERMINAL_STATUSES = frozenset(s for s in ToolStatus if s not in RUNNING_STATUSES)
 
 
 class ToolError(Exception):
@@ -123,6 +127,13 @@ class ToolCallInfo(BaseModel):
     @property
     def ended(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    def listed_as(self, status: ToolStatus | None) -> bool:
+        """Whether a listing filtered by ``status`` shows this call: ``running`` shows every call not ended yet
+        (``cancelling`` ones too: they can still act), any other status only its own calls, None every call."""
+        if status is ToolStatus.RUNNING:
+            return not self.ended
+        return status is None or self.status == status
 
     @property
     def order_key(self) -> ToolCallKey:
@@ -473,7 +484,7 @@ class RunContext:
 
         What it queues plays after the reply that made this call, and that reply waits for this call while it
         runs in the foreground: a tool that waits for the playout of a speech it queued must first move to the
-        background (``ctx.update()``), or it waits until the user interrupts.
+        background (``ctx.update()``), or the wait raises ``CircularWait`` at once.
         """
         session = self._call.session
         if session is None:

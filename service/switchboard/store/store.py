@@ -30,7 +30,7 @@ from ..runtime.events import Event
 from ..runtime.ports import ChatStore, Completion, EventSink
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import ENDED_STATUSES, LIVE_STATUSES, SessionStatus
-from ..runtime.tools import ToolCallInfo, ToolCallKey, ToolStatus
+from ..runtime.tools import RUNNING_STATUSES, ToolCallInfo, ToolCallKey, ToolStatus
 from . import models as m
 from .engine import DATABASE_TIMEOUT_S, make_engine
 from .idempotency import IdempotencyKeys, complete_async
@@ -324,7 +324,7 @@ class Store:
         t = m.tool_calls
         stmt = sa.select(t).where(t.c.session_id == sid).order_by(t.c.started_at, t.c.call_id)
         if status is not None:
-            stmt = stmt.where(t.c.status == status)
+            stmt = stmt.where(_listed_as(status))
         return self._convert(await self._fetch(stmt), tool_call_from_row, "tool_calls")
 
     async def tool_calls_after(
@@ -335,7 +335,7 @@ class Store:
         t = m.tool_calls
         stmt = sa.select(t).where(t.c.session_id == sid).order_by(t.c.started_at, t.c.call_id).limit(limit)
         if status is not None:
-            stmt = stmt.where(t.c.status == status)
+            stmt = stmt.where(_listed_as(status))
         if after is not None:
             at, call_id = after
             stmt = stmt.where(sa.or_(t.c.started_at > at, sa.and_(t.c.started_at == at, t.c.call_id > call_id)))
@@ -357,7 +357,7 @@ class Store:
         """Tool calls still running, across sessions, oldest first: ``(session_id, call)``. Calls started at the same
         instant (the clock's resolution) are ordered by session and call id, so ``limit`` cuts one order."""
         t = m.tool_calls
-        running = sa.select(t).where(t.c.status == ToolStatus.RUNNING.value)
+        running = sa.select(t).where(_listed_as(ToolStatus.RUNNING.value))
         stmt = running.order_by(t.c.started_at, t.c.session_id, t.c.call_id).limit(limit)
         rows = await self._fetch(stmt)
         return [(row["session_id"], info) for row, info in self._convert_pairs(rows, tool_call_from_row, "tool_calls")]
@@ -610,3 +610,12 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     except (ValueError, TypeError) as err:
         raise InvalidCursor(f"invalid cursor {cursor!r}") from err
     return created_at, sid
+
+
+def _listed_as(status: str) -> sa.ColumnElement[bool]:
+    """The tool calls a listing filtered by ``status`` shows (``ToolCallInfo.listed_as``): ``running`` is every call
+    not ended yet, ``cancelling`` ones included."""
+    t = m.tool_calls
+    if status == ToolStatus.RUNNING:
+        return t.c.status.in_([s.value for s in RUNNING_STATUSES])
+    return t.c.status == status

@@ -36,7 +36,7 @@ IdempotencyKey = Annotated[
         description="Sent as the `Idempotency-Key` header: a retry with the same key is applied at most once.",
     ),
 ]
-ToolStatusFilter = Literal["running", "completed", "failed", "cancelled", "rejected", "interrupted"]
+ToolStatusFilter = Literal["running", "cancelling", "completed", "failed", "cancelled", "rejected", "interrupted"]
 
 
 class _Args(BaseModel):
@@ -326,7 +326,8 @@ TOOLS: tuple[McpTool, ...] = (
     McpTool(
         "cancel_tool_call",
         "Cancel a tool call",
-        "Cancel a running, cancellable tool call; returns once it has ended `cancelled`.",
+        "Cancel a running, cancellable tool call; returns once it has ended `cancelled`, or is `cancelling` (its tool "
+        "ignored the cancellation and still runs; it ends `cancelled` when the tool returns).",
         "cancelToolCall",
         "tools:cancel",
         CancelArgs,

@@ -18,7 +18,8 @@ from ..schemas import TOOL_CALL_PAGE_DEFAULT, TOOL_CALL_PAGE_MAX, ToolCallCancel
 
 router = APIRouter(tags=["tools"])
 
-StatusFilter = Literal["running", "completed", "failed", "cancelled", "rejected", "interrupted"]
+StatusFilter = Literal["running", "cancelling", "completed", "failed", "cancelled", "rejected", "interrupted"]
+CANCEL_EFFECTS = frozenset({ToolStatus.CANCELLED, ToolStatus.CANCELLING})
 
 
 @router.get(
@@ -34,7 +35,8 @@ async def list_tool_calls(
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=TOOL_CALL_PAGE_MAX)] = TOOL_CALL_PAGE_DEFAULT,
 ) -> ToolCallList:
-    """The session's tool calls by start time, optionally filtered by status, a page at a time: `next_cursor` is
+    """The session's tool calls by start time, optionally filtered by status (`running`: every call not ended yet,
+    those `cancelling` included), a page at a time: `next_cursor` is
     where the next page starts (null on the last). The cursor names the last call returned, so a page never repeats
     a call, also when that call no longer matches `status`."""
     try:
@@ -88,7 +90,9 @@ async def cancel_tool_call(
     idem: Idem,
     body: ToolCallCancel | None = None,
 ) -> ToolCallRead:
-    """Cancel a running, cancellable tool call. Returns once it has ended `cancelled`.
+    """Cancel a running, cancellable tool call. Returns once it has ended `cancelled`, or once it is `cancelling`: its
+    tool ignored the cancellation past a grace period, and the call, still running, ends `cancelled` when the tool
+    returns (`tool.cancelling`, then `tool.ended`).
 
     Refused with 409 `not_interruptible` while the speech that made the call is still going on and does not allow
     interruptions, unless `force` is true."""
@@ -105,7 +109,7 @@ async def cancel_tool_call(
     reason = f"cancelled by the operator {audit.actor_of(request)}" if settings.auth_enabled else None
 
     def cancelled(info: ToolCallInfo) -> ToolCallRead | None:  # a call that ended otherwise answers 409
-        return deps.tool_call_read(sid, info) if info.status is ToolStatus.CANCELLED else None
+        return deps.tool_call_read(sid, info) if info.status in CANCEL_EFFECTS else None
 
     async with deps.deadline(settings):
         receipt = idem.receipt(cancelled)

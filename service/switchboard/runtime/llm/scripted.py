@@ -183,7 +183,9 @@ async def play_turn(turn: Turn, text: str, request: LLMRequest) -> AsyncIterator
         if index and turn.word_ms:
             await asyncio.sleep(turn.word_ms / 1000)
         yield TextDelta(word)
-    if request.tool_choice != "none":
+    # like a provider: tools off means no call, but a model offered no tools at all may still make one (it is sent
+    # no tool_choice, and earlier calls in its context invite more)
+    if request.tool_choice != "none" or not request.tools:
         for call in turn.tool_calls:
             args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
             yield ToolCallChunk(name=call.name, arguments=args, call_id=call.id)
