@@ -192,7 +192,7 @@ NOT_SHOWN: dict[str, set[str]] = {
     "generation.failed": {"speech_id", "step"},
     "tool.started": {"speech_id"},
     "tool.progress": {"call_id"},
-    "tool.ended": {"call_id", "is_error"},
+    "tool.ended": {"call_id", "is_error", "reply_speech_id"},  # the reply it is owed has its own line (speech.created)
     "speech.done": {"interrupted"},
 }
 
