@@ -3,7 +3,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY service ./service
 COPY migrations ./migrations
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir ".[server]" \
     && useradd --system --uid 10001 --no-create-home --home-dir /app --shell /usr/sbin/nologin switchboard \
     && mkdir -p /app/var \
     && chown switchboard:switchboard /app/var

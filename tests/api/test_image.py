@@ -16,3 +16,13 @@ def test_the_image_runs_as_an_unprivileged_user():
     # the last USER is in force for CMD: nothing after it switches back
     last_user = max(i for i, line in enumerate(lines) if line.upper().startswith("USER "))
     assert any(line.upper().startswith("CMD") for line in lines[last_user:])
+
+
+def test_the_image_installs_the_server():
+    """`pip install .` is the client alone (the server is the `server` extra): an image built that way answered every
+    start with "the server is not installed"."""
+    text = DOCKERFILE.read_text()
+    installs = text.split("pip install")[1:]
+    assert installs, "the image installs nothing"
+    requirement = installs[0].split("\\")[0].split()[-1].strip("\"'")
+    assert requirement == ".[server]", requirement
