@@ -164,6 +164,10 @@ async def test_an_explicit_script_still_answers_ok() -> None:
         ("echo [1, 2]", None),
         ("please ping()", None),
         ("nothing(value=1)", None),
+        # what the parsers give up on is no call, never an exception that leaves the input unanswered
+        ('echo {"value": ' + "[" * 3000 + "]" * 3000 + "}", None),
+        ("echo(value=" + "-" * 7900 + "1)", None),
+        ("echo(value=" + "[" * 150 + "]" * 150 + ")", None),  # deeper than stored JSON may be
     ],
 )
 def test_what_counts_as_a_call(text: str, expected: tuple[str, dict[str, Any]] | None) -> None:

@@ -10,13 +10,13 @@ is configured and how to call a tool, or, for an agent without tools, how to con
 from __future__ import annotations
 
 import ast
-import json
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ..chat import PLACEHOLDER_OUTPUT, AgentHandoff, ChatMessage, FunctionCallOutput
 from ..companions import COMPANION_TOOLS
+from ..text import read_json, valid_json
 from ..tools import CONFIRM_FIELD
 from .base import LLMChunk, LLMRequest
 from .scripted import BACKGROUND_OUTPUT_PREFIX, PROGRESS_OUTPUT_PREFIX, ScriptedToolCall, Turn, play_turn
@@ -67,8 +67,8 @@ def parse_call(text: str, names: set[str]) -> tuple[str, dict[str, Any]] | None:
         if found.group(1) not in names:
             return None
         try:
-            arguments = json.loads(found.group(2))
-        except json.JSONDecodeError:
+            arguments = valid_json(read_json(found.group(2)))
+        except ValueError:  # not JSON, or nested too deeply (json itself would raise RecursionError)
             return None
         return (found.group(1), arguments) if isinstance(arguments, dict) else None
     found = _PYTHON_CALL.fullmatch(text)
@@ -78,8 +78,8 @@ def parse_call(text: str, names: set[str]) -> tuple[str, dict[str, Any]] | None:
         call = ast.parse(f"f({found.group(2)})", mode="eval").body
         if not isinstance(call, ast.Call) or call.args or any(k.arg is None for k in call.keywords):
             return None
-        return found.group(1), {str(k.arg): _literal(k.value) for k in call.keywords}
-    except (SyntaxError, ValueError, RecursionError):
+        return found.group(1), valid_json({str(k.arg): _literal(k.value) for k in call.keywords})
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # the parser gives up on deep nesting either way
         return None
 
 
