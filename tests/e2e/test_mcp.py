@@ -237,6 +237,8 @@ async def test_arguments_are_validated_with_the_limits_of_rest(server: Server) -
         big_page = await client.call_tool("read_transcript", {"session_id": sid, "limit": 100_000})
         unknown = await client.call_tool("say", {"session_id": sid, "text": "hi", "volume": 11})
         path = await client.call_tool("get_session", {"session_id": "../tool-calls"})
+        dots = [await client.call_tool("get_tool_call", {"session_id": sid, "call_id": d}) for d in (".", "..")]
+    assert all(d.is_error and "call_id" in _text(d) for d in dots), [_text(d) for d in dots]  # not listToolCalls
     assert too_long.is_error and "text_too_long" in _text(too_long) and str(MAX_TEXT_CHARS) in _text(too_long)
     assert big_page.is_error and "limit" in _text(big_page)
     assert unknown.is_error and "volume" in _text(unknown)

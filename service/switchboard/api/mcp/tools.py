@@ -106,7 +106,12 @@ class RunningToolCallsArgs(_Args):
 
 class ToolCallArgs(_Args):
     session_id: SessionId
-    call_id: str = Field(max_length=CALL_ID_MAX_CHARS, pattern=r"^[^/]+$", description="The tool call's id.")
+    # no "/" and not "." or "..": a URL's dot segments would name another REST path even quoted (they are removed)
+    call_id: str = Field(
+        max_length=CALL_ID_MAX_CHARS,
+        pattern=r"^(?:[^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)$",
+        description="The tool call's id.",
+    )
 
 
 class CancelArgs(ToolCallArgs):
