@@ -246,18 +246,25 @@ async def test_arguments_are_validated_with_the_limits_of_rest(server: Server) -
 
 
 async def test_a_tool_call_spends_the_budget_of_its_rest_call(tmp_path: Path) -> None:
+    """A tool call spends its REST operation's budget, and each of the protocol's own requests (initialize,
+    tools/list, ...) a read: none of them is free for a key to send without limit."""
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    raw = {**bearer(READER), "accept": "application/json, text/event-stream", "content-type": "application/json"}
     with Server(
-        tmp_path, SWITCHBOARD_API_KEYS=json.dumps(KEYS), SWITCHBOARD_READ_BURST="2", SWITCHBOARD_READ_RATE_PER_S="0.01"
+        tmp_path, SWITCHBOARD_API_KEYS=json.dumps(KEYS), SWITCHBOARD_READ_BURST="8", SWITCHBOARD_READ_RATE_PER_S="0.01"
     ).start() as server:
         async with connect(server, READER) as client:
-            tools = await client.list_tools()  # the protocol itself is no read of the API
-            assert {tool.name for tool in tools.tools} == TOOLS
             await call(client, "list_sessions")
-            async with httpx.AsyncClient(base_url=server.url, headers=bearer(READER), timeout=WAIT_S) as http:
-                assert (await http.get("/v1/sessions")).status_code == 200  # the same key's bucket: now empty
+            async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as http:
+                assert (await http.post("/mcp", json=listing, headers=raw)).status_code == 200
+                for _ in range(8):  # bound: the burst
+                    if (await http.get("/v1/sessions", headers=bearer(READER))).status_code == 429:
+                        break
                 limited = await client.call_tool("list_sessions", {})
-                assert (await http.get("/v1/sessions")).status_code == 429
+                protocol = await http.post("/mcp", json=listing, headers=raw)
     assert limited.is_error and "429 rate_limited" in _text(limited) and "Retry after" in _text(limited)
+    assert protocol.status_code == 429 and protocol.json()["code"] == "rate_limited", protocol.text
+    assert protocol.headers["retry-after"]
 
 
 @pytest.mark.postgres

@@ -38,9 +38,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ... import __version__
 from ...runtime.aio import cancel_and_wait
 from ..audit import IDEMPOTENCY_HEADER
-from ..auth import AuthError, authenticate, bearer
+from ..auth import ANONYMOUS, AuthError, authenticate, bearer
 from ..deps import services
 from ..problems import problem_response
+from ..rate_limit import RateLimiter
 from .tools import BY_NAME, TOOLS, McpTool, RestCall, input_schema
 
 PATH = "/mcp"
@@ -99,14 +100,24 @@ class McpService:
         """``/mcp``: 401 without a valid credential (with auth on), else the protocol."""
         request = Request(scope, receive)
         try:
-            authenticate(services(request).settings, bearer(None, request.headers.get("authorization")))
+            principal = authenticate(services(request).settings, bearer(None, request.headers.get("authorization")))
         except AuthError as err:
             headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
             await problem_response(err.status, err.code, err.detail, headers=headers)(scope, receive, send)
             return
         if self._manager is None:  # pragma: no cover - the lifespan runs it before any request is served
             raise RuntimeError("the MCP server is not started")
-        await self._manager.handle_request(scope, receive, send)
+        body = await request.body()  # small: the body limit applies; read once, given again to the protocol below
+        if principal is not ANONYMOUS and _protocol_only(body):
+            # a tool call spends its REST operation's budget; the protocol's own requests (initialize, tools/list,
+            # ping) spend a read each, so that no key can send them without limit
+            wait_s = await services(request).reads.acquire(principal.budget)
+            if wait_s is not None:
+                detail = "Too many reads from this credential; retry after Retry-After seconds."
+                headers = {"Retry-After": RateLimiter.retry_after(wait_s)}
+                await problem_response(429, "rate_limited", detail, headers=headers)(scope, receive, send)
+                return
+        await self._manager.handle_request(scope, _replay(body, receive), send)
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
@@ -176,3 +187,28 @@ def _error(text: str, problem: dict[str, Any] | None) -> CallToolResult:
 
 
 __all__ = ["PATH", "McpService"]
+
+
+def _protocol_only(body: bytes) -> bool:
+    """Whether a JSON-RPC message (or batch) holds no ``tools/call``: what the protocol asks of the server itself.
+    A body that is not JSON is the protocol's to refuse, and costs a read too."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return True
+    messages = message if isinstance(message, list) else [message]
+    return not any(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with ``body``, already read from it, given again first."""
+    sent = False
+
+    async def replayed() -> Any:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # what comes after the body: the client going away
+
+    return replayed
