@@ -1,7 +1,8 @@
 """AG-UI runs in cluster mode: a run posted to a node that does not run its session is served by that node, its events
 streamed as they happen (not once the run has ended), its input applied once by the owner whichever node the run
 is posted to; a client that goes away there interrupts the agent on the owner; the agent door creates its thread's
-session on the least-loaded node. Real nodes on PostgreSQL and a Redis of the test's own."""
+session on the least-loaded node. Real nodes on PostgreSQL and a Redis of the test's own, with an API key: the
+caller's credential goes with every request a node sends another."""
 
 from __future__ import annotations
 
@@ -24,13 +25,18 @@ from .test_agui_runs import run_input, texts, types
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
 
 LONG = " ".join(f"w{i}" for i in range(100))  # two seconds of playout at the tests' 50 words per second
+KEY = "cluster-agui-key-0123456789"
+SCOPES = ["sessions:read", "sessions:write", "sessions:control", "events:read"]
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture
 async def two(tmp_path: Path, database_url: str, redis: RedisServer) -> AsyncIterator[tuple[Server, Server]]:
-    nodes = [
-        cluster_node(tmp_path, database_url, f"node-{x}", redis.url, SWITCHBOARD_CLUSTER_SECRET=SECRET) for x in "ab"
-    ]
+    env = {
+        "SWITCHBOARD_CLUSTER_SECRET": SECRET,
+        "SWITCHBOARD_API_KEYS": json.dumps([{"key": KEY, "name": "front-end", "scopes": SCOPES}]),
+    }
+    nodes = [cluster_node(tmp_path, database_url, f"node-{x}", redis.url, **env) for x in "ab"]
     try:
         await start_all(nodes)
         yield nodes[0], nodes[1]
@@ -82,7 +88,7 @@ async def test_a_run_posted_to_another_node_streams_as_it_happens_and_is_injecte
         {"text": "It runs in the background."},  # the reply's next step, about the tool gone to the background
         {"text": "All done: {{tool_output:progress}}."},  # the deferred reply, about its result
     ]
-    async with httpx.AsyncClient(timeout=WAIT_S) as http:
+    async with httpx.AsyncClient(timeout=WAIT_S, headers=AUTH) as http:
         sid = await session_on(http, owner, turns)
         body = run_input(sid, "r1", "book table 7")
         url = f"/v1/sessions/{sid}/ag-ui"
@@ -123,9 +129,9 @@ async def test_a_run_posted_to_another_node_streams_as_it_happens_and_is_injecte
 async def test_a_client_that_goes_away_from_another_node_interrupts_the_agent(two: tuple[Server, Server]):
     owner, other = two
     talk = " ".join(f"w{i}" for i in range(300))
-    async with httpx.AsyncClient(timeout=WAIT_S) as http:
+    async with httpx.AsyncClient(timeout=WAIT_S, headers=AUTH) as http:
         sid = await session_on(http, owner, [{"text": talk}])
-        events = await EventStream.open(other, sid)
+        events = await EventStream.open(other, sid, additional_headers=AUTH)
         url = f"{other.url}/v1/sessions/{sid}/ag-ui"
         async with http.stream("POST", url, json=run_input(sid, "r1", "talk")) as resp:
             assert resp.status_code == 200
@@ -140,12 +146,13 @@ async def test_a_client_that_goes_away_from_another_node_interrupts_the_agent(tw
         await events.close()
 
     assert interrupted["data"]["played_text"] != talk
+    assert action["data"]["actor"] == "front-end"  # the caller, whose credential went to the owner
     assert action["data"]["speech_id"] == interrupted["data"]["speech_id"] == done["data"]["speech_id"]
 
 
 async def test_the_agent_door_creates_the_thread_on_the_least_loaded_node(two: tuple[Server, Server]):
     owner, other = two
-    async with httpx.AsyncClient(timeout=WAIT_S) as http:
+    async with httpx.AsyncClient(timeout=WAIT_S, headers=AUTH) as http:
         await session_on(http, other, [])  # node-b runs one session, node-a none
         url = f"{other.url}/v1/agents/tester/ag-ui"
         first, second = SseCapture(), SseCapture()
