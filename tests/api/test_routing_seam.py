@@ -33,7 +33,7 @@ EXPECTED = {
     (WS, "/v1/sessions/{sid}/events"): ANY,
     (WS, "/v1/sessions/{sid}/media"): OWNER,
     ("GET", "/v1/sessions/{sid}/ag-ui"): ANY,
-    ("POST", "/v1/sessions/{sid}/ag-ui"): OWNER,
+    ("POST", "/v1/sessions/{sid}/ag-ui"): ANY,
 }
 
 

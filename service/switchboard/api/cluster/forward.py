@@ -6,11 +6,12 @@ applies the ``Idempotency-Key`` against the shared database, so the same key sen
 forwarded request carries ``X-Switchboard-Forwarded`` (the cluster secret): a node that receives one for a session it
 does not own answers 503 (retry) instead of forwarding it again, so a request never loops between nodes.
 
-The header is a privilege (a new session is placed where it arrives, a command is not forwarded again), so every node
-checks it (``ForwardedGuard``): a request that carries it with anything but this cluster's secret (or, on a cluster
-without one, which runs on loopback only, the loopback marker) is refused with 403 ``forward_unauthenticated``, as
-is any forwarded request to a node that is not in cluster mode. A WebSocket (a media edge relayed by another node,
-``relay``) is held to the same rule: accepted and closed with 4403.
+The header is a privilege (a new session is placed where it arrives, a command is not forwarded again, an AG-UI run
+asks for a part of one: ``streams.agui_relay``), so every node checks it (``ForwardedGuard``): a request that carries
+it with anything but this cluster's secret (or, on a cluster without one, which runs on loopback only, the loopback
+marker) is refused with 403 ``forward_unauthenticated``, as is any forwarded request to a node that is not in
+cluster mode. A WebSocket (a media edge relayed by another node, ``relay``) is held to the same rule: accepted and
+closed with 4403.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ Each route has a placement (``PLACEMENTS``; any route not listed needs the live 
 - ``OWNER_READ``: what only the live session knows (its agent state, the speech under way): asked of the node that runs
   it, answered here from the database when that node does not answer in time or the session is moving.
 - ``ANYWHERE``: served from the database or the cluster's event fan-out by whichever node the request reached (the
-  chat, tool calls, exports, event streams, token minting).
+  chat, tool calls, exports, event streams, token minting). An AG-UI run too: it streams the session's log from here
+  and asks the owner, node to node, to apply its input (``streams.agui_relay``).
 
 Before forwarding, the caller's credential is checked here (401 / 4401 without a valid one: nobody without a credential
 makes a node read the database or call another node), and a command or a read is charged to its rate limit where
@@ -81,6 +82,7 @@ PLACEMENTS: dict[tuple[str, str], Placement] = {
     ("GET", "/v1/sessions/{sid}/tool-calls/{call_id}"): Placement.ANYWHERE,
     ("GET", "/v1/sessions/{sid}/export"): Placement.ANYWHERE,
     ("GET", "/v1/sessions/{sid}/ag-ui"): Placement.ANYWHERE,
+    ("POST", "/v1/sessions/{sid}/ag-ui"): Placement.ANYWHERE,
     ("POST", "/v1/sessions/{sid}/tokens"): Placement.ANYWHERE,
     (WS, "/v1/sessions/{sid}/events"): Placement.ANYWHERE,
 }

@@ -5,8 +5,9 @@ most once per ``runId`` (the run's idempotency key, in the same records as ``Ide
 the same run injects nothing and streams the same run. The answer is the session's log from just before the input,
 translated by a ``RunTranslator``: ``RUN_STARTED`` under the client's ``runId``, the run, ``RUN_FINISHED`` (or
 ``RUN_ERROR``), then the response ends. Every event carries its position in ``rawEvent``; a POST of the same run with
-``Last-Event-ID`` continues after it. A client that goes away before the end interrupts the run's speech.
-``docs/ag-ui.md`` has the details.
+``Last-Event-ID`` continues after it. A client that goes away before the end interrupts the run's speech. In cluster
+mode the node a run is posted to serves it, and the session's node applies its input and the interrupt
+(``agui_relay``). ``docs/ag-ui.md`` has the details.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Annotated, Any
 
 from ag_ui.core import BaseEvent, RunAgentInput, TextInputContent, UserMessage
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
+from ...control.cluster.routing import Elsewhere, locate
+from ...control.host import SessionHost
 from ...control.hub import SubscriberOverflow
 from ...runtime.aio import cancel_and_wait, spawn
 from ...runtime.session import InputResult
@@ -32,11 +35,13 @@ from ...runtime.status import SessionStatus
 from ...store import IdempotencyState
 from .. import audit, deps
 from ..auth import AuthError, Principal, Require, check, principal_of
+from ..cluster.forward import FORWARDED_HEADER, SessionElsewhere
 from ..idempotency import Attempt, KeyedCommands
 from ..openapi_doc import API_KEY, security
 from ..problems import POST_ERRORS, ProblemError, problem_responses
 from ..schemas import SessionCreate
 from .agui import RunTranslator, encode_sse
+from .agui_relay import Part, RunPart, RunRelay, create_at, run_part
 from .agui_routes import KEEPALIVE_S, SSE_EVENT, SSE_HEADERS, TOO_SLOW, resume_point, sse_chunk
 from .session_stream import open_session_log
 from .stream_slots import TooManyStreams
@@ -128,7 +133,7 @@ async def run_session_agui(
     request: Request,
     sid: str,
     last_event_id: Annotated[str | None, LAST_EVENT_ID] = None,
-) -> StreamingResponse:
+) -> Response:
     """Start an AG-UI run (docs/ag-ui.md): the last message of `messages`, the user's, is the session's input (it
     interrupts the agent as `POST /input` does), and the answer is that run, until it finishes. `threadId` must be
     the session's id. The input is injected once per `runId`: posting the same run again streams it again."""
@@ -151,7 +156,7 @@ async def run_agent_agui(
     request: Request,
     agent: str,
     last_event_id: Annotated[str | None, LAST_EVENT_ID] = None,
-) -> StreamingResponse:
+) -> Response:
     """Start an AG-UI run with `agent` (docs/ag-ui.md): `threadId` names the session, created with this agent on
     its first run and continued after (409 `thread_agent_mismatch` when it runs another agent). Needs
     `sessions:write`, `sessions:control` and `events:read`."""
@@ -168,7 +173,7 @@ async def run_agent_agui(
 
 
 async def _thread_session(request: Request, principal: Principal, agent: str, sid: str) -> None:
-    """The thread's session: created with ``agent`` when it does not exist yet."""
+    """The thread's session: created with ``agent`` when it does not exist yet, where a create would place it."""
     services = deps.services(request)
     host = services.host
     found = await host.find(sid)
@@ -181,38 +186,73 @@ async def _thread_session(request: Request, principal: Principal, agent: str, si
         create = SessionCreate(id=sid, agent=agent)
     except ValidationError:
         raise ProblemError(422, "invalid_thread_id", "threadId is not a valid session id.") from None
+    try:
+        await deps.place_new_session(host, FORWARDED_HEADER in request.headers)
+    except SessionElsewhere as target:
+        await create_at(request, target, sid, agent)
+        return
     owner = principal.identity if services.settings.auth_enabled else None
     async with deps.deadline(services.settings):
         await host.create(create.session_config().model_copy(update={"owner": owner}), create.metadata)
 
 
-async def _start(request: Request, sid: str, body: RunAgentInput, last_event_id: str | None) -> StreamingResponse:
+async def _start(request: Request, sid: str, body: RunAgentInput, last_event_id: str | None) -> Response:
     services = deps.services(request)
     principal = principal_of(request)
     scope = f"{principal.identity} POST /v1/sessions/{sid}/ag-ui"  # both doors: one run, one key
+    part = run_part(request)
+    if part is not None:
+        return await _owner_part(request, sid, body, scope, part)
     resume = resume_point(None, last_event_id) if last_event_id is not None else None
     # a run continued on a new connection is known by its runId alone: its client's messages have grown since
     started = await _started_before(services, body.run_id, scope) if resume is not None else None
     if started is None:
-        message_id, text = _user_text(body)
-        limit = services.settings.max_text_chars
-        if len(text) > limit:
-            raise ProblemError(413, "text_too_long", f"text is {len(text)} characters; the limit is {limit}.")
+        _run_text(services, body)
     try:
         release = services.streams.acquire(principal.budget, operator=principal.operator)
     except TooManyStreams as err:
         raise ProblemError(429, "too_many_streams", err.reason, headers={"Retry-After": "1"}) from None
     try:
+        relay = await RunRelay.of(request, sid)
         if started is None:
-            key_body = {"message_id": message_id, "text": text}
-            started = await RUNS.run(
-                request, body.run_id, scope, key_body, lambda idem: _inject(request, sid, text, body.run_id, idem)
-            )
+            started = await _apply(request, sid, body, scope, relay)
     except BaseException:
         release()
         raise
     run = RunTranslator(sid, body.run_id, str(started["item_id"]))
-    return RunStream(services, run, int(started["since"]), resume, release, _Abort(sid, run, started, request))
+    abort = _Abort(sid, run, started, request, relay)
+    return RunStream(services, run, int(started["since"]), resume, release, abort)
+
+
+def _run_text(services: deps.Services, body: RunAgentInput) -> tuple[str, str]:
+    """The run's input (``_user_text``), within the size limit."""
+    message_id, text = _user_text(body)
+    limit = services.settings.max_text_chars
+    if len(text) > limit:
+        raise ProblemError(413, "text_too_long", f"text is {len(text)} characters; the limit is {limit}.")
+    return message_id, text
+
+
+async def _apply(request: Request, sid: str, body: RunAgentInput, scope: str, relay: RunRelay | None) -> dict[str, Any]:
+    """Inject the run's input, once per runId: here, or by the node that runs the session."""
+    if relay is not None:
+        where = await locate(deps.services(request).host, sid)
+        if isinstance(where, Elsewhere):
+            return await relay.inject(where)
+    message_id, text = _run_text(deps.services(request), body)
+    key_body = {"message_id": message_id, "text": text}
+    started: dict[str, Any] = await RUNS.run(
+        request, body.run_id, scope, key_body, lambda idem: _inject(request, sid, text, body.run_id, idem)
+    )
+    return started
+
+
+async def _owner_part(request: Request, sid: str, body: RunAgentInput, scope: str, part: RunPart) -> Response:
+    """What the node serving a run of this node's session asks of it (``agui_relay``)."""
+    if part.kind is Part.INPUT:
+        return JSONResponse(await _apply(request, sid, body, scope, None))
+    await interrupt_speaking(deps.services(request).host, sid, part.speeches, audit.actor_of(request))
+    return Response(status_code=204)
 
 
 async def _started_before(services: deps.Services, run_id: str, scope: str) -> dict[str, Any] | None:
@@ -241,11 +281,13 @@ async def _inject(request: Request, sid: str, text: str, run_id: str, attempt: A
 
 
 class _Abort:
-    """What a client that goes away before its run ends does: interrupt the run's speech, when the agent is still
-    speaking one of the run's (never another run's)."""
+    """What a client that goes away before its run ends does: interrupt the agent when it is still speaking one of
+    the run's speeches (never another run's), on whichever node runs the session."""
 
-    def __init__(self, sid: str, run: RunTranslator, started: dict[str, Any], request: Request) -> None:
-        self.sid, self.run, self.speech_id = sid, run, started.get("speech_id")
+    def __init__(
+        self, sid: str, run: RunTranslator, started: dict[str, Any], request: Request, relay: RunRelay | None
+    ) -> None:
+        self.sid, self.run, self.speech_id, self.relay = sid, run, started.get("speech_id"), relay
         self.actor = audit.actor_of(request)
         self.services = deps.services(request)
 
@@ -253,17 +295,28 @@ class _Abort:
         spawn(self._interrupt(), name=f"agui-abort:{self.sid}", tasks=_ABORTS)
 
     async def _interrupt(self) -> None:
-        view = await self.services.host.find(self.sid)
-        session = view.live if view is not None else None
-        if session is None or session.state != SessionStatus.ACTIVE:
-            return
-        current = session.current_speech
-        if current is None or (current.id != self.speech_id and current.id not in self.run.spoken):
-            return
-        with contextlib.suppress(NotInterruptible):
-            speech = await session.interrupt()
-            if speech is not None:
-                audit.record_as(self.actor, session, "interrupt", speech_id=speech.id)
+        speeches = {str(s) for s in (self.speech_id, *self.run.spoken) if s is not None}
+        if self.relay is not None:
+            where = await locate(self.services.host, self.sid)
+            if isinstance(where, Elsewhere):
+                await self.relay.abort(where, speeches)
+                return
+        await interrupt_speaking(self.services.host, self.sid, speeches, self.actor)
+
+
+async def interrupt_speaking(host: SessionHost, sid: str, speeches: Collection[str], actor: str) -> None:
+    """Interrupt the agent of session ``sid``, live on this node, if it is speaking one of ``speeches``."""
+    view = await host.find(sid)
+    session = view.live if view is not None else None
+    if session is None or session.state != SessionStatus.ACTIVE:
+        return
+    current = session.current_speech
+    if current is None or current.id not in speeches:
+        return
+    with contextlib.suppress(NotInterruptible):
+        speech = await session.interrupt()
+        if speech is not None:
+            audit.record_as(actor, session, "interrupt", speech_id=speech.id)
 
 
 class RunStream(StreamingResponse):
