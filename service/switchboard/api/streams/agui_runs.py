@@ -32,11 +32,12 @@ from ...runtime.aio import cancel_and_wait, spawn
 from ...runtime.session import InputResult
 from ...runtime.speech import NotInterruptible
 from ...runtime.status import SessionStatus
+from ...runtime.text import valid_text
 from ...store import IdempotencyState
 from .. import audit, deps
 from ..auth import AuthError, Principal, Require, check, principal_of
 from ..cluster.forward import FORWARDED_HEADER, SessionElsewhere
-from ..idempotency import Attempt, KeyedCommands
+from ..idempotency import MAX_KEY_LEN, Attempt, KeyedCommands
 from ..openapi_doc import API_KEY, security
 from ..problems import POST_ERRORS, ProblemError, problem_responses
 from ..schemas import SessionCreate
@@ -103,9 +104,12 @@ async def _run_input(request: Request) -> RunAgentInput:
     except ValueError:
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": "Invalid JSON"}]) from None
     try:
-        return RunAgentInput.model_validate(raw)
+        body = RunAgentInput.model_validate(raw)
     except ValidationError as err:
         raise RequestValidationError(err.errors(include_url=False, include_context=False)) from None
+    if not 1 <= len(body.run_id) <= MAX_KEY_LEN:  # it is the run's idempotency key
+        raise ProblemError(422, "invalid_run_id", f"runId must be 1-{MAX_KEY_LEN} characters.")
+    return body
 
 
 def _user_text(body: RunAgentInput) -> tuple[str, str]:
@@ -115,6 +119,7 @@ def _user_text(body: RunAgentInput) -> tuple[str, str]:
         raise ProblemError(422, "no_user_message", "A run starts with a user message: the last of `messages`.")
     content = last.content
     text = content if isinstance(content, str) else "".join(p.text for p in content if isinstance(p, TextInputContent))
+    text = valid_text(text)  # as every REST body's text: a lone surrogate is stored as U+FFFD, never as it came
     if not text.strip():
         raise ProblemError(422, "no_user_message", "The last user message has no text.")
     return last.id, text
