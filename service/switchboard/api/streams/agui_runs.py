@@ -74,7 +74,12 @@ RUN_INPUT = {
     "required": ["threadId", "runId", "messages"],
     "properties": {
         "threadId": {"type": "string", "description": "The session's id."},
-        "runId": {"type": "string", "description": "The run's id: its input is injected once per runId."},
+        "runId": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_KEY_LEN,
+            "description": "The run's id: its input is injected once per runId.",
+        },
         "messages": {
             "type": "array",
             "items": {
