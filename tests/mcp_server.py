@@ -2,8 +2,10 @@
 on a loopback port) or ``python tests/mcp_server.py stdio LOG``.
 
 Its tools: ``lookup`` (reports progress twice, then answers), ``slow`` (sleeps until cancelled), ``broken`` (fails:
-an ``isError`` result), ``huge`` (answers 8 MiB), ``optional`` (an argument that may be left out). Each call, each
-cancellation the server receives and its own exit are appended to the LOG file, one line each (``cancelled slow``).
+an ``isError`` result), ``huge`` (answers 8 MiB), ``optional`` (an argument that may be left out), ``chatty``
+(reports progress ``count`` times, as fast as it can), ``refers_out`` (its schema's ``$ref`` is the environment's
+``MCP_TEST_REF_URL``) and ``refers_nowhere`` (its ``$ref`` points at nothing). Each call, each cancellation the server
+receives and its own exit are appended to the LOG file, one line each (``cancelled slow``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 
 LOG = sys.argv[-1]
 
@@ -24,7 +27,25 @@ def record(line: str) -> None:
         log.write(line + "\n")
 
 
-server = MCPServer("test-tools")
+async def referred(a: int) -> str:
+    """Declare a schema with a reference."""
+    return "referred"
+
+
+def referring(name: str, ref: str) -> Tool:
+    """``referred`` under ``name``, its argument declared as ``ref`` (a schema the SDK would not write itself)."""
+    tool = Tool.from_function(referred, name=name)
+    schema = {"type": "object", "properties": {"a": {"$ref": ref}}, "required": ["a"]}
+    return tool.model_copy(update={"parameters": schema})
+
+
+server = MCPServer(
+    "test-tools",
+    tools=[
+        referring("refers_out", os.environ.get("MCP_TEST_REF_URL", "http://127.0.0.1:9/schema")),
+        referring("refers_nowhere", "#/$defs/missing"),
+    ],
+)
 
 
 @server.tool()
@@ -58,6 +79,14 @@ async def broken() -> str:
 async def huge() -> str:
     """Answer far too much."""
     return "x" * (8 * 1024 * 1024)
+
+
+@server.tool()
+async def chatty(count: int, ctx: Context) -> str:
+    """Report a great deal of progress."""
+    for done in range(1, count + 1):
+        await ctx.report_progress(done, count, f"step {done}")
+    return "chatty done"
 
 
 @server.tool()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,14 +35,18 @@ def _answers(port: int) -> bool:
 
 
 @contextmanager
-def running_http_server(tmp_path: Path) -> Iterator[tuple[str, ServerLog, subprocess.Popen[bytes]]]:
-    """The server over streamable HTTP on a loopback port: its endpoint, its log and its process."""
+def running_http_server(
+    tmp_path: Path, env: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, ServerLog, subprocess.Popen[bytes]]]:
+    """The server over streamable HTTP on a loopback port (``env`` added to its environment): its endpoint, its log
+    and its process."""
     port = free_port()
     log = ServerLog(tmp_path / "server.log")
     proc = subprocess.Popen(
         [sys.executable, SERVER_SCRIPT, "http", str(port), str(log.path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
     try:
         wait_until(lambda: _answers(port) or proc.poll() is not None)

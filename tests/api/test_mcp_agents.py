@@ -3,6 +3,7 @@ a session's call runs on the server with its progress on the call's record, and 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -84,3 +85,83 @@ async def test_a_rest_cancel_stops_the_call_on_the_server(shop) -> None:
     assert r.json()["status"] == "cancelled"
     await log.shows("cancelled slow")
     assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
+
+
+class Silent:
+    """A server that accepts connections and never answers; ``peak`` is the most connections it held open at once."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.peak = 0
+        self.url = ""
+        self.held: list[asyncio.StreamWriter] = []
+
+    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.held.append(writer)
+        self.open += 1
+        self.peak = max(self.peak, self.open)
+        try:
+            while await reader.read(65536):  # until the client closes it
+                pass
+        finally:
+            self.open -= 1
+            writer.close()
+
+
+@pytest.fixture
+async def silent() -> AsyncIterator[Silent]:
+    found = Silent()
+    server = await asyncio.start_server(found.accept, "127.0.0.1", 0)
+    found.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/mcp"
+    try:
+        yield found
+    finally:
+        for writer in found.held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_create_cut_off_while_the_servers_are_listed_still_leaves_an_active_session(tmp_path, silent) -> None:
+    server = MCPServerHTTP(silent.url, name="silent", timeout_s=3.0)
+
+    class Shop(Agent):
+        def __init__(self) -> None:
+            super().__init__(instructions="x", mcp_servers=[server])
+
+    settings = make_settings(tmp_path, request_timeout_s=1.0)  # the listing outlasts the create's deadline
+    app = create_app(settings, registry=AgentRegistry({"shop": Shop}))
+    body = {"id": "s1", "agent": "shop", "llm": {"provider": "scripted", "turns": [{"text": "Hello."}]}}
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            created = await client.post("/v1/sessions", json=body)
+            assert created.status_code in (201, 503, 504), created.text
+
+            async def state() -> bool:
+                return (await client.get("/v1/sessions/s1")).json()["state"] == "active"
+
+            await until(state)
+            again = await client.post("/v1/sessions", json=body)
+            assert again.status_code == 200 and again.json()["state"] == "active", again.text
+            answered = await client.post("/v1/sessions/s1/input", json={"text": "hi"})
+            assert answered.status_code < 300, answered.text
+            assert (await client.delete("/v1/sessions/s1")).status_code == 204
+
+
+async def test_the_agents_list_lists_the_servers_of_its_agents_at_once(tmp_path, silent) -> None:
+    def agent_of(server: MCPServerHTTP) -> type[Agent]:
+        class Shop(Agent):
+            def __init__(self) -> None:
+                super().__init__(instructions="x", mcp_servers=[server])
+
+        return Shop
+
+    servers = [MCPServerHTTP(silent.url, name=f"silent-{n}", timeout_s=1.0) for n in range(2)]
+    registry = AgentRegistry({f"shop{n}": agent_of(server) for n, server in enumerate(servers)})
+    app = create_app(make_settings(tmp_path), registry=registry)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            listed = await client.get("/v1/agents")
+            assert listed.status_code == 200, listed.text
+            assert sorted(a["name"] for a in listed.json()["items"]) == ["shop0", "shop1"]
+    assert silent.peak == 2  # both servers were asked at once, not one after the other's timeout

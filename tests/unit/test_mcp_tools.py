@@ -10,7 +10,10 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,13 @@ import pytest
 
 from switchboard import Agent, RunContext, function_tool
 from switchboard.integrations.agents_file import AgentsFileError, load_agents_file, read_agents_file
-from switchboard.integrations.mcp_tools import MCPServer, MCPServerHTTP, MCPServerStdio, MCPTool
+from switchboard.integrations.mcp_tools import (
+    MAX_PROGRESS_UPDATES,
+    MCPServer,
+    MCPServerHTTP,
+    MCPServerStdio,
+    MCPTool,
+)
 from switchboard.integrations.webhooks import Webhooks
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.llm.scripted import Turn
@@ -323,6 +332,7 @@ async def test_an_agents_file_agent_takes_the_tools_of_its_servers_with_headers_
         ({"command": ["srv"], "env_from": {"TOKEN": "lower case"}}, "is not an environment variable name"),
         ({"command": ["srv"], "policies": {"t": {"on_restart": "resume"}}}, "cannot resume"),
         ({"command": ["srv"], "timeout_s": 0}, "greater than 0"),
+        ({"command": ["srv"], "tools_ttl_s": 0}, "greater than or equal to 1"),
         ({"command": ["srv"], "headers": {"Authorization": "literal"}}, "Extra inputs are not permitted"),
     ],
 )
@@ -424,3 +434,123 @@ async def test_a_session_closed_while_its_servers_are_listed_never_starts(hangin
     await start
     assert h.session.state is SessionStatus.CLOSED
     assert "session.started" not in h.types()
+
+
+# -- what a server cannot make of Switchboard ----------------------------------------------------------------------
+
+
+@contextmanager
+def counting_http_server() -> Iterator[tuple[str, list[str]]]:
+    """A plain HTTP server (a thread of its own: it answers even when the event loop does not) that records every
+    request and answers each with a schema: its URL and the paths asked for."""
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"type": "integer"}')
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/internal/admin", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+async def test_a_tool_whose_schema_refers_outside_itself_or_to_nothing_is_left_out_and_nothing_is_fetched(
+    tmp_path, caplog
+):
+    with (
+        counting_http_server() as (internal, asked),
+        running_http_server(tmp_path, env={"MCP_TEST_REF_URL": internal}) as (url, log, _),
+    ):
+        server = MCPServerHTTP(url, name="warehouse", timeout_s=20)
+        with caplog.at_level(logging.WARNING, logger="switchboard.integrations.mcp"):
+            agent = Agent(instructions="x", mcp_servers=[server])
+            async with Harness(agent, [call("refers_out", {"a": 5})]) as h:
+                tools = h.session.model_tools()
+                assert "lookup" in tools
+                assert "refers_out" not in tools and "refers_nowhere" not in tools
+                await h.session.input("go")
+                done = await ended(h)
+                assert done.data["status"] == "failed", done.data  # a tool the agent does not have
+        assert asked == []
+        assert "called refers_out" not in log.lines()
+    left_out = [r.getMessage() for r in caplog.records if "is left out" in r.getMessage()]
+    assert len(left_out) == 2, left_out
+    assert "tool 'refers_out' of MCP server warehouse is left out: its input schema refers outside" in left_out[0]
+    assert "tool 'refers_nowhere' of MCP server warehouse is left out" in left_out[1]
+    assert internal not in caplog.text
+
+
+async def test_a_reference_that_does_not_resolve_when_arguments_are_checked_fails_the_call_not_the_reply():
+    # resolves from the root (so the tool is kept), not from the property's own $id where it is followed
+    schema = {
+        "type": "object",
+        "$defs": {"n": {"type": "integer"}},
+        "properties": {"a": {"$id": "urn:example:a", "$ref": "#/$defs/n"}},
+    }
+    server = MCPServerHTTP(f"http://127.0.0.1:{free_port()}/mcp")
+    tool = MCPTool(server, mcp_types.Tool(name="lookup", input_schema=schema))
+    turns = [call("lookup", {"a": 1}), {"text": "That did not work."}]
+    async with Harness(Agent(instructions="x", tools=[tool]), turns) as h:
+        await h.session.input("hello?")
+        done = await ended(h)
+        assert done.data["status"] == "failed", done.data
+        assert done.data["output"].startswith("Invalid arguments for lookup:"), done.data
+        assert "does not resolve" in done.data["output"]
+        await h.idle()
+        assert "generation.failed" not in h.types()
+        assert ("assistant", "That did not work.") in h.summary()
+
+
+def test_a_servers_repr_shows_no_credentials():
+    server = MCPServerHTTP("https://user:pw@crm.example:8443/mcp?token=t#x")
+    assert repr(server) == "<MCPServerHTTP https://crm.example:8443/mcp>"
+
+
+async def test_concurrent_refreshes_share_one_listing_and_a_cancelled_caller_leaves_it_to_the_others(
+    hanging_server,
+):
+    server = MCPServerHTTP(hanging_server, timeout_s=1.0)
+    first = asyncio.create_task(server.refresh())
+    await until(lambda: HELD)  # the listing is under way (and hangs)
+    first.cancel()
+    async with asyncio.timeout(15):  # bound: the listing gives up after timeout_s and the grace to close
+        await asyncio.gather(*(server.refresh() for _ in range(50)))
+    assert first.cancelled()
+    assert len(HELD) == 1  # one connection: one listing for all 51 callers
+    await server.refresh()  # failed a moment ago: not asked again at once
+    assert len(HELD) == 1
+    assert list(server.tools()) == []
+
+
+def test_a_tool_list_kept_less_than_a_second_is_refused():
+    with pytest.raises(ValueError, match="tools_ttl_s must be at least 1 s"):
+        MCPServerHTTP("http://127.0.0.1:9/mcp", tools_ttl_s=0)
+
+
+async def test_a_server_flooding_progress_reaches_the_chat_a_bounded_number_of_times(http_server):
+    url, _, _ = http_server
+    server = MCPServerHTTP(url, timeout_s=60)
+    async with Harness(Agent(instructions="x", mcp_servers=[server]), [call("chatty", {"count": 10_000})]) as h:
+        await h.session.input("tell me everything")
+        done = await ended(h)
+        assert (done.data["status"], done.data["output"]) == ("completed", "chatty done"), done.data
+        progress = h.of_type("tool.progress")
+        assert 1 <= len(progress) <= MAX_PROGRESS_UPDATES
+        assert progress[0].data["message"] == "step 1"
+        await h.idle()
+        outputs = [item for item in h.summary() if item[:2] == ("output", "chatty")]
+        assert len(outputs) <= MAX_PROGRESS_UPDATES + 1  # each update's pair, and the result's
+        assert outputs[-1][2] == "chatty done"

@@ -6,6 +6,7 @@ instances have. A webhook tool is described like any other (its endpoint and sec
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Mapping
@@ -106,7 +107,8 @@ class AgentCatalog:
         return found
 
     async def all(self) -> list[AgentDescription]:
-        return [await self.describe(name) for name in self.registry.names()]
+        """Every agent, described at once: agents whose MCP servers do not answer wait for them together."""
+        return list(await asyncio.gather(*(self.describe(name) for name in self.registry.names())))
 
     async def _build(self, name: str) -> tuple[AgentDescription, bool]:
         model = summarize_model(self.models, None, self.default_llms.get(name))

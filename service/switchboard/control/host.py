@@ -147,6 +147,7 @@ class SessionHost:
         # held by a recovery round: a drain hands over what a round under way adds too (it waits for the round)
         self._round_lock = asyncio.Lock()
         self._drops: set[asyncio.Task[None]] = set()
+        self._starts: set[asyncio.Task[None]] = set()  # session starts, run on when their create is cut off
 
     @property
     def node_id(self) -> str | None:
@@ -328,7 +329,12 @@ class SessionHost:
                 self.lease.claim_new(sid)
             self.sessions[sid] = session
             self.records[sid] = rec
-        await session.start()
+        # a task the host owns: a create cut off (its deadline, its client gone) while the agent's MCP servers are
+        # listed still ends with the session started (or closed), never stored as initializing for ever
+        start = asyncio.create_task(session.start(), name=f"start:{sid}")
+        self._starts.add(start)
+        start.add_done_callback(self._starts.discard)
+        await asyncio.shield(start)
         return SessionView(rec, session, self.store), True
 
     def _created_before(
@@ -630,7 +636,7 @@ class SessionHost:
         """Service shutdown: suspend every session (they stay live and are recovered on the next start)."""
         sessions = list(self.sessions.values())
         await asyncio.gather(*(s.suspend() for s in sessions), return_exceptions=True)
-        if self._drops:
-            await asyncio.gather(*self._drops, return_exceptions=True)
+        if self._drops or self._starts:
+            await asyncio.gather(*self._drops, *self._starts, return_exceptions=True)
         self.sessions.clear()
         self.records.clear()

@@ -57,7 +57,15 @@ from ..runtime.agent import Agent, AgentFactory, AgentRegistry
 from ..runtime.executor import COMPANION_TOOLS
 from ..runtime.llm import MissingCredential, build_llm
 from ..runtime.tools import CONFIRM_FIELD, OnRestart, ToolPolicy
-from .mcp_tools import MCPServer, MCPServerHTTP, MCPServerStdio, MCPToolPolicy
+from .mcp_tools import (
+    DEFAULT_TOOLS_TTL_S,
+    LIST_TIMEOUT_S,
+    MIN_TOOLS_TTL_S,
+    MCPServer,
+    MCPServerHTTP,
+    MCPServerStdio,
+    MCPToolPolicy,
+)
 from .model_profiles import SESSION_TUNABLE
 from .schema_model import SchemaError, object_model
 from .signing import STANDARD_SECRET_PREFIX, Signature, signing_key
@@ -156,7 +164,8 @@ class MCPServerSpec(_Spec):
     tools: list[str] | None = None
     prefix: str = Field(default="", pattern=r"^[A-Za-z0-9_-]{0,32}$")
     timeout_s: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT_S)
-    tools_ttl_s: float = Field(default=300.0, ge=0)
+    tools_ttl_s: float = Field(default=DEFAULT_TOOLS_TTL_S, ge=MIN_TOOLS_TTL_S)
+    list_timeout_s: float = Field(default=LIST_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
     policies: dict[str, MCPToolPolicy] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -188,6 +197,7 @@ class MCPServerSpec(_Spec):
             "policies": self.policies,
             "prefix": self.prefix,
             "tools_ttl_s": self.tools_ttl_s,
+            "list_timeout_s": self.list_timeout_s,
         }
         if self.url is not None:
             headers = {header: environ[variable] for header, variable in self.headers_env.items()}

@@ -5,18 +5,23 @@ server's tools become the agent's tools, with the same policies as Python tools 
 ``allow_cancellation``, ``on_restart``) and a timeout. The executor cannot tell them apart from Python tools.
 
 - Discovery: ``tools/list`` when a session of the agent starts (or recovers, or is handed to it), cached per server
-  object for ``tools_ttl_s``; a server that cannot be listed leaves its last list (or none) and is asked again after
-  ``RELIST_AFTER_FAILURE_S``, so a server that is down never holds up every session start.
+  object for ``tools_ttl_s`` (at least ``MIN_TOOLS_TTL_S``); callers at the same moment share one listing, bounded
+  as a whole by ``list_timeout_s``. A server that cannot be listed leaves its last list (or none) and is asked again
+  after ``RELIST_AFTER_FAILURE_S``, so a server that is down never holds up every session start.
+- Schemas: a tool whose input schema refers outside itself (a ``$ref`` that is not ``#...``) or to something it
+  does not have is left out; nothing a schema names is ever fetched.
 - Calls: each call opens its own MCP session (streamable HTTP, or a subprocess over stdio), calls the tool and closes
   it: nothing is held between calls, so a session that closes, a cancelled call and a timed-out one leave no
   connection, task or process behind.
-- Progress notifications become ``ctx.update()``; a call that is cancelled or times out sends
+- Progress notifications become ``ctx.update()``: ``PROGRESS_BURST`` at once, then one per ``PROGRESS_INTERVAL_S``, at
+  most ``MAX_PROGRESS_UPDATES`` per call; the others are dropped. A call that is cancelled or times out sends
   ``notifications/cancelled`` to the server; a server that is down, hangs, answers too much or returns ``isError``
   gives the model an ``is_error`` output, never a hang.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -32,6 +37,9 @@ import anyio
 import httpx2
 import jsonschema
 import mcp_types
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -46,9 +54,15 @@ logger = logging.getLogger("switchboard.integrations.mcp")
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_TOOLS_TTL_S = 300.0
+MIN_TOOLS_TTL_S = 1.0
 RELIST_AFTER_FAILURE_S = 30.0
-#: A listing waits at most this long (or the server's timeout_s if shorter): a session's start waits for it.
-LIST_TIMEOUT_S = 10.0
+#: A listing (connecting, the requests, closing) takes at most this long by default: a session's create waits for
+#: it, and it stays below the request deadline (``request_timeout_s``, 10 s by default).
+LIST_TIMEOUT_S = 5.0
+#: The progress of one call that reaches the chat: a burst, then one update per interval, at most so many in all.
+PROGRESS_BURST = 5
+PROGRESS_INTERVAL_S = 0.25
+MAX_PROGRESS_UPDATES = 20
 #: How long an exchange may take past its requests' timeout: to connect, and to close (a subprocess to stop).
 CLOSE_GRACE_S = 5.0
 CONNECT_TIMEOUT_S = 10.0
@@ -56,6 +70,9 @@ CONNECT_TIMEOUT_S = 10.0
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 DETAIL_MAX_CHARS = 300
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what model providers accept as a function name
+#: What a schema's ``$ref`` may resolve against: the schema itself, nothing else (no retrieval: nothing is fetched).
+NO_REMOTE_REFS: referencing.Registry[Any] = referencing.Registry()
+REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
 
 
 class MCPToolPolicy(ToolPolicy):
@@ -131,7 +148,8 @@ class MCPServer:
     list it in each agent that uses it: its tool list is cached on the object.
 
     ``tools``: an allow-list of the server's tool names (None: all of them); ``policies``: per tool name, a
-    ``MCPToolPolicy`` (or its fields as a dict); ``prefix``: put before each tool's name as the model sees it.
+    ``MCPToolPolicy`` (or its fields as a dict); ``prefix``: put before each tool's name as the model sees it;
+    ``list_timeout_s``: the most a listing of its tools takes, all told.
     """
 
     def __init__(
@@ -143,10 +161,13 @@ class MCPServer:
         policies: Mapping[str, MCPToolPolicy | Mapping[str, Any]] | None = None,
         prefix: str = "",
         tools_ttl_s: float = DEFAULT_TOOLS_TTL_S,
+        list_timeout_s: float = LIST_TIMEOUT_S,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
+        if timeout_s <= 0 or list_timeout_s <= 0:
+            raise ValueError("timeout_s and list_timeout_s must be positive")
+        if tools_ttl_s < MIN_TOOLS_TTL_S:
+            raise ValueError(f"tools_ttl_s must be at least {MIN_TOOLS_TTL_S:g} s")
         self.name = name
         self.timeout_s = timeout_s
         self.allowed = frozenset(tools) if tools is not None else None
@@ -156,10 +177,12 @@ class MCPServer:
         }
         self.prefix = prefix
         self.tools_ttl_s = tools_ttl_s
+        self.list_timeout_s = list_timeout_s
         self.max_answer_bytes = max_answer_bytes
         self._tools: list[MCPTool] = []
         self._listed_at: float | None = None
         self._failed_at: float | None = None
+        self._listing: asyncio.Task[None] | None = None
 
     def connect(self, budget: _ByteBudget, timeout_s: float) -> AbstractAsyncContextManager[Any]:
         """The transport's (read, write) streams for one exchange."""
@@ -177,11 +200,22 @@ class MCPServer:
         return self._failed_at is not None and now - self._failed_at < RELIST_AFTER_FAILURE_S
 
     async def refresh(self) -> None:
-        """List the server's tools unless the list is fresh; a failure is logged and keeps the last list."""
+        """List the server's tools unless the list is fresh. Callers at the same moment wait for one listing (a
+        task of its own: a caller cancelled leaves it running for the others); a failure is logged and keeps the
+        last list."""
         if self._fresh(time.monotonic()):
             return
+        listing = self._listing
+        if listing is None or listing.done() or listing.get_loop() is not asyncio.get_running_loop():
+            listing = self._listing = asyncio.create_task(self._relist(), name=f"mcp-list:{self.name}")
+        await asyncio.shield(listing)
+
+    async def _relist(self) -> None:
         try:
             listed = await self._list()
+        except asyncio.CancelledError:
+            self._failed_at = time.monotonic()  # not listed: the next caller waits as after a failure
+            raise
         except Exception as err:
             self._failed_at = time.monotonic()
             logger.warning("the tools of MCP server %s could not be listed: %s", self.name, _describe(err))
@@ -201,8 +235,9 @@ class MCPServer:
                 if not cursor:
                     return found
 
-        timeout_s = min(self.timeout_s, LIST_TIMEOUT_S)
-        listed: list[mcp_types.Tool] = await self.exchange(list_all, timeout_s, what="its tools could not be listed")
+        timeout_s = min(self.timeout_s, self.list_timeout_s)
+        what = "its tools could not be listed"
+        listed: list[mcp_types.Tool] = await self.exchange(list_all, timeout_s, what=what, total_s=self.list_timeout_s)
         return listed
 
     def _build_tools(self, listed: Sequence[mcp_types.Tool]) -> list[MCPTool]:
@@ -221,13 +256,16 @@ class MCPServer:
 
     # -- one exchange
 
-    async def exchange(self, work: Callable[[ClientSession], Any], timeout_s: float, *, what: str) -> Any:
+    async def exchange(
+        self, work: Callable[[ClientSession], Any], timeout_s: float, *, what: str, total_s: float | None = None
+    ) -> Any:
         """Open an MCP session, run ``work`` on it, close it. Each request waits at most ``timeout_s`` (a request
         that times out is cancelled at the server, ``notifications/cancelled``), the whole exchange at most
-        ``CLOSE_GRACE_S`` more, and at most ``max_answer_bytes`` are read. A failure raises ``ToolError`` (``what``
-        says what failed); ``ToolCancelled`` from ``work`` goes through."""
+        ``total_s`` (by default ``CLOSE_GRACE_S`` more), and at most ``max_answer_bytes`` are read. A failure raises
+        ``ToolError`` (``what`` says what failed); ``ToolCancelled`` from ``work`` goes through."""
         budget = _ByteBudget(self.max_answer_bytes)
-        with anyio.CancelScope(deadline=anyio.current_time() + timeout_s + CLOSE_GRACE_S) as scope:
+        total_s = timeout_s + CLOSE_GRACE_S if total_s is None else total_s
+        with anyio.CancelScope(deadline=anyio.current_time() + total_s) as scope:
             budget.on_exceed = scope.cancel
             try:
                 async with (
@@ -263,7 +301,7 @@ class MCPServerHTTP(MCPServer):
         self.headers = dict(headers or {})
 
     def __repr__(self) -> str:
-        return f"<MCPServerHTTP {self.url}>"
+        return f"<MCPServerHTTP {_without_secrets(self.url)}>"
 
     @asynccontextmanager
     async def connect(self, budget: _ByteBudget, timeout_s: float) -> AsyncIterator[Any]:
@@ -331,10 +369,11 @@ class MCPTool(FunctionTool):
             raise ValueError(f"{CONFIRM_FIELD!r} is reserved (on_duplicate='confirm' adds it)")
         validator_class = jsonschema.validators.validator_for(schema)
         validator_class.check_schema(schema)
+        _check_refs(schema, validator_class)
         self.server = server
         self.remote_name = tool.name
         self.input_schema = schema
-        self._validator = validator_class(schema)
+        self._validator = validator_class(schema, registry=NO_REMOTE_REFS)
         self.timeout_s = policy.timeout_s or server.timeout_s
         description = tool.description or tool.title or ""
         # a policy of its own, without the timeout: the executor compares policies field by field
@@ -365,7 +404,10 @@ class MCPTool(FunctionTool):
         if not isinstance(data, dict):
             raise ValueError("arguments must be an object")
         args = {k: v for k, v in data.items() if k != CONFIRM_FIELD}
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(args))
+        try:
+            error = jsonschema.exceptions.best_match(self._validator.iter_errors(args))
+        except referencing.exceptions.Unresolvable as err:
+            raise ValueError(f"the tool's schema has a reference that does not resolve ({err})") from None
         if error is not None:
             where = ".".join(str(p) for p in error.absolute_path)
             raise ValueError(f"{where}: {error.message}" if where else error.message)
@@ -388,16 +430,22 @@ class MCPTool(FunctionTool):
         required = set(self.input_schema.get("required", ()))
         props = self.input_schema["properties"]
         return {
-            k: v
-            for k, v in raw.items()
-            if v is not None or k in required or k not in props or self._validator.evolve(schema=props[k]).is_valid(v)
+            k: v for k, v in raw.items() if v is not None or k in required or k not in props or self._valid(props[k], v)
         }
+
+    def _valid(self, schema: Any, value: Any) -> bool:
+        try:
+            return bool(self._validator.evolve(schema=schema).is_valid(value))
+        except referencing.exceptions.Unresolvable:
+            return False  # kept, and refused by the validation proper
 
     async def invoke(self, ctx: RunContext, arguments: dict[str, Any]) -> Any:
         args = {k: v for k, v in arguments.items() if k != CONFIRM_FIELD}
+        limit = _ProgressLimit()
 
         async def progress(progress: float, total: float | None, message: str | None) -> None:
-            await ctx.update(*_progress(progress, total, message))
+            if limit.allows(time.monotonic()):  # each update is a chat pair and an event: a server cannot flood them
+                await ctx.update(*_progress(progress, total, message))
 
         async def call(session: ClientSession) -> mcp_types.CallToolResult:
             # only the request waits on the cancellation: cancelled, it tells the server (``notifications/cancelled``)
@@ -413,6 +461,51 @@ class MCPTool(FunctionTool):
         if result.is_error:
             raise ToolError(text or f"{self.name} failed (its MCP server gave no reason).")
         return text
+
+
+class _ProgressLimit:
+    """The progress of one call that becomes updates (a token bucket): ``PROGRESS_BURST`` at once, then one per
+    ``PROGRESS_INTERVAL_S``, at most ``MAX_PROGRESS_UPDATES`` in all; the rest are dropped."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.tokens = float(PROGRESS_BURST)
+        self.last_at: float | None = None
+
+    def allows(self, now: float) -> bool:
+        if self.last_at is not None:
+            self.tokens = min(PROGRESS_BURST, self.tokens + (now - self.last_at) / PROGRESS_INTERVAL_S)
+        self.last_at = now
+        if self.sent >= MAX_PROGRESS_UPDATES or self.tokens < 1:
+            return False
+        self.sent, self.tokens = self.sent + 1, self.tokens - 1
+        return True
+
+
+def _check_refs(schema: dict[str, Any], validator_class: Any) -> None:
+    """Raise ``ValueError`` unless every reference in ``schema`` points inside it and resolves there."""
+    dialect = schema.get("$schema") or validator_class.META_SCHEMA.get("$id", "")
+    specification = referencing.jsonschema.specification_with(dialect, default=referencing.jsonschema.DRAFT202012)
+    resolver = NO_REMOTE_REFS.resolver_with_root(specification.create_resource(schema))
+    for ref in _refs(schema):
+        if not ref.startswith("#"):
+            raise ValueError("its input schema refers outside itself (only references inside it are followed)")
+        try:
+            resolver.lookup(ref)
+        except referencing.exceptions.Unresolvable:
+            raise ValueError(f"its input schema's reference {ref[:DETAIL_MAX_CHARS]!r} does not resolve") from None
+
+
+def _refs(node: Any) -> Iterable[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in REF_KEYWORDS and isinstance(value, str):
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _refs(value)
 
 
 def _progress(done: float, total: float | None, message: str | None) -> tuple[str, float | None]:
