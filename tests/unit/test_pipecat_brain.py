@@ -1,0 +1,75 @@
+"""The Pipecat brain's side of the media protocol that a single server run does not show: it connects again after a
+session moved (4410) or a restart (1012), under one edge id with numbered attempts, sends again first the final
+transcript no connection answered, and silences the speech the lost connection was playing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from pipecat.frames.frames import EndWorkerFrame, InterruptionFrame, LLMTextFrame, TranscriptionFrame
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.tests.utils import run_test
+from websockets.asyncio.server import ServerConnection, serve
+
+from switchboard.integrations.pipecat import SwitchboardBrain
+from tests.waiting import WAIT_S
+
+
+class MovingSession:
+    """A session that moves twice: each connection but the last is closed with the next code of ``closes``."""
+
+    def __init__(self, closes: list[int]) -> None:
+        self.closes = closes
+        self.queries: list[dict[str, list[str]]] = []
+        self.transcripts: list[list[dict[str, Any]]] = []
+
+    async def handler(self, ws: ServerConnection) -> None:
+        assert ws.request is not None
+        self.queries.append(parse_qs(urlsplit(ws.request.path).query))
+        got: list[dict[str, Any]] = []
+        self.transcripts.append(got)
+        async with asyncio.timeout(WAIT_S):
+            got.append(json.loads(await ws.recv()))
+        if len(self.transcripts) == 1:  # a speech begins, then the session moves away under it
+            await ws.send(json.dumps({"type": "speech.start", "speech_id": "sp1", "allow_interruptions": True}))
+            await ws.send(json.dumps({"type": "speech.text", "speech_id": "sp1", "delta": "Let me see."}))
+        if self.closes:
+            await ws.close(self.closes.pop(0), "session moving")
+            return
+        await ws.send(json.dumps({"type": "transcript.taken", "id": got[0]["id"], "item_id": "it-1"}))
+        await ws.close(1000, "session closed")
+
+
+@pytest.mark.parametrize("closes", [[4410], [1012, 4410]])
+async def test_it_connects_again_and_sends_the_unanswered_transcript_again_with_its_id(closes: list[int]) -> None:
+    session = MovingSession(list(closes))
+    async with serve(session.handler, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        brain = SwitchboardBrain(f"http://127.0.0.1:{port}", "s1")
+        ended: list[int] = []
+
+        @brain.event_handler("on_session_closed")
+        async def closed(processor: SwitchboardBrain, code: int, reason: str) -> None:
+            ended.append(code)
+            await processor.push_frame(EndWorkerFrame(), FrameDirection.UPSTREAM)
+
+        said = TranscriptionFrame("Is the eight o'clock train on time?", "caller", "now")
+        down, _ = await asyncio.wait_for(
+            run_test(brain, frames_to_send=[said], send_end_frame=False, start_timeout=WAIT_S), WAIT_S
+        )
+    assert ended == [1000]
+    sent = [got[0] for got in session.transcripts]
+    assert len(sent) == len(closes) + 1
+    assert all((f["type"], f["text"], f["final"]) == ("user.transcript", said.text, True) for f in sent)
+    assert len({f["id"] for f in sent}) == 1  # one transcript: the session takes it once, wherever it arrives
+    assert brain.pending_transcripts == 0
+    assert len({q["edge_id"][0] for q in session.queries}) == 1
+    assert [q["connection"][0] for q in session.queries] == [str(n) for n in range(1, len(closes) + 2)]
+    # the speech that was playing when the session moved ended there: it is silenced here too
+    texts = [i for i, f in enumerate(down) if isinstance(f, LLMTextFrame)]
+    cuts = [i for i, f in enumerate(down) if isinstance(f, InterruptionFrame)]
+    assert texts and cuts and cuts[0] > texts[0]
