@@ -32,7 +32,7 @@ import asyncio
 import re
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pipecat.frames.frames import (
     BotStartedSpeakingFrame,
@@ -85,7 +85,7 @@ class SegmentMark(DataFrame):
     """Marks, in the frames that go through the TTS and the output transport, where a segment begins or ends: the
     output transport lets it through once the audio before it has been played."""
 
-    segment: Segment = field(default_factory=lambda: Segment("", True))
+    segment: Segment
     end: bool = False
 
 
