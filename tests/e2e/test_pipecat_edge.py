@@ -15,6 +15,7 @@ import pytest
 from pipecat.frames.frames import (
     EndFrame,
     EndWorkerFrame,
+    InterimTranscriptionFrame,
     InterruptionFrame,
     LLMFullResponseEndFrame,
     LLMTextFrame,
@@ -35,7 +36,7 @@ from tests.pipecat_support import WavOutputTransport
 from tests.waiting import WAIT_S, until
 
 from .media_support import KEY
-from .server import Server
+from .server import EventStream, Server
 
 pytestmark = pytest.mark.e2e
 
@@ -127,6 +128,47 @@ async def test_transcripts_go_in_and_the_reply_comes_out_as_llm_frames(
     assert brain.pending_transcripts == 0  # the session answered transcript.taken
     users = [i for i in await chat(api, sid) if i.get("role") == "user"]
     assert [u["text"] for u in users] == ["Book a table for two at eight."]
+
+
+async def test_an_interim_transcript_is_reported_and_a_barge_in_interrupts_the_pipeline(
+    api: httpx.AsyncClient, media_srv: Server
+) -> None:
+    sid = await create_session(api, [])
+    events = await EventStream.open(media_srv, sid, additional_headers={"Authorization": f"Bearer {KEY}"})
+    brain = SwitchboardBrain(media_srv.url, sid, api_key=KEY)
+    codes = end_with_session(brain)
+    reply = ReplyEnded()
+
+    async def talk_over_the_bot() -> str:
+        await until(lambda: brain.connected)
+        speech_id = str((await api.post(f"/v1/sessions/{sid}/say", json={"text": LONG})).json()["speech_id"])
+        await reply.ended.wait()
+        await brain.queue_frame(InterimTranscriptionFrame("Wait, I", "caller", "now"))
+        await brain.queue_frame(UserStartedSpeakingFrame())
+        await events.wait_for("speech.interrupted", lambda d: d["speech_id"] == speech_id)
+        await api.delete(f"/v1/sessions/{sid}")
+        return speech_id
+
+    try:
+        (down, _), speech_id = await asyncio.wait_for(
+            asyncio.gather(
+                run_test(brain, frames_to_send=[], send_end_frame=False, observers=[reply], start_timeout=10),
+                talk_over_the_bot(),
+            ),
+            timeout=WAIT_S,
+        )
+    finally:
+        await events.close()
+    kinds = [type(f).__name__ for f in down if not isinstance(f, (SegmentMark, EndFrame, LLMTextFrame))]
+    assert kinds[:2] == ["LLMFullResponseStartFrame", "LLMFullResponseEndFrame"]
+    # passed on (a system frame overtakes a data frame in Pipecat's queues)
+    assert sorted(kinds[2:4]) == ["InterimTranscriptionFrame", "UserStartedSpeakingFrame"]
+    assert kinds[4:] == ["InterruptionFrame"]  # the session's speech.stop: the TTS and the transport drop the speech
+    assert codes == [1000]
+    interim = await events.wait_for("user.input", lambda d: d["final"] is False)
+    assert interim["data"]["text"] == "Wait, I"
+    cut = await speech(api, sid, speech_id)
+    assert (cut["state"], cut["interrupted"], cut["heard_text"]) == ("done", True, "")  # no audio was played
 
 
 @pytest.fixture
