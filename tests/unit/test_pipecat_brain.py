@@ -1,6 +1,7 @@
 """The Pipecat brain's side of the media protocol that a single server run does not show: it connects again after a
 session moved (4410) or a restart (1012), under one edge id with numbered attempts, sends again first the final
-transcript no connection answered, and silences the speech the lost connection was playing."""
+transcript no connection answered, and silences the speech the lost connection was playing; and with a TTS that has
+word timestamps, it reports the speech heard word by word."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from pipecat.frames.frames import EndWorkerFrame, InterruptionFrame, LLMTextFrame, TranscriptionFrame
-from pipecat.processors.frame_processor import FrameDirection
+from pipecat.frames.frames import (
+    EndWorkerFrame,
+    Frame,
+    InterruptionFrame,
+    LLMTextFrame,
+    TranscriptionFrame,
+    TTSAudioRawFrame,
+    TTSTextFrame,
+)
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.tests.utils import run_test
 from websockets.asyncio.server import ServerConnection, serve
 
@@ -73,3 +83,62 @@ async def test_it_connects_again_and_sends_the_unanswered_transcript_again_with_
     texts = [i for i, f in enumerate(down) if isinstance(f, LLMTextFrame)]
     cuts = [i for i, f in enumerate(down) if isinstance(f, InterruptionFrame)]
     assert texts and cuts and cuts[0] > texts[0]
+
+
+class WordSpeaker(FrameProcessor):
+    """A TTS with word timestamps, as the output transport lets its frames through: each word's audio, then the word
+    (with a word changed on the way, as a TTS's normalisation does)."""
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if not isinstance(frame, LLMTextFrame):
+            await self.push_frame(frame, direction)
+            return
+        for word in frame.text.split():
+            await self.push_frame(TTSAudioRawFrame(b"\0\0" * 160, 16000, 1))
+            await self.push_frame(TTSTextFrame("8," if word == "eight," else word, text_type="word"))
+
+
+class OneSpeech:
+    """A session that sends one speech in two deltas, keeps the edge's reports until it has finished, then closes."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict[str, Any]] = []
+
+    async def handler(self, ws: ServerConnection) -> None:
+        for frame in (
+            {"type": "speech.start", "speech_id": "sp1", "allow_interruptions": True},
+            {"type": "speech.text", "speech_id": "sp1", "delta": "Your table is booked"},
+            {"type": "speech.text", "speech_id": "sp1", "delta": " for eight, sir."},
+            {"type": "speech.end", "speech_id": "sp1"},
+        ):
+            await ws.send(json.dumps(frame))
+        async with asyncio.timeout(WAIT_S):
+            while not self.reports or self.reports[-1]["type"] != "playback.finished":
+                self.reports.append(json.loads(await ws.recv()))
+        await ws.close(1000, "session closed")
+
+
+async def test_word_timestamps_are_reported_word_by_word_as_the_transport_plays_them() -> None:
+    session = OneSpeech()
+    async with serve(session.handler, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        brain = SwitchboardBrain(f"http://127.0.0.1:{port}", "s1")
+
+        @brain.event_handler("on_session_closed")
+        async def closed(processor: SwitchboardBrain, code: int, reason: str) -> None:
+            await processor.push_frame(EndWorkerFrame(), FrameDirection.UPSTREAM)
+
+        pipeline = Pipeline([brain, WordSpeaker(), brain.playback()])
+        await asyncio.wait_for(
+            run_test(pipeline, frames_to_send=[], send_end_frame=False, start_timeout=WAIT_S), WAIT_S
+        )
+    text = "Your table is booked for eight, sir."
+    assert [(r["type"], r.get("played_chars", r.get("interrupted"))) for r in session.reports] == [
+        ("playback.started", None),
+        ("playback.progress", 0),  # it reports positions: cut now, nothing was heard
+        *[("playback.progress", text.index(w) + len(w)) for w in ("Your", "table", "is", "booked", "for")],
+        # "8," is not in the text: no report for it, and the next word found puts it right again
+        ("playback.progress", len(text)),
+        ("playback.finished", False),
+    ]
