@@ -20,13 +20,14 @@ from pipecat.frames.frames import (
     TTSAudioRawFrame,
     TTSTextFrame,
 )
+from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.tests.utils import run_test
 from websockets.asyncio.server import ServerConnection, serve
 
 from switchboard.integrations.pipecat import SwitchboardBrain
-from tests.waiting import WAIT_S
+from tests.waiting import WAIT_S, until
 
 
 class MovingSession:
@@ -142,3 +143,32 @@ async def test_word_timestamps_are_reported_word_by_word_as_the_transport_plays_
         ("playback.progress", len(text)),
         ("playback.finished", False),
     ]
+
+
+class HangUp(BaseObserver):
+    """Ends the pipeline (the bot hangs up) as soon as the brain has sent a speech's text down to be spoken."""
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        if isinstance(data.source, SwitchboardBrain) and isinstance(data.frame, LLMTextFrame):
+            await data.source.push_frame(EndWorkerFrame(), FrameDirection.UPSTREAM)
+
+
+async def test_a_pipeline_that_ends_while_a_speech_plays_closes_the_connection_and_ends() -> None:
+    left: list[int | None] = []
+
+    async def session(ws: ServerConnection) -> None:
+        await ws.send(json.dumps({"type": "speech.start", "speech_id": "sp1", "allow_interruptions": True}))
+        await ws.send(json.dumps({"type": "speech.text", "speech_id": "sp1", "delta": "Let me see."}))
+        async for _ in ws:
+            pass
+        left.append(ws.close_code)
+
+    async with serve(session, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        brain = SwitchboardBrain(f"http://127.0.0.1:{port}", "s1")
+        running = run_test(brain, frames_to_send=[], send_end_frame=False, start_timeout=WAIT_S, observers=[HangUp()])
+        down, _ = await asyncio.wait_for(running, WAIT_S)
+        await until(lambda: left)
+    assert left == [1000]  # the edge left: the session ends the speech where it was heard, and goes on
+    assert not brain.connected
+    assert not any(isinstance(f, InterruptionFrame) for f in down)  # ending is not an interruption

@@ -199,7 +199,7 @@ class SwitchboardBrain(FrameProcessor):
             finally:
                 self._conn = None
                 self._connected.clear()
-                await self._connection_lost()
+            await self._connection_lost()  # not when cancelled: the pipeline is ending, and interrupts nothing
             now = time.monotonic()
             failing_since = failing_since or now
             if code not in RETRY_CODES or now - failing_since > self._retry_for_s:
