@@ -18,8 +18,8 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from switchboard.cli import edge as edge_cli
 from switchboard.cli.edge import Edge, EdgeOptions, _Retry
-from switchboard.cli.edge_memory import EdgeIdentity, PendingTranscripts
 from switchboard.client import AsyncClient
+from switchboard.client.edge_memory import EdgeIdentity, PendingTranscripts
 from switchboard.client.errors import Unavailable
 from switchboard.client.media import media_url
 from tests.waiting import WAIT_S, until

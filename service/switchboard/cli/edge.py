@@ -4,10 +4,11 @@ It connects to ``WS /v1/sessions/{sid}/media``, synthesises each speech clause b
 plays it in real time (to the sound device, or into one WAV file per speech with ``--out DIR``) and reports
 ``playback.started``, ``playback.progress`` (the characters spoken to the end of a word, as the audio passes each
 word) and ``playback.finished``. ``speech.stop`` silences it at once. Each line on stdin is a final user transcript,
-sent again on each new connection until the session says it took it (:mod:`.edge_memory`); with ``--barge-in`` the
-edge first says the user started talking and, like a phone or a browser that hears its user, stops its own audio
-there, so what it last reported is exactly what was played. At the end of stdin the edge exits (status 0) once the
-session has taken every line and what it had sent to play has been played; it also exits when the session closes.
+sent again on each new connection until the session says it took it (:mod:`..client.edge_memory`); with
+``--barge-in`` the edge first says the user started talking and, like a phone or a browser that hears its user, stops
+its own audio there, so what it last reported is exactly what was played. At the end of stdin the edge exits
+(status 0) once the session has taken every line and what it had sent to play has been played; it also exits when
+the session closes.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ..client import AsyncClient, MediaConnection, MediaFrame, SwitchboardError, Unavailable
+from ..client.edge_memory import DROP_CODES, RESEND_CODE, WAIT_CODE, EdgeIdentity, PendingTranscripts, Transcript
 from .common import global_options, target
 from .edge_audio import DeviceSink, Sink, SpeechRecord, WavSink, file_stem, find_player
-from .edge_memory import DROP_CODES, RESEND_CODE, WAIT_CODE, EdgeIdentity, PendingTranscripts, Transcript
 from .espeak import Chunker, ClauseAudio, Espeak, SynthesisError, WordEnd
 from .output import printable, short
 

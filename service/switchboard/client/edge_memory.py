@@ -1,5 +1,6 @@
-"""What ``switchboard edge`` remembers from one media connection to the next: its edge id and the number of its
-connection attempts, and the final transcripts the session has not yet said it took.
+"""What a media edge (``switchboard edge``, the Pipecat integration) remembers from one media connection to the
+next: its edge id and the number of its connection attempts, and the final transcripts the session has not yet said
+it took.
 
 A closed connection does not tell an edge whether the final transcript it had just sent was taken: the node may have
 died with it unread or after committing it, a relay may have lost it, the session may have moved as it arrived. So
