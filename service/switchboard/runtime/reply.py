@@ -359,8 +359,9 @@ async def _reply(session: ReplySession, job: ReplyJob) -> None:
             return
         if index >= session.max_tool_steps:
             return
-        # a call still running that asks for a reply moved to the background with an update the next step answers
-        answers_update = any(rc.needs_reply and not rc.ended for rc in step.calls)
+        # a call that asks for a reply and moved to the background: the next step answers its update (and its result
+        # too if it ended meanwhile; whether it did is a race, so it does not decide)
+        answers_update = any(rc.needs_reply and rc.info.background for rc in step.calls)
 
 
 async def _on_generation_failed(session: ReplySession, job: ReplyJob, step: _Step, err: BaseException) -> None:
