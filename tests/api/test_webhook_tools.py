@@ -116,9 +116,18 @@ class Hooks:
         return {**({REPORT_TOKEN_HEADER: token} if token else {}), **(headers or {})}
 
     async def progress(
-        self, sid: str, call_id: str, message: str, progress: float | None = None, headers: Any = None
+        self,
+        sid: str,
+        call_id: str,
+        message: str,
+        progress: float | None = None,
+        headers: Any = None,
+        *,
+        silent: bool | None = None,
     ) -> Any:
-        body = {"message": message} if progress is None else {"message": message, "progress": progress}
+        body: dict[str, Any] = {"message": message} if progress is None else {"message": message, "progress": progress}
+        if silent is not None:
+            body["silent"] = silent
         url = f"/v1/sessions/{sid}/tool-calls/{call_id}/progress"
         return await self.client.post(url, json=body, headers=self._as_backend(sid, call_id, headers))
 
@@ -243,6 +252,20 @@ async def test_202_then_progress_and_result_over_the_api(hooks: Hooks):
     assert await hooks.chat(sid) == chat
     final = await hooks.call(sid, "refund")
     assert final["output"] == "refunded 12 EUR" and len(final["progress"]) == 2
+
+
+async def test_a_silent_progress_report_asks_for_no_reply_of_its_own(hooks: Hooks):
+    hooks.backend.answers["refund"] = [(202, None)]
+    sid = await hooks.session(call_turn("refund", "Refunding."), {"text": "{{tool_output:refund}}"})
+    call_id = (await hooks.backend.next("call"))["call_id"]
+    r = await hooks.progress(sid, call_id, "contacting the bank", 0.25, silent=True)
+    assert r.status_code == 200, r.text
+    call = await hooks.call(sid, "refund")
+    assert call["status"] == "running" and [p["message"] for p in call["progress"]] == ["contacting the bank"]
+    assert (await hooks.result(sid, call_id, "refunded 12 EUR")).status_code == 200
+    await hooks.said(sid, "refunded 12 EUR")  # the result is answered by the script's next turn: no step took it
+    said = [i["text"] for i in await hooks.chat(sid) if i.get("role") == "assistant"]
+    assert said == ["Refunding.", "refunded 12 EUR"]
 
 
 async def test_reports_for_unknown_sessions_and_calls(hooks: Hooks):

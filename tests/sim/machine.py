@@ -24,6 +24,8 @@ def tool_calls(draw: st.DrawFn) -> dict[str, Any]:
         args["parallel"] = draw(st.integers(1, 3))
     elif name == "stubborn":
         args["swallow"] = draw(st.sampled_from((0, 1, 2, DEAF_SWALLOWS)))
+    elif name == "timed":
+        args["silent"] = draw(st.booleans())
     elif name == "back":
         args = {}
     return {"name": name, "arguments": args}

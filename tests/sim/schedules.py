@@ -33,6 +33,8 @@ def random_call(rng: random.Random) -> dict[str, Any]:
         args["parallel"] = rng.choice((1, 1, 2, 3))
     elif name == "stubborn":
         args["swallow"] = rng.choice((0, 1, 2, DEAF_SWALLOWS))
+    elif name == "timed":
+        args["silent"] = rng.random() < 0.5
     elif name == "back":
         args = {}
     return {"name": name, "arguments": args}

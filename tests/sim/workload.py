@@ -41,6 +41,7 @@ class Effects:
 
 
 EFFECTS = Effects()
+TIMED_S = 0.5  # the ``timed`` tool's timeout: some of the durations drawn exceed it
 DEAF_SWALLOWS = 100  # a stubborn tool told to swallow this many cancellations ignores them all
 DEAF_WORK_S = 60.0
 
@@ -152,6 +153,13 @@ class Desk(Agent):
         result = await _work(ctx, "handoff", ms, out)
         return Billing(), result if isinstance(result, str) else "handed off"
 
+    @function_tool(timeout_s=TIMED_S)
+    async def timed(self, ctx: RunContext, ms: int = 0, out: str = "plain", silent: bool = False) -> Any:
+        """Fails past its timeout; with ``silent`` it first moves to the background without a reply."""
+        if silent:
+            await ctx.update("working quietly", silent=True)
+        return await _work(ctx, "timed", ms, out)
+
     @function_tool(scope="session")
     async def export(self, ctx: RunContext, ms: int = 0, out: str = "plain") -> Any:
         """A session-scoped tool: survives a handoff."""
@@ -185,6 +193,7 @@ TOOL_NAMES = (
     "preamble",
     "fail",
     "stubborn",
+    "timed",
     "handoff",
     "export",
     "back",

@@ -74,12 +74,16 @@ async def test_close_with_speech_playing_and_tools_running():
     agent = Busy()
     turns = [
         {"text": "Working.", "tool_calls": [{"name": "search", "arguments": {"q": "x"}, "id": "s1"}]},
+        {"text": "Searching."},  # answers the search's update: tools are off in this step
         {"text": LONG, "tool_calls": [{"name": "book", "arguments": {"what": "y"}, "id": "b1"}]},
     ]
     h = Harness(agent, turns)
     await h.session.start()
     try:
-        res = await h.session.input("go")
+        await h.session.input("search")
+        await h.wait_for("tool.progress")
+        await h.idle()
+        res = await h.session.input("book")
         await h.wait_for("tool.started", lambda e: e.data["call_id"] == "b1")
         await h.wait_for("speech.started")
         await asyncio.sleep(0.03)
@@ -103,8 +107,9 @@ async def test_close_with_speech_playing_and_tools_running():
     assert assistant[-1][-1] == "interrupted" and LONG.startswith(assistant[-1][1])
     assert h.store.sessions[h.sid].state == "closed"
     assert h.types()[-1] == "session.closed"
-    assert [e.data["source"] for e in h.of_type("speech.created")] == ["reply"], "no reply scheduled by closing"
-    assert len(h.llm.requests) == 2
+    sources = [e.data["source"] for e in h.of_type("speech.created")]
+    assert sources == ["reply", "reply"], "no reply scheduled by closing"
+    assert len(h.llm.requests) == 3
     assert_every_speech_done_before_close(h)
     h.check_invariants()
 

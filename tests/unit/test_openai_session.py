@@ -152,3 +152,34 @@ async def test_a_provider_error_fails_the_generation_and_the_next_input_is_answe
         assert h.summary() == [("user", "hi"), ("user", "hello?"), ("assistant", "Hello again.")]
         assert len(server.requests) == 2  # a 404 is not retried
         h.check_invariants()
+
+
+class Tracker(Booker):
+    @function_tool
+    async def track(self, ctx: RunContext, what: str) -> str:
+        """Track something in the background (done at once after its update: the step may see both)."""
+        await ctx.update(f"tracking {what}")
+        return f"tracked {what}"
+
+
+async def test_the_step_that_answers_a_progress_update_is_sent_with_tool_choice_none(server: FakeOpenAI) -> None:
+    agent = Tracker()
+    server.script(
+        Reply(
+            events=[
+                f.role(),
+                f.text("Tracking it."),
+                f.tool(0, id="call_1", name="track", args='{"what": "parcel"}'),
+                f.finish("tool_calls"),
+            ]
+        ),
+        f.text_reply("It is running."),
+        f.text_reply("It is tracked."),
+    )
+    async with harness(server, agent) as h:
+        await h.session.input("track my parcel")
+        await h.tools_done()
+        await h.idle()
+        bodies = server.bodies()
+        assert [b["tool_choice"] for b in bodies[:2]] == ["auto", "none"]
+        assert [t["function"]["name"] for t in bodies[1]["tools"]] == ["book", "track"], "still described"

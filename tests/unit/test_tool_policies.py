@@ -388,7 +388,9 @@ async def test_I5_cancel_before_the_tool_body_started_ends_the_call_once():
 
 def test_function_tool_keeps_its_policy_keywords_and_gathers_them_in_one_tool_policy():
     params = inspect.signature(function_tool).parameters
-    assert list(params) == ["fn", "name", "description", *ToolPolicy.model_fields]
+    # the policy's fields, then the call's own limit (``timeout_s``, not a policy field: webhook and MCP tools bound
+    # their calls themselves)
+    assert list(params) == ["fn", "name", "description", *ToolPolicy.model_fields, "timeout_s"]
     for field, info in ToolPolicy.model_fields.items():
         assert params[field].kind is inspect.Parameter.KEYWORD_ONLY and params[field].default == info.default
 

@@ -291,6 +291,11 @@ class ToolProgressReport(_In):
 
     message: str = Field(min_length=1)
     progress: float | None = Field(default=None, ge=0, le=1)
+    silent: bool = Field(
+        default=False,
+        description="Recorded and streamed as `tool.progress`, but asks for no spoken reply: a first report that is "
+        "silent moves the call to the background without the agent answering it.",
+    )
 
 
 class ToolResultReport(_In):

@@ -55,7 +55,8 @@ class DemoAgent(Agent):
     async def lookup_order(self, ctx: RunContext, order_id: str) -> str:
         """Look up an order's status by its id."""
         for step, message in enumerate(("Opening the order book", "Checking the warehouse", "Asking the carrier")):
-            await ctx.update(f"{message} for {order_id}", progress=round(step / 3, 2))
+            # the first update is answered ("I'm checking it now"); the later ones are for dashboards only
+            await ctx.update(f"{message} for {order_id}", progress=round(step / 3, 2), silent=step > 0)
             await asyncio.sleep(WORK_S)
         if not order_id.strip():
             raise ToolError("An order id is required.")

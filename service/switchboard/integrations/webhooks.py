@@ -214,14 +214,16 @@ class WebhookBroker:
         message: str,
         progress: float | None,
         receipt: Receipt[ToolCallInfo] | None = None,
+        *,
+        silent: bool = False,
     ) -> None:
-        """Apply a progress report as the tool's own ``ctx.update()`` (the first moves the call to the background);
-        its commit completes ``receipt``."""
+        """Apply a progress report as the tool's own ``ctx.update()`` (the first moves the call to the background;
+        ``silent``: without a reply that answers it); its commit completes ``receipt``."""
         pending = self._accepting(session_id, call_id)
         async with pending.lock:
             if not pending.accepting:
                 raise CallAlreadyEnded(call_id)
-            await pending.ctx.update(message, progress, receipt=receipt)
+            await pending.ctx.update(message, progress, silent=silent, receipt=receipt)
 
     def result(
         self, session_id: str, call_id: str, result: BackendResult, receipt: Receipt[ToolCallInfo] | None = None

@@ -6,7 +6,7 @@ import json
 from typing import Protocol
 
 from .speech import NotInterruptible
-from .tool_call import AlreadyEnded, NotCancellable, RunningCall, ToolCallNotFound
+from .tool_call import CANCELLED_BY_THE_MODEL, AlreadyEnded, NotCancellable, RunningCall, ToolCallNotFound
 from .tools import FunctionTool, ToolCallInfo, ToolError, function_tool
 
 COMPANION_TOOLS = frozenset({"list_running_tool_calls", "cancel_tool_call"})
@@ -48,7 +48,7 @@ class _Companions:
     async def cancel_tool_call(self, call_id: str) -> str:
         """Cancel a running tool call by its id (see list_running_tool_calls)."""
         try:
-            info = await self.executor.cancel(call_id, reason="cancelled at the user's request")
+            info = await self.executor.cancel(call_id, reason=CANCELLED_BY_THE_MODEL)
         except ToolCallNotFound:
             raise ToolError(f"There is no tool call {call_id}.") from None
         except NotCancellable:

@@ -21,6 +21,7 @@ from .ports import Commit, Receipt, completions
 from .speech import RUNNING_CALL, NotInterruptible, SpeechHandle, SpeechInfo, SpeechInterrupted
 from .tool_call import (
     INTERNAL_ERROR_OUTPUT,
+    TIMED_OUT,
     AlreadyEnded,
     EndRecord,
     Handoff,
@@ -28,6 +29,7 @@ from .tool_call import (
     Outcome,
     RunningCall,
     ToolCallNotFound,
+    cancelled_outcome,
     outcome_of,
     progress_pair,
     protected_by_speech,
@@ -308,14 +310,32 @@ class ToolExecutor(CallEnds):
         if refused is not None:
             return refused
         if rc.cancel_reason is not None:  # cancelled before its body started: it never runs
-            return Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", is_error=True)
+            return cancelled_outcome(rc)
 
         ctx = RunContext(rc)
         body_context = contextvars.copy_context()
         body_context.run(RUNNING_CALL.set, rc)  # what a wait on a speech checks (``CircularWait``)
         rc.tool_task = asyncio.create_task(rc.tool.invoke(ctx, args), name=f"tool-body:{name}", context=body_context)
-        await self._await_body(rc, rc.tool_task)
+        limit_s = rc.tool.call_timeout_s
+        timer = asyncio.get_running_loop().call_later(limit_s, self._time_out, rc) if limit_s is not None else None
+        try:
+            await self._await_body(rc, rc.tool_task)
+        finally:
+            if timer is not None:
+                timer.cancel()
         return outcome_of(rc, self.session_id)
+
+    def _time_out(self, rc: RunningCall) -> None:
+        """The call ran past its tool's ``timeout_s``: its body is cancelled at once (``ctx.cancelled`` too, for a
+        tool that checks it) and the call ends `failed`. A body that ignores it makes the call `cancelling` until it
+        returns, as for any cancellation. A call cancelled earlier keeps that end."""
+        task = rc.tool_task
+        if task is None or task.done() or rc.ended or rc.ending or rc.cancel_reason is not None:
+            return
+        rc.timed_out = True
+        rc.cancel_reason = TIMED_OUT
+        resolve(rc.cancel_fut, None)
+        self._force_cancel(rc)
 
     async def _await_body(self, rc: RunningCall, body: asyncio.Task[Any]) -> None:
         """Wait for the tool's body. One that ignores an operator's or the model's cancellation past its grace does
@@ -386,22 +406,35 @@ class ToolExecutor(CallEnds):
         return True
 
     async def report_progress(
-        self, rc: RunningCall, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None = None
+        self,
+        rc: RunningCall,
+        message: str,
+        progress: float | None,
+        receipt: Receipt[ToolCallInfo] | None = None,
+        *,
+        silent: bool = False,
     ) -> None:
         """Write and report one update (its message cut at ``MAX_PROGRESS_CHARS``, with a marker); an update once
         the call's end is decided is ignored (it never reopens the call). Shielded: a tool cancelled meanwhile never
-        leaves an update durable but not applied. The update's commit completes ``receipt``."""
+        leaves an update durable but not applied. The update's commit completes ``receipt``. A ``silent`` first
+        update moves the call to the background asking the reply for no step that answers it."""
         if rc.ended or rc.ending:
             return
         message = capped_output(message, MAX_PROGRESS_CHARS)
-        await asyncio.shield(self._report_progress(rc, message, progress, receipt))
+        await asyncio.shield(self._report_progress(rc, message, progress, receipt, silent))
 
     async def _report_progress(
-        self, rc: RunningCall, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None
+        self,
+        rc: RunningCall,
+        message: str,
+        progress: float | None,
+        receipt: Receipt[ToolCallInfo] | None,
+        silent: bool,
     ) -> None:
         async with rc.write_lock:  # one at a time: only the first update of a call commits its pair
             if rc.ended or rc.ending:
                 return
+            first = not rc.info.background
             try:
                 await self._write_progress(rc, message, progress, receipt)
             except Exception:
@@ -413,6 +446,8 @@ class ToolExecutor(CallEnds):
                     extra={"session_id": self.session_id, "call_id": rc.call_id},
                 )
                 return
+            if first and silent:
+                rc.needs_reply = False  # in the background with no step of the reply to answer it
         self._events.emit(ev.ToolProgress(call_id=rc.info.call_id, message=message, progress=progress))
         resolve(rc.settled_fut, None)
 

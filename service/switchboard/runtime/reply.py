@@ -62,7 +62,10 @@ class ReplySession(Protocol):
         step: int,
         instructions: str | None = None,
         turn_messages: tuple[ChatMessage, ...] = (),
-    ) -> LLMRequest: ...
+        tools_off: bool = False,
+    ) -> LLMRequest:
+        """The request of one step; ``tools_off``: the model may make no tool call in it."""
+        ...
 
     def start_generation(self, request: LLMRequest) -> Generation: ...
 
@@ -298,6 +301,7 @@ async def _consume(session: ReplySession, speech: SpeechHandle, gen: Generation,
 
 async def _reply(session: ReplySession, job: ReplyJob) -> None:
     speech = job.speech
+    answers_update = False  # the step answers a progress update: it may call no tool (the model cannot poll it)
     while True:
         index = speech.begin_step()
         preemptive = await session.usable_preemptive(job) if index == 0 else None
@@ -306,7 +310,11 @@ async def _reply(session: ReplySession, job: ReplyJob) -> None:
             gen = preemptive
         else:
             request = session.build_request(
-                speech=speech, step=index, instructions=job.instructions, turn_messages=job.turn_messages
+                speech=speech,
+                step=index,
+                instructions=job.instructions,
+                turn_messages=job.turn_messages,
+                tools_off=answers_update,
             )
             gen = session.start_generation(request)
         speech.mark_generating()
@@ -351,6 +359,9 @@ async def _reply(session: ReplySession, job: ReplyJob) -> None:
             return
         if index >= session.max_tool_steps:
             return
+        # a call that asks for a reply and moved to the background: the next step answers its update (and its result
+        # too if it ended meanwhile; whether it did is a race, so it does not decide)
+        answers_update = any(rc.needs_reply and rc.info.background for rc in step.calls)
 
 
 async def _on_generation_failed(session: ReplySession, job: ReplyJob, step: _Step, err: BaseException) -> None:

@@ -549,9 +549,12 @@ class AgentSession(SessionEnds):
         pending_user_text: str | None = None,
         preemptive: bool = False,
         turn_messages: tuple[ChatMessage, ...] = (),
+        tools_off: bool = False,
     ) -> LLMRequest:
         """The model's view (I2): placeholders for calls still running, never a call without its output.
-        ``turn_messages`` (added by ``on_user_turn_completed``) are shown in their place, never persisted."""
+        ``turn_messages`` (added by ``on_user_turn_completed``) are shown in their place, never persisted.
+        ``tools_off``: the step answers a progress update, and may call no tool (so the model cannot poll the call);
+        the tools are still described (the context holds calls of them)."""
         self.speeches.step_sees_results(speech)
         tools = self.model_tools()
         running: list[FunctionCall] = [rc.item for rc in self.executor.running() if rc.foreground]
@@ -567,7 +570,7 @@ class AgentSession(SessionEnds):
             instructions=full_instructions,
             items=items,
             tools=[t.schema() for t in tools.values()],
-            tool_choice="none" if step >= self.options.max_tool_steps or not tools else "auto",
+            tool_choice="none" if tools_off or step >= self.options.max_tool_steps or not tools else "auto",
             speech_id=speech.id if speech else None,
             step=step,
             preemptive=preemptive,

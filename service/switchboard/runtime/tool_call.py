@@ -33,6 +33,11 @@ logger = logging.getLogger("switchboard.runtime.tools")
 
 INTERNAL_ERROR_OUTPUT = "An internal error occurred"
 MOVED_OUTPUT = "The tool was interrupted because the session moved to another server before its speech played."
+#: why a call the model cancelled (with a companion tool) was cancelled: its end asks for no reply of its own (the
+#: companion's result is what the model answers)
+CANCELLED_BY_THE_MODEL = "cancelled at the user's request"
+#: why a call past its tool's ``timeout_s`` was stopped (``ctx.cancel_reason``)
+TIMED_OUT = "timed out"
 
 
 class CallOwner(Protocol):
@@ -43,7 +48,13 @@ class CallOwner(Protocol):
     session: SessionControl | None
 
     async def report_progress(
-        self, rc: RunningCall, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None = None
+        self,
+        rc: RunningCall,
+        message: str,
+        progress: float | None,
+        receipt: Receipt[ToolCallInfo] | None = None,
+        *,
+        silent: bool = False,
     ) -> None: ...
 
 
@@ -129,6 +140,7 @@ class RunningCall:
     needs_reply: bool = True
     updates: int = 0  # progress updates committed (each one a pair the model sees)
     cancel_reason: str | None = None
+    timed_out: bool = False  # stopped past its tool's ``timeout_s``: it ends `failed`, whatever its body does
     task: asyncio.Task[None] | None = None
     tool_task: asyncio.Task[Any] | None = None
     held: Outcome | None = None  # the outcome of a call waiting for its handoff to be performed
@@ -194,9 +206,14 @@ class RunningCall:
         return self.info.started_at
 
     async def report_progress(
-        self, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None = None
+        self,
+        message: str,
+        progress: float | None,
+        receipt: Receipt[ToolCallInfo] | None = None,
+        *,
+        silent: bool = False,
     ) -> None:
-        await self.executor.report_progress(self, message, progress, receipt)
+        await self.executor.report_progress(self, message, progress, receipt, silent=silent)
 
     def receipt_on_end(self, receipt: Receipt[ToolCallInfo]) -> None:
         self.end_receipts.append(receipt)
@@ -306,12 +323,37 @@ def without_handoff(
     return Outcome(status, note, is_error=True, needs_reply=needs_reply)
 
 
+def cancelled_outcome(rc: RunningCall, output: str = "", *, is_error: bool = True) -> Outcome:
+    """How a cancelled call ends (with ``output``, or a note saying who cancelled it). A call the model cancelled
+    asks for no reply: the model already answers its cancel tool's result (no second inference for one cancel)."""
+    return Outcome(
+        ToolStatus.CANCELLED,
+        output or f"The tool call was cancelled ({rc.cancel_reason or 'cancelled'}).",
+        is_error=is_error,
+        needs_reply=rc.cancel_reason != CANCELLED_BY_THE_MODEL,
+    )
+
+
+def timed_out_outcome(rc: RunningCall) -> Outcome:
+    """How a call stopped past its tool's ``timeout_s`` ends, whatever its body did after: ``failed``, answered."""
+    limit = rc.tool.call_timeout_s if rc.tool is not None else None
+    after = f" after {limit:g} s" if limit is not None else ""
+    return Outcome(
+        ToolStatus.FAILED,
+        f"{rc.info.name} failed: it timed out{after} and was stopped.",
+        is_error=True,
+        error=f"timed out{after}",
+    )
+
+
 def stopped_outcome(rc: RunningCall) -> Outcome:
     """How a call ends when a teardown stops it."""
     if rc.held is not None and rc.held.handoff is not None:
         return without_handoff(rc.held, "the tool was stopped first", ToolStatus.INTERRUPTED, needs_reply=False)
+    if rc.timed_out:
+        return timed_out_outcome(rc)
     if rc.cancel_reason is not None:
-        return Outcome(ToolStatus.CANCELLED, f"The tool call was cancelled ({rc.cancel_reason}).", True)
+        return cancelled_outcome(rc)
     return Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", True, False)
 
 
@@ -319,12 +361,15 @@ def outcome_of(rc: RunningCall, session_id: str) -> Outcome:
     """How a call whose body has returned, raised, or was abandoned ends."""
     assert rc.tool_task is not None
     name = rc.info.name
-    cancelled_output = f"The tool call was cancelled ({rc.cancel_reason or 'cancelled'})."
     if not rc.tool_task.done():  # abandoned: it ignored cancellation
         return stopped_outcome(rc)
+    if rc.timed_out:  # what the body did once stopped does not matter: the call failed
+        if not rc.tool_task.cancelled():
+            _body_ended_after_timeout(rc, session_id)
+        return timed_out_outcome(rc)
     if rc.tool_task.cancelled():
         if rc.cancel_reason is not None:
-            return Outcome(ToolStatus.CANCELLED, cancelled_output, is_error=True)
+            return cancelled_outcome(rc)
         return Outcome(ToolStatus.INTERRUPTED, "The tool was stopped.", is_error=True, needs_reply=False)
     exc = rc.tool_task.exception()
     if exc is None:
@@ -334,10 +379,10 @@ def outcome_of(rc: RunningCall, session_id: str) -> Outcome:
                 partial = render_output(result) if not _holds_agent(result) else ""
             except UnusableResult:
                 partial = ""
-            return Outcome(ToolStatus.CANCELLED, partial or cancelled_output, is_error=not partial)
+            return cancelled_outcome(rc, partial, is_error=not partial)
         return _completed(rc, result, session_id)
     if isinstance(exc, ToolCancelled):
-        return Outcome(ToolStatus.CANCELLED, cancelled_output, is_error=True)
+        return cancelled_outcome(rc)
     if isinstance(exc, StopResponse):
         return Outcome(ToolStatus.COMPLETED, "", needs_reply=False)
     if isinstance(exc, SpeechInterrupted) and rc.speech is not None and rc.speech.moved:
@@ -365,6 +410,18 @@ def outcome_of(rc: RunningCall, session_id: str) -> Outcome:
     )
     # the model gets the generic text; observers (tool.ended, the call's record) see why, redacted as logs are
     return Outcome(ToolStatus.FAILED, INTERNAL_ERROR_OUTPUT, is_error=True, error=error_text(exc))
+
+
+def _body_ended_after_timeout(rc: RunningCall, session_id: str) -> None:
+    assert rc.tool_task is not None
+    error = rc.tool_task.exception()
+    if error is not None and not isinstance(error, (ToolCancelled, StopResponse, SpeechInterrupted)):
+        logger.warning(
+            "tool %s raised after it timed out: %r",
+            rc.info.name,
+            error,
+            extra={"session_id": session_id, "call_id": rc.info.call_id},
+        )
 
 
 def _completed(rc: RunningCall, result: Any, session_id: str) -> Outcome:

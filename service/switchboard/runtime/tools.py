@@ -167,6 +167,7 @@ class FunctionTool:
         name: str | None = None,
         description: str | None = None,
         policy: ToolPolicy = DEFAULT_POLICY,
+        timeout_s: float | None = None,
         instance: Any = None,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
@@ -175,6 +176,11 @@ class FunctionTool:
         self.name = name or fn.__name__
         self.description = description if description is not None else _describe(fn)
         self.policy = policy
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"tool {self.name}: timeout_s must be a positive number of seconds")
+        #: past this many seconds a call is stopped and ends ``failed`` (None: no limit; a webhook or MCP tool bounds
+        #: its calls itself)
+        self.call_timeout_s = timeout_s
         self._instance = instance
         if policy.on_restart == "resume" and not self.can_resume:
             raise ValueError(
@@ -262,6 +268,7 @@ def function_tool(
     allow_cancellation: bool = False,
     on_restart: OnRestart = "fail",
     scope: ToolScope = "agent",
+    timeout_s: float | None = None,
 ) -> Callable[[Callable[..., Awaitable[Any]]], FunctionTool]: ...
 
 
@@ -276,12 +283,15 @@ def function_tool(
     allow_cancellation: bool = False,
     on_restart: OnRestart = "fail",
     scope: ToolScope = "agent",
+    timeout_s: float | None = None,
 ) -> FunctionTool | Callable[[Callable[..., Awaitable[Any]]], FunctionTool]:
     """Declare a tool. Used bare (``@function_tool``) or called (``@function_tool(on_duplicate="reject")``).
 
     The docstring's first paragraph is the description for the model; parameters and their JSON schema come from
-    the type hints. A parameter annotated ``RunContext`` receives the call's context. The other keyword arguments
-    are the tool's ``ToolPolicy``.
+    the type hints. A parameter annotated ``RunContext`` receives the call's context. ``timeout_s``: a call still
+    running that long after it started is stopped (its body cancelled, ``ctx.cancel_reason`` is ``timed out``) and
+    ends ``failed`` with an output saying so, which the model answers. The other keyword arguments are the tool's
+    ``ToolPolicy``.
     """
 
     policy = ToolPolicy(
@@ -293,7 +303,7 @@ def function_tool(
     )
 
     def wrap(f: Callable[..., Awaitable[Any]]) -> FunctionTool:
-        return FunctionTool(f, name=name, description=description, policy=policy)
+        return FunctionTool(f, name=name, description=description, policy=policy, timeout_s=timeout_s)
 
     return wrap(fn) if fn is not None else wrap
 
@@ -428,7 +438,12 @@ class CallControl(Protocol):
         ...
 
     async def report_progress(
-        self, message: str, progress: float | None, receipt: Receipt[ToolCallInfo] | None = None
+        self,
+        message: str,
+        progress: float | None,
+        receipt: Receipt[ToolCallInfo] | None = None,
+        *,
+        silent: bool = False,
     ) -> None: ...
 
     def receipt_on_end(self, receipt: Receipt[ToolCallInfo]) -> None:
@@ -507,17 +522,25 @@ class RunContext:
         return self._call.cancel_reason if self.cancelled else None
 
     async def update(
-        self, message: str, progress: float | None = None, *, receipt: Receipt[ToolCallInfo] | None = None
+        self,
+        message: str,
+        progress: float | None = None,
+        *,
+        silent: bool = False,
+        receipt: Receipt[ToolCallInfo] | None = None,
     ) -> None:
-        """Report progress. The first update moves the call to the background: the reply goes on without it.
+        """Report progress. The first update moves the call to the background: the reply goes on without it, and
+        its next step answers the update (with tools off: the model cannot call the tool again to poll it).
 
-        Updates of one call are written one at a time, in order; one made once the call has ended is ignored.
+        ``silent``: the update is recorded and reported (``tool.progress``, the call's record, the chat) but asks for
+        no spoken reply: a first update that is silent moves the call to the background without a step that answers
+        it. Updates of one call are written one at a time, in order; one made once the call has ended is ignored.
         ``receipt``: an idempotent command's (a progress report from a webhook backend), completed by the update's
         commit.
         """
         if progress is not None and not 0.0 <= progress <= 1.0:
             raise ValueError("progress must be between 0 and 1")
-        await self._call.report_progress(valid_text(message), progress, receipt)
+        await self._call.report_progress(valid_text(message), progress, receipt, silent=silent)
 
     def receipt_on_end(self, receipt: Receipt[ToolCallInfo]) -> None:
         """Have the call's end complete ``receipt``: the idempotent command that decides the end (a result reported

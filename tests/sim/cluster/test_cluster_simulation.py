@@ -122,11 +122,14 @@ NEEDS_THE_FIX: dict[str, tuple[Any, ...]] = {
             {
                 "llm": {
                     "provider": "scripted",
+                    # one step: the step that answers the ticket's progress may call no tool
                     "turns": [
-                        {"text": "t0 t1", "tool_calls": [{"name": "ticket", "arguments": {"ms": 1500}}]},
                         {
-                            "text": "t0 t1 t2",
-                            "tool_calls": [{"name": "handoff", "arguments": {"ms": 3000}}],
+                            "text": "t0 t1",
+                            "tool_calls": [
+                                {"name": "ticket", "arguments": {"ms": 1500}},
+                                {"name": "handoff", "arguments": {"ms": 3000}},
+                            ],
                             "word_ms": 10,
                         },
                     ],

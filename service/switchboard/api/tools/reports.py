@@ -121,7 +121,11 @@ async def report_tool_progress(
         async with deps.deadline(services.settings):
             # shielded: a client that goes away must not cut a progress commit in half
             receipt = idem.receipt(_reported)
-            await asyncio.shield(services.webhooks.broker.progress(sid, call_id, body.message, body.progress, receipt))
+            await asyncio.shield(
+                services.webhooks.broker.progress(
+                    sid, call_id, body.message, body.progress, receipt, silent=body.silent
+                )
+            )
     except (CallAlreadyEnded, NotAwaitingReport) as err:
         raise await _refused(services.host, sid, call_id, err) from None
     return await _read(services.host, sid, call_id)
