@@ -9,6 +9,7 @@ import asyncio
 from switchboard import Agent, RunContext, function_tool
 from switchboard.runtime.chat import ChatContext, FunctionCall, FunctionCallOutput
 from switchboard.runtime.recovery import restart_end
+from switchboard.runtime.tool_call import dropped_reason
 from switchboard.runtime.tools import ToolCallInfo, ToolStatus
 from tests.waiting import until
 
@@ -175,6 +176,7 @@ async def test_a_dropped_speculation_whose_final_text_differs_never_starts_its_u
         assert h.summary() == [("user", "no wait")]
         record = h.store.tool_calls[h.sid][start["call_id"]]
         assert record.speculative and record.status == ToolStatus.CANCELLED
+        assert dropped_reason(record) == "turn_resumed"
         h.check_invariants()
 
 
@@ -221,3 +223,4 @@ def test_a_speculative_call_left_running_by_a_crash_ends_cancelled_without_a_pai
     items, record = restart_end(info, ChatContext([]))
     assert items == []
     assert record.status == ToolStatus.CANCELLED and record.ended and record.is_error
+    assert dropped_reason(record) == "session_stopped", "an end re-reported by recovery says why, too"

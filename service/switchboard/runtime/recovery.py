@@ -12,7 +12,7 @@ from .executor import resumes
 from .ports import ChatStore, Commit, Reported
 from .session import AgentSession
 from .speech import SpeechInfo, SpeechSource, SpeechState
-from .tool_call import dropped_outcome
+from .tool_call import dropped_outcome, dropped_reason
 from .tools import FunctionTool, ToolCallInfo, ToolStatus
 
 logger = logging.getLogger("switchboard.runtime.recovery")
@@ -133,6 +133,7 @@ def report_missing(
                     status=info.status,
                     output=info.output or "",
                     is_error=info.is_error,
+                    **({"reason": reason} if (reason := dropped_reason(info)) else {}),
                 )
             )
             missing += 1
@@ -235,7 +236,13 @@ def restart_end(info: ToolCallInfo, chat: ChatContext) -> tuple[list[ChatItem], 
     if info.speculative:
         dropped = dropped_outcome("session_stopped")
         return [], info.model_copy(
-            update={"status": dropped.status, "output": dropped.output, "is_error": True, "ended_at": now}
+            update={
+                "status": dropped.status,
+                "output": dropped.output,
+                "is_error": True,
+                "error": "session_stopped",
+                "ended_at": now,
+            }
         )
     if info.background:
         # its first pair (the "running in the background" output) is already committed; the end gets its own pair

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import typing
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -237,6 +238,13 @@ def cancel_refusal(rc: RunningCall) -> str | None:
     return None
 
 
+def dropped_reason(info: ToolCallInfo) -> DropReason | None:
+    """Why the speculative reply of an ended call was dropped (kept as its ``error``), or None for any other call."""
+    if not (info.speculative and info.ended):
+        return None
+    return next((r for r in typing.get_args(DropReason) if r == info.error), "session_stopped")
+
+
 def dropped_outcome(reason: DropReason) -> Outcome:
     """How a call ends when the speculative reply that started it is dropped: nothing of it reaches the chat."""
     return Outcome(
@@ -255,7 +263,13 @@ def end_record(rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> En
         reason = rc.dropped or "session_stopped"
         dropped = dropped_outcome(reason)
         info = rc.info.model_copy(
-            update={"status": dropped.status, "output": dropped.output, "is_error": True, "ended_at": now}
+            update={
+                "status": dropped.status,
+                "output": dropped.output,
+                "is_error": True,
+                "error": reason,
+                "ended_at": now,
+            }
         )
         return EndRecord([], info, None, dropped=reason)
     name = rc.info.name
