@@ -237,7 +237,8 @@ class ToolCancelling(EventPayload):
 
 
 class ToolEnded(EventPayload):
-    """A tool call ended, in exactly one terminal status, with its output committed."""
+    """A tool call ended, in exactly one terminal status, with its output committed (one started early by a speculative
+    reply that was dropped: with its record alone, and a ``reason``)."""
 
     type: ClassVar[Literal["tool.ended"]] = "tool.ended"
     call_id: str

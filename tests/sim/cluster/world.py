@@ -423,7 +423,13 @@ class ClusterWorld:
             expect(n == 1, "call-ends", f"{sid}: call {call_id} has {n} outputs")
             expect(calls.get(call_id) == 1, "call-ends", f"{sid}: output of {call_id} without its call")
         for info in d.tool_calls.values():
-            if info.ended:
+            if info.speculative:  # of a speculative reply never confirmed: nothing of it may reach the chat
+                expect(
+                    info.call_id not in calls and info.call_id not in outputs,
+                    "call-ends",
+                    f"{sid}: {info.call_id}, of a speculative reply never confirmed, is in the chat",
+                )
+            elif info.ended:
                 expect(outputs.get(info.call_id) == 1, "call-ends", f"{sid}: {info.call_id} ended without output")
 
     def _check_effects(self) -> None:
