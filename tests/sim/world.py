@@ -46,6 +46,14 @@ TEXTS = {
 EXPECTED_COMMAND_ERRORS = (SessionClosed, NotInterruptible, LookupError, PermanentStoreError)
 
 
+def held_by_the_open_turn(session: AgentSession | None) -> set[str]:
+    """Calls a speculative reply started early that wait for its verdict: the user's turn is still open (an interim
+    transcript and no final one yet), so they end when it is confirmed or dropped, or when the session closes."""
+    if session is None or session.speculation.generation is None:
+        return set()
+    return {rc.call_id for rc in session.speculation.generation.early.values() if not rc.ended}
+
+
 class Violation(AssertionError):
     """An invariant broke; ``kind`` groups violations by class for the figures."""
 
@@ -342,12 +350,7 @@ class World:
         return not session.idle or session.pending_writes > 0 or running
 
     def _held_by_the_open_turn(self) -> set[str]:
-        """Calls a speculative reply started early that wait for its verdict: the user's turn is still open (an
-        interim transcript and no final one yet), so they end when it is confirmed or dropped, or the session closes."""
-        session = self.session
-        if session is None or session.speculation.generation is None:
-            return set()
-        return {rc.call_id for rc in session.speculation.generation.early.values() if not rc.ended}
+        return held_by_the_open_turn(self.session)
 
     def check_end(self) -> None:
         d = self.durable.get(SID)
