@@ -175,6 +175,7 @@ class Billing(Agent):
 
 
 AGENTS = {"desk": Desk, "billing": Billing}
+EARLY_TOOLS = frozenset({"lookup", "search"})  # declared free of side effects: a speculative reply may run them
 TOOL_NAMES = (
     "lookup",
     "search",

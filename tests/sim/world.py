@@ -27,7 +27,7 @@ from switchboard.runtime.status import SessionClosed
 
 from .faults import Durable, FaultyStore, PermanentStoreError
 from .vloop import VirtualTimeLoop
-from .workload import AGENTS, EFFECTS
+from .workload import AGENTS, EARLY_TOOLS, EFFECTS
 
 Op = tuple[Any, ...]
 SID = "sim"
@@ -423,6 +423,11 @@ class World:
             if e.type != "tool.started":
                 continue
             call_id = e.data["call_id"]
+            expect(
+                not e.data.get("speculative") or e.data["name"] in EARLY_TOOLS,
+                "spec-unsafe-early",
+                f"{call_id} ({e.data['name']}) has side effects and started before its turn was confirmed",
+            )
             end = ends.get(call_id)
             if end is None and call_id in held:
                 continue
