@@ -34,6 +34,13 @@ class Shop(Agent):
         self.done.append(f"quote {what}")
         return f"{what} costs 3"
 
+    @function_tool(side_effects=False)
+    async def scan(self, ctx: RunContext, what: str) -> str:
+        """Scan the shelves, reporting progress (no side effects)."""
+        await ctx.update(f"scanning for {what}", progress=0.5)
+        await self.gate.wait()
+        return f"{what} on shelf 2"
+
     @function_tool
     async def book(self, ctx: RunContext, what: str) -> str:
         """Book something (a side effect)."""
@@ -115,6 +122,31 @@ async def test_a_safe_call_still_running_when_confirmed_ends_as_a_call_of_the_re
             ("assistant", "It is tea costs 3."),
         ]
         assert [e["status"] for e in ended(h).values()] == ["completed"]
+        h.check_invariants()
+
+
+async def test_a_safe_call_reports_progress_during_the_speculation_without_a_pair_in_the_chat():
+    agent = Shop()
+    agent.gate.clear()
+    turns = [{"text": "Looking.", "tool_calls": [{"name": "scan", "arguments": {"what": "tea"}}]}, {"text": "Got it."}]
+    async with harness(agent, turns) as h:
+        await h.session.input("where is the tea", final=False)
+        progress = await h.wait_for("tool.progress")
+        call = h.session.tool_call(progress.data["call_id"])
+        assert call.speculative and not call.background and [p.message for p in call.progress] == ["scanning for tea"]
+        assert h.chat() == [], "no background pair before the turn is confirmed"
+
+        await h.session.input("where is the tea")
+        agent.gate.set()
+        await h.idle()
+        await h.tools_done()
+        assert h.summary() == [
+            ("user", "where is the tea"),
+            ("assistant", "Looking."),
+            ("call", "scan"),
+            ("output", "scan", "tea on shelf 2"),
+            ("assistant", "Got it."),
+        ]
         h.check_invariants()
 
 
