@@ -48,6 +48,7 @@ commands = st.one_of(
     st.tuples(st.just("say"), texts, st.booleans(), st.booleans()),
     st.tuples(st.just("interrupt"), st.booleans()),
     st.tuples(st.just("cancel"), st.integers(0, 3)),
+    st.tuples(st.just("turn"), texts, st.sampled_from((0, 5, 30, 200))),
 )
 
 
@@ -122,6 +123,7 @@ class SessionMachine(RuleBasedStateMachine):
                         await world.probe_answers()
                     finally:
                         await world.shutdown()
+                    world.check_calls_ended()
 
                 self.run(finish())
         finally:

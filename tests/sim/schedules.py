@@ -57,8 +57,8 @@ def random_turns(rng: random.Random) -> list[dict[str, Any]]:
 
 def random_command(rng: random.Random) -> Op:
     kind = rng.choices(
-        ("input", "interim", "say", "interrupt", "cancel", "close"),
-        weights=(10, 3, 3, 4, 3, 0.4),
+        ("input", "interim", "say", "interrupt", "cancel", "close", "turn"),
+        weights=(10, 3, 3, 4, 3, 0.4, 3),
     )[0]
     if kind == "input":
         return ("input", rng.choice(tuple(TEXTS)), True, rng.random() < 0.8, rng.random() < 0.2, rng.random() < 0.9)
@@ -70,6 +70,8 @@ def random_command(rng: random.Random) -> Op:
         return ("interrupt", rng.random() < 0.3)
     if kind == "cancel":
         return ("cancel", rng.randint(0, 3))
+    if kind == "turn":  # an interim transcript, then the same words final: a speculative reply is confirmed
+        return ("turn", rng.choice(tuple(TEXTS)), rng.choice((0, 5, 30, 200)))
     return ("close",)
 
 
@@ -126,6 +128,7 @@ async def play(turns: list[dict[str, Any]], ops: list[Op], options: dict[str, An
         await world.probe_answers()
     finally:
         await world.shutdown()
+    world.check_calls_ended()
     return world
 
 

@@ -63,14 +63,14 @@ class Desk(Agent):
     def __init__(self) -> None:
         super().__init__(instructions="You are the front desk.", name="desk")
 
-    @function_tool
+    @function_tool(side_effects=False)
     async def lookup(self, ctx: RunContext, ms: int = 0, out: str = "plain") -> Any:
-        """A plain tool."""
+        """A plain tool, free of side effects: a speculative reply runs it early."""
         return await _work(ctx, "lookup", ms, out)
 
-    @function_tool(allow_cancellation=True)
+    @function_tool(allow_cancellation=True, side_effects=False)
     async def search(self, ctx: RunContext, ms: int = 0, out: str = "plain") -> Any:
-        """A cancellable tool that stops cooperatively."""
+        """A cancellable tool that stops cooperatively, free of side effects: a speculative reply runs it early."""
         EFFECTS.runs.append(("search", ctx.call_id))
         await ctx.sleep(ms / 1000)
         EFFECTS.completions.append(("search", ctx.call_id))
@@ -171,9 +171,9 @@ class Billing(Agent):
     def __init__(self) -> None:
         super().__init__(instructions="You are billing.", name="billing")
 
-    @function_tool
+    @function_tool(side_effects=False)
     async def lookup(self, ctx: RunContext, ms: int = 0, out: str = "plain") -> Any:
-        """Billing's own lookup."""
+        """Billing's own lookup (free of side effects)."""
         return await _work(ctx, "lookup", ms, out)
 
     @function_tool
@@ -183,6 +183,7 @@ class Billing(Agent):
 
 
 AGENTS = {"desk": Desk, "billing": Billing}
+EARLY_TOOLS = frozenset({"lookup", "search"})  # declared free of side effects: a speculative reply may run them
 TOOL_NAMES = (
     "lookup",
     "search",

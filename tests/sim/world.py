@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from switchboard.runtime.agent import AgentRegistry
-from switchboard.runtime.chat import FunctionCallOutput, validate
+from switchboard.runtime.chat import FunctionCall, FunctionCallOutput, validate
 from switchboard.runtime.llm.base import LLMChunk, LLMRequest
 from switchboard.runtime.llm.scripted import ScriptedLLM, Turn
 from switchboard.runtime.options import SessionOptions
@@ -27,7 +27,7 @@ from switchboard.runtime.status import SessionClosed
 
 from .faults import Durable, FaultyStore, PermanentStoreError
 from .vloop import VirtualTimeLoop
-from .workload import AGENTS, EFFECTS
+from .workload import AGENTS, EARLY_TOOLS, EFFECTS
 
 Op = tuple[Any, ...]
 SID = "sim"
@@ -44,6 +44,14 @@ TEXTS = {
 }
 # what a command may answer with (the API maps each to a problem); the oracles then check nothing was left broken
 EXPECTED_COMMAND_ERRORS = (SessionClosed, NotInterruptible, LookupError, PermanentStoreError)
+
+
+def held_by_the_open_turn(session: AgentSession | None) -> set[str]:
+    """Calls a speculative reply started early that wait for its verdict: the user's turn is still open (an interim
+    transcript and no final one yet), so they end when it is confirmed or dropped, or when the session closes."""
+    if session is None or session.speculation.generation is None:
+        return set()
+    return {rc.call_id for rc in session.speculation.generation.early.values() if not rc.ended}
 
 
 class Violation(AssertionError):
@@ -233,7 +241,12 @@ class World:
             return
         kind = op[0]
         try:
-            if kind == "input":
+            if kind == "turn":  # a user's turn: heard as an interim transcript first (a speculative reply may start)
+                _, text, pause_ms = op
+                await session.input(TEXTS[text], final=False)
+                await asyncio.sleep(pause_ms / 1000)
+                await self._command(("input", text, True, True, False, True))
+            elif kind == "input":
                 _, text, final, interrupt, force, reply = op
                 if final and interrupt:  # set first: the caller may be cut off once the input is applied
                     self.interrupted_since_input = True
@@ -289,14 +302,31 @@ class World:
         outputs = Counter(it.call_id for it in d.items.values() if isinstance(it, FunctionCallOutput))
         for call_id, n in outputs.items():
             expect(n == 1, "I5-two-outputs", f"call {call_id} has {n} outputs in the store")
+        calls = {it.call_id for it in d.items.values() if isinstance(it, FunctionCall)}
         for info in d.tool_calls.values():
-            if info.ended:
+            if info.speculative:  # of a speculative reply never confirmed: nothing of it may reach the chat
+                expect(
+                    info.call_id not in calls and info.call_id not in outputs,
+                    "spec-dropped-in-chat",
+                    f"{info.call_id} of a speculative reply never confirmed is in the stored chat",
+                )
+            elif info.ended:
                 expect(outputs.get(info.call_id) == 1, "I5-ended-without-output", f"{info.call_id} ended, no output")
+        ends = Counter(e.data["call_id"] for e in d.events if e.type == "tool.ended")
+        for call_id, n in ends.items():
+            expect(n == 1, "I5-two-ends", f"call {call_id} has {n} tool.ended events")
         session = self.session
         if session is not None:
             live = Counter(it.call_id for it in session.chat.items if isinstance(it, FunctionCallOutput))
             for call_id, n in live.items():
                 expect(n == 1, "I5-two-outputs", f"call {call_id} has {n} outputs in memory")
+            speculative = {info.call_id for info in session.tool_calls() if info.speculative}
+            in_chat = {it.call_id for it in session.chat.items if isinstance(it, FunctionCall | FunctionCallOutput)}
+            expect(
+                not speculative & in_chat,
+                "spec-dropped-in-chat",
+                f"calls of a speculative reply never confirmed in the live chat: {sorted(speculative & in_chat)}",
+            )
 
     async def settle(self) -> None:
         """Clear the faults and let everything that can finish, finish."""
@@ -315,7 +345,12 @@ class World:
         session = self.session
         if session is None or session.state != "active":
             return False
-        return not session.idle or session.pending_writes > 0 or any(not i.ended for i in session.tool_calls())
+        held = self._held_by_the_open_turn()
+        running = any(not i.ended and i.call_id not in held for i in session.tool_calls())
+        return not session.idle or session.pending_writes > 0 or running
+
+    def _held_by_the_open_turn(self) -> set[str]:
+        return held_by_the_open_turn(self.session)
 
     def check_end(self) -> None:
         d = self.durable.get(SID)
@@ -327,6 +362,7 @@ class World:
         for item_id in d.items:
             expect(item_id in chat_events, "I6-durable-without-event", f"chat item {item_id} has no chat.item event")
         ended_events = {e.data["call_id"] for e in d.events if e.type == "tool.ended"}
+        self._check_speculative_calls(d)
         for info in d.tool_calls.values():
             if info.ended:
                 expect(info.call_id in ended_events, "I6-durable-without-event", f"{info.call_id} has no tool.ended")
@@ -345,8 +381,13 @@ class World:
                 expect(False, kind, f"speech {speech_id} is {stored.state} in the store and has no speech.done")
         if session is not None and session.state == "active":
             # after the settle every tool of the workload has finished (or was abandoned): nothing may be running
+            held = self._held_by_the_open_turn()
             for info in session.tool_calls():
-                expect(info.ended, "I5-left-running", f"{info.call_id} is still running after the session settled")
+                expect(
+                    info.ended or info.call_id in held,
+                    "I5-left-running",
+                    f"{info.call_id} is still running after the session settled",
+                )
             live_ids = {it.id for it in session.chat.items}
             expect(live_ids == set(d.items), "I8-live-vs-durable", self._diff(live_ids, set(d.items)))
             for info in session.tool_calls():
@@ -364,6 +405,47 @@ class World:
                     f"input {item_id} was accepted and never answered",
                 )
         del durable_types
+
+    def check_calls_ended(self) -> None:
+        """Once the session is closed (or gone): no call of any speculation is left without its end."""
+        d = self.durable.get(SID)
+        if d is not None:
+            self._check_speculative_calls(d)
+
+    def _check_speculative_calls(self, d: Durable) -> None:
+        """Every started call ended (no orphan ``tool.started``), but those the open turn holds; one a speculative
+        reply started early either was confirmed (its output is in the chat: never lost) or was dropped (a
+        ``reason``, and nothing in the chat)."""
+        held = self._held_by_the_open_turn()
+        outputs = {it.call_id for it in d.items.values() if isinstance(it, FunctionCallOutput)}
+        ends = {e.data["call_id"]: e.data for e in d.events if e.type == "tool.ended"}
+        for e in d.events:
+            if e.type != "tool.started":
+                continue
+            call_id = e.data["call_id"]
+            expect(
+                not e.data.get("speculative") or e.data["name"] in EARLY_TOOLS,
+                "spec-unsafe-early",
+                f"{call_id} ({e.data['name']}) has side effects and started before its turn was confirmed",
+            )
+            end = ends.get(call_id)
+            if end is None and call_id in held:
+                continue
+            expect(end is not None, "orphan-call", f"{call_id} started and never ended")
+            assert end is not None
+            stored = d.tool_calls.get(call_id)
+            if "reason" in end:
+                expect(
+                    e.data.get("speculative", False) and stored is not None and stored.speculative,
+                    "spec-dropped-in-chat",
+                    f"{call_id} was dropped ({end['reason']}) but was not a call of a speculative reply",
+                )
+            elif e.data.get("speculative"):
+                expect(
+                    call_id in outputs and stored is not None and not stored.speculative,
+                    "spec-confirmed-output-lost",
+                    f"{call_id}, started early and confirmed, has no output in the chat",
+                )
 
     def _ended_by_a_later_interrupt(self, e: Any, speech_id: str) -> bool:
         """An interrupt ends the queued speeches after the current one too (LiveKit's semantics): a reply still queued

@@ -119,7 +119,11 @@ class Harness:
         for it in items:
             if isinstance(it, FunctionCallOutput):
                 outputs[it.call_id] = outputs.get(it.call_id, 0) + 1
+        calls = {it.call_id for it in items if isinstance(it, FunctionCall)}
         for info in self.store.tool_calls[self.sid].values():
+            if info.speculative:  # dropped with its speculative reply: nothing of it in the chat
+                assert info.call_id not in calls and info.call_id not in outputs, f"{info.call_id} is in the chat"
+                continue
             if info.status in TERMINAL_STATUSES:
                 assert outputs.get(info.call_id) == 1, f"{info.call_id} has {outputs.get(info.call_id)} outputs"
                 if info.background:

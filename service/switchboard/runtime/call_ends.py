@@ -99,7 +99,8 @@ class CallEnds:
         agent = rc.info.agent
         rc.info = record.info
         rc.needs_reply = outcome.needs_reply
-        self._chat.append(*record.items)
+        if record.items:  # a dropped speculative call adds nothing: the context its speculation saw is unchanged
+            self._chat.append(*record.items)
         if durable:  # an event only reports what is durable (I6)
             self._emit_end(record, agent)
         else:
@@ -175,6 +176,7 @@ class CallEnds:
                 is_error=info.is_error,
                 error=info.error,
                 **({"reply_speech_id": record.owed[0].id} if record.owed else {}),
+                **({"reason": record.dropped} if record.dropped else {}),
             )
         )
 

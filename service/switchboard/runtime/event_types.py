@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .chat import ChatItem
 from .speech import SpeechSource
 from .status import AgentState
-from .tools import ToolStatus
+from .tools import DropReason, ToolStatus
 
 InputRole = Literal["user", "system", "developer"]
 # ``transcript``: a final transcript a media edge sent, taken as the user's input
@@ -183,6 +183,10 @@ class GenerationSpeculative(EventPayload):
     type: ClassVar[Literal["generation.speculative"]] = "generation.speculative"
     state: SpeculationState
     user_text: str = Field(description="The interim transcript the generation was started on.")
+    reason: DropReason | None = Field(
+        default=None,
+        description="Why it was discarded (only with `discarded`, when known): the calls it started end with it.",
+    )
 
 
 class GenerationFailed(EventPayload):
@@ -206,6 +210,12 @@ class ToolStarted(EventPayload):
     arguments: dict[str, Any]
     cancellable: bool
     speech_id: str | None = Field(description="The speech whose reply called the tool (null after a restart).")
+    speculative: bool = Field(
+        default=False,
+        description="Started early by a speculative reply (a tool declared free of side effects), before the user's "
+        "turn was confirmed; its `speech_id` is null. If the reply is dropped, the call ends `cancelled` with a "
+        "`reason`, and nothing of it reaches the chat.",
+    )
 
 
 class ToolProgress(EventPayload):
@@ -227,7 +237,8 @@ class ToolCancelling(EventPayload):
 
 
 class ToolEnded(EventPayload):
-    """A tool call ended, in exactly one terminal status, with its output committed."""
+    """A tool call ended, in exactly one terminal status, with its output committed (one started early by a speculative
+    reply that was dropped: with its record alone, and a ``reason``)."""
 
     type: ClassVar[Literal["tool.ended"]] = "tool.ended"
     call_id: str
@@ -240,6 +251,13 @@ class ToolEnded(EventPayload):
         default=None,
         description="The deferred reply this end makes owed (a background call's result), committed with it: its "
         "`speech.created` follows.",
+    )
+    reason: DropReason | None = Field(
+        default=None,
+        description="Set when a call started by a speculative reply was dropped with that reply (status "
+        "`cancelled`): the user went on speaking (`turn_resumed`), a barge-in changed the context (`barge_in`), "
+        "something else did (`context_changed`), or the session closed or stopped (`session_stopped`). No chat "
+        "item was committed for it.",
     )
 
 

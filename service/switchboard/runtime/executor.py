@@ -30,6 +30,7 @@ from .tool_call import (
     RunningCall,
     ToolCallNotFound,
     cancelled_outcome,
+    dropped_outcome,
     outcome_of,
     progress_pair,
     protected_by_speech,
@@ -38,6 +39,7 @@ from .tool_call import (
 )
 from .tools import (
     MAX_PROGRESS_CHARS,
+    DropReason,
     FunctionTool,
     ProgressUpdate,
     RunContext,
@@ -142,9 +144,14 @@ class ToolExecutor(CallEnds):
         agent: str | None,
         arguments_error: str | None = None,
         refusal: str | None = None,
+        speculative: bool = False,
     ) -> RunningCall:
         """Start executing ``item`` now. Returns at once; the call commits its own pair when it ends. With a
-        ``refusal`` it never runs: it ends ``rejected`` with that output, so the model sees why (I1, I5 hold)."""
+        ``refusal`` it never runs: it ends ``rejected`` with that output, so the model sees why (I1, I5 hold).
+
+        A ``speculative`` call (made by a speculative reply, of a tool free of side effects) runs at once, but its end
+        waits for its reply's verdict: ``confirm`` (it ends as any call, its pair committed: I1) or ``drop`` (it ends
+        ``cancelled`` with its record alone: nothing of it reaches the chat)."""
         if item.call_id in self._calls:
             # a model that reuses a call id must not re-run (or overwrite) an earlier call
             item = item.model_copy(update={"call_id": f"{item.call_id}~{new_id('dup')}"})
@@ -160,6 +167,7 @@ class ToolExecutor(CallEnds):
             scope=tool.policy.scope if tool else "agent",
             speech_id=speech.id if speech else None,
             agent=agent,
+            speculative=speculative,
             started_at=utcnow(),
         )
         rc = RunningCall(self, item, info, tool, speech, step, arguments_error=arguments_error, refusal=refusal)
@@ -231,7 +239,9 @@ class ToolExecutor(CallEnds):
     async def _run(self, rc: RunningCall, available: list[str]) -> None:
         try:
             outcome = await self._start_and_execute(rc, available)
-            if outcome.handoff is not None:
+            if rc.info.speculative:  # its end waits for its reply's verdict (``_finish`` ends a dropped one)
+                await asyncio.shield(rc.verdict_fut)
+            if outcome.handoff is not None and not rc.info.speculative:
                 await self._hold_for_handoff(rc, outcome)
                 return
         except asyncio.CancelledError:
@@ -259,6 +269,7 @@ class ToolExecutor(CallEnds):
                 arguments=rc.info.arguments,
                 cancellable=rc.info.cancellable,
                 speech_id=rc.info.speech_id,
+                **({"speculative": True} if rc.info.speculative else {}),
             )
         )
         return await self._execute(rc, available)
@@ -396,6 +407,8 @@ class ToolExecutor(CallEnds):
     async def _finish(self, rc: RunningCall, outcome: Outcome, handoff: Handoff | None = None) -> bool:
         if rc.ended or rc.ending:
             return False
+        if rc.info.speculative:  # never confirmed: dropped (or stopped with the session before any verdict)
+            outcome, handoff = dropped_outcome(rc.dropped or "session_stopped"), None
         rc.ending = True
         try:
             async with rc.write_lock:  # after any update still being written: the end is the call's last write
@@ -457,6 +470,11 @@ class ToolExecutor(CallEnds):
         update = ProgressUpdate(message=message, progress=progress, at=utcnow())
         # the record keeps the latest updates (each write stays small); the event log keeps every one of them
         kept = [*rc.info.progress[-(PROGRESS_KEPT - 1) :], update]
+        if rc.info.speculative:  # no reply is confirmed to go on without it: recorded, and no pair reaches the chat
+            info = rc.info.model_copy(update={"progress": kept})
+            await self._commit(Commit(tool_calls=[info], receipts=completions(info, receipt)))
+            rc.info = info
+            return
         info = rc.info.model_copy(update={"progress": kept, "background": True})
         # the first update moves the call to the background with its own pair; each later one is a pair of its own
         # (``<call_id>/update/<n>``): every update reaches the model, which can narrate progress
@@ -492,6 +510,8 @@ class ToolExecutor(CallEnds):
             raise AlreadyEnded(rc.info)
         if not rc.info.cancellable:
             raise NotCancellable(f"tool call {call_id} ({rc.info.name}) does not allow cancellation")
+        if rc.info.speculative:
+            raise NotCancellable(f"tool call {call_id} ({rc.info.name}) belongs to a reply not confirmed yet")
         if not force and protected_by_speech(rc):
             assert rc.speech is not None
             raise NotInterruptible(
@@ -504,6 +524,39 @@ class ToolExecutor(CallEnds):
         if rc.ended and rc.info.status is not ToolStatus.CANCELLED:
             raise AlreadyEnded(rc.info)
         return rc.info
+
+    # -- speculative calls ----------------------------------------------------------------------------------
+
+    async def confirm(self, rc: RunningCall, speech: SpeechHandle, step: int) -> bool:
+        """The speculative reply that made ``rc`` is confirmed and plays as ``speech``: the call is one of its calls
+        now, and ends as any call does (its pair committed, I1). False when it was dropped first."""
+        async with rc.write_lock:  # in order with its progress; its end, waiting for the verdict, comes after
+            if rc.verdict_fut.done() or rc.ended or rc.ending:
+                return False
+            rc.speech, rc.step = speech, step
+            rc.item = rc.item.model_copy(update={"created_at": utcnow()})  # it joins the conversation now
+            rc.info = rc.info.model_copy(update={"speculative": False, "speech_id": speech.id})
+            resolve(rc.verdict_fut, None)
+            try:
+                await asyncio.shield(self._commit(Commit(tool_calls=[rc.info])))
+            except Exception:  # its end carries the same record
+                logger.error(
+                    "tool call %s (%s) was confirmed, but that could not be stored",
+                    rc.call_id,
+                    rc.info.name,
+                    extra={"session_id": self.session_id, "call_id": rc.call_id},
+                )
+        return True
+
+    def drop(self, rc: RunningCall, reason: DropReason) -> None:
+        """The speculative reply that made ``rc`` was dropped: the call is cancelled (a body that ignores it is let
+        go) and ends ``cancelled`` with its record alone, its ``tool.ended`` saying ``reason``."""
+        if rc.verdict_fut.done() or not rc.info.speculative:
+            return
+        resolve(rc.verdict_fut, reason)
+        if not rc.ended:
+            rc.drained = True
+            self._request_cancel(rc, f"its speculative reply was dropped: {reason}")
 
     def _request_cancel(self, rc: RunningCall, reason: str) -> None:
         if rc.ended or rc.cancel_reason is not None:
@@ -539,6 +592,8 @@ class ToolExecutor(CallEnds):
         targets = [
             rc for rc in self.running() if rc.info.call_id not in skip and (scope is None or rc.info.scope == scope)
         ]
+        for rc in targets:  # a handoff or a close changes what a speculative reply was made from
+            self.drop(rc, "context_changed" if scope == "agent" else "session_stopped")
         waits = [
             self._drain_call(rc, "agent handoff" if scope == "agent" else "session closed")
             if rc.info.cancellable

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from .aio import cancel_and_wait
 from .llm.base import LLM, LLMChunk, LLMRequest
+from .tools import DropReason
+
+if TYPE_CHECKING:
+    from .tool_call import RunningCall
 
 
 class Generation:
     """Runs ``llm.stream(request)`` in the background and keeps every chunk.
 
     Iterating yields all chunks from the first, then live ones, and re-raises the provider's error at the end.
-    A speculative generation remembers the context ``version`` and user text it was made for.
+    A speculative generation remembers the context ``version`` and user text it was made for, and the calls it
+    started early (``early``: by the index of the call among its tool calls; tools free of side effects); closing it
+    drops those its reply did not confirm (``drop_call``), saying why.
     """
 
     def __init__(
@@ -32,6 +38,9 @@ class Generation:
         self.user_text = user_text
         self.llm_state_before = llm_state_before
         self.chunks: list[LLMChunk] = []
+        self.early: dict[int, RunningCall] = {}
+        self.drop_call: Callable[[RunningCall, DropReason], None] | None = None
+        self.barged_in = False  # an interruption changed the context since it started
         self.error: BaseException | None = None
         self._changed = asyncio.Event()
         self._finished = False
@@ -69,5 +78,12 @@ class Generation:
         if self.error is not None:
             raise self.error
 
-    async def aclose(self) -> None:
+    def drop_calls(self, reason: DropReason) -> None:
+        """Drop the calls started early that its reply has not confirmed (a confirmed one is no longer dropped)."""
+        if self.drop_call is not None:
+            for rc in self.early.values():
+                self.drop_call(rc, reason)
+
+    async def aclose(self, reason: DropReason = "session_stopped") -> None:
+        self.drop_calls(reason)
         await cancel_and_wait(self._task)

@@ -12,6 +12,7 @@ from .executor import resumes
 from .ports import ChatStore, Commit, Reported
 from .session import AgentSession
 from .speech import SpeechInfo, SpeechSource, SpeechState
+from .tool_call import dropped_outcome, dropped_reason
 from .tools import FunctionTool, ToolCallInfo, ToolStatus
 
 logger = logging.getLogger("switchboard.runtime.recovery")
@@ -132,6 +133,7 @@ def report_missing(
                     status=info.status,
                     output=info.output or "",
                     is_error=info.is_error,
+                    **({"reason": reason} if (reason := dropped_reason(info)) else {}),
                 )
             )
             missing += 1
@@ -168,7 +170,8 @@ def _split_running(
     for info in tool_calls:
         if info.ended:
             continue
-        if info.status == ToolStatus.CANCELLING:  # cancelled: never run again, whatever its tool's policy
+        # cancelled, or of a speculative reply that is gone with the process: never run again, whatever its policy
+        if info.status == ToolStatus.CANCELLING or info.speculative:
             interrupted.append(info)
             continue
         tool = tools.get(info.name)
@@ -227,8 +230,20 @@ async def end_orphaned_calls(
 
 def restart_end(info: ToolCallInfo, chat: ChatContext) -> tuple[list[ChatItem], ToolCallInfo]:
     """What ends ``info`` as interrupted by the restart: the items ``chat`` still lacks (the call's pair; for a call
-    already in the background, a ``<call_id>/final`` pair) and the ended record. Commit them together."""
+    already in the background, a ``<call_id>/final`` pair) and the ended record. Commit them together. A call of a
+    speculative reply (never confirmed: that reply is gone) ends ``cancelled`` with its record alone."""
     now = utcnow()
+    if info.speculative:
+        dropped = dropped_outcome("session_stopped")
+        return [], info.model_copy(
+            update={
+                "status": dropped.status,
+                "output": dropped.output,
+                "is_error": True,
+                "error": "session_stopped",
+                "ended_at": now,
+            }
+        )
     if info.background:
         # its first pair (the "running in the background" output) is already committed; the end gets its own pair
         call_id = f"{info.call_id}{FINAL_SUFFIX}"
@@ -262,7 +277,8 @@ def _report(events: EventLog, items: Sequence[ChatItem], ended: ToolCallInfo) ->
             call_id=ended.call_id,
             name=ended.name,
             status=ended.status,
-            output=RESTART_OUTPUT,
+            output=ended.output or RESTART_OUTPUT,
             is_error=True,
+            **({"reason": "session_stopped"} if ended.speculative else {}),
         )
     )

@@ -96,6 +96,10 @@ class ReplySession(Protocol):
         """Mark ``speech`` done, durably."""
         ...
 
+    async def confirm_early_call(self, rc: RunningCall, speech: SpeechHandle, step: int) -> bool:
+        """Make a call its speculative reply started early one of ``speech``'s calls (False: it was dropped first)."""
+        ...
+
     async def usable_preemptive(self, job: ReplyJob) -> Generation | None:
         """The job's speculative generation if it still fits the context now (else None; it is dropped)."""
         ...
@@ -138,8 +142,8 @@ async def run_job(session: ReplySession, job: ReplyJob) -> None:
     finally:
         for stream in job.streams:
             stream.stop()  # idempotent; covers a cancelled speech task
-        if job.preemptive is not None:
-            await job.preemptive.aclose()
+        if job.preemptive is not None:  # its calls the reply never reached are dropped with it
+            await job.preemptive.aclose("barge_in" if job.speech.interrupted else "session_stopped")
     await session.finish_speech(job.speech)
 
 
@@ -266,8 +270,10 @@ async def _say(session: ReplySession, job: ReplyJob) -> None:
 
 
 async def _consume(session: ReplySession, speech: SpeechHandle, gen: Generation, step: _Step) -> None:
-    """Stream the model's output: text to playout, each tool call to the executor as soon as it is complete."""
+    """Stream the model's output: text to playout, each tool call to the executor as soon as it is complete (a call
+    a speculative generation started early is confirmed instead)."""
     tools = session.model_tools()
+    calls_seen = 0
     async for chunk in gen:
         if isinstance(chunk, TextDelta):
             if not chunk.text:
@@ -279,6 +285,11 @@ async def _consume(session: ReplySession, speech: SpeechHandle, gen: Generation,
             if gen.request.tool_choice == "none" and gen.request.tools:
                 # the last step: tools are off, the reply ends here
                 logger.warning("model called %s although tools were off; ignored", chunk.name)
+                continue
+            early = gen.early.get(calls_seen)
+            calls_seen += 1
+            if early is not None and await session.confirm_early_call(early, speech, step.index):
+                step.calls.append(early)
                 continue
             # a call made when the agent offers no tools is answered with an error output (unknown tool)
             arguments, error = parse_arguments(chunk.arguments)  # repaired when a model broke it

@@ -97,7 +97,8 @@ class SpeechScheduler:
         await cancel_and_wait(self._task)
 
     async def finish_unstarted(self, job: ReplyJob) -> None:
-        await job.preemptive.aclose() if job.preemptive else None
+        if job.preemptive is not None:
+            await job.preemptive.aclose("barge_in" if job.speech.interrupted else "session_stopped")
         await self._finish_safely(job.speech)
 
     async def _finish_safely(self, speech: SpeechHandle) -> None:

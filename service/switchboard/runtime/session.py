@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from . import event_types as ev
 from .agent import Agent, complete_user_turn
 from .aio import forget_when_done, spawn
+from .arguments import parse_arguments
 from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id, order_items
 from .commit import CommitPipeline
 from .event_types import InputRole as Role
@@ -19,7 +20,7 @@ from .executor import Outcome, RunningCall, ToolExecutor
 from .generation import Generation
 from .handoff import HandoffStep
 from .lifecycle import SessionEnds
-from .llm.base import LLM, LLMRequest
+from .llm.base import LLM, LLMRequest, ToolCallChunk
 from .options import SessionOptions
 from .playout import Playout
 from .ports import ChatStore, Commit, Receipt, SessionState, completions
@@ -121,6 +122,8 @@ class AgentSession(SessionEnds):
             request_for=self._speculative_request,
             tool_running=self._foreground_tool_running,
             tasks=self.writes.tasks,
+            start_early=self._start_early_call,
+            drop_call=self.executor.drop,
         )
         # commands, close and suspend take turns: a command runs fully before a close, or finds the session closed
         self._op_lock = asyncio.Lock()
@@ -316,9 +319,10 @@ class AgentSession(SessionEnds):
         self, text: str, *, interrupt: bool, force: bool, reply: bool, role: Role, receipt: Receipt[InputResult] | None
     ) -> InputResult:
         spec = self.speculation.take()
+        barge_in = False
         if interrupt and self.state == SessionStatus.ACTIVE:  # a move stopped the speech already: nothing to cut
             try:
-                await self.speeches.interrupt_current(force=force)
+                barge_in = await self.speeches.interrupt_current(force=force) is not None
             except NotInterruptible:
                 pass
         extra: list[ChatMessage] = []
@@ -331,7 +335,7 @@ class AgentSession(SessionEnds):
                 await self.speculation.drop_stale(spec)
                 spec = None
         # only now: the interruption may have changed the context the speculative reply was made from
-        spec = await self.speculation.use_or_drop(spec, text=text, role=role)
+        spec = await self.speculation.use_or_drop(spec, text=text, role=role, barge_in=barge_in)
         item = ChatMessage(id=new_id("item"), role=role, text=text)
         job = self.speeches.new_job("reply", preemptive=spec, turn_messages=extra) if reply else None
 
@@ -401,7 +405,13 @@ class AgentSession(SessionEnds):
         when the current speech does not allow interruptions (then nothing is interrupted).
         """
         self._check_open()
-        return await self._command(lambda: self.speeches.interrupt_current(force=force, receipt=receipt), "interrupt")
+        return await self._command(lambda: self._interrupt(force=force, receipt=receipt), "interrupt")
+
+    async def _interrupt(self, *, force: bool, receipt: Receipt[SpeechHandle] | None) -> SpeechHandle | None:
+        speech = await self.speeches.interrupt_current(force=force, receipt=receipt)
+        if speech is not None:
+            self.speculation.barge_in()
+        return speech
 
     async def _command(self, body: Callable[[], Awaitable[T]], what: str, *, owed: bool = False) -> T:
         """Run one operator command to its end, whatever happens to its caller.
@@ -590,6 +600,28 @@ class AgentSession(SessionEnds):
     def _foreground_tool_running(self) -> bool:
         return any(rc.foreground for rc in self.executor.running())
 
+    def _start_early_call(self, chunk: ToolCallChunk, index: int) -> RunningCall | None:
+        """Start the ``index``-th call of the speculative reply now, as a speculative call, if its tool is declared
+        free of side effects and the call would run when its reply is confirmed (else it waits for that)."""
+        tools = self.model_tools()
+        tool = tools.get(chunk.name)
+        if tool is None or tool.policy.side_effects or self.state != SessionStatus.ACTIVE:
+            return None
+        arguments, error = parse_arguments(chunk.arguments)
+        caps_reached = index >= self.options.max_tool_calls_per_turn or (
+            self.tool_calls_made >= self.options.max_tool_calls_per_session
+        )
+        if error is not None or caps_reached:  # refused when its reply is confirmed, with the output that says why
+            return None
+        item = FunctionCall(
+            id=new_id("item"), call_id=self.call_id_for(chunk.call_id), name=chunk.name, arguments=arguments
+        )
+        self.tool_calls_made += 1
+        return self.executor.start(item, tools=tools, speech=None, step=0, agent=self.agent.name, speculative=True)
+
+    async def confirm_early_call(self, rc: RunningCall, speech: SpeechHandle, step: int) -> bool:
+        return await self.executor.confirm(rc, speech, step)
+
     def _start_pending_speculative(self) -> None:
         self.speculation.start_pending(quiet=self.state == SessionStatus.ACTIVE and self.speeches.scheduler.idle)
 
@@ -599,6 +631,8 @@ class AgentSession(SessionEnds):
         return self.speeches.owed_by_end(rc, outcome)
 
     def _on_call_ended(self, rc: RunningCall, durable: bool) -> None:
+        if rc.info.speculative:  # dropped with its reply: never in the conversation, and no call of the model's
+            self.tool_calls_made -= 1
         active = self.state == SessionStatus.ACTIVE
         self.speeches.on_tool_result(rc, durable=durable, active=active)
         if active:

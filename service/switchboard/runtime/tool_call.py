@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import typing
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ from .redaction import redact
 from .speech import SpeechHandle, SpeechInfo, SpeechInterrupted
 from .text import valid_text
 from .tools import (
+    DropReason,
     FunctionTool,
     ProgressUpdate,
     SessionControl,
@@ -99,6 +101,8 @@ class EndRecord:
 
     # speeches owed because of this end (a reply to a result that lands outside of any reply): durable with it
     owed: tuple[SpeechInfo, ...] = ()
+    # the call's speculative reply was dropped, and why: it ends with its record alone
+    dropped: DropReason | None = None
 
     def commit(self, receipts: list[Completion] | None = None) -> Commit:
         return Commit(
@@ -161,6 +165,11 @@ class RunningCall:
     # `cancelling`, still running, until its body returns (``cancelling_fut``: once that is recorded)
     deaf_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     cancelling_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    # a call of a speculative reply (``info.speculative``): resolved with None once its reply is confirmed, or with why
+    # it was dropped; its end waits for it
+    verdict_fut: asyncio.Future[DropReason | None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
     drained: bool = False  # cancelled by a drain (a handoff, a close), which lets a body that ignores it go
     # the call's progress and its end are written one at a time, in order (an update never lands after the end)
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -171,8 +180,15 @@ class RunningCall:
 
     @property
     def foreground(self) -> bool:
-        """Still blocking the reply that started it (running and not moved to the background)."""
-        return not self.ended and not self.info.background
+        """Still blocking the reply that started it (running, not moved to the background, and of a reply that was
+        confirmed: a speculative call belongs to no reply yet)."""
+        return not self.ended and not self.info.background and not self.info.speculative
+
+    @property
+    def dropped(self) -> DropReason | None:
+        """Why the speculative reply that started this call was dropped, once it was."""
+        fut = self.verdict_fut
+        return fut.result() if fut.done() and not fut.cancelled() else None
 
     @property
     def handoff_to(self) -> Agent | None:
@@ -239,9 +255,40 @@ def cancel_refusal(rc: RunningCall) -> str | None:
     return None
 
 
+def dropped_reason(info: ToolCallInfo) -> DropReason | None:
+    """Why the speculative reply of an ended call was dropped (kept as its ``error``), or None for any other call."""
+    if not (info.speculative and info.ended):
+        return None
+    return next((r for r in typing.get_args(DropReason) if r == info.error), "session_stopped")
+
+
+def dropped_outcome(reason: DropReason) -> Outcome:
+    """How a call ends when the speculative reply that started it is dropped: nothing of it reaches the chat."""
+    return Outcome(
+        ToolStatus.CANCELLED,
+        f"The call was dropped with the speculative reply that made it ({reason}).",
+        is_error=True,
+        needs_reply=False,
+    )
+
+
 def end_record(rc: RunningCall, outcome: Outcome, handoff: Handoff | None) -> EndRecord:
-    """The pair (a ``<call_id>/final`` pair for a call in the background) and the final record of ``rc``."""
+    """The pair (a ``<call_id>/final`` pair for a call in the background) and the final record of ``rc``; a call
+    whose speculative reply was never confirmed ends with its record alone (it never was in the conversation)."""
     now = utcnow()
+    if rc.info.speculative:  # whatever its body did: a teardown before any verdict stops it with the session
+        reason = rc.dropped or "session_stopped"
+        dropped = dropped_outcome(reason)
+        info = rc.info.model_copy(
+            update={
+                "status": dropped.status,
+                "output": dropped.output,
+                "is_error": True,
+                "error": reason,
+                "ended_at": now,
+            }
+        )
+        return EndRecord([], info, None, dropped=reason)
     name = rc.info.name
     if rc.info.background:
         final_id = f"{rc.info.call_id}{FINAL_SUFFIX}"

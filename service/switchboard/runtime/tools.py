@@ -32,6 +32,10 @@ OnDuplicate = Literal["allow", "reject", "replace", "confirm"]
 DuplicateScope = Literal["name", "name_and_args"]
 OnRestart = Literal["fail", "retry", "resume"]
 ToolScope = Literal["agent", "session"]
+# why a call made by a speculative reply was dropped with it (``tool.ended``'s ``reason``): the user went on speaking
+# (``turn_resumed``), the final input interrupted a speech and changed the context (``barge_in``), something else was
+# added to the context (``context_changed``), or the session closed or stopped here (``session_stopped``)
+DropReason = Literal["turn_resumed", "barge_in", "context_changed", "session_stopped"]
 
 CONFIRM_FIELD = "confirm_duplicate"
 _PARAMETERS: weakref.WeakKeyDictionary[type[BaseModel], dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -54,6 +58,9 @@ class ToolPolicy(BaseModel):
       it again; only for a tool that can resume, such as a webhook tool, whose default it is).
     - ``scope``: ``session`` calls go on across an agent handoff; a handoff first ends the ``agent`` calls
       (cancelling the cancellable ones, waiting for the others).
+    - ``side_effects``: ``False`` declares the tool free of side effects (a lookup, a quote): a speculative reply
+      (preemptive generation) may start its calls before the user's turn is confirmed. A call of any other tool in a
+      speculative reply waits until the reply is confirmed (``docs/agents.md``, "Tools that are safe to run early").
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -63,6 +70,7 @@ class ToolPolicy(BaseModel):
     allow_cancellation: bool = False
     on_restart: OnRestart = "fail"
     scope: ToolScope = "agent"
+    side_effects: bool = True
 
 
 DEFAULT_POLICY = ToolPolicy()
@@ -121,6 +129,8 @@ class ToolCallInfo(BaseModel):
     error: str | None = None  # why it failed, for observers (redacted); the model gets ``output``
     speech_id: str | None = None
     agent: str | None = None
+    # made by a speculative reply not confirmed yet: nothing of it reaches the chat unless its reply is confirmed
+    speculative: bool = False
     started_at: datetime
     ended_at: datetime | None = None
 
@@ -269,6 +279,7 @@ def function_tool(
     on_restart: OnRestart = "fail",
     scope: ToolScope = "agent",
     timeout_s: float | None = None,
+    side_effects: bool = True,
 ) -> Callable[[Callable[..., Awaitable[Any]]], FunctionTool]: ...
 
 
@@ -284,6 +295,7 @@ def function_tool(
     on_restart: OnRestart = "fail",
     scope: ToolScope = "agent",
     timeout_s: float | None = None,
+    side_effects: bool = True,
 ) -> FunctionTool | Callable[[Callable[..., Awaitable[Any]]], FunctionTool]:
     """Declare a tool. Used bare (``@function_tool``) or called (``@function_tool(on_duplicate="reject")``).
 
@@ -300,6 +312,7 @@ def function_tool(
         allow_cancellation=allow_cancellation,
         on_restart=on_restart,
         scope=scope,
+        side_effects=side_effects,
     )
 
     def wrap(f: Callable[..., Awaitable[Any]]) -> FunctionTool:

@@ -141,6 +141,7 @@ tool_calls = sa.Table(
     sa.Column("background", sa.Boolean(), nullable=False),
     sa.Column("speech_id", String(), nullable=True),
     sa.Column("agent", String(), nullable=True),
+    sa.Column("speculative", sa.Boolean(), nullable=False, server_default=sa.false()),
     sa.Column("started_at", TZDateTime(), nullable=False),
     sa.Column("ended_at", TZDateTime(), nullable=True),
     sa.Index(None, "status", "started_at"),

@@ -91,6 +91,7 @@ def tool_call_row(session_id: str, info: ToolCallInfo) -> dict[str, Any]:
         "background": info.background,
         "speech_id": info.speech_id,
         "agent": info.agent,
+        "speculative": info.speculative,
         "started_at": info.started_at,
         "ended_at": info.ended_at,
     }
@@ -110,6 +111,7 @@ TOOL_CALL_FIELDS = (
     "background",
     "speech_id",
     "agent",
+    "speculative",
     "started_at",
     "ended_at",
 )

@@ -30,6 +30,7 @@ from switchboard.runtime.speech import SpeechHandle
 from switchboard.runtime.status import SessionStatus
 
 from ..workload import AGENTS, EFFECTS
+from ..world import held_by_the_open_turn
 from .database import SimDatabase
 from .edges import MEDIA_OPS, Media
 from .loop import NODE, ClusterLoop, run_in_node
@@ -423,7 +424,13 @@ class ClusterWorld:
             expect(n == 1, "call-ends", f"{sid}: call {call_id} has {n} outputs")
             expect(calls.get(call_id) == 1, "call-ends", f"{sid}: output of {call_id} without its call")
         for info in d.tool_calls.values():
-            if info.ended:
+            if info.speculative:  # of a speculative reply never confirmed: nothing of it may reach the chat
+                expect(
+                    info.call_id not in calls and info.call_id not in outputs,
+                    "call-ends",
+                    f"{sid}: {info.call_id}, of a speculative reply never confirmed, is in the chat",
+                )
+            elif info.ended:
                 expect(outputs.get(info.call_id) == 1, "call-ends", f"{sid}: {info.call_id} ended without output")
 
     def _check_effects(self) -> None:
@@ -477,7 +484,9 @@ class ClusterWorld:
             session = node.live(sid) if node is not None else None
             if session is None:
                 return True
-            if not session.idle or session.pending_writes or any(not i.ended for i in session.tool_calls()):
+            held = held_by_the_open_turn(session)
+            running = any(not i.ended and i.call_id not in held for i in session.tool_calls())
+            if not session.idle or session.pending_writes or running:
                 return True
         return False
 
@@ -491,8 +500,13 @@ class ClusterWorld:
             expect(session is not None, "unowned-session", f"{sid} is owned by {rec.owner_node}, which does not run it")
             assert session is not None
             d = self.db.session_rows(sid)
+            held = held_by_the_open_turn(session)
             for info in d.tool_calls.values():
-                expect(info.ended, "call-ends", f"{sid}: {info.call_id} still running in the store after settling")
+                expect(
+                    info.ended or info.call_id in held,
+                    "call-ends",
+                    f"{sid}: {info.call_id} still running in the store after settling",
+                )
             live_ids = {it.id for it in session.chat.items}
             only_live, only_durable = sorted(live_ids - set(d.items))[:3], sorted(set(d.items) - live_ids)[:3]
             expect(not only_live and not only_durable, "live-vs-durable", f"{sid}: {only_live=} {only_durable=}")
