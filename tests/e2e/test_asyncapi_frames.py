@@ -168,6 +168,17 @@ async def _before_restart(server: Server, streams: list[Stream]) -> tuple[str, s
         await session.wait_for("tool.progress", lambda d: d["message"] == "searching flights")
         await session.wait_for("speech.done", lambda d: d["speech_id"] == search["speech_id"])
         await everything.wait_for("speech.done", lambda d: d["speech_id"] == search["speech_id"])
+
+        # a tool that ignores its cancellation: listed `cancelling` until it settles (never, here: the crash ends it)
+        deaf = {"provider": "scripted", "turns": [{"text": "Working.", "tool_calls": [{"name": "deaf"}]}]}
+        stub = (await _post(client, "/v1/sessions", {"agent": "stubborn", "llm": deaf}))["id"]
+        stubborn = await Stream.open(server, f"/v1/sessions/{stub}/events?since=0", "sessionEvents")
+        streams.append(stubborn)
+        await _post(client, f"/v1/sessions/{stub}/input", {"text": "work"})
+        started = await stubborn.wait_for("tool.started")
+        await _post(client, f"/v1/sessions/{stub}/tool-calls/{started['data']['call_id']}/cancel")
+        await stubborn.wait_for("tool.cancelling")
+        await everything.wait_for("tool.cancelling")
     return sid, retired
 
 
@@ -200,7 +211,8 @@ async def test_every_frame_of_a_full_scenario_matches_the_asyncapi_document(tmp_
     spec = json.loads(SPEC.read_text())
     checker = FrameChecker(spec)
     streams: list[Stream] = []
-    first = Server(tmp_path, SWITCHBOARD_AGENTS="tests.agents_fixture:AGENTS,tests.agents_fixture:RETIRED_AGENTS")
+    agents = "tests.agents_fixture:AGENTS,tests.agents_fixture:RETIRED_AGENTS,tests.agents_fixture:STUBBORN_AGENTS"
+    first = Server(tmp_path, SWITCHBOARD_AGENTS=agents)
     first.start()
     try:
         sid, retired = await _before_restart(first, streams)
@@ -229,9 +241,10 @@ async def test_every_frame_of_a_full_scenario_matches_the_asyncapi_document(tmp_
     assert session_types == all_types == {*EVENT_TYPES, "pong"}, (set(EVENT_TYPES) - session_types, all_types)
     assert sum(len(s.frames) for s in streams) > 100
     # the main session's log, across the restart, is gap-free; the multi-session cursor only moves forward
-    seqs = [f["seq"] for s in (streams[0], streams[2]) for f in s.events()]
+    # (streams: before the restart the session's, all sessions', the stubborn session's; after it the same two)
+    seqs = [f["seq"] for s in (streams[0], streams[3]) for f in s.events()]
     assert seqs == list(range(1, len(seqs) + 1))
-    cursors = [f["cursor"] for s in (streams[1], streams[3]) for f in s.events()]
+    cursors = [f["cursor"] for s in (streams[1], streams[4]) for f in s.events()]
     assert cursors == sorted(set(cursors))
 
     # the checker really checks: real frames, each broken one way, are all rejected

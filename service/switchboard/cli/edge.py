@@ -509,5 +509,5 @@ def add_edge_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--barge-in", action="store_true", help="each stdin line first interrupts the agent")
     p.add_argument("--voice", help="espeak-ng voice, e.g. en-us")
     p.add_argument("--wpm", type=int, help="speaking rate in words per minute (espeak-ng's default: 175)")
-    p.add_argument("--retry-for", type=float, default=30.0, help="seconds to keep reconnecting after a drop")
+    p.add_argument("--retry-for", type=float, default=120.0, help="seconds to keep reconnecting after a drop")
     p.set_defaults(func=cmd_edge)
