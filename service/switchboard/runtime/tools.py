@@ -278,8 +278,8 @@ def function_tool(
     allow_cancellation: bool = False,
     on_restart: OnRestart = "fail",
     scope: ToolScope = "agent",
-    timeout_s: float | None = None,
     side_effects: bool = True,
+    timeout_s: float | None = None,
 ) -> Callable[[Callable[..., Awaitable[Any]]], FunctionTool]: ...
 
 
@@ -294,8 +294,8 @@ def function_tool(
     allow_cancellation: bool = False,
     on_restart: OnRestart = "fail",
     scope: ToolScope = "agent",
-    timeout_s: float | None = None,
     side_effects: bool = True,
+    timeout_s: float | None = None,
 ) -> FunctionTool | Callable[[Callable[..., Awaitable[Any]]], FunctionTool]:
     """Declare a tool. Used bare (``@function_tool``) or called (``@function_tool(on_duplicate="reject")``).
 
