@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from switchboard import Agent, RunContext, SpeechInterrupted, function_tool
-from switchboard.runtime.media import EdgeConnection, EdgePlayout, MediaEdge
+from switchboard.runtime.media import REPLAY_FRAMES, EdgeConnection, EdgePlayout, MediaEdge
 from switchboard.runtime.media_frames import FrameRefused, _Frame, parse_edge_frame
 from switchboard.runtime.playout import SimulatedPlayout
 from tests.waiting import WAIT_S, until
@@ -363,7 +363,7 @@ async def test_played_ms_alone_is_heard_text_at_a_speaking_rate_back_to_a_whole_
 
 
 def connect_numbered(s: Setup, number: int) -> MediaEdge:
-    edge = MediaEdge(s.h.session, lambda frame: s.sent.append(frame.model_dump()))
+    edge = MediaEdge(s.h.session, lambda frame: s.sent.append(frame.model_dump()), replay_frames=REPLAY_FRAMES)
     previous = s.playout.attach(edge, EdgeConnection("e1", number))
     if previous is not None:
         previous.close()

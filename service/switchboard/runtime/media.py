@@ -50,8 +50,9 @@ logger = logging.getLogger("switchboard.runtime.media")
 
 # the speeches an edge was sent that it may still report on (late reports of older ones are "unknown")
 REMEMBERED_STREAMS = 64
-# the frames an edge may have missed: a resume from further back is refused (the edge starts fresh)
-REPLAY_FRAMES = 4096
+# the frames kept for an edge that may resume (about a dozen replies' worth of text deltas): a resume from further
+# back is refused, and the edge starts fresh
+REPLAY_FRAMES = 1024
 # `played_ms` without `played_chars`: a typical speaking rate (150 words a minute of ~6 characters with their space).
 # Voices run from ~12 to ~20 characters a second and pause at punctuation: after a few seconds the estimate may be off
 # by a word or two either way, so an edge that has word timings sends `played_chars`.
@@ -128,13 +129,15 @@ class MediaEdge:
         *,
         max_text_chars: int = 8000,
         on_close: Callable[[], None] | None = None,
+        replay_frames: int = 0,
     ) -> None:
         self.session = session
         self._send: Callable[[_Frame], None] | None = send  # None while held (no connection)
         self._on_close = on_close
         self._n = 0  # the last frame's position
-        # what was sent, for a resume: each frame with the stream it is about (a speech segment), if any
-        self._sent: deque[tuple[_ServerFrame, EdgeStream | None]] = deque(maxlen=REPLAY_FRAMES)
+        # what was sent, for a resume (the last ``replay_frames``; none for an edge that does not resume): each frame
+        # with the stream it is about (a speech segment), if any
+        self._sent: deque[tuple[_ServerFrame, EdgeStream | None]] = deque(maxlen=replay_frames)
         self._max_text_chars = max_text_chars
         self._streams: OrderedDict[str, EdgeStream] = OrderedDict()
         # it has sent a `playback.progress`: it reports what was heard, so a speech cut before its first position of
@@ -154,7 +157,8 @@ class MediaEdge:
         if isinstance(frame, _ServerFrame):  # not a pong: the answer to a ping is for the connection that sent it
             self._n += 1
             frame = frame.model_copy(update={"n": self._n})
-            self._sent.append((frame, about))
+            if self._sent.maxlen:
+                self._sent.append((frame, about))
         if self._send is not None:
             self._send(frame)
 
@@ -172,7 +176,7 @@ class MediaEdge:
         frames after ``after`` are no longer all kept (or ``after`` was never sent): nothing is sent then."""
         first = self._sent[0][0].n if self._sent else self._n + 1
         assert first is not None
-        if not first - 1 <= after <= self._n:
+        if not self._sent.maxlen or not first - 1 <= after <= self._n:
             return False
         missed = [(frame, stream) for frame, stream in self._sent if frame.n is not None and frame.n > after]
         unseen = {id(s) for f, s in missed if isinstance(f, SpeechStartFrame) and s is not None and s.ended}

@@ -21,7 +21,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from ...control.cluster.routing import Elsewhere, Unavailable, locate
 from ...runtime.aio import cancel_and_wait
-from ...runtime.media import EdgeConnection, EdgePlayout, MediaEdge, StaleConnection
+from ...runtime.media import REPLAY_FRAMES, EdgeConnection, EdgePlayout, MediaEdge, StaleConnection
 from ...runtime.media_frames import (
     ErrorFrame,
     FrameRefused,
@@ -206,12 +206,18 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
     if not isinstance(playout, EdgePlayout):  # pragma: no cover - every hosted session plays through one
         await _close(ws, CLOSE_INTERNAL_ERROR, "this session cannot take a media edge")
         return
-    await _EdgeConnection(ws, session, playout, services, principal).run(connection, resume)
+    await _EdgeConnection(ws, session, playout, services, principal, resume).run(connection)
 
 
 class _EdgeConnection:
     def __init__(
-        self, ws: WebSocket, session: AgentSession, playout: EdgePlayout, services: deps.Services, principal: Principal
+        self,
+        ws: WebSocket,
+        session: AgentSession,
+        playout: EdgePlayout,
+        services: deps.Services,
+        principal: Principal,
+        resume: int | None,
     ) -> None:
         settings = services.settings
         self.ws = ws
@@ -225,7 +231,14 @@ class _EdgeConnection:
         self.max_frame_chars = max_frame_chars(settings.max_text_chars)
         self.bucket = _Bucket(settings.media_max_frames_per_s, 2 * settings.media_max_frames_per_s)
         self.wake_ev = asyncio.Event()  # the watch looks at once: overflow, or this edge was replaced
-        self.edge = MediaEdge(session, self._enqueue, max_text_chars=settings.max_text_chars, on_close=self.wake_ev.set)
+        self.resume = resume  # the last frame the edge consumed, when it resumes
+        self.edge = MediaEdge(
+            session,
+            self._enqueue,
+            max_text_chars=settings.max_text_chars,
+            on_close=self.wake_ev.set,
+            replay_frames=REPLAY_FRAMES if resume is not None else 0,
+        )
         self.sending_since: float | None = None
         self.overflowed = False
         self.barge_in_at: float | None = None
@@ -238,10 +251,10 @@ class _EdgeConnection:
             self.overflowed = True
             self.wake_ev.set()
 
-    async def run(self, connection: EdgeConnection | None, resume: int | None) -> None:
+    async def run(self, connection: EdgeConnection | None) -> None:
         log = {"session_id": self.session.id}
         try:
-            previous = self._connect(connection, resume)
+            previous = self._connect(connection, self.resume)
         except StaleConnection:
             assert connection is not None
             logger.info(
@@ -270,7 +283,7 @@ class _EdgeConnection:
                     task.exception()
             await cancel_and_wait(*tasks)
             if self.edge.sends_to(self._enqueue):  # not resumed on a newer connection
-                held = resume is not None and self._runs_here() and self.playout.hold(self.edge, RESUME_HOLD_S)
+                held = self.resume is not None and self._runs_here() and self.playout.hold(self.edge, RESUME_HOLD_S)
                 if not held:
                     self.playout.detach(self.edge)
                     self.edge.close()  # a speech it was playing ends interrupted where it was last reported
