@@ -129,3 +129,28 @@ async def test_a_resume_the_node_cannot_serve_is_refused_and_the_edge_starts_fre
         start = await edge.wait_for("speech.start", lambda f: f["speech_id"] == r.json()["speech_id"])
         assert start["n"] == 1  # a new stream, numbered from 1
         await edge.close()
+
+
+async def test_a_resume_while_the_old_connection_still_looks_open_takes_over_and_closes_it(server: Server) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
+        sid = await create(client, [{"text": WORDS}])
+        old = await Edge.connect(server.ws_url, sid, query={"edge_id": "half-open", "connection": 1, "resume": 0})
+        r = await client.post(f"/v1/sessions/{sid}/input", json={"text": "hi"})
+        speech_id = r.json()["speech_id"]
+        await old.wait_for("speech.end", lambda f: f["speech_id"] == speech_id)
+        consumed = max(f["n"] for f in old.frames if f.get("n") is not None)
+        # the edge saw its connection die, the server not yet: the edge connects again and resumes
+        new = await Edge.connect(
+            server.ws_url, sid, query={"edge_id": "half-open", "connection": 2, "resume": consumed}
+        )
+        assert (await new.wait_for("resumed"))["after"] == consumed
+        assert await old.wait_closed() == (4409, "this edge resumed on a newer connection")
+        await new.send({"type": "playback.finished", "speech_id": speech_id})
+        await until(lambda: _done(client, sid, speech_id))  # played to its end through the new connection
+        assert [m["text"] for m in await assistant_messages(client, sid)] == [WORDS]
+        await new.close()
+
+
+async def _done(client: httpx.AsyncClient, sid: str, speech_id: str) -> bool:
+    r = await client.get(f"/v1/sessions/{sid}/speeches/{speech_id}")
+    return bool(r.json()["state"] == "done" and not r.json()["interrupted"])

@@ -416,3 +416,26 @@ async def test_a_resume_from_frames_no_longer_kept_is_refused_and_a_held_edge_no
         await until(lambda: speech.done)  # the hold ran out: an edge that left
         assert speech.interrupted and speech.played_text == "one two"
         assert playout.edge is None
+
+
+async def test_a_resume_gets_the_stop_of_an_interruption_while_away_and_not_a_speech_it_never_saw() -> None:
+    h, playout = harness(Waiter(), [{"text": WORDS}, {"text": "Never heard."}])
+    async with h:
+        s = Setup(h, playout)
+        s.edge = connect_numbered(s, 1)
+        first = (await h.session.input("hi")).speech_id or ""
+        await s.until_sent("speech.end")
+        await s.frame(type="playback.progress", speech_id=first, played_chars=len("one"))
+        consumed = s.sent[-1]["n"]
+        assert playout.hold(s.edge, WAIT_S)
+        await h.session.interrupt()  # released at once, with nobody connected (I3)
+        second = (await h.session.input("again", interrupt=False)).speech_id or ""
+        await until(lambda: (sp := h.session.speech(second)) is not None and sp.text == "Never heard.")  # sent
+        await h.session.interrupt()
+        await h.idle()
+        s.sent.clear()
+        assert playout.resume(EdgeConnection("e1", 2), consumed, lambda f: s.sent.append(f.model_dump())) is s.edge
+        # the stop of the speech it was playing; nothing of the one that began and was stopped while it was away
+        assert [(f["type"], f.get("speech_id")) for f in s.sent] == [("resumed", None), ("speech.stop", first)]
+        speech = h.session.speech(first)
+        assert speech is not None and speech.played_text == "one"
