@@ -90,10 +90,10 @@ class ErrorFrame(_ServerFrame):
     type: Literal["error"] = "error"
     code: str = Field(
         description="`bad_json`, `bad_frame`, `unknown_type`, `unknown_speech`, `played_chars_beyond_text`, "
-        "`played_chars_backwards`, `speech_not_ended`, `text_too_long`, `session_not_active`, `command_failed` (the "
-        "server could not apply it: a transcript is sent again), `transcript_id_reused` (an `id` sent before with "
-        "another text), `rate_limited` (a final transcript over its credential's budget: sent again after "
-        "`retry_after_s`)."
+        "`played_chars_backwards`, `played_ms_backwards`, `speech_not_ended`, `text_too_long`, `session_not_active`, "
+        "`command_failed` (the server could not apply it: a transcript is sent again), `transcript_id_reused` (an "
+        "`id` sent before with another text), `rate_limited` (a final transcript over its credential's budget: sent "
+        "again after `retry_after_s`)."
     )
     detail: str
     frame_type: str | None = Field(default=None, description="The `type` of the refused frame, when it had one.")
