@@ -217,8 +217,8 @@ async def test_an_edge_resuming_after_a_drain_on_another_node_starts_fresh_with_
     redis: RedisServer,
 ) -> None:
     """A drain moves the session while an edge that resumes plays its speech: the edge is closed with 4410, and its
-    resume where the session runs next is refused (positions are the node's own); it starts fresh there, and the
-    speech under way is played again under its own id, its stream numbered from 1."""
+    resume where the session runs next is refused (positions are the node's own); it starts fresh there, its stream
+    numbered from 1, and the speech under way is owed and played again there under its own id."""
     nodes = _nodes(tmp_path, database_url, redis)[:2]
     a, b = nodes
     try:
@@ -250,8 +250,18 @@ async def test_an_edge_resuming_after_a_drain_on_another_node_starts_fresh_with_
                 return again
 
             again = await until(resumed_on_b, timeout_s=LEASE_S + 40, every_s=0.3)
-            owed = await again.wait_for("speech.start", lambda f: f["speech_id"] == speech_id, timeout=WAIT_S)
-            assert owed["n"] == 1  # a fresh stream on the node that runs the session now
+
+            async def owed_played() -> bool:  # on b: sent to the edge, or played before it connected
+                if any(f["type"] == "speech.start" and f["speech_id"] == speech_id for f in again.frames):
+                    return True
+                r = await http.get(f"{b.url}/v1/sessions/{sid}/speeches/{speech_id}")
+                return r.status_code == 200 and r.json()["state"] == "done"
+
+            await until(owed_played, timeout_s=WAIT_S)
+            await again.send({"type": "user.transcript", "text": "still there?"})
+            await again.wait_for("speech.start", timeout=WAIT_S)
+            first = next(f for f in again.frames if f.get("n") is not None)
+            assert first["n"] == 1  # a fresh stream on the node that runs the session now
             await again.close()
     finally:
         for node in nodes:
