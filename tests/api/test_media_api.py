@@ -156,7 +156,8 @@ async def test_a_transcript_that_reaches_a_session_being_moved_is_not_lost(
 
 
 def _of(ws: AsgiWebSocket, kind: str) -> list[dict[str, Any]]:
-    return [f for f in ws.frames if f["type"] == kind]
+    """The frames of ``kind``, without their position in the stream (``n``: each connection counts its own)."""
+    return [{k: v for k, v in f.items() if k != "n"} for f in ws.frames if f["type"] == kind]
 
 
 async def _pong(ws: AsgiWebSocket) -> bool:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 from typing import Any
+from urllib.parse import urlencode
 
 import websockets
 from websockets.asyncio.client import ClientConnection
@@ -25,8 +26,11 @@ class Edge:
         self._task = asyncio.create_task(self._read())
 
     @classmethod
-    async def connect(cls, ws_url: str, sid: str, *, token: str | None = None, **kw: Any) -> Edge:
-        url = f"{ws_url}/v1/sessions/{sid}/media" + (f"?token={token}" if token else "")
+    async def connect(
+        cls, ws_url: str, sid: str, *, token: str | None = None, query: dict[str, Any] | None = None, **kw: Any
+    ) -> Edge:
+        params = {**({"token": token} if token else {}), **(query or {})}
+        url = f"{ws_url}/v1/sessions/{sid}/media" + (f"?{urlencode(params)}" if params else "")
         return cls(await websockets.connect(url, **kw))
 
     async def _read(self) -> None:

@@ -5,6 +5,8 @@ closes it with 4410, and the edge connects again, to any node, once the session 
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import random
 from pathlib import Path
@@ -14,7 +16,17 @@ import httpx
 import pytest
 import websockets
 
-from .cluster_support import FORWARDED, LEASE_S, SECRET, RedisServer, cluster_node, start_all, until, up
+from .cluster_support import (
+    FORWARDED,
+    LEASE_S,
+    SECRET,
+    RedisServer,
+    cluster_node,
+    drain_stop,
+    start_all,
+    until,
+    up,
+)
 from .edge_client import Edge
 from .server import EventStream, Server
 
@@ -197,3 +209,60 @@ async def _served(nodes: list[Server], sid: str, refusals: list[int]) -> Edge | 
         refusals.append((await edge.wait_closed())[0])
         return None
     return edge
+
+
+async def test_an_edge_resuming_after_a_drain_on_another_node_starts_fresh_with_the_owed_speech(
+    tmp_path: Path,
+    database_url: str,
+    redis: RedisServer,
+) -> None:
+    """A drain moves the session while an edge that resumes plays its speech: the edge is closed with 4410, and its
+    resume where the session runs next is refused (positions are the node's own); it starts fresh there, its stream
+    numbered from 1, and the speech under way is owed and played again there under its own id."""
+    nodes = _nodes(tmp_path, database_url, redis)[:2]
+    a, b = nodes
+    try:
+        await start_all(nodes)
+        async with httpx.AsyncClient(timeout=30, headers=AUTH) as http:
+            sid = await _pinned(http, a, "node-a", [{"text": WORDS, "word_ms": 100}, {"text": "The rest."}])
+            query = {"edge_id": "drained-edge", "connection": 1, "resume": 0}
+            edge = await Edge.connect(a.ws_url, sid, additional_headers=AUTH, query=query)
+            await edge.send({"type": "user.transcript", "text": "talk to me"})
+            start = await edge.wait_for("speech.start", timeout=WAIT_S)
+            speech_id = start["speech_id"]
+            await edge.send({"type": "playback.started", "speech_id": speech_id})
+            await edge.wait_text(speech_id, 10, timeout=WAIT_S)
+            consumed = max(f["n"] for f in edge.frames if f.get("n") is not None)
+
+            await asyncio.to_thread(drain_stop, a)  # SIGTERM: node-a hands the session over and exits
+            code, _ = await edge.wait_closed(timeout=WAIT_S)
+            assert code == 4410
+
+            numbers = itertools.count(2)
+
+            async def resumed_on_b() -> Edge | None:
+                query = {"edge_id": "drained-edge", "connection": next(numbers), "resume": consumed}
+                again = await Edge.connect(b.ws_url, sid, additional_headers=AUTH, query=query)
+                try:
+                    await again.wait_for("resume.refused", timeout=WAIT_S)
+                except AssertionError:  # closed: not adopted yet
+                    return None
+                return again
+
+            again = await until(resumed_on_b, timeout_s=LEASE_S + 40, every_s=0.3)
+
+            async def owed_played() -> bool:  # on b: sent to the edge, or played before it connected
+                if any(f["type"] == "speech.start" and f["speech_id"] == speech_id for f in again.frames):
+                    return True
+                r = await http.get(f"{b.url}/v1/sessions/{sid}/speeches/{speech_id}")
+                return r.status_code == 200 and r.json()["state"] == "done"
+
+            await until(owed_played, timeout_s=WAIT_S)
+            await again.send({"type": "user.transcript", "text": "still there?"})
+            await again.wait_for("speech.start", timeout=WAIT_S)
+            first = next(f for f in again.frames if f.get("n") is not None)
+            assert first["n"] == 1  # a fresh stream on the node that runs the session now
+            await again.close()
+    finally:
+        for node in nodes:
+            node.kill()

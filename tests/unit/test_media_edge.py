@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from switchboard import Agent, RunContext, SpeechInterrupted, function_tool
-from switchboard.runtime.media import EdgePlayout, MediaEdge
+from switchboard.runtime.media import REPLAY_FRAMES, EdgeConnection, EdgePlayout, MediaEdge
 from switchboard.runtime.media_frames import FrameRefused, _Frame, parse_edge_frame
 from switchboard.runtime.playout import SimulatedPlayout
-from tests.waiting import WAIT_S
+from tests.waiting import WAIT_S, until
 
 from .harness import WPS, Harness
 
@@ -334,3 +334,108 @@ def test_every_frame_model_names_its_type() -> None:
     types = [model.model_fields["type"].default for model in (*SERVER_FRAMES, *EDGE_FRAMES)]
     assert len(set(types)) == len(types)
     assert all(issubclass(model, _Frame) for model in (*SERVER_FRAMES, *EDGE_FRAMES))
+
+
+async def test_played_ms_alone_is_heard_text_at_a_speaking_rate_back_to_a_whole_word() -> None:
+    h, playout = harness(Waiter(), [{"text": WORDS}])
+    async with h:
+        s = Setup(h, playout)
+        speech_id = (await h.session.input("hi")).speech_id or ""
+        await s.until_sent("speech.end")
+        # 1 s at 15 characters a second is "one two three f": the word cut in its middle is not heard
+        await s.frame(type="playback.progress", speech_id=speech_id, played_ms=1000)
+        speech = h.session.speech(speech_id)
+        assert speech is not None and speech.heard_text == "one two three"
+        with pytest.raises(FrameRefused) as refused:
+            await s.frame(type="playback.progress", speech_id=speech_id, played_ms=900)
+        assert refused.value.code == "played_ms_backwards"
+        await s.frame(
+            type="playback.progress", speech_id=speech_id, played_ms=1300, played_chars=len("one two three four")
+        )
+        await h.session.interrupt()
+        await h.idle()
+        assert speech.played_text == "one two three four"  # the edge's own character position wins
+        assert speech.info().audio_played_ms == 1300
+        assert h.of_type("speech.interrupted")[-1].data["audio_played_ms"] == 1300
+        with pytest.raises(FrameRefused) as bad:
+            await s.frame(type="playback.progress", speech_id=speech_id)
+        assert bad.value.code == "bad_frame"
+
+
+def connect_numbered(s: Setup, number: int) -> MediaEdge:
+    edge = MediaEdge(s.h.session, lambda frame: s.sent.append(frame.model_dump()), replay_frames=REPLAY_FRAMES)
+    previous = s.playout.attach(edge, EdgeConnection("e1", number))
+    if previous is not None:
+        previous.close()
+    return edge
+
+
+async def test_a_held_edge_resumes_with_the_frames_it_missed_and_no_repeats() -> None:
+    h, playout = harness(Waiter(), [{"text": WORDS, "word_ms": 20}, {"text": "And more."}])
+    async with h:
+        s = Setup(h, playout)
+        s.edge = connect_numbered(s, 1)
+        speech_id = (await h.session.input("hi")).speech_id or ""
+        await s.frame(type="playback.started", speech_id=speech_id)
+        await s.until_sent("speech.text")
+        await s.frame(type="playback.progress", speech_id=speech_id, played_chars=len("one"))
+        consumed = s.sent[-1]["n"]
+        assert [f["n"] for f in s.sent] == list(range(1, consumed + 1))
+        before = s.text(speech_id)
+        assert playout.hold(s.edge, WAIT_S)
+        s.sent.clear()
+        await h.session.input("and?", interrupt=False)  # queued behind the speech the held edge plays
+        speech = h.session.speech(speech_id)
+        assert speech is not None
+        await until(lambda: speech.text == WORDS)  # the model has produced the whole text, kept for the edge
+        assert s.sent == []  # held: nothing goes out
+        resumed = playout.resume(EdgeConnection("e1", 2), consumed, lambda f: s.sent.append(f.model_dump()))
+        assert resumed is s.edge
+        assert s.sent[0] == {"type": "resumed", "after": consumed}
+        assert before + s.text(speech_id) == WORDS  # the rest, nothing twice
+        assert s.types()[-1] == "speech.end"
+        await s.frame(type="playback.finished", speech_id=speech_id)
+        await speech.wait_for_playout()
+        assert not speech.interrupted and speech.played_text == WORDS
+
+
+async def test_a_resume_from_frames_no_longer_kept_is_refused_and_a_held_edge_not_resumed_leaves() -> None:
+    h, playout = harness(Waiter(), [{"text": WORDS}])
+    async with h:
+        s = Setup(h, playout)
+        s.edge = connect_numbered(s, 1)
+        speech_id = (await h.session.input("hi")).speech_id or ""
+        await s.until_sent("speech.end")
+        await s.frame(type="playback.progress", speech_id=speech_id, played_chars=len("one two"))
+        last = s.sent[-1]["n"]
+        assert playout.hold(s.edge, 0.5)  # bound: a hold that runs out while the test looks
+        assert playout.resume(EdgeConnection("e2", 1), last, s.sent.append) is None  # not this edge's stream
+        assert playout.resume(EdgeConnection("e1", 2), last + 5, s.sent.append) is None  # never sent
+        speech = h.session.speech(speech_id)
+        assert speech is not None and not speech.done and playout.edge is s.edge
+        await until(lambda: speech.done)  # the hold ran out: an edge that left
+        assert speech.interrupted and speech.played_text == "one two"
+        assert playout.edge is None
+
+
+async def test_a_resume_gets_the_stop_of_an_interruption_while_away_and_not_a_speech_it_never_saw() -> None:
+    h, playout = harness(Waiter(), [{"text": WORDS}, {"text": "Never heard."}])
+    async with h:
+        s = Setup(h, playout)
+        s.edge = connect_numbered(s, 1)
+        first = (await h.session.input("hi")).speech_id or ""
+        await s.until_sent("speech.end")
+        await s.frame(type="playback.progress", speech_id=first, played_chars=len("one"))
+        consumed = s.sent[-1]["n"]
+        assert playout.hold(s.edge, WAIT_S)
+        await h.session.interrupt()  # released at once, with nobody connected (I3)
+        second = (await h.session.input("again", interrupt=False)).speech_id or ""
+        await until(lambda: (sp := h.session.speech(second)) is not None and sp.text == "Never heard.")  # sent
+        await h.session.interrupt()
+        await h.idle()
+        s.sent.clear()
+        assert playout.resume(EdgeConnection("e1", 2), consumed, lambda f: s.sent.append(f.model_dump())) is s.edge
+        # the stop of the speech it was playing; nothing of the one that began and was stopped while it was away
+        assert [(f["type"], f.get("speech_id")) for f in s.sent] == [("resumed", None), ("speech.stop", first)]
+        speech = h.session.speech(first)
+        assert speech is not None and speech.played_text == "one"

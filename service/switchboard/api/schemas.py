@@ -243,6 +243,11 @@ class SpeechRead(BaseModel):
         description="What has been heard so far, the step playing now included: it grows as the speech plays "
         "(read it while `state` is `playing`); the same as `played_text` once the speech is done.",
     )
+    audio_played_ms: int | None = Field(
+        default=None,
+        description="The audio played so far, in milliseconds, all steps, as the media edge reported its player's "
+        "position (`playback.progress` `played_ms`); null when it reported none. Kept while the session runs here.",
+    )
     created_at: datetime
     usage: UsageRead = Field(default_factory=UsageRead)
 

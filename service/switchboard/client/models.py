@@ -192,6 +192,7 @@ class Speech(_Model):
     created_at: datetime
     usage: Usage = Field(default_factory=Usage)
     heard_text: str = ""  # what has been heard so far, while it plays too (``played_text`` grows at step ends)
+    audio_played_ms: int | None = None  # as a media edge reported its player's position
 
 
 class ToolProgress(_Model):

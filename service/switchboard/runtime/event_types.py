@@ -153,11 +153,13 @@ class SpeechStarted(EventPayload):
 
 
 class SpeechInterrupted(EventPayload):
-    """A speech was interrupted; ``played_text`` is what was heard (and committed)."""
+    """A speech was interrupted; ``played_text`` is what was heard (and committed); ``audio_played_ms``, when a media
+    edge reported its player's position (``played_ms``), how much of its audio was played, all segments together."""
 
     type: ClassVar[Literal["speech.interrupted"]] = "speech.interrupted"
     speech_id: str
     played_text: str
+    audio_played_ms: int | None = None
 
 
 class SpeechDone(EventPayload):

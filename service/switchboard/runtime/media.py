@@ -7,12 +7,18 @@ sends go to ``send`` (which must not block), the frames it receives are handed t
 
 The session never waits on the edge (I3): an interruption sends ``speech.stop`` and freezes the heard text at the
 last ``playback.progress`` received before it; whatever the edge reports about that speech later changes nothing.
+
+An edge that connects with ``resume`` is held for a while when its connection drops (``EdgePlayout.hold``): its
+speeches play on, what is sent meanwhile is kept (each frame numbered ``n``), and its next connection (``resume``
+with the last ``n`` it consumed) is sent what it missed and goes on where it was.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections import OrderedDict
+import re
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -25,6 +31,7 @@ from .media_frames import (
     PlaybackProgressFrame,
     PlaybackStartedFrame,
     PongFrame,
+    ResumedFrame,
     SpeechEndFrame,
     SpeechStartFrame,
     SpeechStopFrame,
@@ -32,6 +39,7 @@ from .media_frames import (
     UserSpeechStartedFrame,
     UserTranscriptFrame,
     _Frame,
+    _ServerFrame,
 )
 from .playout import Playout, PlayoutStream, ReportedStream
 from .receipt import Receipt
@@ -42,6 +50,24 @@ logger = logging.getLogger("switchboard.runtime.media")
 
 # the speeches an edge was sent that it may still report on (late reports of older ones are "unknown")
 REMEMBERED_STREAMS = 64
+# the frames kept for an edge that may resume (about a dozen replies' worth of text deltas): a resume from further
+# back is refused, and the edge starts fresh
+REPLAY_FRAMES = 1024
+# `played_ms` without `played_chars`: a typical speaking rate (150 words a minute of ~6 characters with their space).
+# Voices run from ~12 to ~20 characters a second and pause at punctuation: after a few seconds the estimate may be off
+# by a word or two either way, so an edge that has word timings sends `played_chars`.
+ESTIMATED_CHARS_PER_S = 15.0
+_WORD_END = re.compile(r"\S(?=\s|$)")
+
+
+def chars_at_ms(text: str, played_ms: int) -> int:
+    """How many characters of ``text`` a voice has said after ``played_ms`` at ``ESTIMATED_CHARS_PER_S``, back to the
+    end of the last whole word (a word cut in its middle is not heard)."""
+    estimate = min(len(text), int(played_ms * ESTIMATED_CHARS_PER_S / 1000))
+    if estimate == len(text):
+        return estimate
+    ends = [m.end() for m in _WORD_END.finditer(text, 0, estimate + 1) if m.end() <= estimate]
+    return ends[-1] if ends else 0
 
 
 class EdgeSession(Protocol):
@@ -67,21 +93,26 @@ class EdgeSession(Protocol):
 
 class EdgeStream(ReportedStream):
     """One speech (segment) played by an edge: what is pushed goes out as ``speech.text``, the end of input as
-    ``speech.end``, a stop as ``speech.stop``; the edge's ``playback.*`` frames report on it."""
+    ``speech.end``, a stop as ``speech.stop``; the edge's ``playback.*`` frames report on it. ``send`` is told which
+    stream each frame is about."""
 
-    def __init__(self, speech_id: str, send: Callable[[_Frame], None], *, reports_positions: bool = False) -> None:
+    def __init__(
+        self, speech_id: str, send: Callable[[_Frame, EdgeStream], None], *, reports_positions: bool = False
+    ) -> None:
         self.speech_id = speech_id
         self._send = send
+        self.audio_played_ms: int | None = None  # as the edge reported it (`played_ms`)
+        self.audio_before_ms = 0  # the audio of the speech's segments before this one
         super().__init__(
-            on_text=lambda delta: send(SpeechTextFrame(speech_id=speech_id, delta=delta)),
-            on_stop=lambda: send(SpeechStopFrame(speech_id=speech_id)),
+            on_text=lambda delta: send(SpeechTextFrame(speech_id=speech_id, delta=delta), self),
+            on_stop=lambda: send(SpeechStopFrame(speech_id=speech_id), self),
             reports_positions=reports_positions,
         )
 
     def end_input(self) -> None:
         if not self.input_ended:
             super().end_input()
-            self._send(SpeechEndFrame(speech_id=self.speech_id))
+            self._send(SpeechEndFrame(speech_id=self.speech_id), self)
 
     def mute(self) -> None:
         """Send no ``speech.stop`` when stopped (the edge is gone, or it cut the audio itself)."""
@@ -89,7 +120,7 @@ class EdgeStream(ReportedStream):
 
 
 class MediaEdge:
-    """One edge connection's side of the protocol for one session."""
+    """One edge's side of the protocol for one session: one connection's, or several that resume each other."""
 
     def __init__(
         self,
@@ -98,10 +129,15 @@ class MediaEdge:
         *,
         max_text_chars: int = 8000,
         on_close: Callable[[], None] | None = None,
+        replay_frames: int = 0,
     ) -> None:
         self.session = session
-        self._send = send
+        self._send: Callable[[_Frame], None] | None = send  # None while held (no connection)
         self._on_close = on_close
+        self._n = 0  # the last frame's position
+        # what was sent, for a resume (the last ``replay_frames``; none for an edge that does not resume): each frame
+        # with the stream it is about (a speech segment), if any
+        self._sent: deque[tuple[_ServerFrame, EdgeStream | None]] = deque(maxlen=replay_frames)
         self._max_text_chars = max_text_chars
         self._streams: OrderedDict[str, EdgeStream] = OrderedDict()
         # it has sent a `playback.progress`: it reports what was heard, so a speech cut before its first position of
@@ -109,9 +145,49 @@ class MediaEdge:
         self._reports_positions = False
         self.gone = False
 
-    def send(self, frame: _Frame) -> None:
-        if not self.gone:
+    @property
+    def held(self) -> bool:
+        """Its connection dropped and it waits for the next one (``EdgePlayout.hold``)."""
+        return self._send is None and not self.gone
+
+    def send(self, frame: _Frame, about: EdgeStream | None = None) -> None:
+        """Send ``frame`` (numbered and kept for a resume; ``about``: the stream it is about)."""
+        if self.gone:
+            return
+        if isinstance(frame, _ServerFrame):  # not a pong: the answer to a ping is for the connection that sent it
+            self._n += 1
+            frame = frame.model_copy(update={"n": self._n})
+            if self._sent.maxlen:
+                self._sent.append((frame, about))
+        if self._send is not None:
             self._send(frame)
+
+    def sends_to(self, send: Callable[[_Frame], None]) -> bool:
+        """Whether its frames go to ``send`` (the connection it was resumed on last)."""
+        return self._send == send
+
+    def suspend(self) -> None:
+        """Its connection dropped: what is sent from now on is only kept, for the next connection to resume."""
+        self._send = None
+
+    def resume(self, after: int, send: Callable[[_Frame], None], on_close: Callable[[], None] | None) -> bool:
+        """Go on over another connection (``send``) from the frame after ``after``: it is sent ``resumed`` and the
+        frames it missed that still matter (not the segments that both began and were stopped since). False when the
+        frames after ``after`` are no longer all kept (or ``after`` was never sent): nothing is sent then."""
+        first = self._sent[0][0].n if self._sent else self._n + 1
+        assert first is not None
+        if not self._sent.maxlen or not first - 1 <= after <= self._n:
+            return False
+        missed = [(frame, stream) for frame, stream in self._sent if frame.n is not None and frame.n > after]
+        unseen = {id(s) for f, s in missed if isinstance(f, SpeechStartFrame) and s is not None and s.ended}
+        replaced, self._send, self._on_close = self._on_close, send, on_close
+        if replaced is not None:
+            replaced()  # an earlier connection not yet seen to be gone: it sees that it was replaced
+        send(ResumedFrame(after=after))
+        for frame, stream in missed:
+            if stream is None or id(stream) not in unseen:
+                send(frame)
+        return True
 
     # -- server -> edge ---------------------------------------------------------------------------------------
 
@@ -119,11 +195,13 @@ class MediaEdge:
         speech = self.session.speech(speech_id)
         allow = speech.allow_interruptions if speech is not None else True
         stream = EdgeStream(speech_id, self.send, reports_positions=self._reports_positions)
+        if speech is not None:
+            stream.audio_before_ms = speech.audio_played_ms or 0
         self._streams.pop(speech_id, None)  # a further segment of the same speech replaces the one before
         self._streams[speech_id] = stream
         while len(self._streams) > REMEMBERED_STREAMS:
             self._streams.popitem(last=False)
-        self.send(SpeechStartFrame(speech_id=speech_id, allow_interruptions=allow))
+        self.send(SpeechStartFrame(speech_id=speech_id, allow_interruptions=allow), stream)
         if speech is not None:
             # stopped at the moment of the interruption: progress that arrives after it is not heard text
             speech.on_interrupted(stream.stop)
@@ -158,21 +236,36 @@ class MediaEdge:
         self._reports_positions = True
         if stream.ended:
             return  # stopped or finished: what was heard is settled
-        if frame.played_chars > len(stream.text):
+        last_ms = stream.audio_played_ms
+        if frame.played_ms is not None and last_ms is not None and frame.played_ms < last_ms:
+            raise FrameRefused(
+                "played_ms_backwards",
+                f"played_ms {frame.played_ms} is before {last_ms}, already reported",
+                frame.type,
+            )
+        played_chars = frame.played_chars
+        if played_chars is None:  # a player's position only: estimated, never backwards
+            played_chars = max(stream.played_chars, chars_at_ms(stream.text, frame.played_ms or 0))
+        if played_chars > len(stream.text):
             raise FrameRefused(
                 "played_chars_beyond_text",
-                f"played_chars {frame.played_chars} is beyond the {len(stream.text)} characters sent",
+                f"played_chars {played_chars} is beyond the {len(stream.text)} characters sent",
                 frame.type,
             )
-        if frame.played_chars < stream.played_chars:
+        if played_chars < stream.played_chars:
             raise FrameRefused(
                 "played_chars_backwards",
-                f"played_chars {frame.played_chars} is before {stream.played_chars}, already reported",
+                f"played_chars {played_chars} is before {stream.played_chars}, already reported",
                 frame.type,
             )
-        if frame.played_chars > 0:
-            stream.playback_started()  # heard text means audio: an edge that skipped playback.started is speaking
-        stream.playback_progress(frame.played_chars)
+        if frame.played_ms is not None:
+            stream.audio_played_ms = frame.played_ms
+            speech = self.session.speech(stream.speech_id)
+            if speech is not None:
+                speech.audio_played_ms = stream.audio_before_ms + frame.played_ms
+        if played_chars > 0 or (frame.played_ms or 0) > 0:
+            stream.playback_started()  # heard audio: an edge that skipped playback.started is speaking
+        stream.playback_progress(played_chars)
 
     def _finished(self, frame: PlaybackFinishedFrame) -> None:
         stream = self._stream(frame.speech_id, frame.type)
@@ -275,23 +368,73 @@ class EdgePlayout:
         self.fallback = fallback
         self.edge: MediaEdge | None = None
         self.latest: EdgeConnection | None = None  # the last numbered connection taken
+        self._edge_id: str | None = None  # the connected edge's, when it numbers its connections
+        self._hold: asyncio.TimerHandle | None = None  # when the held edge is let go
 
     def start(self, speech_id: str) -> PlayoutStream:
         if self.edge is not None:
             return self.edge.open_stream(speech_id)
         return self.fallback.start(speech_id)
 
+    def _check(self, connection: EdgeConnection | None) -> None:
+        latest = self.latest
+        if connection is None or latest is None:
+            return
+        if latest.edge_id == connection.edge_id and connection.number <= latest.number:
+            raise StaleConnection
+
     def attach(self, edge: MediaEdge, connection: EdgeConnection | None = None) -> MediaEdge | None:
         """Play through ``edge`` from now on; returns the edge it replaces (the caller closes it). Another edge, or
         one that does not number its connections, replaces the edge connected; a connection of the same edge is taken
         only if newer than the last one taken (else ``StaleConnection``), whether that one is still connected or not."""
-        latest = self.latest
+        self._check(connection)
         if connection is not None:
-            if latest is not None and latest.edge_id == connection.edge_id and connection.number <= latest.number:
-                raise StaleConnection
             self.latest = connection
+        self._let_go()
+        self._edge_id = connection.edge_id if connection is not None else None
         previous, self.edge = self.edge, edge
         return previous
+
+    def resume(
+        self,
+        connection: EdgeConnection,
+        after: int,
+        send: Callable[[_Frame], None],
+        on_close: Callable[[], None] | None = None,
+    ) -> MediaEdge | None:
+        """The edge ``connection`` comes from goes on over it from the frame after ``after`` (``MediaEdge.resume``),
+        held or still connected (its earlier connection, not yet seen to be gone, is dropped); None when it cannot (not
+        this session's edge here, or ``after`` too old): the caller attaches a new one. ``StaleConnection`` as
+        ``attach``."""
+        self._check(connection)
+        edge = self.edge
+        if edge is None or edge.gone or self._edge_id != connection.edge_id or not edge.resume(after, send, on_close):
+            return None
+        self.latest = connection
+        self._let_go()
+        return edge
+
+    def hold(self, edge: MediaEdge, hold_s: float) -> bool:
+        """``edge``'s connection dropped: keep playing through it for ``hold_s`` (its speeches stay under way, what is
+        sent is kept) for a connection that resumes it; then it is closed, as an edge that left. False when ``edge``
+        is not this session's numbered edge any more (the caller closes it)."""
+        if self.edge is not edge or self._edge_id is None or edge.gone:
+            return False
+        edge.suspend()
+        self._let_go()
+        self._hold = asyncio.get_running_loop().call_later(hold_s, self._expire, edge)
+        return True
+
+    def _expire(self, edge: MediaEdge) -> None:
+        self._hold = None
+        if self.edge is edge and edge.held:
+            self.edge = None
+            edge.close()
+
+    def _let_go(self) -> None:
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
 
     def detach(self, edge: MediaEdge) -> None:
         """``edge`` left: back to the fallback, unless another edge already replaced it."""

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 TRANSCRIPT_ID_MAX_CHARS = 200  # as an Idempotency-Key
 
@@ -26,7 +36,16 @@ class _Frame(BaseModel):
 # -- server -> edge ------------------------------------------------------------------------------------------------
 
 
-class SpeechStartFrame(_Frame):
+class _ServerFrame(_Frame):
+    n: int | None = Field(
+        default=None,
+        description="This frame's position in the edge's stream, counting up from 1 across the connections of one "
+        "`edge_id` that resume each other: the `resume` to connect again with (docs/media-edge.md, Resuming). "
+        "Not on `pong`, `resumed` and `resume.refused`, which are the connection's own.",
+    )
+
+
+class SpeechStartFrame(_ServerFrame):
     """A speech begins: text to synthesise follows in `speech.text` frames, then `speech.end`.
 
     A speech with tool steps is played as several segments, each opened by its own `speech.start` with the same
@@ -38,7 +57,7 @@ class SpeechStartFrame(_Frame):
     allow_interruptions: bool = Field(description="Whether `user.speech_started` interrupts this speech.")
 
 
-class SpeechTextFrame(_Frame):
+class SpeechTextFrame(_ServerFrame):
     """More text of the speech, streamed as the model produces it (append `delta` to what was sent before)."""
 
     direction = "server"
@@ -47,7 +66,7 @@ class SpeechTextFrame(_Frame):
     delta: str
 
 
-class SpeechEndFrame(_Frame):
+class SpeechEndFrame(_ServerFrame):
     """No more text for this speech (segment): play the rest, then send `playback.finished`."""
 
     direction = "server"
@@ -55,7 +74,7 @@ class SpeechEndFrame(_Frame):
     speech_id: str
 
 
-class SpeechStopFrame(_Frame):
+class SpeechStopFrame(_ServerFrame):
     """The speech was interrupted: stop its audio now. The server does not wait for an answer: what was heard is the
     last `playback.progress` it received before the interruption."""
 
@@ -64,17 +83,17 @@ class SpeechStopFrame(_Frame):
     speech_id: str
 
 
-class ErrorFrame(_Frame):
+class ErrorFrame(_ServerFrame):
     """A frame from the edge was refused (the connection stays open and the session goes on). `code` is stable."""
 
     direction = "server"
     type: Literal["error"] = "error"
     code: str = Field(
         description="`bad_json`, `bad_frame`, `unknown_type`, `unknown_speech`, `played_chars_beyond_text`, "
-        "`played_chars_backwards`, `speech_not_ended`, `text_too_long`, `session_not_active`, `command_failed` (the "
-        "server could not apply it: a transcript is sent again), `transcript_id_reused` (an `id` sent before with "
-        "another text), `rate_limited` (a final transcript over its credential's budget: sent again after "
-        "`retry_after_s`)."
+        "`played_chars_backwards`, `played_ms_backwards`, `speech_not_ended`, `text_too_long`, `session_not_active`, "
+        "`command_failed` (the server could not apply it: a transcript is sent again), `transcript_id_reused` (an "
+        "`id` sent before with another text), `rate_limited` (a final transcript over its credential's budget: sent "
+        "again after `retry_after_s`)."
     )
     detail: str
     frame_type: str | None = Field(default=None, description="The `type` of the refused frame, when it had one.")
@@ -87,7 +106,7 @@ class ErrorFrame(_Frame):
     )
 
 
-class TranscriptTakenFrame(_Frame):
+class TranscriptTakenFrame(_ServerFrame):
     """The final `user.transcript` with this `id` is taken: durable as the user's input (`item_id`).
 
     Sent once the transcript is committed (its reply queued), and again, without applying it twice, each time it is
@@ -106,6 +125,26 @@ class PongFrame(_Frame):
     type: Literal["pong"] = "pong"
 
 
+class ResumedFrame(_Frame):
+    """The answer to a connection with `resume`: the edge's stream goes on. The frames after `after` that it missed
+    follow (the speech under way from where it was, then queued speeches), with their own `n`, then new ones."""
+
+    direction = "server"
+    type: Literal["resumed"] = "resumed"
+    after: int
+
+
+class ResumeRefusedFrame(_Frame):
+    """The answer to a connection with `resume` that cannot go on from `after` (another node, too old, held too long):
+    the edge starts fresh. The speeches it was playing ended interrupted at their last reported position; drop their
+    audio and play what comes next."""
+
+    direction = "server"
+    type: Literal["resume.refused"] = "resume.refused"
+    after: int
+    detail: str
+
+
 # -- edge -> server ------------------------------------------------------------------------------------------------
 
 
@@ -118,13 +157,23 @@ class PlaybackStartedFrame(_Frame):
 
 
 class PlaybackProgressFrame(_Frame):
-    """How much of the speech's text has been heard: the first `played_chars` characters of what was sent (from the
-    synthesiser's word timings). Never more than was sent, never backwards."""
+    """How much of the speech (segment) has been heard: the first `played_chars` characters of what was sent (from the
+    synthesiser's word timings), and/or `played_ms` of its audio. At least one of the two; never more than was sent,
+    never backwards. With `played_ms` alone the server estimates the characters from a typical speaking rate."""
 
     direction = "edge"
     type: Literal["playback.progress"] = "playback.progress"
     speech_id: StrictStr
-    played_chars: Annotated[StrictInt, Field(ge=0)]
+    played_chars: Annotated[StrictInt, Field(ge=0)] | None = None
+    played_ms: Annotated[StrictInt, Field(ge=0)] | None = Field(
+        default=None, description="Milliseconds of the segment's audio played so far."
+    )
+
+    @model_validator(mode="after")
+    def _a_position(self) -> PlaybackProgressFrame:
+        if self.played_chars is None and self.played_ms is None:
+            raise ValueError("played_chars or played_ms is required")
+        return self
 
 
 class PlaybackFinishedFrame(_Frame):
@@ -177,6 +226,8 @@ SERVER_FRAMES: tuple[type[_Frame], ...] = (
     ErrorFrame,
     PongFrame,
     TranscriptTakenFrame,
+    ResumedFrame,
+    ResumeRefusedFrame,
 )
 EDGE_FRAMES: tuple[type[_Frame], ...] = (
     PlaybackStartedFrame,
@@ -257,6 +308,8 @@ __all__ = [
     "PlaybackProgressFrame",
     "PlaybackStartedFrame",
     "PongFrame",
+    "ResumeRefusedFrame",
+    "ResumedFrame",
     "SpeechEndFrame",
     "SpeechStartFrame",
     "SpeechStopFrame",

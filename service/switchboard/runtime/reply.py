@@ -206,7 +206,7 @@ async def _on_interrupted(session: ReplySession, speech: SpeechHandle, step: _St
         await _on_moved(session, speech, step, played)
         return
     # the event reports the interruption only once it is durable (I6)
-    report = ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text)
+    report = _interrupted_report(speech)
     receipts = _interrupt_receipts(speech)
     if step is None:
         commit = Commit(speeches=[speech.info()], receipts=receipts)
@@ -222,6 +222,14 @@ async def _on_moved(session: ReplySession, speech: SpeechHandle, step: _Step | N
     a say is said again whole and committed once, then."""
     if step is not None and played.strip() and speech.source != "say":
         await _commit_message(session, speech, step, played, interrupted=True)
+
+
+def _interrupted_report(speech: SpeechHandle) -> ev.SpeechInterrupted:
+    if speech.audio_played_ms is None:  # no edge reported its audio position
+        return ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text)
+    return ev.SpeechInterrupted(
+        speech_id=speech.id, played_text=speech.played_text, audio_played_ms=speech.audio_played_ms
+    )
 
 
 def _emit(session: ReplySession, payload: ev.EventPayload) -> None:
@@ -259,7 +267,7 @@ async def _say(session: ReplySession, job: ReplyJob) -> None:
         elif not speech.moved:  # a moved say is played again by the next owner: nothing to write here
             speech.played_text = step.stream.played_text
             step.stream.stop()
-            report = ev.SpeechInterrupted(speech_id=speech.id, played_text=speech.played_text)
+            report = _interrupted_report(speech)
             commit = Commit(speeches=[speech.info()], receipts=_interrupt_receipts(speech))
             await session.commit(commit, then=lambda: _emit(session, report))
         return

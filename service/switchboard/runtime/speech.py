@@ -101,6 +101,9 @@ class SpeechInfo(BaseModel):
     usage: SpeechUsage = Field(default_factory=SpeechUsage)
     #: What has been heard so far, the step playing now included: only in a live read (``SessionView.speech``)
     heard_text: str | None = None
+    #: The audio played, all segments, as a media edge reported it (``played_ms``): kept while the session runs, not
+    #: stored
+    audio_played_ms: int | None = None
 
 
 class SpeechHandle:
@@ -126,6 +129,7 @@ class SpeechHandle:
         self.state = SpeechState.SCHEDULED
         self.text = ""  # generated text, all steps
         self.played_text = ""  # heard text, all steps
+        self.audio_played_ms: int | None = None  # all steps, when the sink reports its audio position
         # the step playing now: what was heard before it, and how to read what it has played so far
         self._hearing: tuple[str, Callable[[], str]] | None = None
         self.usage = SpeechUsage()  # model tokens, all steps
@@ -185,6 +189,7 @@ class SpeechHandle:
             played_text=self.played_text,
             created_at=self.created_at,
             usage=self.usage,
+            audio_played_ms=self.audio_played_ms,
         )
 
     def add_usage(self, prompt_tokens: int, completion_tokens: int) -> None:

@@ -7,6 +7,9 @@ from ..problems import UNAVAILABLE_CLOSE
 
 OUTBOX_FRAMES = 4096  # frames queued for a slow edge before it is closed (4008)
 SEND_TIMEOUT_S = 10.0
+# an edge that connected with `resume` and dropped: its speeches play on and what is sent is kept this long for its
+# next connection (a network drop, a reconnect after 4008 or 1011), then it is an edge that left
+RESUME_HOLD_S = 10.0
 
 CLOSE_NORMAL = 1000
 CLOSE_UNSUPPORTED_DATA = 1003

@@ -21,10 +21,12 @@ from starlette.websockets import WebSocketDisconnect
 
 from ...control.cluster.routing import Elsewhere, Unavailable, locate
 from ...runtime.aio import cancel_and_wait
-from ...runtime.media import EdgeConnection, EdgePlayout, MediaEdge, StaleConnection
+from ...runtime.media import REPLAY_FRAMES, EdgeConnection, EdgePlayout, MediaEdge, StaleConnection
 from ...runtime.media_frames import (
     ErrorFrame,
     FrameRefused,
+    ResumedFrame,
+    ResumeRefusedFrame,
     SpeechStopFrame,
     TranscriptTakenFrame,
     UserSpeechStartedFrame,
@@ -57,6 +59,7 @@ from .codes import (
     CLOSE_UNSUPPORTED_DATA,
     MOVING,
     OUTBOX_FRAMES,
+    RESUME_HOLD_S,
     SEND_TIMEOUT_S,
     TRANSCRIPT_NOT_TAKEN,
 )
@@ -70,6 +73,7 @@ FRAME_OVERHEAD_CHARS = 1024  # a transcript frame's JSON around its text
 ESCAPED_CHARS = 6  # a character JSON-escaped as \uXXXX (what most encoders do with non-ASCII text by default)
 EDGE_ID = re.compile(r"[A-Za-z0-9._~-]{1,64}")
 CONNECTION_NUMBER = re.compile(r"[1-9][0-9]{0,15}")  # from 1, below 10**16
+FRAME_NUMBER = re.compile(r"0|[1-9][0-9]{0,15}")
 
 
 def max_frame_chars(max_text_chars: int) -> int:
@@ -145,6 +149,19 @@ def _connection(ws: WebSocket) -> EdgeConnection | None:
     return EdgeConnection(edge_id[0], int(number[0]))
 
 
+def _resume(ws: WebSocket, connection: EdgeConnection | None) -> int | None:
+    """The last frame (``n``) the edge consumed on its earlier connections (``resume``; 0: none yet), given by an edge
+    that numbers its connections: it is sent what it missed, and held for its next connection if this one drops."""
+    values = ws.query_params.getlist("resume")
+    if not values:
+        return None
+    if connection is None:
+        raise _Closed(CLOSE_BAD_REQUEST, "resume: only with edge_id and connection")
+    if len(values) != 1 or not FRAME_NUMBER.fullmatch(values[0]):
+        raise _Closed(CLOSE_BAD_REQUEST, "resume: one whole number from 0")
+    return int(values[0])
+
+
 async def _live_session(ws: WebSocket, sid: str) -> AgentSession:
     """The session, live here and active; else why not, as a close. In cluster mode an edge for a session another node
     runs was relayed there by the routing seam before this route ran (``cluster.routing.OwnerRouting``): one that
@@ -180,6 +197,7 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
     try:
         principal = _authorize(ws, sid)
         connection = _connection(ws)
+        resume = _resume(ws, connection)
         session = await _live_session(ws, sid)
     except _Closed as closed:
         await _close(ws, closed.code, closed.reason)
@@ -188,12 +206,18 @@ async def media_edge(ws: WebSocket, sid: str) -> None:
     if not isinstance(playout, EdgePlayout):  # pragma: no cover - every hosted session plays through one
         await _close(ws, CLOSE_INTERNAL_ERROR, "this session cannot take a media edge")
         return
-    await _EdgeConnection(ws, session, playout, services, principal).run(connection)
+    await _EdgeConnection(ws, session, playout, services, principal, resume).run(connection)
 
 
 class _EdgeConnection:
     def __init__(
-        self, ws: WebSocket, session: AgentSession, playout: EdgePlayout, services: deps.Services, principal: Principal
+        self,
+        ws: WebSocket,
+        session: AgentSession,
+        playout: EdgePlayout,
+        services: deps.Services,
+        principal: Principal,
+        resume: int | None,
     ) -> None:
         settings = services.settings
         self.ws = ws
@@ -207,7 +231,14 @@ class _EdgeConnection:
         self.max_frame_chars = max_frame_chars(settings.max_text_chars)
         self.bucket = _Bucket(settings.media_max_frames_per_s, 2 * settings.media_max_frames_per_s)
         self.wake_ev = asyncio.Event()  # the watch looks at once: overflow, or this edge was replaced
-        self.edge = MediaEdge(session, self._enqueue, max_text_chars=settings.max_text_chars, on_close=self.wake_ev.set)
+        self.resume = resume  # the last frame the edge consumed, when it resumes
+        self.edge = MediaEdge(
+            session,
+            self._enqueue,
+            max_text_chars=settings.max_text_chars,
+            on_close=self.wake_ev.set,
+            replay_frames=REPLAY_FRAMES if resume is not None else 0,
+        )
         self.sending_since: float | None = None
         self.overflowed = False
         self.barge_in_at: float | None = None
@@ -223,7 +254,7 @@ class _EdgeConnection:
     async def run(self, connection: EdgeConnection | None) -> None:
         log = {"session_id": self.session.id}
         try:
-            previous = self.playout.attach(self.edge, connection)
+            previous = self._connect(connection, self.resume)
         except StaleConnection:
             assert connection is not None
             logger.info(
@@ -251,11 +282,34 @@ class _EdgeConnection:
                 if task.done() and not task.cancelled():
                     task.exception()
             await cancel_and_wait(*tasks)
-            self.playout.detach(self.edge)
-            self.edge.close()  # a speech it was playing ends interrupted where it was last reported
+            if self.edge.sends_to(self._enqueue):  # not resumed on a newer connection
+                held = self.resume is not None and self._runs_here() and self.playout.hold(self.edge, RESUME_HOLD_S)
+                if not held:
+                    self.playout.detach(self.edge)
+                    self.edge.close()  # a speech it was playing ends interrupted where it was last reported
             self.metrics.media_edges.dec()
         logger.info("session %s: the media edge left", self.session.id, extra=log)
         await self._close(done)
+
+    def _connect(self, connection: EdgeConnection | None, resume: int | None) -> MediaEdge | None:
+        """Resume the edge's stream when it asks to and can (``resumed``, then what it missed), else play through a new
+        one (``resume.refused`` first when it asked): returns the edge replaced, to be closed."""
+        if connection is None or resume is None:
+            return self.playout.attach(self.edge, connection)
+        resumed = self.playout.resume(connection, resume, self._enqueue, self.wake_ev.set)
+        if resumed is not None:
+            self.edge = resumed
+            return None
+        if resume == 0:
+            self._enqueue(ResumedFrame(after=0))  # nothing consumed, nothing missed
+        else:
+            detail = "the frames after it are not kept here (another node, or too long ago): start fresh"
+            self._enqueue(ResumeRefusedFrame(after=resume, detail=detail))
+        return self.playout.attach(self.edge, connection)
+
+    def _runs_here(self) -> bool:
+        state = self.session.state
+        return state == SessionStatus.ACTIVE and deps.services(self.ws).host.live(self.session.id) is self.session
 
     async def _close(self, done: set[asyncio.Task[None]]) -> None:
         errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
@@ -297,7 +351,7 @@ class _EdgeConnection:
             else:
                 await self.edge.handle(frame)
         except FrameRefused as refused:
-            self._enqueue(refused.error_frame())
+            self.edge.send(refused.error_frame())
         except SessionSuspended:  # moving to another node: the edge connects again, to any node, and goes on there
             # a final transcript the session could no longer take (its hand-over is sealed): the edge sends it again
             # once connected again, where the session runs next (docs/media-edge.md, 4410)
@@ -308,7 +362,7 @@ class _EdgeConnection:
         except Exception:  # a store failure, say: the edge is told, the connection and the session go on
             logger.exception("session %s: a media frame failed", self.session.id, extra={"session_id": self.session.id})
             failed = frame if isinstance(frame, UserTranscriptFrame) else None
-            self._enqueue(
+            self.edge.send(
                 ErrorFrame(
                     code="command_failed",
                     detail="the server could not apply this frame",
@@ -376,7 +430,7 @@ class _EdgeConnection:
             raise FrameRefused(
                 "transcript_id_reused", problem.detail or problem.code, frame.type, transcript_id
             ) from None
-        self._enqueue(TranscriptTakenFrame(id=transcript_id, item_id=answer["item_id"]))
+        self.edge.send(TranscriptTakenFrame(id=transcript_id, item_id=answer["item_id"]))
 
     async def _send(self) -> None:
         while True:
@@ -394,6 +448,8 @@ class _EdgeConnection:
                 raise _Closed(CLOSE_SLOW_CONSUMER, "too slow: frames waited too long")
             if self.edge.gone:
                 raise _Closed(CLOSE_REPLACED, "replaced by another edge")
+            if not self.edge.sends_to(self._enqueue):
+                raise _Closed(CLOSE_REPLACED, "this edge resumed on a newer connection")
             state = self.session.state
             if state.ended or state == SessionStatus.CLOSING:
                 raise _Closed(CLOSE_NORMAL, f"session {state}")
