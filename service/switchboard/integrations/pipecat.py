@@ -103,7 +103,7 @@ class SwitchboardBrain(FrameProcessor):
         *,
         api_key: str | None = None,
         token: str | None = None,
-        retry_for_s: float = 30.0,
+        retry_for_s: float = 120.0,
     ) -> None:
         super().__init__()
         self.url = url
