@@ -216,7 +216,7 @@ async def test_an_edge_resuming_after_a_drain_on_another_node_starts_fresh_with_
     database_url: str,
     redis: RedisServer,
 ) -> None:
-    """A drain moves the session while an edge that resumes plays its speech: the edge is closed with 4410, and its
+    """A drain moves the session while an edge that resumes plays its speech: the edge is closed (4410 or 1012), and its
     resume where the session runs next is refused (positions are the node's own); it starts fresh there, its stream
     numbered from 1, and the speech under way is owed and played again there under its own id."""
     nodes = _nodes(tmp_path, database_url, redis)[:2]
@@ -236,7 +236,9 @@ async def test_an_edge_resuming_after_a_drain_on_another_node_starts_fresh_with_
 
             await asyncio.to_thread(drain_stop, a)  # SIGTERM: node-a hands the session over and exits
             code, _ = await edge.wait_closed(timeout=WAIT_S)
-            assert code == 4410
+            # the session's 4410, or uvicorn's 1012 when the stopping node closes its connections first: both say
+            # "connect again"
+            assert code in (4410, 1012), code
 
             numbers = itertools.count(2)
 
