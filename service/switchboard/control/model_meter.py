@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from ..runtime.llm import LLM, STAND_IN_PROVIDER, LLMRequest, Usage
-from ..runtime.llm.base import LLMChunk
+from ..runtime.llm.base import LLMChunk, WrappedLLM
 
 
 class ModelObserver(Protocol):
@@ -20,26 +20,14 @@ class ModelObserver(Protocol):
     def model_failed(self, model: str) -> None: ...
 
 
-class MeteredLLM:
+class MeteredLLM(WrappedLLM):
     """An ``LLM`` that reports each generation to an observer; everything else is the wrapped model's."""
 
     def __init__(self, llm: LLM, label: str, observer: ModelObserver) -> None:
-        self.llm = llm
+        super().__init__(llm)
         self.label = label
         self.observer = observer
         self.last_ttft_s: float | None = None  # the latest generation's time to its first chunk
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.llm, name)  # what tests and tools read of a provider (the script's requests...)
-
-    def save_state(self) -> dict[str, Any] | None:
-        return self.llm.save_state()
-
-    def load_state(self, state: dict[str, Any] | None) -> None:
-        self.llm.load_state(state)
-
-    async def aclose(self) -> None:
-        await self.llm.aclose()
 
     def stream(self, request: LLMRequest) -> AsyncIterator[LLMChunk]:
         return self._stream(self.llm.stream(request))

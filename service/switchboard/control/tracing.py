@@ -36,7 +36,7 @@ from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, Statu
 
 from ..runtime.events import Event, EventSink
 from ..runtime.llm import LLM, LLMRequest, ToolCallChunk, Usage
-from ..runtime.llm.base import LLMChunk
+from ..runtime.llm.base import LLMChunk, WrappedLLM
 
 logger = logging.getLogger("switchboard.tracing")
 
@@ -301,25 +301,13 @@ class TracingSink(EventSink):
         return self._inner.publish(event)
 
 
-class TracedLLM:
+class TracedLLM(WrappedLLM):
     """An ``LLM`` whose generations report their token usage and finish reasons on their ``generation`` spans."""
 
     def __init__(self, llm: LLM, tracing: Tracing, session_id: str) -> None:
-        self.llm = llm
+        super().__init__(llm)
         self._tracing = tracing
         self._session_id = session_id
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.llm, name)  # what tests and tools read of a provider (the script's requests...)
-
-    def save_state(self) -> dict[str, Any] | None:
-        return self.llm.save_state()
-
-    def load_state(self, state: dict[str, Any] | None) -> None:
-        self.llm.load_state(state)
-
-    async def aclose(self) -> None:
-        await self.llm.aclose()
 
     def stream(self, request: LLMRequest) -> AsyncIterator[LLMChunk]:
         return self._stream(request, self.llm.stream(request))

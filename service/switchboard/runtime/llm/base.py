@@ -92,3 +92,26 @@ class LLM(Protocol):
     async def aclose(self) -> None:
         """Release what the provider holds (an HTTP client); called when its session closes or is suspended."""
         ...
+
+
+class WrappedLLM:
+    """An ``LLM`` around another that observes its generations (``stream``, each subclass's own); its state, its
+    closing and what else tests and tools read of a provider (the script's requests...) are the wrapped model's."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.llm, name)
+
+    def stream(self, request: LLMRequest) -> AsyncIterator[LLMChunk]:
+        return self.llm.stream(request)
+
+    def save_state(self) -> dict[str, Any] | None:
+        return self.llm.save_state()
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        self.llm.load_state(state)
+
+    async def aclose(self) -> None:
+        await self.llm.aclose()
