@@ -35,6 +35,9 @@ DOCUMENTED = {  # the event types the design names, with the keys its consumers 
     "tool.cancelling": {"call_id", "reason"},
     "tool.ended": {"call_id", "name", "status", "output", "is_error"},
     "operator.action": {"action", "actor"},
+    "session.taken_over": {"operator", "since"},
+    "session.handed_back": {"operator", "since", "until"},
+    "operator.spoke": {"operator", "speech_id", "item_id", "text"},
 }
 
 

@@ -29,7 +29,7 @@ from .cluster.forward import FORWARDED_HEADER, SessionElsewhere
 from .media.budget import TranscriptBudget
 from .problems import ProblemError, not_found
 from .rate_limit import RateLimiter
-from .schemas import LatencyRead, SessionRead, ToolCallRead
+from .schemas import LatencyRead, SessionRead, TakeoverRead, ToolCallRead
 from .sessions.export_budget import ExportBudget
 from .streams.stream_slots import StreamSlots
 
@@ -179,6 +179,16 @@ def _latency(host: SessionHost, view: SessionView) -> LatencyRead:
     )
 
 
+def _takeover(view: SessionView) -> TakeoverRead | None:
+    """Who holds the session: as it runs here (with the holder's last sign), else as stored."""
+    live = view.live
+    hold = live.seat.hold if live is not None else view.record.takeover
+    if hold is None or (live is None and not SessionStatus(view.record.state).live):
+        return None
+    seen = live.seat.last_seen if live is not None else None
+    return TakeoverRead(operator=hold.operator, since=hold.since, displaced=hold.displaced, last_seen_at=seen)
+
+
 def session_read(view: SessionView, host: SessionHost) -> SessionRead:
     rec, live = view.record, view.live
     common = {
@@ -188,6 +198,7 @@ def session_read(view: SessionView, host: SessionHost) -> SessionRead:
         "attention": [r.model_dump() for r in host.attention_reasons(view)],
         "model": host.model_summary(rec),
         "latency": _latency(host, view),
+        "takeover": _takeover(view),
     }
     if live is not None:
         return SessionRead(

@@ -26,6 +26,7 @@ from ..runtime.agent import UnknownAgent
 from ..runtime.executor import AlreadyEnded, NotCancellable, ToolCallNotFound
 from ..runtime.speech import NotInterruptible
 from ..runtime.status import SessionClosed, SessionSuspended
+from ..runtime.takeover import HeldByOther, NotHeld
 from ..store import DATABASE_ERRORS, ReceiptRefused, SessionFenced, is_transient
 from .headers import problem_headers
 
@@ -182,6 +183,8 @@ DOMAIN_PROBLEMS: dict[type[Exception], DomainProblem[Any]] = {
     SessionSuspended: DomainProblem(503, "session_moving", headers={"Retry-After": "1"}),
     SessionClosed: DomainProblem(409, "session_not_active"),
     NotInterruptible: DomainProblem(409, "not_interruptible"),
+    HeldByOther: DomainProblem(409, "held_by_other"),
+    NotHeld: DomainProblem(409, "not_held"),
     NotCancellable: DomainProblem(409, "not_cancellable"),
     AlreadyEnded: DomainProblem(409, "already_ended", _already_ended),
     ToolCallNotFound: DomainProblem(404, "tool_call_not_found", _tool_call_not_found),

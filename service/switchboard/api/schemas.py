@@ -172,6 +172,9 @@ class SessionRead(BaseModel):
     )
     model: ModelSummary | None = Field(default=None, description="The model the session uses.")
     latency: LatencyRead = Field(default_factory=LatencyRead)
+    takeover: TakeoverRead | None = Field(
+        default=None, description="The operator holding the session (null: the agent has it)."
+    )
 
 
 class AgentList(BaseModel):
@@ -212,6 +215,35 @@ class SayCreate(_In):
 
 class SayAccepted(BaseModel):
     speech_id: str
+
+
+class TakeoverCreate(_In):
+    force: bool = Field(default=False, description="Take it from another operator who holds it (they are displaced).")
+
+
+class TakeoverRead(BaseModel):
+    """Who holds the session (an operator's takeover) and since when."""
+
+    operator: str = Field(description="The operator holding it, as the audit trail names the caller.")
+    since: datetime
+    displaced: str | None = Field(default=None, description="The operator a forced takeover displaced.")
+    last_seen_at: datetime | None = Field(
+        default=None, description="The holder's last sign (a takeover, a say, a heartbeat), where the session runs."
+    )
+
+
+class TakeoverSayCreate(_In):
+    text: str = Field(min_length=1)
+
+
+class HandBackRead(BaseModel):
+    """A hand-back: whose hold it ended, when, by whom, and the reply it queued to an unanswered input."""
+
+    operator: str
+    since: datetime
+    until: datetime
+    by: str = Field(description="Who handed it back.")
+    speech_id: str | None = Field(description="The agent's reply to the user's unanswered input (null: none owed).")
 
 
 class InterruptCreate(_In):

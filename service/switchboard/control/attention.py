@@ -12,6 +12,8 @@ and the others are read from the live session when asked:
 - ``tool_long_running``: a call has been running longer than ``long_tool_s``.
 - ``speech_stalled``: a generation has produced nothing to play for ``stall_s``.
 - ``silence_after_input``: a reply to input was queued, and no speech has started since, for ``silence_s``.
+- ``operator_quiet``: an operator holds the session (a takeover) and has given no sign (a say, a heartbeat) for
+  ``operator_quiet_s``: the user may be talking to nobody.
 - ``store_failing``: the database is unreachable and the session has writes waiting, or a write failed for good
   since the last chat item it wrote.
 
@@ -48,6 +50,7 @@ class AttentionCode(StrEnum):
     SPEECH_STALLED = "speech_stalled"
     SILENCE_AFTER_INPUT = "silence_after_input"
     SESSION_FAILED = "session_failed"
+    OPERATOR_QUIET = "operator_quiet"
 
 
 class AttentionReason(BaseModel):
@@ -85,6 +88,7 @@ class Thresholds:
     long_tool_s: float = 60.0
     stall_s: float = 10.0
     silence_s: float = 8.0
+    operator_quiet_s: float = 60.0
 
 
 class AttentionTracker:
@@ -170,11 +174,19 @@ class AttentionTracker:
         if waiting is not None and now - waiting >= timedelta(seconds=t.silence_s):
             message = f"the user has heard nothing for {_secs(now, waiting)} s"
             found.append(_reason(AttentionCode.SILENCE_AFTER_INPUT, message, waiting))
+        found.extend(self._operator_reasons(live, now))
         failures = live.write_failures - w.write_failures_seen
         if failures > 0 or (store_unavailable and live.pending_writes):
             what = f"{failures} write(s) failed" if failures > 0 else "the database is unreachable"
             found.append(_reason(AttentionCode.STORE_FAILING, f"{what}; changes may not be saved", w.last_activity))
         return found
+
+    def _operator_reasons(self, live: AgentSession, now: datetime) -> list[AttentionReason]:
+        quiet_s = live.seat.quiet_for_s(now)
+        if quiet_s is None or quiet_s < self.thresholds.operator_quiet_s:
+            return []
+        message = f"held by operator {live.seat.operator}, who has said nothing for {int(quiet_s)} s"
+        return [_reason(AttentionCode.OPERATOR_QUIET, message, live.seat.last_seen)]
 
 
 def _secs(now: datetime, since: datetime) -> int:

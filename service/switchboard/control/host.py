@@ -125,6 +125,7 @@ class SessionHost:
                 long_tool_s=settings.attention_long_tool_s,
                 stall_s=settings.attention_stall_s,
                 silence_s=settings.attention_silence_s,
+                operator_quiet_s=settings.attention_operator_quiet_s,
             )
         )
         self._wrap_sink = wrap_sink  # tracing sees each event as it is emitted
@@ -269,6 +270,7 @@ class SessionHost:
             items=items,
             last_seq=last_seq,
             entered=rec.entered,
+            takeover=rec.takeover,
         )
 
     async def create(

@@ -119,6 +119,8 @@ class Settings(BaseSettings):
     attention_long_tool_s: float = Field(default=60.0, gt=0)  # a tool call running this long
     attention_stall_s: float = Field(default=10.0, gt=0)  # a generation with nothing to play this long
     attention_silence_s: float = Field(default=8.0, gt=0)  # a reply to input not yet heard this long
+    # an operator holding a session (a takeover) with no say nor heartbeat this long
+    attention_operator_quiet_s: float = Field(default=60.0, gt=0)
 
     # Browsers (see docs/security.md). With auth off only loopback Host and Origin headers are accepted; these add
     # host names (no port) and exact origins ("https://ops.example.com") for a trusted proxy or dashboard.

@@ -9,6 +9,7 @@ An event's ``data`` on the wire is its payload's fields. The models are the sing
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
@@ -21,7 +22,9 @@ from .tools import DropReason, ToolStatus
 
 InputRole = Literal["user", "system", "developer"]
 # ``transcript``: a final transcript a media edge sent, taken as the user's input
-OperatorActionKind = Literal["input", "transcript", "say", "interrupt", "cancel_tool", "close"]
+OperatorActionKind = Literal[
+    "input", "transcript", "say", "interrupt", "cancel_tool", "close", "takeover", "takeover_say", "handback"
+]
 SpeculationState = Literal["started", "used", "discarded"]
 
 
@@ -286,7 +289,45 @@ class OperatorAction(EventPayload):
     item_id: str | None = Field(default=None, description="The user message it committed (`input`).")
     speech_id: str | None = Field(default=None, description="The speech it queued or interrupted.")
     call_id: str | None = Field(default=None, description="The tool call it cancelled.")
-    force: bool | None = Field(default=None, description="Whether it was forced past `allow_interruptions`.")
+    force: bool | None = Field(
+        default=None,
+        description="Whether it was forced past `allow_interruptions` (a takeover or a hand-back: past another "
+        "operator's hold).",
+    )
+    displaced: str | None = Field(default=None, description="The operator a forced takeover displaced.")
+
+
+class SessionTakenOver(EventPayload):
+    """An operator took the session over: the speech under way was interrupted, and the model is asked for nothing
+    until it is handed back (input is committed without a reply; the operator's words are spoken as the agent)."""
+
+    type: ClassVar[Literal["session.taken_over"]] = "session.taken_over"
+    operator: str = Field(description="Who holds it now (as the audit trail names the caller).")
+    since: datetime
+    displaced: str | None = Field(default=None, description="The operator a forced takeover displaced.")
+    interrupted_speech_id: str | None = Field(default=None, description="The speech the takeover interrupted.")
+
+
+class SessionHandedBack(EventPayload):
+    """The operator handed the session back to the agent: a note in the chat tells the model that a human spoke for
+    it from `since` to `until`; when the user's last input (or a tool's result) was unanswered, a reply is queued."""
+
+    type: ClassVar[Literal["session.handed_back"]] = "session.handed_back"
+    operator: str = Field(description="Who held it.")
+    since: datetime
+    until: datetime
+    by: str | None = Field(default=None, description="Who handed it back, when not the operator who held it (forced).")
+    reply_speech_id: str | None = Field(default=None, description="The reply queued to the unanswered input.")
+
+
+class OperatorSpoke(EventPayload):
+    """What an operator said as the agent was heard and committed (an assistant message, only what was heard)."""
+
+    type: ClassVar[Literal["operator.spoke"]] = "operator.spoke"
+    operator: str
+    speech_id: str
+    item_id: str = Field(description="The assistant message committed with the operator's words.")
+    text: str
 
 
 EVENT_PAYLOADS: tuple[type[EventPayload], ...] = (
@@ -310,6 +351,9 @@ EVENT_PAYLOADS: tuple[type[EventPayload], ...] = (
     ToolCancelling,
     ToolEnded,
     OperatorAction,
+    SessionTakenOver,
+    SessionHandedBack,
+    OperatorSpoke,
 )
 
 #: Event type -> its payload model: the only types an ``EventLog`` emits.

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .chat import ChatItem
 from .events import Event, EventSink
@@ -20,6 +21,16 @@ from .receipt import Completion, Receipt, completions
 from .speech import SpeechInfo
 from .status import SessionStatus
 from .tools import ToolCallInfo
+
+
+class Takeover(BaseModel):
+    """Who holds a session (an operator's takeover, ``runtime.takeover``) and since when."""
+
+    model_config = ConfigDict(frozen=True)
+
+    operator: str = Field(description="Who holds it: the audit trail's name of the caller that took it over.")
+    since: datetime = Field(description="When they took it over.")
+    displaced: str | None = Field(default=None, description="The operator a forced takeover displaced.")
 
 
 class SessionState(BaseModel):
@@ -30,6 +41,7 @@ class SessionState(BaseModel):
     state: SessionStatus = SessionStatus.ACTIVE
     llm_state: dict[str, Any] | None = None
     current_speech_id: str | None = None
+    takeover: Takeover | None = None  # an operator holds it: no reply of the model plays until it is handed back
 
 
 class Commit(BaseModel):
@@ -126,6 +138,7 @@ __all__ = [
     "Receipt",
     "Reported",
     "SessionState",
+    "Takeover",
     "completions",
     "reported_subject",
 ]

@@ -152,7 +152,7 @@ def report_missing(
 
 
 def _source(source: str) -> SpeechSource:
-    known: tuple[SpeechSource, ...] = ("reply", "say", "tool_reply", "deferred_reply")
+    known: tuple[SpeechSource, ...] = ("reply", "say", "tool_reply", "deferred_reply", "operator")
     return next((s for s in known if s == source), "reply")
 
 

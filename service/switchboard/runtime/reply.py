@@ -178,6 +178,10 @@ async def _commit_message(
         if item is not None:
             session.add_to_chat(item)
             session.events.emit(ev.ChatItemAdded(item=item))
+            if speech.operator is not None:  # an operator's words said as the agent (``runtime.takeover``)
+                session.events.emit(
+                    ev.OperatorSpoke(operator=speech.operator, speech_id=speech.id, item_id=item.id, text=item.text)
+                )
         if report is not None:
             session.events.emit(report)
 

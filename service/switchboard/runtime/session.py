@@ -23,7 +23,7 @@ from .lifecycle import SessionEnds
 from .llm.base import LLM, LLMRequest, ToolCallChunk
 from .options import SessionOptions
 from .playout import Playout
-from .ports import ChatStore, Commit, Receipt, SessionState, completions
+from .ports import ChatStore, Commit, Receipt, SessionState, Takeover, completions
 from .reply import ReplyJob, run_job
 from .speculative import Speculation
 from .speech import (
@@ -34,6 +34,7 @@ from .speech import (
 )
 from .speeches import Speeches
 from .status import AgentState, SessionClosed, SessionStatus, SessionSuspended
+from .takeover import HandBack, OperatorSeat
 from .tools import FunctionTool, ToolCallInfo, ToolStatus
 from .user_turn import UserTurn
 
@@ -70,6 +71,7 @@ class AgentSession(SessionEnds):
         items: Iterable[ChatItem] = (),
         last_seq: int = 0,
         entered: bool = True,
+        takeover: Takeover | None = None,
     ) -> None:
         self.id = session_id
         self.agent = agent
@@ -133,6 +135,7 @@ class AgentSession(SessionEnds):
         # final inputs being taken that ask for a reply: a speech they interrupt yields to thinking, not listening
         self._answering = 0
         self.user_turn = UserTurn()
+        self.seat = OperatorSeat(self, takeover)  # an operator's takeover (``runtime.takeover``): held or not
         agent.attach(self)
 
     def __repr__(self) -> str:
@@ -214,6 +217,7 @@ class AgentSession(SessionEnds):
             state=SessionStatus.ACTIVE if self.state == SessionStatus.SUSPENDED else self.state,
             llm_state=self.llm.save_state(),
             current_speech_id=self.speeches.scheduler.current.id if self.speeches.scheduler.current else None,
+            takeover=self.seat.hold,
         )
 
     # -- queries --------------------------------------------------------------------------------------------
@@ -287,7 +291,8 @@ class AgentSession(SessionEnds):
         if not final:
             self.user_turn.begin()
             self.events.emit(ev.UserInput(item_id=None, text=text, final=False, role=role))
-            self.speculation.on_interim(text)
+            if not self.seat.held:  # a held session asks the model for nothing, not even speculatively
+                self.speculation.on_interim(text)
             return InputResult(None, None)
         return await self._command(
             lambda: self._answered_input(
@@ -303,7 +308,8 @@ class AgentSession(SessionEnds):
         """A final input; one that asks for a reply takes the agent it interrupts from speaking straight to thinking
         (as LiveKit does): a dashboard never sees it flicker to listening between the two speeches. The user's last
         words, taken while the session closes (``UserTurn``), are recorded and not answered."""
-        reply = reply and not self.user_turn.last_words
+        # held by an operator: committed and shown to them, not answered (the hand-back answers what is left)
+        reply = reply and not self.user_turn.last_words and not self.seat.held
         self._answering += int(reply)
         try:
             return await self._final_input(
@@ -413,6 +419,27 @@ class AgentSession(SessionEnds):
             self.speculation.barge_in()
         return speech
 
+    # -- an operator's takeover (``runtime.takeover``) -------------------------------------------------------
+
+    async def take_over(
+        self, operator: str, *, force: bool = False, receipt: Receipt[Takeover] | None = None
+    ) -> Takeover:
+        """Hold the session for ``operator`` (``OperatorSeat.take``); the holder taking it again is a heartbeat."""
+        self._check_open()
+        return await self._command(lambda: self.seat.take(operator, force=force, receipt=receipt), "takeover")
+
+    async def operator_say(
+        self, operator: str, text: str, *, receipt: Receipt[SpeechHandle] | None = None
+    ) -> SpeechHandle:
+        """Speak ``text`` as the agent, for the operator who holds the session (``OperatorSeat.say``)."""
+        self._check_open(owed=True)
+        return await self._command(lambda: self.seat.say(operator, text, receipt=receipt), "takeover-say", owed=True)
+
+    async def hand_back(self, by: str, *, force: bool = False) -> HandBack:
+        """End an operator's hold (``OperatorSeat.hand_back``)."""
+        self._check_open()
+        return await self._command(lambda: self.seat.hand_back(by, force=force), "handback")
+
     async def _command(self, body: Callable[[], Awaitable[T]], what: str, *, owed: bool = False) -> T:
         """Run one operator command to its end, whatever happens to its caller.
 
@@ -471,6 +498,11 @@ class AgentSession(SessionEnds):
             raise SessionClosed(f"session {self.id} is {self.state}")
 
     async def _play(self, job: ReplyJob) -> None:
+        if self.seat.holds_back(job):  # held by an operator: no reply of the model plays
+            if job.preemptive is not None:
+                await job.preemptive.aclose("barge_in")
+            await self.finish_speech(job.speech)
+            return
         await run_job(self, job)
 
     async def usable_preemptive(self, job: ReplyJob) -> Generation | None:
@@ -640,7 +672,7 @@ class AgentSession(SessionEnds):
 
     def requeue(self, info: SpeechInfo) -> None:
         """Queue again a speech the session owes (``Speeches.requeue``): after a move or a crash."""
-        self.speeches.requeue(info)
+        self.speeches.requeue(info, operator=self.seat.operator)
 
     # -- the agents' hooks ------------------------------------------------------------------------------------
 

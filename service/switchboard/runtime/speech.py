@@ -31,7 +31,7 @@ SPEECH_PRIORITY_LOW = 0
 SPEECH_PRIORITY_NORMAL = 5
 SPEECH_PRIORITY_HIGH = 10
 
-SpeechSource = Literal["reply", "say", "tool_reply", "deferred_reply"]
+SpeechSource = Literal["reply", "say", "tool_reply", "deferred_reply", "operator"]
 
 
 class SpeechInterrupted(Exception):
@@ -139,6 +139,7 @@ class SpeechHandle:
         # stopped because its session moves to another process (a drain, a graceful restart), not by the user: what
         # was heard is committed, and the speech stays owed (not done in the store) for the next owner to play
         self.moved = False
+        self.operator: str | None = None  # an operator's words, said as the agent (``runtime.takeover``)
         loop = asyncio.get_running_loop()
         self._interrupt_fut: asyncio.Future[None] = loop.create_future()
         self._done_fut: asyncio.Future[None] = loop.create_future()

@@ -116,12 +116,21 @@ class Speeches:
         await self._writes.commit(commit, then=lambda: self.enqueue(job))
         return job.speech
 
-    def requeue(self, info: SpeechInfo) -> None:
+    def requeue(self, info: SpeechInfo, *, operator: str | None = None) -> None:
         """Queue again a speech that is owed: accepted (durable) and never finished by the process that had the
-        session (a move, a crash). A reply is generated anew from the chat as it is now; a say plays its text. It
-        keeps its id; its ``speech.created`` was reported when it was accepted."""
-        if info.source == "say":
-            job = self.new_job("say", text=info.text, speech_id=info.id, allow_interruptions=info.allow_interruptions)
+        session (a move, a crash). A reply is generated anew from the chat as it is now; a say plays its text (an
+        operator's say is marked as ``operator``'s, the session's holder). It keeps its id; its ``speech.created``
+        was reported when it was accepted."""
+        if info.source in ("say", "operator"):
+            job = self.new_job(
+                "say",
+                source="operator" if info.source == "operator" else "say",
+                text=info.text,
+                speech_id=info.id,
+                allow_interruptions=info.allow_interruptions,
+            )
+            if info.source == "operator":
+                job.speech.operator = operator or "operator"
         else:
             source: SpeechSource = "deferred_reply" if info.source == "deferred_reply" else "reply"
             job = self.new_job("reply", source=source, speech_id=info.id, allow_interruptions=info.allow_interruptions)

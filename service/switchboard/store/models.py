@@ -70,6 +70,7 @@ sessions = sa.Table(
     sa.Column("current_speech_id", String(), nullable=True),
     # its agent's on_enter has run; false while it is owed (a session created or handed off as its process stopped)
     sa.Column("entered", sa.Boolean(), nullable=False, server_default=sa.true()),
+    sa.Column("takeover", json_type(), nullable=True),  # the operator who holds it (``runtime.takeover``)
     sa.Column("created_at", TZDateTime(), nullable=False),
     sa.Column("updated_at", TZDateTime(), nullable=False),
     # Ownership (fencing): the node running the session, and the epoch its writes must find here. A node that takes

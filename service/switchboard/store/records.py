@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from ..runtime.chat import ChatItem
 from ..runtime.events import Event
-from ..runtime.ports import Reported
+from ..runtime.ports import Reported, Takeover
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import SessionStatus
 from ..runtime.tools import ToolCallInfo
@@ -33,6 +33,7 @@ class SessionRecord(BaseModel):
     llm_state: dict[str, Any] | None = None
     current_speech_id: str | None = None
     entered: bool = True  # its agent's on_enter has run (false: owed to whoever runs the session next)
+    takeover: Takeover | None = None  # the operator who holds it (``runtime.takeover``), None when none does
     created_at: datetime = Field(default_factory=now_utc)
     updated_at: datetime = Field(default_factory=now_utc)
     owner_node: str | None = None  # the node running it (``ownership``), None when no node has claimed it

@@ -174,14 +174,14 @@ SESSION_FIELDS = tuple(SessionRecord.model_fields)
 
 
 def session_row(rec: SessionRecord) -> dict[str, Any]:
-    row = rec.model_dump(mode="json", include={"config", "metadata", "llm_state"})
+    row = rec.model_dump(mode="json", include={"config", "metadata", "llm_state", "takeover"})
     row.update({name: getattr(rec, name) for name in SESSION_FIELDS if name not in row})
     return row
 
 
 def session_from_row(row: Mapping[Any, Any]) -> SessionRecord:
     data = {name: row[name] for name in SESSION_FIELDS}
-    for column in ("config", "metadata", "llm_state"):
+    for column in ("config", "metadata", "llm_state", "takeover"):
         data[column] = _json(data[column], column)
     return _validated(SessionRecord.model_validate, data)
 

@@ -99,7 +99,7 @@ def _upsert_stmt(dialect: str, table: sa.Table, keys: tuple[str, ...], update: t
     return stmt.on_conflict_do_update(index_elements=list(keys), set_={c: stmt.excluded[c] for c in update})
 
 
-_SESSION_STATE_COLUMNS = ("agent", "entered", "state", "llm_state", "current_speech_id", "updated_at")
+_SESSION_STATE_COLUMNS = ("agent", "entered", "state", "llm_state", "current_speech_id", "takeover", "updated_at")
 _TOOL_CALL_UPDATE = tuple(c.name for c in m.tool_calls.columns if c.name not in ("session_id", "call_id"))
 _SPEECH_UPDATE = tuple(c.name for c in m.speeches.columns if c.name not in ("session_id", "id"))
 
@@ -149,6 +149,7 @@ class _Batch:
                 "entered": s.entered,
                 "state": s.state,
                 "llm_state": s.model_dump(mode="json", include={"llm_state"})["llm_state"],
+                "takeover": s.model_dump(mode="json", include={"takeover"})["takeover"],
                 "current_speech_id": s.current_speech_id,
             }
             self.marks.pop(sid, None)
