@@ -22,6 +22,7 @@ from .operator import add_client_commands
 from .output import terminal_output
 from .runner import run_bounded
 from .session_commands import add_session_commands
+from .takeover_commands import add_takeover_commands
 
 if TYPE_CHECKING:
     from ..control.settings import Settings
@@ -232,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_client_commands(sub)  # sessions, tail, input, interrupt, tools, cancel
     add_session_commands(sub)  # create, say, close, agents, attention
+    add_takeover_commands(sub)  # takeover, handback
     add_edge_command(sub)  # a media edge that speaks with espeak-ng
     return parser
 

@@ -50,7 +50,10 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 def cmd_say(args: argparse.Namespace) -> int:
     with _client(args) as sb:
-        res = sb.say(args.sid, args.text, allow_interruptions=not args.no_interruptions)
+        if args.operator:  # the operator who holds the session speaks as the agent
+            res = sb.takeover_say(args.sid, args.text)
+        else:
+            res = sb.say(args.sid, args.text, allow_interruptions=not args.no_interruptions)
     print(f"{args.sid} will say it in speech {res.speech_id}")
     return 0
 
@@ -149,6 +152,9 @@ def add_session_commands(sub: Any) -> None:
     p.add_argument("sid")
     p.add_argument("text")
     p.add_argument("--no-interruptions", action="store_true", help="the speech cannot be interrupted")
+    p.add_argument(
+        "--operator", action="store_true", help="your own words, as the operator holding the session (`takeover`)"
+    )
     p.set_defaults(func=_guarded(cmd_say))
 
     p = sub.add_parser("chat", parents=[common], help="the conversation as the model sees it")

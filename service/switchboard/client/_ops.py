@@ -14,6 +14,7 @@ from .models import (
     AgentInfo,
     AgentList,
     Chat,
+    HandBack,
     Health,
     InputAccepted,
     InterruptResult,
@@ -23,6 +24,7 @@ from .models import (
     SessionList,
     SessionToken,
     Speech,
+    Takeover,
     ToolCall,
     ToolCallList,
     ToolReport,
@@ -175,6 +177,32 @@ def interrupt(sid: str, *, force: bool, idempotency_key: str | None) -> Call[Int
         command=True,
         idempotency_key=idempotency_key,
     )
+
+
+def take_over(sid: str, *, force: bool, idempotency_key: str | None) -> Call[Takeover]:
+    return Call(
+        "POST",
+        _session(sid, "takeover"),
+        _model(Takeover),
+        json={"force": force},
+        command=True,
+        idempotency_key=idempotency_key,
+    )
+
+
+def takeover_say(sid: str, text: str, *, idempotency_key: str | None) -> Call[SayAccepted]:
+    return Call(
+        "POST",
+        _session(sid, "takeover", "say"),
+        _model(SayAccepted),
+        json={"text": text},
+        command=True,
+        idempotency_key=idempotency_key,
+    )
+
+
+def hand_back(sid: str, *, force: bool) -> Call[HandBack]:
+    return Call("DELETE", _session(sid, "takeover"), _model(HandBack), params={"force": "true"} if force else None)
 
 
 def export_session(sid: str) -> Call[SessionExport]:

@@ -49,6 +49,25 @@ class Latency(_Model):
     time_to_first_audio_ms: float | None = None
 
 
+class Takeover(_Model):
+    """Who holds a session (an operator's takeover) and since when."""
+
+    operator: str
+    since: datetime
+    displaced: str | None = None  # the operator a forced takeover displaced
+    last_seen_at: datetime | None = None  # the holder's last say or heartbeat
+
+
+class HandBack(_Model):
+    """A hand-back: whose hold it ended, when, by whom, and the agent's reply to an unanswered input (if any)."""
+
+    operator: str
+    since: datetime
+    until: datetime
+    by: str
+    speech_id: str | None = None
+
+
 class Session(_Model):
     id: str
     agent: str
@@ -61,6 +80,7 @@ class Session(_Model):
     attention: list[AttentionReason] = Field(default_factory=list)
     model: ModelSummary | None = None
     latency: Latency = Field(default_factory=Latency)
+    takeover: Takeover | None = None  # the operator holding it (None: the agent has it)
 
 
 class ToolDescription(_Model):

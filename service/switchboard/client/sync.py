@@ -14,6 +14,7 @@ from .events import EventStream, ResumeHook, stream_position
 from .models import (
     AgentInfo,
     ChatItem,
+    HandBack,
     Health,
     InputAccepted,
     InterruptResult,
@@ -23,6 +24,7 @@ from .models import (
     SessionList,
     SessionToken,
     Speech,
+    Takeover,
     ToolCall,
     ToolCallList,
     ToolReport,
@@ -204,6 +206,22 @@ class Client:
         """Interrupt the current speech; returns once what was heard is committed. ``Conflict``
         (``not_interruptible``) when the speech does not allow it, unless ``force``."""
         return self._send(_ops.interrupt(sid, force=force, idempotency_key=idempotency_key))
+
+    def take_over(self, sid: str, *, force: bool = False, idempotency_key: str | None = None) -> Takeover:
+        """Take the session over as this client's operator: the speech under way is interrupted and the model is
+        asked for nothing until ``hand_back``. Again by the holder: a heartbeat. ``Conflict`` (``held_by_other``)
+        when another operator holds it, unless ``force``."""
+        return self._send(_ops.take_over(sid, force=force, idempotency_key=idempotency_key))
+
+    def takeover_say(self, sid: str, text: str, *, idempotency_key: str | None = None) -> SayAccepted:
+        """Speak ``text`` as the agent, as the operator holding the session. ``Conflict`` (``not_held``,
+        ``held_by_other``) when this client does not hold it."""
+        return self._send(_ops.takeover_say(sid, text, idempotency_key=idempotency_key))
+
+    def hand_back(self, sid: str, *, force: bool = False) -> HandBack:
+        """Hand the session back to the agent; it replies when the user's last input is unanswered (``speech_id``).
+        ``Conflict`` (``not_held``; ``held_by_other`` unless ``force``)."""
+        return self._send(_ops.hand_back(sid, force=force))
 
     def export_session(self, sid: str) -> SessionExport:
         """The whole session as one document: the session, its chat, its tool calls and its event log (the
