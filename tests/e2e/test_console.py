@@ -88,6 +88,7 @@ def test_console_is_served_and_redirects(srv: Server, client: httpx.Client) -> N
         "session_view.js",
         "overview.js",
         "talk.js",
+        "takeover.js",
         "speaker.js",
         "new_session.js",
         "console.css",

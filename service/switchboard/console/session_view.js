@@ -4,6 +4,7 @@ import { Intent } from "./api.js";
 import { REASON_LABELS } from "./attention.js";
 import { h } from "./dom.js";
 import { SessionStream } from "./stream.js";
+import { TakeoverPanel } from "./takeover.js";
 import { TalkPanel } from "./talk.js";
 import { Timeline } from "./timeline.js";
 
@@ -17,7 +18,16 @@ const STREAM_STATES = {
 
 // events after which the header re-reads the session (model latency, attention)
 // (and the node that runs it, which changes when another node recovers it)
-const REFRESH_ON = new Set(["speech.done", "generation.failed", "tool.ended", "session.failed", "session.recovered"]);
+// (and who holds it, when an operator takes it over or hands it back)
+const REFRESH_ON = new Set([
+  "speech.done",
+  "generation.failed",
+  "tool.ended",
+  "session.failed",
+  "session.recovered",
+  "session.taken_over",
+  "session.handed_back",
+]);
 
 export class SessionView {
   constructor({ root, api, sid }) {
@@ -61,6 +71,7 @@ export class SessionView {
   stop() {
     if (this.stream) this.stream.stop();
     if (this.talk) this.talk.stop();
+    if (this.takeover) this.takeover.stop();
     this.timeline.stop();
     clearTimeout(this._busyTimer);
     clearTimeout(this._refreshTimer);
@@ -94,6 +105,7 @@ export class SessionView {
     );
     this.reasons.replaceChildren(...reasons);
     this.reasons.hidden = reasons.length === 0;
+    if (this.takeover) this.takeover.show(session.takeover);
   }
 
   _onEvents(events) {
@@ -189,7 +201,14 @@ export class SessionView {
     const parts = [header, this.error, toolbar, this.scroller];
     if (!ro) {
       this.talk = new TalkPanel({ api: this.api, sid: this.sid });
-      parts.push(this._controls(), this.talk.element);
+      this.takeover = new TakeoverPanel({
+        path: this.path,
+        api: this.api,
+        command: (...args) => this._command(...args),
+        showError: (message) => this._showError(message),
+        lastError: () => this._lastError,
+      });
+      parts.push(this.takeover.element, this._controls(), this.talk.element);
     }
     this.root.replaceChildren(...parts);
   }
@@ -291,6 +310,7 @@ export class SessionView {
     this._ended = ended;
     this.closedNote.hidden = !ended;
     for (const el of this.controls.querySelectorAll("button, textarea, input")) el.disabled = ended;
+    for (const el of this.takeover.element.querySelectorAll("button, textarea")) el.disabled = ended;
   }
 
   _updateHeader(info) {
@@ -338,9 +358,11 @@ export class SessionView {
     button.disabled = true;
     try {
       const result = method === "DELETE" ? await this.api.delete(path, key) : await this.api.post(path, body, key);
+      this._lastError = null;
       this._clearError();
       return result ?? {};
     } catch (err) {
+      this._lastError = err;
       this._showError(`${describe} failed: ${err.message}`);
       return null;
     } finally {

@@ -46,6 +46,8 @@ function summary(ev) {
       return `${d.call_id} ${d.status}`;
     case "operator.action":
       return `${d.actor}: ${d.action}`;
+    case "operator.spoke":
+      return `${d.operator}: ${truncate(d.text, 120)}`;
     default:
       return "";
   }
@@ -213,6 +215,23 @@ export class Timeline {
       case "operator.action":
         row = this._operatorRow(ev);
         break;
+      case "session.taken_over":
+        row = this._row(
+          ev,
+          "session takeover",
+          `Taken over by ${d.operator}`,
+          h("p", { text: "The agent is asked for nothing until it is handed back." }),
+          d.displaced ? h("p", { class: "muted", text: `Taken from ${d.displaced}` }) : null,
+        );
+        break;
+      case "session.handed_back":
+        row = this._row(
+          ev,
+          "session takeover",
+          `Handed back by ${d.by || d.operator}`,
+          h("p", { text: d.reply_speech_id ? "The agent answers the user's last input." : "The agent has it again." }),
+        );
+        break;
       default:
         break;
     }
@@ -229,6 +248,9 @@ export class Timeline {
       interrupt: "interrupted the agent",
       cancel_tool: `cancelled the tool call ${tool ? tool.name : d.call_id}`,
       close: "closed the session",
+      takeover: d.displaced ? `took the session over from ${d.displaced}` : "took the session over",
+      takeover_say: "spoke as the agent",
+      handback: "handed the session back",
     }[d.action];
     const text = `${what || d.action}${d.force ? " (forced)" : ""}`;
     const key = d.idempotency_key ? h("p", { class: "muted small", text: `Idempotency-Key ${d.idempotency_key}` }) : null;
