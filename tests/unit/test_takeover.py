@@ -332,3 +332,62 @@ async def test_an_owed_reply_recovered_while_held_is_held_back_then_answered_on_
         nxt.check_invariants()
     finally:
         await nxt.session.aclose()
+
+
+async def test_a_media_edge_speaks_the_operators_words_and_a_barge_in_cuts_them():
+    from switchboard.runtime.media import EdgePlayout
+
+    from .test_media_edge import Setup
+
+    playout = EdgePlayout(SimulatedPlayout(WPS))
+    async with Harness(Desk(), [{"text": LONG}], playout=playout) as h:
+        s = Setup(h, playout)
+        await h.session.take_over("alice")
+        speech = await h.session.operator_say("alice", "Hello, Alice speaking.")
+        await s.until_sent("speech.end")
+        assert s.text(speech.id) == "Hello, Alice speaking."
+        await s.frame(type="playback.started", speech_id=speech.id)
+        await s.frame(type="playback.finished", speech_id=speech.id, interrupted=False)
+        await h.wait_for("operator.spoke")
+        assert h.summary()[-1] == ("assistant", "Hello, Alice speaking.")
+
+        second = await h.session.operator_say("alice", "One more thing about your order number")
+        await s.until_sent("speech.end")
+        await s.frame(type="playback.started", speech_id=second.id)
+        await s.frame(type="playback.progress", speech_id=second.id, played_chars=len("One more thing"))
+        await s.frame(type="user.speech_started")  # the user talks over the operator: cut like the agent
+        await second.wait_done()
+        assert second.interrupted
+        spoke = h.of_type("operator.spoke")[-1].data
+        assert spoke["speech_id"] == second.id and spoke["text"] == "One more thing"
+        assert requests(h) == 0
+        h.check_invariants()
+
+
+async def test_an_operator_speech_cut_by_a_move_is_said_again_whole_where_the_session_runs_next():
+    h = Harness(Desk(), shutdown_tool_grace_s=0.05)
+    await h.session.start()
+    await h.session.take_over("alice")
+    speech = await h.session.operator_say("alice", LONG)
+    await h.wait_for("speech.started", lambda e: e.data["speech_id"] == speech.id)
+    await asyncio.sleep(0.05)
+    await h.session.suspend()
+
+    nxt = _next_owner(h, [])
+    sid = h.sid
+    await recover(
+        nxt.session,
+        tool_calls=list(nxt.store.tool_calls[sid].values()),
+        speeches=list(nxt.store.speeches[sid].values()),
+        reported=Reported.of(nxt.events.events[sid]),
+    )
+    try:
+        await nxt.idle()
+        said = [it for it in nxt.chat() if isinstance(it, ChatMessage) and it.role == "assistant"]
+        assert [m.text for m in said] == [LONG]  # once, whole: nothing of the cut first attempt
+        spoke = nxt.of_type("operator.spoke")
+        assert [e.data["speech_id"] for e in spoke] == [speech.id] and spoke[0].data["operator"] == "alice"
+        assert requests(nxt) == 0
+        nxt.check_invariants()
+    finally:
+        await nxt.session.aclose()

@@ -224,7 +224,7 @@ async def _on_moved(session: ReplySession, speech: SpeechHandle, step: _Step | N
     interrupted: it stays owed in the store, and the next owner plays it again. A reply is generated anew from the
     chat as it is then, so what this step played is committed (a message cut short: the model knows what was said);
     a say is said again whole and committed once, then."""
-    if step is not None and played.strip() and speech.source != "say":
+    if step is not None and played.strip() and speech.source not in ("say", "operator"):
         await _commit_message(session, speech, step, played, interrupted=True)
 
 
