@@ -225,3 +225,25 @@ async def test_a_held_session_is_held_after_a_restart(database: str, tmp_path: A
             return chat[-1].get("text") == "The agent is back with you."
 
         await until(replied)
+
+
+async def test_a_quiet_operator_puts_the_session_in_the_attention_queue(tmp_path: Any, registry: AgentRegistry) -> None:
+    settings = make_settings(tmp_path, api_keys=KEYS, attention_operator_quiet_s=0.3)
+    async with serving(settings, registry) as api:
+        sid = (await api.create())["id"]
+        base = f"/v1/sessions/{sid}"
+        assert (await api.client.post(f"{base}/takeover")).status_code == 200
+
+        async def quiet() -> dict[str, Any] | None:
+            listed = (await api.client.get("/v1/sessions", params={"attention": "true"})).json()["items"]
+            found = [r for s in listed if s["id"] == sid for r in s["attention"] if r["code"] == "operator_quiet"]
+            return found[0] if found else None
+
+        reason = await until(quiet, every_s=0.05)
+        assert "held by operator alice" in reason["message"]
+        # a heartbeat (the holder taking it again, without a key) is a sign of life: the reason clears
+        assert (await api.client.post(f"{base}/takeover")).status_code == 200
+        codes = [r["code"] for r in (await api.client.get(base)).json()["attention"]]
+        assert "operator_quiet" not in codes
+        assert (await api.client.delete(f"{base}/takeover")).status_code == 200
+        assert await quiet() is None

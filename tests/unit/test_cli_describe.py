@@ -187,6 +187,8 @@ NOT_SHOWN: dict[str, set[str]] = {
     "session.failed": {"interrupted_calls"},
     "user.input": {"item_id", "final", "role"},
     "operator.action": {"item_id"},  # the input has its own line (user.input)
+    "session.taken_over": {"since"},  # the line's own time
+    "session.handed_back": {"until"},  # the line's own time
     "generation.started": {"preemptive"},
     "generation.speculative": {"state", "user_text"},
     "generation.failed": {"speech_id", "step"},
@@ -231,6 +233,8 @@ def _defaults(model: type[EventPayload]) -> dict[str, Any]:
         "status": "completed",
         "is_error": False,
         "action": "cancel_tool",
+        "since": NOW,
+        "until": NOW,
     }
     return {name: samples[name] for name in model.model_fields if name in samples}
 

@@ -5,6 +5,7 @@ spoken as the agent, and the hand-back leaves a note for the model and answers w
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -185,6 +186,18 @@ async def test_a_second_operator_gets_a_conflict_unless_forced():
         await h.session.hand_back("alice", force=True)
         assert h.of_type("session.handed_back")[-1].data["by"] == "alice"
         assert h.session.seat.hold is None
+
+
+async def test_only_a_held_session_has_a_quiet_operator():
+    async with Harness(Desk()) as h:
+        later = utcnow() + timedelta(hours=1)
+        assert h.session.seat.quiet_for_s(later) is None
+        await h.session.take_over("alice")
+        assert h.session.seat.quiet_for_s(later) >= 3599
+        await h.session.operator_say("alice", "still here")
+        assert h.session.seat.quiet_for_s(h.session.seat.last_seen) == 0
+        await h.session.hand_back("alice")
+        assert h.session.seat.quiet_for_s(later) is None
 
 
 async def test_commands_that_need_a_hold_refuse_without_one():

@@ -268,9 +268,31 @@ def _operator_action(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
     details = [str(x) for x in (names.get(str(call), call) if call else None, d.get("speech_id")) if x]
     if d.get("force"):
         details.append("forced")
+    if d.get("displaced"):
+        details.append(f"displacing {d.get('displaced')}")
     if d.get("idempotency_key"):
         details.append(f"key {d.get('idempotency_key')}")
     return line + (s(f" ({', '.join(details)})", "dim") if details else "")
+
+
+def _taken_over(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    details = [f"from {d['displaced']}"] if d.get("displaced") else []
+    if d.get("interrupted_speech_id"):
+        details.append(f"interrupted {d['interrupted_speech_id']}")
+    extra = f" ({', '.join(details)})" if details else ""
+    return s(f"taken over by operator {d.get('operator')}{extra}: the model is asked for nothing", "bold", "yellow")
+
+
+def _handed_back(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    by = f" by {d['by']}" if d.get("by") else ""
+    reply = f"; the agent replies in {d['reply_speech_id']}" if d.get("reply_speech_id") else ""
+    held = f"held by operator {d.get('operator')} since {d.get('since')}"
+    return s(f"handed back to the agent{by} ({held}){reply}", "bold", "yellow")
+
+
+def _operator_spoke(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    who = s(f"operator {d.get('operator')} as the agent ({d.get('speech_id')}, {d.get('item_id')}): ", "blue", "bold")
+    return who + short(d.get("text", ""), 200)
 
 
 def _unknown(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
@@ -297,6 +319,9 @@ EVENT_FORMATTERS: dict[str, Formatter] = {
     "tool.ended": _tool_ended,
     "generation.failed": _template("generation failed: {error}", "red"),
     "operator.action": _operator_action,
+    "session.taken_over": _taken_over,
+    "session.handed_back": _handed_back,
+    "operator.spoke": _operator_spoke,
 }
 
 
