@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from switchboard import Agent, RunContext, function_tool
+from switchboard.runtime import event_types as ev
 from switchboard.runtime.chat import ChatMessage, utcnow
 from switchboard.runtime.memory import MemoryEventLog, MemoryStore
 from switchboard.runtime.options import SessionOptions
@@ -401,6 +402,65 @@ async def test_an_operator_speech_cut_by_a_move_is_said_again_whole_where_the_se
         spoke = nxt.of_type("operator.spoke")
         assert [e.data["speech_id"] for e in spoke] == [speech.id] and spoke[0].data["operator"] == "alice"
         assert requests(nxt) == 0
+        nxt.check_invariants()
+    finally:
+        await nxt.session.aclose()
+
+
+def _crash_before(h: Harness, event_type: str) -> None:
+    """The process died after the last ``event_type``'s change was durable and before that event (and any later one)
+    was written."""
+    log = h.events.events[h.sid]
+    cut = max(i for i, e in enumerate(log) if e.type == event_type)
+    del log[cut:]
+
+
+async def _recovered(h: Harness, turns: list[dict[str, Any]]) -> Harness:
+    nxt = _next_owner(h, turns)
+    sid = h.sid
+    await recover(
+        nxt.session,
+        tool_calls=list(nxt.store.tool_calls[sid].values()),
+        speeches=list(nxt.store.speeches[sid].values()),
+        reported=Reported.of(nxt.events.events[sid]),
+    )
+    return nxt
+
+
+async def test_a_takeover_whose_event_a_crash_lost_is_reported_by_recovery():
+    h = Harness(Desk())
+    await h.session.start()
+    hold = await h.session.take_over("alice")
+    await h.session.suspend(tool_grace=False)
+    _crash_before(h, "session.taken_over")
+    nxt = await _recovered(h, [])
+    try:
+        taken = nxt.of_type("session.taken_over")
+        assert len(taken) == 1 and taken[0].data["operator"] == "alice"
+        assert taken[0].data["since"] == ev.SessionTakenOver(operator="alice", since=hold.since).data()["since"]
+        nxt.check_invariants()
+    finally:
+        await nxt.session.aclose()
+    again = await _recovered(nxt, [])  # reported once: the next recovery emits nothing more
+    try:
+        assert len(again.of_type("session.taken_over")) == 1
+    finally:
+        await again.session.aclose()
+
+
+async def test_a_handback_whose_event_a_crash_lost_is_reported_by_recovery():
+    h = Harness(Desk())
+    await h.session.start()
+    await h.session.take_over("alice")
+    await h.session.hand_back("alice")
+    await h.session.suspend(tool_grace=False)
+    _crash_before(h, "session.handed_back")
+    nxt = await _recovered(h, [])
+    try:
+        back = nxt.of_type("session.handed_back")
+        assert len(back) == 1 and back[0].data["operator"] == "alice"
+        assert nxt.session.seat.hold is None
+        assert len(nxt.of_type("session.taken_over")) == 1  # the one before the crash, not reported again
         nxt.check_invariants()
     finally:
         await nxt.session.aclose()

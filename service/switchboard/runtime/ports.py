@@ -68,6 +68,9 @@ class Reported:
     done_speeches: set[str] = field(default_factory=set)
     inputs: set[str] = field(default_factory=set)  # chat items with a ``user.input`` event
     created_speeches: set[str] = field(default_factory=set)
+    # the operators' holds with a ``session.taken_over`` and with a ``session.handed_back`` event ("<since> <operator>")
+    taken_over: set[str] = field(default_factory=set)
+    handed_back: set[str] = field(default_factory=set)
 
     def add(self, event_type: str, key: str) -> None:
         """Note one event: ``key`` is its item id, call id or speech id."""
@@ -77,8 +80,14 @@ class Reported:
             "speech.done": self.done_speeches,
             "user.input": self.inputs,
             "speech.created": self.created_speeches,
+            "session.taken_over": self.taken_over,
+            "session.handed_back": self.handed_back,
         }
         target[event_type].add(key)
+
+    def open_holds(self) -> set[str]:
+        """The holds the log reports taken and not handed back."""
+        return self.taken_over - self.handed_back
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> Reported:
@@ -94,6 +103,8 @@ class Reported:
 def reported_subject(event: Event) -> str | None:
     """What ``event`` reports, if it is one a ``Reported`` tracks: a ``chat.item``'s item id, a ``tool.ended``'s
     call id, a ``speech.done``'s speech id."""
+    if event.type in HOLD_EVENTS:
+        return hold_subject(event.data.get("since"), event.data.get("operator"))
     path = REPORTED_KEYS.get(event.type)
     if path is None:
         return None
@@ -113,6 +124,15 @@ REPORTED_KEYS: dict[str, tuple[str, str | None]] = {
 }
 
 
+#: The events of an operator's hold, reported by the hold they concern (``hold_subject``).
+HOLD_EVENTS = frozenset({"session.taken_over", "session.handed_back"})
+
+
+def hold_subject(since: object, operator: object) -> str | None:
+    """The key of one hold in the log: its ``since`` as the event carries it (JSON) and its operator."""
+    return f"{since} {operator}" if isinstance(since, str) and isinstance(operator, str) else None
+
+
 class ChatStore(Protocol):
     async def commit(self, session_id: str, commit: Commit) -> None:
         """Write ``commit`` atomically and return once it is durable. Appending items costs O(1) whatever the
@@ -130,6 +150,7 @@ class ChatStore(Protocol):
 
 
 __all__ = [
+    "HOLD_EVENTS",
     "REPORTED_KEYS",
     "ChatStore",
     "Commit",
@@ -140,5 +161,6 @@ __all__ = [
     "SessionState",
     "Takeover",
     "completions",
+    "hold_subject",
     "reported_subject",
 ]

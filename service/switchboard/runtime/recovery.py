@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 
 from . import event_types as ev
 from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .events import EventLog
 from .executor import resumes
-from .ports import ChatStore, Commit, Reported
+from .ports import ChatStore, Commit, Reported, Takeover, hold_subject
 from .session import AgentSession
 from .speech import SpeechInfo, SpeechSource, SpeechState
 from .tool_call import dropped_outcome, dropped_reason
@@ -49,6 +50,7 @@ async def recover(
     """
     if reported is not None:
         report_missing(session.events, session.chat.items, tool_calls, speeches, reported)
+        report_hold(session.events, session.seat.hold, reported)
     for info in tool_calls:
         session.executor.adopt(info)
     await session.agent.load_tools()  # a call of an MCP tool is re-run or ended by its tool's policy
@@ -147,6 +149,31 @@ def report_missing(
     if missing:
         logger.warning(
             "session %s: %d durable change(s) had no event (a crash); emitted them", events.session_id, missing
+        )
+    return missing
+
+
+def report_hold(events: EventLog, hold: Takeover | None, reported: Reported) -> int:
+    """Emit the hold events a crash lost (between an operator's takeover or hand-back and its event): a hold the log
+    reports and the store no longer has is handed back (``until`` is when this is reported: the hand-back's own time
+    is not kept), and the store's hold is reported taken over. Returns how many."""
+    current = None
+    if hold is not None:
+        taken = ev.SessionTakenOver(
+            operator=hold.operator, since=hold.since, **({"displaced": hold.displaced} if hold.displaced else {})
+        )
+        current = hold_subject(taken.data()["since"], hold.operator)
+    missing = 0
+    for subject in sorted(reported.open_holds() - {current}):
+        since, _, operator = subject.partition(" ")
+        events.emit(ev.SessionHandedBack(operator=operator, since=datetime.fromisoformat(since), until=utcnow()))
+        missing += 1
+    if hold is not None and current not in reported.taken_over:
+        events.emit(taken)
+        missing += 1
+    if missing:
+        logger.warning(
+            "session %s: %d takeover event(s) had no event (a crash); emitted them", events.session_id, missing
         )
     return missing
 
