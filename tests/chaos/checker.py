@@ -10,6 +10,9 @@ Classes (DESIGN.md's invariants, as they must hold across processes):
 - ``idempotency-record``: a keyed command answered 2xx with no record of its key (a retry would apply it again).
 - ``unanswered-input``: an accepted final input with no `generation.started` after its `user.input` in the durable
   log; the documented exception is an input whose queued reply a client's interrupt ended before it started.
+- ``held-generation``: a `generation.started` while an operator held the session (between its `session.taken_over` and
+  the next `session.handed_back`): the model is asked for nothing while held. An input accepted while held is not
+  answered then (its answer names no speech); a hand-back that owes a reply (`reply_speech_id`) must generate it.
 - ``unreplied-result``: a completed tool result, in a session no client interrupts, with no generation after it.
 - ``call-ends``: a call left `running`, without exactly one `function_call` and one `function_call_output`, or whose
   row disagrees with its one durable `tool.ended` (also how a stale epoch's late write shows).
@@ -39,9 +42,10 @@ from tests.retryable import RETRYABLE
 from .history import History, Record
 
 Row = dict[str, Any]
-CLIENT_INTERRUPTS = ("interrupt", "barge_in")
+CLIENT_INTERRUPTS = ("interrupt", "barge_in", "takeover")
 ENDED_STATES = ("closed", "failed")
-KEYED_OPS = ("create", "input", "say", "interrupt", "cancel", "progress", "result")
+KEYED_OPS = ("create", "input", "say", "interrupt", "cancel", "progress", "result", "takeover", "takeover_say")
+SAY_SOURCES = {"say": "say", "takeover_say": "operator"}  # a say op -> its speech's source
 EDGE_REPLACED = 4409
 INTERRUPT_SLACK_S = 0.5  # an interrupt sent this long before the input was accepted may still have ended its reply
 
@@ -86,6 +90,7 @@ class Checker:
             self.check_idempotency_records,
             self.check_answers,
             self.check_unanswered,
+            self.check_held,
             self.check_unreplied,
             self.check_calls,
             self.check_event_log,
@@ -150,13 +155,17 @@ class Checker:
                     self.add("lost-input", sid, f"input {key} answered 202 (item {item_id}), not in the chat")
 
     def check_says(self) -> None:
+        for op, source in SAY_SOURCES.items():
+            self._check_says(op, source)
+
+    def _check_says(self, op: str, source: str) -> None:
         speeches = self.durable.get("speeches", [])
-        for key, records in self._by_key("say").items():
+        for key, records in self._by_key(op).items():
             accepted = [r for r in records if r.get("status") == 202]
             if not accepted:
                 continue
             sid, text = accepted[0]["sid"], accepted[0]["text"]
-            rows = [s for s in speeches if s["session_id"] == sid and s["text"] == text and s["source"] == "say"]
+            rows = [s for s in speeches if s["session_id"] == sid and s["text"] == text and s["source"] == source]
             said = [i for i in self.chat.get(sid, []) if i["type"] == "message" and i["data"].get("text") == text]
             if len(rows) > 1 or len(said) > 1:
                 self.add("duplicate-effect", sid, f"say {key}: {len(rows)} speeches, {len(said)} chat messages")
@@ -263,9 +272,48 @@ class Checker:
             if self._generation_after(sid, seq) is not None:
                 continue
             speech_id = record["body"].get("speech_id")
+            if speech_id is None and self._held_at(sid, seq):
+                continue  # taken while an operator held the session: not answered then (``check_held``)
             if self._ended_queued(sid, speech_id) and self._client_interrupted(sid, record["t0"]):
                 continue
             self.add("unanswered-input", sid, f"input item {item_id} (user.input seq {seq}, speech {speech_id})")
+
+    def _held_windows(self, sid: str) -> list[tuple[int, int | None]]:
+        """The seq ranges in which an operator held the session: (taken_over, handed_back or None: to the end)."""
+        windows: list[tuple[int, int | None]] = []
+        start: int | None = None
+        for event in self.events.get(sid, []):
+            if event["type"] == "session.taken_over" and start is None:
+                start = int(event["seq"])
+            elif event["type"] == "session.handed_back" and start is not None:
+                windows.append((start, int(event["seq"])))
+                start = None
+        if start is not None:
+            windows.append((start, None))
+        return windows
+
+    def _held_at(self, sid: str, seq: int) -> bool:
+        return any(start < seq and (end is None or seq < end) for start, end in self._held_windows(sid))
+
+    def check_held(self) -> None:
+        """No generation while held; the reply a hand-back owes is generated (or a client's interrupt, or another
+        takeover, ended it before it started)."""
+        for sid, events in self.events.items():
+            for event in events:
+                if event["type"] == "generation.started" and self._held_at(sid, int(event["seq"])):
+                    speech = event["data"].get("speech_id")
+                    self.add("held-generation", sid, f"generation of {speech} at seq {event['seq']} while held")
+                if event["type"] == "session.handed_back" and event["data"].get("reply_speech_id"):
+                    speech_id = event["data"]["reply_speech_id"]
+                    generated = self._event_seq(sid, "generation.started", "speech_id", speech_id) is not None
+                    cut = any(  # ended by an interrupt, or by another takeover, before it started
+                        e["type"] == "speech.done"
+                        and e["data"].get("speech_id") == speech_id
+                        and e["data"]["interrupted"]
+                        for e in events
+                    )
+                    if not generated and not cut:
+                        self.add("unanswered-input", sid, f"hand-back at seq {event['seq']}: {speech_id} never ran")
 
     def check_unreplied(self) -> None:
         for sid, events in self.events.items():

@@ -1,6 +1,7 @@
 """The chaos load: sessions of four roles driven through the balancer, every operation recorded in the history.
 
-- ``chat``: inputs (some interrupting, some sent twice at once like a balancer's retry), `say`, interrupts.
+- ``chat``: inputs (some interrupting, some sent twice at once like a balancer's retry), `say`, interrupts, and an
+  operator's takeover round trip (take over, the user's input while held, the operator's words, hand back).
 - ``media``: the same with a media edge attached, whose barge-ins interrupt, and which says final transcripts (each
   with an id, sent again on each new connection until taken) every ``TRANSCRIPT_EVERY_S``.
 - ``tools``: scripted turns calling Python tools (a slow one, a cancellable search, one re-run after a crash, one
@@ -84,15 +85,20 @@ class Api:
         key: str | None = None,
         headers: dict[str, str] | None = None,
         retry_codes: frozenset[str] = frozenset(),
+        method: str = "POST",
         **fields: Any,
     ) -> Record:
-        """POST with the retry rule; ``retry_codes`` adds 4xx problem codes to retry (a webhook backend's)."""
+        """POST (or ``method``) with the retry rule; ``retry_codes`` adds 4xx problem codes to retry (a webhook
+        backend's)."""
         record = self.history.add("op", op=op, sid=sid, key=key, t0=now(), attempts=[], **fields)
         sent = {**(headers or {}), **({"Idempotency-Key": key} if key else {})}
         deadline = time.monotonic() + RETRY_FOR_S
         while True:
             try:
-                r = await self.http.post(path, json=body or {}, headers=sent)
+                if method == "POST":
+                    r = await self.http.post(path, json=body or {}, headers=sent)
+                else:
+                    r = await self.http.request(method, path, headers=sent)
             except httpx.TransportError as err:
                 record["attempts"].append([now(), "transport", type(err).__name__])
                 record.update(status="transport", code=type(err).__name__)
@@ -117,6 +123,11 @@ class Api:
         except httpx.TransportError:
             return None
         return r.json() if r.status_code == 200 else None
+
+
+def _ok(record: Record) -> bool:
+    status = record.get("status")
+    return isinstance(status, int) and 200 <= status < 300
 
 
 def _is_json(r: httpx.Response) -> bool:
@@ -240,6 +251,8 @@ class Load:
                 await self._say(sid, n)
             elif role == "media" and roll < 0.85:
                 await self._barge_in(sid)
+            elif role == "chat" and roll < 0.8:
+                await self._takeover(sid, n, rng)
             else:
                 await self._interrupt(sid)
 
@@ -263,6 +276,24 @@ class Load:
     async def _interrupt(self, sid: str) -> None:
         key = self._key("interrupt")
         await self.api.call("interrupt", f"/v1/sessions/{sid}/interrupt", {}, sid=sid, key=key)
+
+    async def _takeover(self, sid: str, n: int, rng: random.Random) -> None:
+        """An operator takes the session over, the user talks meanwhile, the operator answers, and hands it back: no
+        generation may start while it is held (the checker's ``held-generation``)."""
+        base = f"/v1/sessions/{sid}/takeover"
+        taken = await self.api.call("takeover", base, {}, sid=sid, key=self._key("takeover"))
+        if not _ok(taken):
+            return
+        if rng.random() < 0.7:
+            await self._input(sid, n, interrupt=rng.random() < 0.5, twice=False)
+        key = self._key("takeover_say")
+        text = f"operator {key}"
+        await self.api.call("takeover_say", f"{base}/say", {"text": text}, sid=sid, key=key, text=text)
+        if rng.random() < 0.5:
+            await self._input(sid, n, interrupt=False, twice=False)  # the last word is the user's: the agent replies
+        await self._pause(0.2, 1.0)
+        # a hand-back has no Idempotency-Key: one retried after its answer was lost finds nothing held (409 not_held)
+        await self.api.call("handback", base, sid=sid, method="DELETE")
 
     async def _barge_in(self, sid: str) -> None:
         edge = self.edges.get(sid)

@@ -358,3 +358,55 @@ def test_the_checker_retries_exactly_what_the_cluster_documents_as_retryable() -
     table = doc.split("### Retryable answers", 1)[1].split("\n### ", 1)[0]
     documented = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
     assert documented == set(RETRYABLE)
+
+
+def _held(reply_generated: bool, *, generation_while_held: bool = False) -> tuple[list[Any], dict[str, Any]]:
+    """A chat session: taken over, an input while held (answered with no speech), the operator's words, a hand-back
+    that owes a reply."""
+    records, durable = _clean()
+    records[0]["role"] = "chat"
+    durable["events"] = [*durable["events"][:4], durable["events"][-1]]  # input i1 answered; no tool call
+    durable["tool_calls"], durable["chat_items"] = [], durable["chat_items"][:1]
+    records.append(_op("takeover", SID, "t1", 200, {"operator": "desk", "since": "x"}))
+    records.append(_op("input", SID, "i2", 202, {"item_id": "item_2", "speech_id": None}, text="input i2"))
+    records.append(_op("takeover_say", SID, "s1", 202, {"speech_id": "sp_op"}, text="operator s1"))
+    durable["chat_items"].append(_item(1, "item_2", "message", None, role="user", text="input i2"))
+    durable["speeches"].append(
+        {
+            "session_id": SID,
+            "id": "sp_op",
+            "source": "operator",
+            "state": "done",
+            "interrupted": False,
+            "text": "operator s1",
+        }
+    )
+    for key, code in (("t1", 200), ("i2", 202), ("s1", 202)):
+        durable["idempotency_keys"].append({"key": key, "scope": "s", "status_code": code})
+    held = [
+        _event(20, 0, "session.taken_over", operator="desk", since="x"),
+        _event(21, 0, "user.input", item_id="item_2", text="input i2", final=True),
+        _event(22, 0, "speech.created", speech_id="sp_op", source="operator"),
+    ]
+    if generation_while_held:
+        held.append(_event(23, 0, "generation.started", speech_id="sp_x", step=0))
+    held += [
+        _event(24, 0, "speech.done", speech_id="sp_op", interrupted=False),
+        _event(25, 0, "session.handed_back", operator="desk", since="x", until="y", reply_speech_id="sp_2"),
+        _event(26, 0, "speech.created", speech_id="sp_2", source="reply"),
+    ]
+    if reply_generated:
+        held.append(_event(27, 0, "generation.started", speech_id="sp_2", step=0))
+    held.append(_event(28, 0, "speech.done", speech_id="sp_2", interrupted=False))
+    durable["events"] += held
+    _renumber(records, durable)
+    return records, durable
+
+
+def test_a_takeover_round_trip_with_its_reply_is_clean():
+    assert _classes(*_held(True)) == {}
+
+
+def test_a_generation_while_held_and_a_hand_back_whose_reply_never_ran_are_flagged():
+    assert set(_classes(*_held(True, generation_while_held=True))) == {"held-generation"}
+    assert set(_classes(*_held(False))) == {"unanswered-input"}
