@@ -464,3 +464,29 @@ async def test_a_handback_whose_event_a_crash_lost_is_reported_by_recovery():
         nxt.check_invariants()
     finally:
         await nxt.session.aclose()
+
+
+class RefusesTakeovers(MemoryStore):
+    """A store that rejects, for good, the write that would make the session held."""
+
+    async def write(self, session_id: str, commit: Any) -> None:
+        if commit.session is not None and commit.session.takeover is not None:
+            raise ValueError("rejected by the store")
+        await super().write(session_id, commit)
+
+
+async def test_a_takeover_the_store_rejects_leaves_the_session_to_its_agent():
+    h = Harness(Desk(), [{"text": LONG}, {"text": "Still here."}])
+    h.store = RefusesTakeovers()
+    h.session.writes.store = h.store
+    async with h:
+        await h.session.input("talk")
+        await h.wait_for("speech.started")
+        with pytest.raises(ValueError):
+            await h.session.take_over("alice")
+        assert h.session.seat.hold is None and not h.session.seat.held
+        assert not h.of_type("session.taken_over")
+        result = await h.session.input("are you there?")
+        assert result.speech_id is not None  # not deaf, not held: the agent answers
+        await h.idle()
+        assert h.summary()[-1] == ("assistant", "Still here.")

@@ -154,6 +154,8 @@ class OperatorSeat:
             raise HeldByOther(current)
         session = self._session
         self._taking += 1
+        self._skipped = False
+        taken = False
         try:
             await session.speculation.discard()
             interrupted = await session.speeches.interrupt_current(force=True)
@@ -171,14 +173,13 @@ class OperatorSeat:
                 )
 
             state = session.snapshot().model_copy(update={"takeover": hold})
-            try:
-                await session.commit(Commit(session=state, receipts=completions(hold, receipt)), then=apply)
-            except BaseException:
-                self._owe_skipped()
-                raise
+            await session.commit(Commit(session=state, receipts=completions(hold, receipt)), then=apply)
+            taken = True
             return hold
         finally:
             self._taking -= 1
+            if not taken:
+                self._owe_skipped()
 
     async def say(self, operator: str, text: str, *, receipt: Receipt[SpeechHandle] | None) -> SpeechHandle:
         """Speak ``text`` as the agent, for the operator who holds the session (after what is queued)."""
@@ -186,12 +187,6 @@ class OperatorSeat:
         self.last_seen = utcnow()
         job = operator_job(self._session.speeches, text, operator)
         return await self._session.speeches.queue_durably(job, receipt)
-
-    def heartbeat(self, operator: str) -> Takeover:
-        """The holding operator is still there."""
-        hold = self._check_holder(operator, force=False)
-        self.last_seen = utcnow()
-        return hold
 
     async def hand_back(self, by: str, *, force: bool) -> HandBack:
         """End the hold: the note in the chat, and a reply when the conversation's last word is not the agent's."""
@@ -235,7 +230,7 @@ class OperatorSeat:
 
     def _owe_skipped(self) -> None:
         """A takeover failed after holding back a reply: that reply is owed again (a deferred one answers)."""
-        if self._skipped and self.hold is None:
+        if self._skipped and not self.held:
             self._skipped = False
             logger.warning("session %s: a takeover failed; replying to what it held back", self._session.id)
             self._session.speeches.schedule_deferred_reply()
