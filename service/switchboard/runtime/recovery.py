@@ -49,8 +49,9 @@ async def recover(
     made it, also after a handoff that the session's move did at once while that call still ran.
     """
     if reported is not None:
-        report_missing(session.events, session.chat.items, tool_calls, speeches, reported)
+        # the hold first: input a crash left unreported was taken after it (a held session's is not answered)
         report_hold(session.events, session.seat.hold, reported)
+        report_missing(session.events, session.chat.items, tool_calls, speeches, reported)
     for info in tool_calls:
         session.executor.adopt(info)
     await session.agent.load_tools()  # a call of an MCP tool is re-run or ended by its tool's policy
