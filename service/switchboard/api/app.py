@@ -38,7 +38,7 @@ from ..integrations.webhooks import Webhooks
 from ..runtime.agent import AgentRegistry
 from ..runtime.aio import cancel_and_wait
 from ..store import Store
-from . import asyncapi, docs_pages, openapi_doc, problems, routes_agents, routes_health
+from . import asyncapi, docs_pages, openapi_doc, problems, routes_agents, routes_alerts, routes_health
 from .cluster import routes as cluster_routes
 from .cluster.forward import ForwardedGuard, SessionElsewhere, forward
 from .cluster.routing import OwnerRouting
@@ -359,7 +359,7 @@ def create_app(
             request, exc, found.forwarder, found.settings.cluster_secret, count=found.metrics.on_forward
         )
 
-    routers = (session_routes, session_export, tool_routes, tool_reports, routes_agents, cluster_routes)
+    routers = (session_routes, session_export, tool_routes, tool_reports, routes_agents, routes_alerts, cluster_routes)
     for router in (module.router for module in routers):
         app.include_router(router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(event_routes.router)
