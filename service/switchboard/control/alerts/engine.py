@@ -170,8 +170,8 @@ class AlertEngine:
         for sid in live:
             for code, alert in list(self._open.get(sid, {}).items()):
                 if (sid, code) not in current:
-                    del self._open[sid][code]
                     await self._clear(alert, "its reason is gone")
+                    del self._open[sid][code]  # once cleared: a clear that failed is tried again next round
 
     async def _clear(self, alert: AlertRecord, why: str) -> None:
         sinks = [name for name in alert.opened_deliveries if name in self.sinks]
