@@ -164,9 +164,10 @@ class SinkWorker:
                 return
             wait_s = self._policy.wait_s(job.status.attempts)
             logger.warning(
-                "alert %s (%s) to sink %s: attempt %d failed (%s); retrying in %.1f s",
+                "alert %s (%s, message %s) to sink %s: attempt %d failed (%s); retrying in %.1f s",
                 job.alert_id,
                 job.kind,
+                job.message_id,
                 self.sink.name,
                 job.status.attempts,
                 error,
