@@ -42,7 +42,7 @@ class AlertSink(BaseModel):
     """A webhook that receives alerts (``SWITCHBOARD_ALERT_SINKS``, see docs/alerts.md): the reasons and the agents it
     subscribes to (unset: every one), where it is, and the Standard Webhooks secret its deliveries are signed with."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # a bad entry is refused unquoted: its secret
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     url: str
@@ -75,7 +75,10 @@ class AlertSink(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SWITCHBOARD_", env_file=None, extra="ignore")
+    # hide_input_in_errors: a refused setting is named, never quoted (it may hold a key or a secret)
+    model_config = SettingsConfigDict(
+        env_prefix="SWITCHBOARD_", env_file=None, extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: str = "sqlite+aiosqlite:///./var/switchboard.db"
     agents: str | None = None
@@ -160,7 +163,7 @@ class Settings(BaseSettings):
     attention_silence_s: float = Field(default=8.0, gt=0)  # a reply to input not yet heard this long
     # Alerts (docs/alerts.md): the webhooks that receive each session's reasons for attention, as a JSON list of
     # {name, url, secret, reasons?, agents?, timeout_s?}; the same on every node of a cluster
-    alert_sinks: list[AlertSink] = Field(default_factory=list)
+    alert_sinks: Annotated[list[AlertSink], NoDecode] = Field(default_factory=list)
     alert_interval_s: float = Field(default=2.0, gt=0, le=60)  # how often the sessions' reasons are compared
     alert_max_attempts: int = Field(default=8, ge=1, le=50)  # a delivery is given up after this many attempts
     alert_backoff_s: float = Field(default=1.0, gt=0)  # the wait after a first failed attempt, doubled each time
@@ -237,8 +240,14 @@ class Settings(BaseSettings):
 
     @field_validator("alert_sinks", mode="before")
     @classmethod
-    def _empty_sinks(cls, value: object) -> object:
-        return [] if value in ("", None) else value
+    def _sinks_json(cls, value: object) -> object:
+        """A JSON list in the environment; set to nothing (a compose file's ``${VAR:-}``): no sink."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else []
+            except json.JSONDecodeError as err:  # said without quoting what was given (it holds secrets)
+                raise ValueError(f"not JSON ({err.msg} at character {err.pos})") from None
+        return [] if value is None else value
 
     @field_validator("alert_sinks", mode="after")
     @classmethod

@@ -84,11 +84,21 @@ class AlertEngine:
         await self.dispatcher.aclose()
 
     async def _run(self) -> None:
+        failing = False
         while True:
             try:
                 await self.round()
-            except Exception:
-                logger.exception("alerts: a round failed; trying again in %.1f s", self.interval_s)
+            except Exception as err:
+                # once per outage with its traceback (the database down fails every round until it is back)
+                if not failing:
+                    logger.exception("alerts: a round failed; trying again every %.1f s", self.interval_s)
+                else:
+                    logger.debug("alerts: a round failed again: %r", err)
+                failing = True
+            else:
+                if failing:
+                    logger.info("alerts: rounds succeed again")
+                failing = False
             await asyncio.sleep(self.interval_s)
 
     # -- one round --------------------------------------------------------------------------------------------
