@@ -18,13 +18,13 @@ from pydantic import BaseModel, Field
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ..runtime.status import LIVE_STATUSES
+from ..runtime.status import ENDED_STATUSES
 from . import models as m
 from .engine import IMMEDIATE
 
 OPENED = "opened"
 CLEARED = "cleared"
-_LIVE = tuple(sorted(s.value for s in LIVE_STATUSES))
+_ENDED = tuple(sorted(s.value for s in ENDED_STATUSES))  # over for good (a session being moved is not)
 
 
 class DeliveryState(StrEnum):
@@ -168,7 +168,7 @@ class Alerts:
         """Open alerts whose session is no longer live: every one of a closed session, and those of a failed one but
         its ``session_failed`` alert, which stays open until ``keep_failed_since``."""
         a, s = m.alerts, m.sessions
-        ended = sa.select(s.c.id, s.c.state).where(s.c.state.not_in(_LIVE)).subquery()
+        ended = sa.select(s.c.id, s.c.state).where(s.c.state.in_(_ENDED)).subquery()
         stmt = (
             sa.select(a)
             .join(ended, ended.c.id == a.c.session_id)
