@@ -248,6 +248,28 @@ async def test_a_session_moved_to_another_node_is_not_alerted_again_and_its_clea
             await b.aclose()
 
 
+async def test_two_nodes_that_both_run_a_session_for_a_moment_open_its_alert_once(store: Store) -> None:
+    reasons = Reasons()
+    await node(store, "node-a")
+    await node(store, "node-b")
+    async with AlertReceiver() as receiver:
+        a = engine(store, reasons, {"s1": live()}, [sink(receiver)], node="node-a")
+        b = engine(store, reasons, {"s1": live()}, [sink(receiver)], node="node-b")
+        try:
+            reasons.now["s1"] = [reason(AttentionCode.TOOL_FAILED)]
+            await asyncio.gather(a.round(), b.round())
+            await asyncio.gather(a.round(), b.round())
+            await settled(store)
+            reasons.now["s1"] = []
+            await asyncio.gather(a.round(), b.round())
+            await settled(store)
+            assert [m.type for m in receiver.messages] == ["alert.opened", "alert.cleared"]
+            assert len(await store.alerts.listing(include_cleared=True)) == 1
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+
 async def test_an_alert_of_a_session_that_ended_is_cleared_by_any_node(db: Db, store: Store) -> None:
     reasons = Reasons()
     await node(store, "node-a")
