@@ -100,6 +100,16 @@ def test_the_tokenizer_finds_metric_names_and_leaves_labels_and_functions_out() 
     assert metric_names(expr) == {"switchboard_store_commit_seconds_bucket"}
 
 
+def test_the_monitoring_profile_loads_the_rules() -> None:
+    prometheus = yaml.safe_load((RULES.parent / "prometheus.yml").read_text())
+    assert prometheus["rule_files"] == [RULES.name]
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert (
+        f"./deploy/prometheus/{RULES.name}:/etc/prometheus/{RULES.name}:ro"
+        in compose["services"]["prometheus"]["volumes"]
+    )
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
 def test_promtool_checks_the_rules() -> None:
     done = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
