@@ -69,6 +69,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("GET", "/v1/tool-calls"): "sessions:read",
     ("GET", "/v1/agents"): "sessions:read",
     ("GET", "/v1/agents/{name}"): "sessions:read",
+    ("GET", "/v1/alerts"): "sessions:read",
     ("WS", "/v1/sessions/{sid}/events"): "events:read",
     ("WS", "/v1/events"): "events:read",
     ("WS", "/v1/sessions/{sid}/media"): "media:connect",

@@ -23,7 +23,7 @@ from switchboard.store.models import metadata
 from .conftest import Db
 
 REPO = Path(__file__).resolve().parents[2]
-HEAD = "0011"
+HEAD = "0012"
 TABLES = {"sessions", "chat_items", "tool_calls", "speeches", "events", "idempotency_keys", "nodes"}
 
 

@@ -156,9 +156,13 @@ class Process:
         await self.webhooks.aclose()
 
     async def waiting(self, call_id: str = "c1") -> None:
-        """Until the call waits here for its backend's report."""
+        """Until the call waits here for its backend's report and the backend holds its delivery. A call waits for
+        its report from before its delivery is sent, so a test that moved the session as soon as the call waited
+        could stop the delivery on its way; a resumed call is not delivered again: its first delivery counts."""
         async with asyncio.timeout(WAIT_S):
-            while self.webhooks.broker.waiting(self.h.sid, call_id) is None:
+            while self.webhooks.broker.waiting(self.h.sid, call_id) is None or not any(
+                c["call_id"] == call_id for c in self.backend.calls
+            ):
                 await asyncio.sleep(0.002)
 
     async def result(self, output: str, call_id: str = "c1") -> None:

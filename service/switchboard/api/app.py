@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..control import tracing
+from ..control.alerts import AlertEngine, RetryPolicy
 from ..control.cluster.drain import drain
 from ..control.cluster.fanout import RedisFanout
 from ..control.cluster.feed import ClusterFeed
@@ -37,7 +38,7 @@ from ..integrations.webhooks import Webhooks
 from ..runtime.agent import AgentRegistry
 from ..runtime.aio import cancel_and_wait
 from ..store import Store
-from . import asyncapi, docs_pages, openapi_doc, problems, routes_agents, routes_health
+from . import asyncapi, docs_pages, openapi_doc, problems, routes_agents, routes_alerts, routes_health
 from .cluster import routes as cluster_routes
 from .cluster.forward import ForwardedGuard, SessionElsewhere, forward
 from .cluster.routing import OwnerRouting
@@ -142,6 +143,27 @@ def _transcript_budget(settings: Settings, metrics: Metrics) -> TranscriptBudget
     return TranscriptBudget(_rate_limits(settings, metrics, "media", rate, 2 * rate))
 
 
+def _alert_engine(host: SessionHost, store: Store, settings: Settings, metrics: Metrics, node_id: str) -> AlertEngine:
+    """The alerts of the sessions this node runs, sent to the configured sinks (``control.alerts``)."""
+    policy = RetryPolicy(
+        max_attempts=settings.alert_max_attempts,
+        backoff_s=settings.alert_backoff_s,
+        backoff_max_s=settings.alert_backoff_max_s,
+        queue_max=settings.alert_queue_max,
+    )
+    return AlertEngine(
+        store=store,
+        tracker=host.attention,
+        sessions=host.sessions,
+        node_id=node_id,
+        sinks=settings.alert_sinks,
+        policy=policy,
+        interval_s=settings.alert_interval_s,
+        observer=metrics,
+        store_unavailable=lambda: store.writer.unavailable,
+    )
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -243,6 +265,7 @@ def create_app(
         )
         metrics.bind(lambda: len(host.sessions), lambda: hub.subscriber_count)
         metrics.bind_node(host)
+        metrics.bind_attention(host, [sink.name for sink in settings.alert_sinks])
         app.state.services = Services(
             settings=settings,
             store=store,
@@ -278,6 +301,9 @@ def create_app(
             # take over the sessions of nodes that die (cluster mode); retry a session whose recovery failed (both)
             adopt = host.adopt_forever(lease.lease_s / 2, claim=settings.cluster_mode)
             tasks.append(asyncio.create_task(adopt, name="adopt"))
+            if settings.alert_sinks:
+                host.alerts = _alert_engine(host, store, settings, metrics, lease.node_id)
+                host.alerts.start()
             logger.info("switchboard ready (%d live sessions)", len(host.sessions))
             logger.info("agents: %s", ", ".join(registry.names()))
             logger.info("operator console: http://%s:%d/console/", settings.host, settings.port)
@@ -285,6 +311,8 @@ def create_app(
                 yield
         finally:
             await cancel_and_wait(*tasks)
+            if host.alerts is not None:
+                await host.alerts.aclose()
             await host.aclose()
             await webhooks.aclose()
             await forwarder.aclose()
@@ -339,6 +367,7 @@ def create_app(
         tool_routes,
         tool_reports,
         routes_agents,
+        routes_alerts,
         cluster_routes,
     )
     for router in (module.router for module in routers):

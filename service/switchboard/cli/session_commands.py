@@ -1,4 +1,4 @@
-"""``switchboard create|say|chat|close|agents|attention``: session life cycle and discovery, on the typed client.
+"""``switchboard create|say|chat|close|agents|attention|alerts``: session life cycle and discovery, on the typed client.
 
 Same options as the other operator commands (``--url``/``SWITCHBOARD_URL``, ``--key``/``SWITCHBOARD_KEY``, before or
 after the command); an API error is one plain line on stderr and a non-zero exit.
@@ -119,6 +119,26 @@ def cmd_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_alerts(args: argparse.Namespace) -> int:
+    with _client(args) as sb:
+        alerts = sb.list_alerts(include_cleared=args.all, session_id=args.session)
+    if args.json:
+        print(json.dumps([a.model_dump(mode="json") for a in alerts], indent=2))
+        return 0
+    if not alerts:
+        print("no alert open" if not args.all else "no alert")
+        return 0
+    rows = []
+    for a in alerts:
+        sent = ", ".join(
+            f"{d.sink}: {d.state}" + (" (cleared)" if d.transition == "cleared" else "") for d in a.deliveries
+        )
+        state = "open" if a.cleared_at is None else "cleared"
+        rows.append([a.id, a.session_id, a.reason, state, age(a.opened_at.isoformat()), sent or "-"])
+    table(rows, ["ALERT", "SESSION", "REASON", "STATE", "OPENED", "SINKS"], sys.stdout)
+    return 0
+
+
 def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -171,3 +191,8 @@ def add_session_commands(sub: Any) -> None:
     p = sub.add_parser("attention", parents=[common], help="sessions that need an operator, and why")
     p.add_argument("--agent", help="only sessions of this agent")
     p.set_defaults(func=_guarded(cmd_attention))
+
+    p = sub.add_parser("alerts", parents=[common], help="alerts sent to the webhook sinks, and how each delivery went")
+    p.add_argument("--all", action="store_true", help="cleared alerts too")
+    p.add_argument("--session", help="only this session's alerts")
+    p.set_defaults(func=_guarded(cmd_alerts))

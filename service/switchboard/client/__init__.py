@@ -26,6 +26,8 @@ from .media import MediaConnection, MediaFrame
 from .models import (
     AgentHandoff,
     AgentInfo,
+    Alert,
+    AlertDelivery,
     AttentionReason,
     ChatItem,
     ChatMessage,
@@ -56,6 +58,8 @@ from .sync import Client
 __all__ = [
     "AgentHandoff",
     "AgentInfo",
+    "Alert",
+    "AlertDelivery",
     "AsyncClient",
     "AsyncEventStream",
     "AttentionReason",

@@ -13,6 +13,8 @@ from ._http import Call
 from .models import (
     AgentInfo,
     AgentList,
+    Alert,
+    AlertList,
     Chat,
     HandBack,
     Health,
@@ -123,6 +125,17 @@ def _agents(r: httpx.Response) -> list[AgentInfo]:
 
 def list_agents() -> Call[list[AgentInfo]]:
     return Call("GET", "/v1/agents", _agents)
+
+
+def list_alerts(
+    *, include_cleared: bool = False, session_id: str | None = None, limit: int | None = None
+) -> Call[list[Alert]]:
+    params: dict[str, str | int] = {"state": "all" if include_cleared else "open"}
+    if session_id is not None:
+        params["session_id"] = session_id
+    if limit is not None:
+        params["limit"] = limit
+    return Call("GET", "/v1/alerts", lambda r: AlertList.model_validate_json(r.content).items, params=params)
 
 
 def get_agent(name: str) -> Call[AgentInfo]:

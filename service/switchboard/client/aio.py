@@ -14,6 +14,7 @@ from .events import AsyncEventStream, ResumeHook, stream_position
 from .media import MediaConnection, media_url
 from .models import (
     AgentInfo,
+    Alert,
     ChatItem,
     HandBack,
     Health,
@@ -127,6 +128,13 @@ class AsyncClient:
     async def list_agents(self) -> list[AgentInfo]:
         """The registered agents, with their tools and default model."""
         return await self._send(_ops.list_agents())
+
+    async def list_alerts(
+        self, *, include_cleared: bool = False, session_id: str | None = None, limit: int | None = None
+    ) -> list[Alert]:
+        """The alerts sent to the server's webhook sinks, newest first: the open ones (``include_cleared``: all), each
+        with its deliveries to each sink."""
+        return await self._send(_ops.list_alerts(include_cleared=include_cleared, session_id=session_id, limit=limit))
 
     async def get_agent(self, name: str) -> AgentInfo:
         return await self._send(_ops.get_agent(name))

@@ -104,6 +104,35 @@ class AgentList(_Model):
     items: list[AgentInfo]
 
 
+class AlertDelivery(_Model):
+    """One transition of an alert (``opened``, ``cleared``) sent to one sink, and how it went."""
+
+    sink: str
+    transition: str
+    state: str  # pending, delivered, failed, dropped
+    attempts: int = 0
+    last_error: str | None = None
+    updated_at: datetime | None = None
+
+
+class Alert(_Model):
+    """A session's reason for attention sent to the server's webhook sinks, from when it opened until it cleared."""
+
+    id: str
+    session_id: str
+    reason: str
+    agent: str
+    message: str
+    since: datetime
+    opened_at: datetime
+    cleared_at: datetime | None = None
+    deliveries: list[AlertDelivery] = Field(default_factory=list)
+
+
+class AlertList(_Model):
+    items: list[Alert]
+
+
 class SessionList(_Model):
     """One page of sessions. ``missing_nodes``: in cluster mode, the nodes that did not answer an attention list in
     time (the service's ``Switchboard-Missing-Nodes`` header); their sessions are not in ``items``."""

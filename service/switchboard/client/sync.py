@@ -13,6 +13,7 @@ from ._http import Call, RetryPolicy, T, auth_headers, send
 from .events import EventStream, ResumeHook, stream_position
 from .models import (
     AgentInfo,
+    Alert,
     ChatItem,
     HandBack,
     Health,
@@ -128,6 +129,13 @@ class Client:
     def list_agents(self) -> list[AgentInfo]:
         """The registered agents, with their tools and default model."""
         return self._send(_ops.list_agents())
+
+    def list_alerts(
+        self, *, include_cleared: bool = False, session_id: str | None = None, limit: int | None = None
+    ) -> list[Alert]:
+        """The alerts sent to the server's webhook sinks, newest first: the open ones (``include_cleared``: all), each
+        with its deliveries to each sink."""
+        return self._send(_ops.list_alerts(include_cleared=include_cleared, session_id=session_id, limit=limit))
 
     def get_agent(self, name: str) -> AgentInfo:
         return self._send(_ops.get_agent(name))

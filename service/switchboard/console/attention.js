@@ -2,6 +2,8 @@
 // and how long ago each began. It refreshes every POLL_MS over REST (with or without auth) and clears an entry when
 // the service no longer reports it. In cluster mode a node that did not answer in time is named in the response's
 // Switchboard-Missing-Nodes header: the queue says so, since that node's sessions are missing from it.
+// A reason that was alerted (GET /v1/alerts: delivered to the server's webhook sinks) is marked with the sinks it went
+// to and how each delivery went.
 
 import { formatAge, h } from "./dom.js";
 
@@ -16,7 +18,23 @@ export const REASON_LABELS = {
   speech_stalled: "Speech stalled",
   silence_after_input: "Caller hears silence",
   session_failed: "Session failed",
+  operator_quiet: "Operator quiet",
 };
+
+export const DELIVERY_LABELS = {
+  pending: "sending",
+  delivered: "delivered",
+  failed: "failed",
+  dropped: "dropped",
+};
+
+/** "pager (delivered), chat (sending)": the sinks an alert was opened to, and how each delivery went. */
+export function alertSummary(alert) {
+  return alert.deliveries
+    .filter((d) => d.transition === "opened")
+    .map((d) => `${d.sink} (${DELIVERY_LABELS[d.state] || d.state})`)
+    .join(", ");
+}
 
 export class AttentionQueue {
   constructor({ api, list, empty, missing, count, onError }) {
@@ -27,6 +45,7 @@ export class AttentionQueue {
     this.count = count;
     this.onError = onError;
     this.items = [];
+    this.alerts = new Map(); // "<session id> <reason>" -> its open alert
     this._timer = null;
     this._tick = null;
   }
@@ -57,8 +76,21 @@ export class AttentionQueue {
       return;
     }
     this.items = answer.body.items;
+    this.alerts = await this._alerts();
     this._render();
     this._missing(answer.headers.get(MISSING_NODES_HEADER));
+  }
+
+  /** The open alerts by session and reason; none when they cannot be read (the queue shows without them). */
+  async _alerts() {
+    const found = new Map();
+    try {
+      const answer = await this.api.request("GET", "/v1/alerts?limit=500");
+      for (const alert of answer.items) found.set(`${alert.session_id} ${alert.reason}`, alert);
+    } catch (err) {
+      if (err.status !== 401 && err.status !== 403) this.onError(err, "Loading the alerts failed");
+    }
+    return found;
   }
 
   /** Name the nodes that did not answer (a comma-separated header value), or hide the note when none is missing. */
@@ -77,17 +109,29 @@ export class AttentionQueue {
     const rows = this.items.map((s) => {
       const reasons = h("ul", { class: "reasons" });
       for (const r of s.attention) {
-        reasons.append(
-          h(
-            "li",
-            { dataset: { code: r.code, since: r.since } },
-            h("strong", { text: REASON_LABELS[r.code] || r.code }),
-            " ",
-            h("span", { class: "reason-message", text: r.message }),
-            " ",
-            h("span", { class: "muted since", text: `${formatAge(Date.now() - Date.parse(r.since))} ago` }),
-          ),
+        const item = h(
+          "li",
+          { dataset: { code: r.code, since: r.since } },
+          h("strong", { text: REASON_LABELS[r.code] || r.code }),
+          " ",
+          h("span", { class: "reason-message", text: r.message }),
+          " ",
+          h("span", { class: "muted since", text: `${formatAge(Date.now() - Date.parse(r.since))} ago` }),
         );
+        const alert = this.alerts.get(`${s.id} ${r.code}`);
+        if (alert) {
+          const sinks = alertSummary(alert);
+          item.append(
+            " ",
+            h("span", {
+              class: "alerted",
+              dataset: { alertId: alert.id, sinks: alert.deliveries.map((d) => `${d.sink}:${d.state}`).join(",") },
+              title: `Alert ${alert.id}`,
+              text: sinks ? `Alerted: ${sinks}` : "Alerted (no sink subscribes)",
+            }),
+          );
+        }
+        reasons.append(item);
       }
       return h(
         "li",

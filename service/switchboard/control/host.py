@@ -26,6 +26,7 @@ from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..runtime.tools import FunctionTool
 from ..store import QuotaFull, SessionData, SessionExists, SessionRecord, Store
+from .alerts import AlertEngine
 from .attention import ATTENTION_EVENTS, KEEP_FAILED, AttentionReason, AttentionTracker, Thresholds
 from .catalog import AgentCatalog, ModelSummary, summarize_model
 from .cluster.ownership import NodeLease
@@ -128,6 +129,7 @@ class SessionHost:
                 operator_quiet_s=settings.attention_operator_quiet_s,
             )
         )
+        self.alerts: AlertEngine | None = None  # the reasons delivered to webhook sinks, when some are configured
         self._wrap_sink = wrap_sink  # tracing sees each event as it is emitted
         self._wrap_llm = wrap_llm  # and each generation's usage
         # one of each per epoch, shared by the sessions of that epoch: neither keeps anything of a session's own

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..runtime.events import Event
+from .attention import AttentionCode
 from .cluster.fanout import REJECT_REASONS
 
 CONNECTION_CLOSE_REASONS = ("header_timeout", "per_client", "pending_full")  # api.connections
@@ -136,6 +137,42 @@ class _Cluster(Collector):
         discarded.add_metric(["cursor"], self._feed.discarded)
         discarded.add_metric(["session"], self._feed.order.discarded)
         yield discarded
+
+
+class _Attention(Collector):
+    """The live sessions that need an operator now, by reason; and, with alert sinks, the alerts this node tracks and
+    the deliveries waiting for each sink."""
+
+    def __init__(self, host: SessionHost) -> None:
+        self._host = host
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        host = self._host
+        unavailable = host.store.writer.unavailable
+        counts: dict[str, int] = {}
+        for sid, live in list(host.sessions.items()):
+            for reason in host.attention.reasons(sid, live, store_unavailable=unavailable):
+                counts[str(reason.code)] = counts.get(str(reason.code), 0) + 1
+        needing = GaugeMetricFamily(
+            "switchboard_sessions_needing_attention",
+            "Live sessions of this node with a reason for attention, by reason (a session may count under several)",
+            labels=["reason"],
+        )
+        for code in sorted(set(counts) | {str(c) for c in AttentionCode}):
+            needing.add_metric([code], counts.get(code, 0))
+        yield needing
+        engine = host.alerts
+        if engine is None:
+            return
+        yield GaugeMetricFamily(
+            "switchboard_alerts_open", "Open alerts of the sessions this node runs", value=engine.open_alerts()
+        )
+        queue = GaugeMetricFamily(
+            "switchboard_alert_queue", "Alert deliveries waiting for a sink on this node, by sink", labels=["sink"]
+        )
+        for sink, waiting in engine.waiting().items():
+            queue.add_metric([sink], waiting)
+        yield queue
 
 
 class Metrics:
@@ -259,6 +296,19 @@ class Metrics:
             buckets=HTTP_BUCKETS_S,
             registry=r,
         )
+        self.alert_attempts = Counter(
+            "switchboard_alert_delivery_attempts",
+            "Attempts to deliver an alert to a webhook sink, by sink and result (ok: answered 2xx; error: not)",
+            ["sink", "result"],
+            registry=r,
+        )
+        self.alert_deliveries = Counter(
+            "switchboard_alert_deliveries",
+            "Alert deliveries ended, by sink, transition (opened, cleared) and state: delivered, failed (every attempt "
+            "failed) or dropped (the sink's queue was full)",
+            ["sink", "transition", "state"],
+            registry=r,
+        )
         self.websockets = Counter(
             "switchboard_websocket_connections",
             "WebSocket connections accepted, by route template",
@@ -308,6 +358,21 @@ class Metrics:
             host.lease.on_renewed = self.lease_renew.observe
             if host.lease.renew_latency_s is not None:  # its registration, before the metrics were bound
                 self.lease_renew.observe(host.lease.renew_latency_s)
+
+    def bind_attention(self, host: SessionHost, sinks: list[str]) -> None:
+        """Sessions needing attention, and the alerts of ``host`` (``host.alerts``) to ``sinks``, counted from 0."""
+        self.registry.register(_Attention(host))
+        for sink in sinks:
+            for result in ("ok", "error"):
+                self.alert_attempts.labels(sink, result)
+
+    # -- DeliveryObserver (control.alerts) --
+
+    def alert_attempt(self, sink: str, ok: bool) -> None:
+        self.alert_attempts.labels(sink, "ok" if ok else "error").inc()
+
+    def alert_delivery(self, sink: str, kind: str, state: str) -> None:
+        self.alert_deliveries.labels(sink, kind, state).inc()
 
     def bind_cluster(self, fanout: RedisFanout, feed: ClusterFeed) -> None:
         self.registry.register(_Cluster(fanout, feed))

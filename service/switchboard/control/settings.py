@@ -5,12 +5,15 @@ from __future__ import annotations
 import ipaddress
 import json
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from ..integrations.signing import MAKE_STANDARD_SECRET, STANDARD_SECRET_PREFIX, signing_key
 
 Scope = Literal[
     "sessions:read",
@@ -35,8 +38,47 @@ class ApiKey(BaseModel):
     name: str | None = None
 
 
+class AlertSink(BaseModel):
+    """A webhook that receives alerts (``SWITCHBOARD_ALERT_SINKS``, see docs/alerts.md): the reasons and the agents it
+    subscribes to (unset: every one), where it is, and the Standard Webhooks secret its deliveries are signed with."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # a bad entry is refused unquoted: its secret
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    url: str
+    secret: str = Field(repr=False)
+    reasons: list[str] | None = None  # attention reason codes (any code, a future one too); None: every reason
+    agents: list[str] | None = None  # agent names; None: every agent
+    timeout_s: float = Field(default=5.0, gt=0, le=60)  # one attempt's bound
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("an alert sink's url must be an http:// or https:// URL with a host")
+        return value
+
+    @field_validator("secret")
+    @classmethod
+    def _standard_secret(cls, value: str) -> str:
+        if not value.startswith(STANDARD_SECRET_PREFIX):
+            raise ValueError(f"an alert sink's secret must be a Standard Webhooks secret ({MAKE_STANDARD_SECRET})")
+        signing_key(value)  # ValueError: says what is wrong, never quoting it
+        return value
+
+    def subscribes(self, reason: str, agents: Iterable[str]) -> bool:
+        """The sink wants an alert of ``reason`` for a session running (or started with) one of ``agents``."""
+        if self.reasons is not None and reason not in self.reasons:
+            return False
+        return self.agents is None or any(agent in self.agents for agent in agents)
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SWITCHBOARD_", env_file=None, extra="ignore")
+    # hide_input_in_errors: a refused setting is named, never quoted (it may hold a key or a secret)
+    model_config = SettingsConfigDict(
+        env_prefix="SWITCHBOARD_", env_file=None, extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: str = "sqlite+aiosqlite:///./var/switchboard.db"
     agents: str | None = None
@@ -121,6 +163,14 @@ class Settings(BaseSettings):
     attention_silence_s: float = Field(default=8.0, gt=0)  # a reply to input not yet heard this long
     # an operator holding a session (a takeover) with no say nor heartbeat this long
     attention_operator_quiet_s: float = Field(default=60.0, gt=0)
+    # Alerts (docs/alerts.md): the webhooks that receive each session's reasons for attention, as a JSON list of
+    # {name, url, secret, reasons?, agents?, timeout_s?}; the same on every node of a cluster
+    alert_sinks: Annotated[list[AlertSink], NoDecode] = Field(default_factory=list)
+    alert_interval_s: float = Field(default=2.0, gt=0, le=60)  # how often the sessions' reasons are compared
+    alert_max_attempts: int = Field(default=8, ge=1, le=50)  # a delivery is given up after this many attempts
+    alert_backoff_s: float = Field(default=1.0, gt=0)  # the wait after a first failed attempt, doubled each time
+    alert_backoff_max_s: float = Field(default=60.0, gt=0)  # and capped at this
+    alert_queue_max: int = Field(default=1000, ge=1)  # deliveries waiting per sink; more drop the oldest
 
     # Browsers (see docs/security.md). With auth off only loopback Host and Origin headers are accepted; these add
     # host names (no port) and exact origins ("https://ops.example.com") for a trusted proxy or dashboard.
@@ -190,6 +240,25 @@ class Settings(BaseSettings):
     def _origins_lower(cls, value: list[str]) -> list[str]:
         return [origin.lower().rstrip("/") for origin in value]
 
+    @field_validator("alert_sinks", mode="before")
+    @classmethod
+    def _sinks_json(cls, value: object) -> object:
+        """A JSON list in the environment; set to nothing (a compose file's ``${VAR:-}``): no sink."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else []
+            except json.JSONDecodeError as err:  # said without quoting what was given (it holds secrets)
+                raise ValueError(f"not JSON ({err.msg} at character {err.pos})") from None
+        return [] if value is None else value
+
+    @field_validator("alert_sinks", mode="after")
+    @classmethod
+    def _unique_sinks(cls, value: list[AlertSink]) -> list[AlertSink]:
+        names = [sink.name for sink in value]
+        if len(set(names)) != len(names):
+            raise ValueError("alert sinks need distinct names")
+        return value
+
     @field_validator("models", mode="before")
     @classmethod
     def _empty_models(cls, value: object) -> object:
@@ -225,7 +294,8 @@ class Settings(BaseSettings):
 
     def secret_values(self) -> list[str]:
         """The secrets these settings hold (API keys, the token and cluster secrets): kept out of every log line."""
-        return [*(api_key.key for api_key in self.api_keys), self.token_secret, self.cluster_secret or ""]
+        sinks = (sink.secret for sink in self.alert_sinks)
+        return [*(api_key.key for api_key in self.api_keys), self.token_secret, self.cluster_secret or "", *sinks]
 
     @property
     def auth_enabled(self) -> bool:

@@ -199,3 +199,35 @@ idempotency_keys = sa.Table(
     sa.Column("holder_incarnation", String(), nullable=True),
     sa.Index(None, "created_at"),
 )
+
+# One row per alert: a session's reason for attention (``reason``, a code) from the moment it was opened to the moment
+# it cleared. At most one open alert per session and reason (the partial unique index): whichever node opens it first
+# is the one that delivers it, and a node that adopts the session finds it open. Each transition's deliveries (sink
+# name -> status) are kept with it, with the node that owes them while some are not final (``outstanding``).
+alerts = sa.Table(
+    "alerts",
+    metadata,
+    sa.Column("id", String(), primary_key=True),
+    sa.Column("session_id", String(), _session_fk(), nullable=False),
+    sa.Column("reason", String(), nullable=False),
+    sa.Column("agent", String(), nullable=False),
+    sa.Column("message", Text(), nullable=False),
+    sa.Column("since", TZDateTime(), nullable=False),
+    sa.Column("opened_at", TZDateTime(), nullable=False),
+    sa.Column("opened_node", String(), nullable=True),
+    sa.Column("opened_deliveries", json_type(), nullable=False),
+    sa.Column("cleared_at", TZDateTime(), nullable=True),
+    sa.Column("cleared_node", String(), nullable=True),
+    sa.Column("cleared_deliveries", json_type(), nullable=True),
+    sa.Column("outstanding", sa.Boolean(), nullable=False, server_default=sa.false()),
+    sa.Index(None, "session_id"),
+    sa.Index(None, "outstanding"),
+    sa.Index(
+        "ix_alerts_open",
+        "session_id",
+        "reason",
+        unique=True,
+        postgresql_where=sa.text("cleared_at IS NULL"),
+        sqlite_where=sa.text("cleared_at IS NULL"),
+    ),
+)

@@ -32,6 +32,7 @@ from ..runtime.speech import SpeechInfo
 from ..runtime.status import ENDED_STATUSES, LIVE_STATUSES, SessionStatus
 from ..runtime.tools import RUNNING_STATUSES, ToolCallInfo, ToolCallKey, ToolStatus
 from . import models as m
+from .alerts import Alerts
 from .engine import DATABASE_TIMEOUT_S, make_engine
 from .idempotency import IdempotencyKeys, complete_async
 from .migrate import upgrade_engine
@@ -103,6 +104,7 @@ class Store:
         self.engine = engine
         self.writer = GroupCommitWriter(engine, batch_max=batch_max)
         self.nodes = Nodes(engine)
+        self.alerts = Alerts(engine)  # alerts opened and cleared once across the nodes, and their deliveries
         # the reservations of idempotency keys, their completion and their takeover
         self.idempotency = IdempotencyKeys(
             engine, lambda row: self._first([row], idempotency_from_row, "idempotency_keys")
