@@ -76,7 +76,7 @@ async def test_a_session_stream_resumes_across_a_server_restart(tmp_path: Path):
     server = Server(tmp_path)
     await asyncio.to_thread(server.start)
     try:
-        async with AsyncClient(server.url, reconnect_for_s=60) as sb:
+        async with AsyncClient(server.url) as sb:
             sid = (await sb.create_session("tester", llm=scripted(progress_turn(200, 0.02)))).id
             resumes: list[Resume] = []
             reader = Reader(sb.events(sid, on_resume=resumes.append))
@@ -145,7 +145,7 @@ async def test_the_multi_session_stream_resumes_by_cursor_across_a_restart(tmp_p
     server = Server(tmp_path)
     await asyncio.to_thread(server.start)
     try:
-        async with AsyncClient(server.url, reconnect_for_s=60) as sb:
+        async with AsyncClient(server.url) as sb:
             a = (await sb.create_session("tester", llm=scripted(progress_turn(100, 0.02)))).id
             b = (await sb.create_session("tester", llm=scripted(progress_turn(100, 0.02)))).id
             await sb.create_session("tester")  # not watched

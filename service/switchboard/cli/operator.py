@@ -243,7 +243,7 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("--since", type=int, default=0, help="start after this seq (default: from the beginning)")
     p.add_argument("--types", help="only these event types, e.g. 'tool.*,speech.*'")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
-    p.add_argument("--retry-for", type=float, default=30.0, help="seconds to keep reconnecting after a drop")
+    p.add_argument("--retry-for", type=float, default=120.0, help="seconds to keep reconnecting after a drop")
     p.set_defaults(func=_guarded(cmd_tail))
 
     p = sub.add_parser("input", parents=[common], help="inject user input into a session")

@@ -35,7 +35,7 @@ from .models import (
 DEFAULT_URL = "http://127.0.0.1:8080"
 # above the service's own request deadline (10 s by default), so that its 503 arrives rather than our timeout
 DEFAULT_TIMEOUT_S = 30.0
-RECONNECT_FOR_S = 30.0
+RECONNECT_FOR_S = 120.0  # a restart on a loaded host (drain and recovery included) took over 30 s
 
 
 class Client:
