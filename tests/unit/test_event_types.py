@@ -35,6 +35,10 @@ DOCUMENTED = {  # the event types the design names, with the keys its consumers 
     "tool.cancelling": {"call_id", "reason"},
     "tool.ended": {"call_id", "name", "status", "output", "is_error"},
     "operator.action": {"action", "actor"},
+    "scheduled.created": {"id", "kind", "at"},
+    "scheduled.applied": {"id", "kind"},
+    "scheduled.cancelled": {"id", "kind", "reason"},
+    "session.coached": {"id", "note"},
 }
 
 

@@ -32,9 +32,16 @@ def record(
     speech_id: str | None = None,
     call_id: str | None = None,
     force: bool | None = None,
+    scheduled_id: str | None = None,
 ) -> None:
     """Log ``action`` in ``session``'s events, by the request's caller under its ``Idempotency-Key``."""
-    details = {"item_id": item_id, "speech_id": speech_id, "call_id": call_id, "force": force}
+    details = {
+        "item_id": item_id,
+        "speech_id": speech_id,
+        "call_id": call_id,
+        "force": force,
+        "scheduled_id": scheduled_id,
+    }
     record_as(actor_of(request), session, action, request.headers.get(IDEMPOTENCY_HEADER), **details)
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from .chat import ChatItem
 from .events import Event, EventSink
+from .pending import PendingCommand
 from .receipt import Completion, Receipt, completions
 from .speech import SpeechInfo
 from .status import SessionStatus
@@ -41,6 +42,7 @@ class Commit(BaseModel):
     speeches: list[SpeechInfo] = Field(default_factory=list)
     session: SessionState | None = None
     receipts: list[Completion] = Field(default_factory=list)
+    pending: list[PendingCommand] = Field(default_factory=list)  # scheduled commands and coaching notes (full records)
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from . import event_types as ev
 from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .events import EventLog
 from .executor import resumes
+from .pending import PendingCommand
 from .ports import ChatStore, Commit, Reported
 from .session import AgentSession
 from .speech import SpeechInfo, SpeechSource, SpeechState
@@ -27,6 +28,7 @@ async def recover(
     speeches: Sequence[SpeechInfo] = (),
     reported: Reported | None = None,
     tools_of: Callable[[str], Mapping[str, FunctionTool]] | None = None,
+    pending: Sequence[PendingCommand] = (),
 ) -> dict[str, list[str]]:
     """Start ``session`` as recovered and settle what was in flight when its previous process stopped (a crash, a
     drain, a graceful restart, a lost lease: the same durable obligations, derived from the store alone).
@@ -46,6 +48,10 @@ async def recover(
 
     ``tools_of`` gives the tools of an agent by name: a call that resumes goes on with the tool of the agent that
     made it, also after a handoff that the session's move did at once while that call still ran.
+
+    ``pending`` are the scheduled commands and coaching notes accepted and not yet applied (their effect is not in
+    the store: a command is marked applied in the commit of its effect): they are held again, once the owed speeches
+    are queued (a command waiting for the end of one of them still waits for it), and apply when their point comes.
     """
     if reported is not None:
         report_missing(session.events, session.chat.items, tool_calls, speeches, reported)
@@ -78,8 +84,16 @@ async def recover(
     for sp in owed:
         logger.info("session %s: playing %s (%s), owed since before the restart", session.id, sp.id, sp.source)
         session.requeue(sp)
+    _hold_pending(session, pending)
     _restart_calls(session, retry, resume)
     return {"interrupted": [i.call_id for i in interrupted], "retried": retry_ids, "resumed": resume_ids}
+
+
+def _hold_pending(session: AgentSession, pending: Sequence[PendingCommand]) -> None:
+    """Hold again the coaching notes and the scheduled commands that were pending (applied when their point comes)."""
+    session.coach.restore(c for c in pending if c.kind == "coach")
+    session.scheduled.restore(c for c in pending if c.kind != "coach")
+    session.scheduled.wake()
 
 
 def _restart_calls(
