@@ -53,6 +53,7 @@ from .rate_limit import RateLimiter, SharedRateLimits
 from .request_metrics import RequestMetrics
 from .sessions import export as session_export
 from .sessions import routes as session_routes
+from .sessions import scheduled as session_scheduled
 from .sessions.export_budget import ExportBudget
 from .streams import agui_routes, agui_runs
 from .streams import events as event_routes
@@ -331,7 +332,15 @@ def create_app(
             request, exc, found.forwarder, found.settings.cluster_secret, count=found.metrics.on_forward
         )
 
-    routers = (session_routes, session_export, tool_routes, tool_reports, routes_agents, cluster_routes)
+    routers = (
+        session_routes,
+        session_scheduled,
+        session_export,
+        tool_routes,
+        tool_reports,
+        routes_agents,
+        cluster_routes,
+    )
     for router in (module.router for module in routers):
         app.include_router(router, responses=problems.problem_responses(*problems.API_ERRORS))
     app.include_router(event_routes.router)

@@ -172,6 +172,7 @@ class PendingBook:
 
     async def cancel(self, command_id: str, reason: str = CANCELLED_BY_OPERATOR) -> PendingCommand:
         """Cancel a pending command; returns its cancelled record once durable."""
+        self._session._check_open()
         command = self.take(command_id)
         try:
             await self.end([command], state="cancelled", reason=reason)
@@ -202,8 +203,8 @@ class ScheduledCommands(PendingBook):
     """A session's scheduled commands, and the task that applies each when its point comes. Woken by the session
     when a speech ends, a tool call ends or the agent goes back to listening (``wake``)."""
 
-    def __init__(self, session: PendingHost, *, limit: int = MAX_SCHEDULED) -> None:
-        super().__init__(session, limit=limit)
+    def __init__(self, session: PendingHost, *, limit: int | None = None) -> None:
+        super().__init__(session, limit=MAX_SCHEDULED if limit is None else limit)
         self._wake_ev = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
