@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..client import Client, SwitchboardError
-from .common import global_options, refusal, target
+from .common import add_when, global_options, refusal, scheduled_line, target
 from .output import CHAT_ITEM_FORMATTERS, age, choose_style, other_item, short, table
 
 
@@ -50,7 +50,10 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 def cmd_say(args: argparse.Namespace) -> int:
     with _client(args) as sb:
-        res = sb.say(args.sid, args.text, allow_interruptions=not args.no_interruptions)
+        res = sb.say(args.sid, args.text, allow_interruptions=not args.no_interruptions, when=args.when)
+    if res.scheduled is not None:
+        print(scheduled_line(args.sid, res.scheduled))
+        return 0
     print(f"{args.sid} will say it in speech {res.speech_id}")
     return 0
 
@@ -149,6 +152,7 @@ def add_session_commands(sub: Any) -> None:
     p.add_argument("sid")
     p.add_argument("text")
     p.add_argument("--no-interruptions", action="store_true", help="the speech cannot be interrupted")
+    add_when(p)
     p.set_defaults(func=_guarded(cmd_say))
 
     p = sub.add_parser("chat", parents=[common], help="the conversation as the model sees it")
