@@ -46,6 +46,12 @@ function summary(ev) {
       return `${d.call_id} ${d.status}`;
     case "operator.action":
       return `${d.actor}: ${d.action}`;
+    case "scheduled.created":
+      return `${d.kind} scheduled (${d.at}${d.call_id ? ` ${d.call_id}` : ""})`;
+    case "scheduled.applied":
+      return `${d.kind} ${d.id} applied`;
+    case "scheduled.cancelled":
+      return `${d.kind} ${d.id} cancelled (${d.reason})`;
     default:
       return "";
   }
@@ -213,6 +219,9 @@ export class Timeline {
       case "operator.action":
         row = this._operatorRow(ev);
         break;
+      case "session.coached":
+        row = this._row(ev, "coach", "Coaching note", h("p", { class: "text", text: (ev.data || {}).note || "" }));
+        break;
       default:
         break;
     }
@@ -229,6 +238,9 @@ export class Timeline {
       interrupt: "interrupted the agent",
       cancel_tool: `cancelled the tool call ${tool ? tool.name : d.call_id}`,
       close: "closed the session",
+      coach: "coached the agent",
+      schedule: "scheduled a command",
+      cancel_scheduled: "cancelled a scheduled command",
     }[d.action];
     const text = `${what || d.action}${d.force ? " (forced)" : ""}`;
     const key = d.idempotency_key ? h("p", { class: "muted small", text: `Idempotency-Key ${d.idempotency_key}` }) : null;
