@@ -231,6 +231,8 @@ def _defaults(model: type[EventPayload]) -> dict[str, Any]:
         "status": "completed",
         "is_error": False,
         "action": "cancel_tool",
+        "kind": "say",
+        "at": "idle",
     }
     return {name: samples[name] for name in model.model_fields if name in samples}
 

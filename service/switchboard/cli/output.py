@@ -265,12 +265,26 @@ def _tool_ended(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
 def _operator_action(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
     line = s(f"operator {d.get('actor')}: {d.get('action')}", "blue", "bold")
     call = d.get("call_id")
-    details = [str(x) for x in (names.get(str(call), call) if call else None, d.get("speech_id")) if x]
+    shown = (names.get(str(call), call) if call else None, d.get("speech_id"), d.get("scheduled_id"))
+    details = [str(x) for x in shown if x]
     if d.get("force"):
         details.append("forced")
     if d.get("idempotency_key"):
         details.append(f"key {d.get('idempotency_key')}")
     return line + (s(f" ({', '.join(details)})", "dim") if details else "")
+
+
+def _scheduled_created(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    waits = [str(x) for x in (names.get(str(d.get("call_id")), d.get("call_id")), d.get("speech_id")) if x]
+    line = f"{d.get('kind')} {d.get('id')} scheduled ({d.get('at')}{' ' + ', '.join(waits) if waits else ''})"
+    return s(line, "blue")
+
+
+def _scheduled_applied(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    what = [str(x) for x in (d.get("item_id"), d.get("speech_id")) if x]
+    if d.get("interrupted") is not None:
+        what.append("interrupted" if d["interrupted"] else "nothing to interrupt")
+    return s(f"{d.get('kind')} {d.get('id')} applied" + (f" ({', '.join(what)})" if what else ""), "blue")
 
 
 def _unknown(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
@@ -297,6 +311,10 @@ EVENT_FORMATTERS: dict[str, Formatter] = {
     "tool.ended": _tool_ended,
     "generation.failed": _template("generation failed: {error}", "red"),
     "operator.action": _operator_action,
+    "scheduled.created": _scheduled_created,
+    "scheduled.applied": _scheduled_applied,
+    "scheduled.cancelled": _template("{kind} {id} cancelled ({reason})", "yellow"),
+    "session.coached": _template("coaching note {id}: {note}", "blue"),
 }
 
 
