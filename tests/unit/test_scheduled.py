@@ -287,3 +287,47 @@ async def test_a_store_failure_while_scheduling_leaves_nothing_pending() -> None
     finally:
         async with asyncio.timeout(WAIT_S):
             await h.session.aclose()
+
+
+async def test_an_effect_the_store_refuses_cancels_the_command_without_its_effect() -> None:
+    """The commit that carries a scheduled input and its applied mark is refused for good: neither lands, and the
+    command ends cancelled (``failed``), reported; the commands after it still apply."""
+    from switchboard.runtime.pending import PendingMark
+
+    class RefusesMarkedInput(MemoryStore):
+        async def write(self, session_id: str, commit: Any) -> None:
+            if commit.items and any(isinstance(r, PendingMark) for r in commit.receipts):
+                raise ValueError("rejected by the store")
+            await super().write(session_id, commit)
+
+    h = Harness(Gated(), [{"text": "hi"}])
+    h.store = RefusesMarkedInput()
+    h.session.writes.store = h.store
+    await h.session.start()
+    try:
+        first = await h.session.scheduled.schedule("input", {"text": "refused"}, at="idle")
+        second = await h.session.scheduled.schedule("say", {"text": "still said"}, at="idle")
+        cancelled = await h.wait_for("scheduled.cancelled", lambda e: e.data["id"] == first.id)
+        assert cancelled.data["reason"] == "failed"
+        await h.wait_for("scheduled.applied", lambda e: e.data["id"] == second.id)
+        assert stored(h, first.id).state == "cancelled"
+        assert "refused" not in user_texts(h)
+    finally:
+        await h.session.aclose()
+
+
+async def test_a_session_being_handed_over_keeps_its_commands_pending() -> None:
+    """A cancel during a hand-over is refused (to be retried where the session runs next); a command accepted
+    during it is durable for the next owner, and this process applies nothing more."""
+    from switchboard.runtime.status import SessionSuspended
+
+    h = Harness(Gated(), [{"text": LONG}])
+    await h.session.start()
+    await h.session.input("talk")
+    await h.wait_for("speech.started")
+    cmd = await h.session.scheduled.schedule("say", {"text": "later"}, at="idle")
+    await h.session.suspend()
+    with pytest.raises(SessionSuspended):
+        await h.session.scheduled.cancel(cmd.id)
+    assert stored(h, cmd.id).state == "pending"
+    assert h.of_type("scheduled.applied") == []

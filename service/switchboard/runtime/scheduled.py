@@ -40,6 +40,8 @@ logger = logging.getLogger("switchboard.runtime.scheduled")
 
 #: Scheduled commands one session may hold pending at once (a further one is refused: ``TooManyPending``).
 MAX_SCHEDULED = 32
+#: How long a close or a hand-over waits for a command being applied to finish.
+STOP_TIMEOUT_S = 5.0
 #: Ended commands remembered in memory for their status (the store keeps every one).
 KEEP_ENDED = 64
 
@@ -207,6 +209,7 @@ class ScheduledCommands(PendingBook):
         super().__init__(session, limit=MAX_SCHEDULED if limit is None else limit)
         self._wake_ev = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._started = False  # the session started: its commands may apply
         self._stopped = False
 
     async def schedule(
@@ -260,12 +263,17 @@ class ScheduledCommands(PendingBook):
 
     def start(self) -> None:
         """Start applying (the session started, or was recovered with commands pending)."""
-        if self._task is None and not self._stopped:
-            self._task = asyncio.create_task(self._run(), name=f"scheduled:{self._session.id}")
-            self.wake()
+        self._started = True
+        self.wake()
 
     def wake(self) -> None:
+        """Something the commands may wait for happened: look again. A session with nothing pending runs no task
+        for them (an idle session costs nothing more, and its commands' absence changes nothing of its timing)."""
+        if not self._started or self._stopped or not self.pending:
+            return
         self._wake_ev.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"scheduled:{self._session.id}")
 
     async def stop(self) -> None:
         """Stop applying (a close, a hand-over): a command being applied is let finish (its effect and its mark land
@@ -275,18 +283,30 @@ class ScheduledCommands(PendingBook):
         task, self._task = self._task, None
         if task is not None:
             self._wake_ev.set()
-            await asyncio.wait({task})
+            # bounded (a close is): a command whose effect is still being written lands or not on its own (its
+            # task runs on), and its record is in the store either way (applied with it, or still pending)
+            await asyncio.wait({task}, timeout=STOP_TIMEOUT_S)
             await cancel_and_wait(task)
 
     async def _run(self) -> None:
-        while not self._stopped:
-            await self._wake_ev.wait()
-            self._wake_ev.clear()
-            # every command due now applies, in arrival order (one may make the next no longer "due": it still is)
-            for command in [c for c in self.pending if self._due(c)]:
-                if self._stopped or self._session.state != SessionStatus.ACTIVE:
-                    return
+        try:
+            while not self._stopped and self.pending:
+                await self._wake_ev.wait()
+                self._wake_ev.clear()
+                await self._apply_due()
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None  # nothing pending: the next command starts it again
+
+    async def _apply_due(self) -> None:
+        # every command due now applies, in arrival order (one may make the next no longer "due": it still is)
+        for command in [c for c in self.pending if self._due(c)]:
+            if self._stopped or self._session.state != SessionStatus.ACTIVE:
+                return
+            try:
                 await self._apply(command)
+            except Exception:  # its mark could not be written: logged; the others still apply
+                logger.exception("session %s: scheduled %s was not settled", self._session.id, command.id)
 
     def _due(self, command: PendingCommand) -> bool:
         session = self._session
