@@ -104,7 +104,7 @@ PROGRESS_OUTPUT_PREFIX = "Progress of the call running in the background"
 def rule_turn(config: ScriptConfig, request: LLMRequest) -> Turn | None:
     """The turn a rule of ``config`` gives for ``request``, if any."""
     # what the request answers: its last item (a handoff is committed with the output of the tool that made it)
-    last = next((item for item in reversed(request.items) if not _aside(item)), None)
+    last = next((item for item in reversed(request.items) if not aside(item)), None)
     if isinstance(last, FunctionCallOutput):
         if last.output.startswith(PROGRESS_OUTPUT_PREFIX):
             return config.on_progress.get(last.name, Turn())
@@ -119,7 +119,7 @@ def rule_turn(config: ScriptConfig, request: LLMRequest) -> Turn | None:
     return None
 
 
-def _aside(item: object) -> bool:
+def aside(item: object) -> bool:
     """An item a request's answer does not answer: a handoff, an operator's coaching note."""
     return isinstance(item, AgentHandoff) or (isinstance(item, ChatMessage) and coach_note_text(item) is not None)
 
