@@ -331,3 +331,23 @@ async def test_a_session_being_handed_over_keeps_its_commands_pending() -> None:
         await h.session.scheduled.cancel(cmd.id)
     assert stored(h, cmd.id).state == "pending"
     assert h.of_type("scheduled.applied") == []
+
+
+async def test_recovery_reports_a_command_a_crash_left_without_its_event() -> None:
+    """A crash between a scheduled command's write and its ``scheduled.created``: the next owner reports it, then
+    applies it (nothing durable without its event, I6)."""
+    from switchboard.runtime.chat import utcnow
+
+    h = Harness(Gated(), [])
+    await h.session.start()
+    await h.session.suspend(tool_grace=False)  # the process stops (nothing more is written here)
+    lost = PendingCommand(id="sched_lost", kind="say", at="idle", args={"text": "owed"}, created_at=utcnow())
+    h.store.pending[h.sid][lost.id] = lost  # durable, its event never written
+    nxt = await next_owner(h, Gated(), [])
+    try:
+        created = await nxt.wait_for("scheduled.created", lambda e: e.data["id"] == lost.id)
+        applied = await nxt.wait_for("scheduled.applied", lambda e: e.data["id"] == lost.id)
+        assert created.seq < applied.seq
+        assert len(nxt.of_type("scheduled.created")) == 1
+    finally:
+        await nxt.session.aclose()

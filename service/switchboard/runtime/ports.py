@@ -58,6 +58,7 @@ class Reported:
     done_speeches: set[str] = field(default_factory=set)
     inputs: set[str] = field(default_factory=set)  # chat items with a ``user.input`` event
     created_speeches: set[str] = field(default_factory=set)
+    pending: set[str] = field(default_factory=set)  # scheduled commands and notes with their accepting event
 
     def add(self, event_type: str, key: str) -> None:
         """Note one event: ``key`` is its item id, call id or speech id."""
@@ -67,6 +68,8 @@ class Reported:
             "speech.done": self.done_speeches,
             "user.input": self.inputs,
             "speech.created": self.created_speeches,
+            "scheduled.created": self.pending,
+            "session.coached": self.pending,
         }
         target[event_type].add(key)
 
@@ -100,6 +103,8 @@ REPORTED_KEYS: dict[str, tuple[str, str | None]] = {
     "speech.done": ("speech_id", None),
     "user.input": ("item_id", None),
     "speech.created": ("speech_id", None),
+    "scheduled.created": ("id", None),
+    "session.coached": ("id", None),
 }
 
 

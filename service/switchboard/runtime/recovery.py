@@ -11,6 +11,7 @@ from .events import EventLog
 from .executor import resumes
 from .pending import PendingCommand
 from .ports import ChatStore, Commit, Reported
+from .scheduled import accepted_event
 from .session import AgentSession
 from .speech import SpeechInfo, SpeechSource, SpeechState
 from .tool_call import dropped_outcome, dropped_reason
@@ -84,13 +85,17 @@ async def recover(
     for sp in owed:
         logger.info("session %s: playing %s (%s), owed since before the restart", session.id, sp.id, sp.source)
         session.requeue(sp)
-    _hold_pending(session, pending)
+    _hold_pending(session, pending, reported)
     _restart_calls(session, retry, resume)
     return {"interrupted": [i.call_id for i in interrupted], "retried": retry_ids, "resumed": resume_ids}
 
 
-def _hold_pending(session: AgentSession, pending: Sequence[PendingCommand]) -> None:
-    """Hold again the coaching notes and the scheduled commands that were pending (applied when their point comes)."""
+def _hold_pending(session: AgentSession, pending: Sequence[PendingCommand], reported: Reported | None) -> None:
+    """Hold again the coaching notes and the scheduled commands that were pending (applied when their point comes),
+    each reported as accepted first when a crash lost that event."""
+    for command in pending:
+        if reported is not None and command.id not in reported.pending:
+            session.events.emit(accepted_event(command))
     session.coach.restore(c for c in pending if c.kind == "coach")
     session.scheduled.restore(c for c in pending if c.kind != "coach")
     session.scheduled.wake()

@@ -194,6 +194,19 @@ class PendingBook:
         ]
 
 
+def accepted_event(command: PendingCommand) -> ev.ScheduledCreated | ev.SessionCoached:
+    """The event that reports ``command`` accepted."""
+    if command.kind == "coach":
+        return ev.SessionCoached(id=command.id, note=str(command.args.get("note", "")))
+    return ev.ScheduledCreated(
+        id=command.id,
+        kind=command.kind,
+        at=command.at,
+        **({"call_id": command.call_id} if command.call_id else {}),
+        **({"speech_id": command.speech_id} if command.speech_id else {}),
+    )
+
+
 def ended_event(command: PendingCommand) -> ev.ScheduledApplied | ev.ScheduledCancelled:
     if command.state == "applied":
         data = {k: v for k, v in command.result.items() if k in ("item_id", "speech_id", "interrupted")}
@@ -238,15 +251,7 @@ class ScheduledCommands(PendingBook):
         )
 
         def report() -> None:
-            session.events.emit(
-                ev.ScheduledCreated(
-                    id=command.id,
-                    kind=kind,
-                    at=at,
-                    **({"call_id": command.call_id} if command.call_id else {}),
-                    **({"speech_id": command.speech_id} if command.speech_id else {}),
-                )
-            )
+            session.events.emit(accepted_event(command))
             self.wake()
 
         return await self.add(command, receipt, report)
@@ -389,5 +394,6 @@ __all__ = [
     "TooManyPending",
     "UnknownPending",
     "UnknownToolCall",
+    "accepted_event",
     "ended_event",
 ]
