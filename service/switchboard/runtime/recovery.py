@@ -68,6 +68,8 @@ async def recover(
     owed_ids = {sp.id for sp in owed}
     superseded = [sp for sp in unfinished if not sp.interrupted and sp.id not in owed_ids]
 
+    # the notes first: the first request made here (an owed reply, a hook's) is the one they are for
+    session.coach.restore(_notes(pending, notes=True))
     await session.start(
         recovered=True,
         interrupted_calls=[i.call_id for i in interrupted],
@@ -90,14 +92,18 @@ async def recover(
     return {"interrupted": [i.call_id for i in interrupted], "retried": retry_ids, "resumed": resume_ids}
 
 
+def _notes(pending: Sequence[PendingCommand], *, notes: bool) -> list[PendingCommand]:
+    """The coaching notes among ``pending`` (``notes``), or the scheduled commands."""
+    return [c for c in pending if (c.kind == "coach") == notes]
+
+
 def _hold_pending(session: AgentSession, pending: Sequence[PendingCommand], reported: Reported | None) -> None:
-    """Hold again the coaching notes and the scheduled commands that were pending (applied when their point comes),
-    each reported as accepted first when a crash lost that event."""
+    """Hold again the scheduled commands that were pending (applied when their point comes; the notes are held
+    already), each command and note reported as accepted first when a crash lost that event."""
     for command in pending:
         if reported is not None and command.id not in reported.pending:
             session.events.emit(accepted_event(command))
-    session.coach.restore(c for c in pending if c.kind == "coach")
-    session.scheduled.restore(c for c in pending if c.kind != "coach")
+    session.scheduled.restore(_notes(pending, notes=False))
     session.scheduled.wake()
 
 
