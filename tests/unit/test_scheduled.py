@@ -351,3 +351,12 @@ async def test_recovery_reports_a_command_a_crash_left_without_its_event() -> No
         assert len(nxt.of_type("scheduled.created")) == 1
     finally:
         await nxt.session.aclose()
+
+
+async def test_a_call_found_ended_in_the_store_applies_at_once() -> None:
+    """A call this process no longer remembers (it keeps the latest ones) but the store has ended: at once."""
+    async with Harness(Gated(), []) as h:
+        cmd = await h.session.scheduled.schedule(
+            "say", {"text": "after it"}, at="after_tool", call_id="c_old", ended_call=True
+        )
+        await h.wait_for("scheduled.applied", lambda e: e.data["id"] == cmd.id)

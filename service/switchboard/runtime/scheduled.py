@@ -233,12 +233,14 @@ class ScheduledCommands(PendingBook):
         at: PendingPoint,
         call_id: str | None = None,
         receipt: Receipt[PendingCommand] | None = None,
+        ended_call: bool = False,
     ) -> PendingCommand:
         """Accept ``kind`` (``input``, ``say``, ``interrupt`` with its ``args``) to apply at ``at``. Returns once it
         is durable. Raises ``UnknownToolCall`` (``after_tool`` naming a call unknown here), ``TooManyPending``. A
-        call that has already ended, or no speech playing for ``after_speech``: it applies at once."""
+        call that has already ended, or no speech playing for ``after_speech``: it applies at once. ``ended_call``: the
+        caller found the call ended in the store (one this process no longer remembers): it applies at once too."""
         session = self._session
-        if at == "after_tool" and (call_id is None or session.tool_call(call_id) is None):
+        if at == "after_tool" and (call_id is None or (session.tool_call(call_id) is None and not ended_call)):
             raise UnknownToolCall(call_id or "")
         command = PendingCommand(
             id=new_id("sched"),

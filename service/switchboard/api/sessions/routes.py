@@ -227,7 +227,7 @@ async def inject_input(
     if scheduled_at(body.when):
         args = body.model_dump(include={"text", "interrupt", "force", "reply", "role"})
         async with deps.deadline(settings):
-            scheduled = await schedule(request, session, "input", args, body.when, idem, _input_scheduled)
+            scheduled = await schedule(request, host.store, session, "input", args, body.when, idem, _input_scheduled)
         return _input_scheduled(scheduled)
     async with deps.deadline(settings):
         result = await session.input(
@@ -278,7 +278,7 @@ async def say(
     if scheduled_at(body.when):
         args = body.model_dump(include={"text", "allow_interruptions", "add_to_chat"})
         async with deps.deadline(settings):
-            scheduled = await schedule(request, session, "say", args, body.when, idem, _say_scheduled)
+            scheduled = await schedule(request, host.store, session, "say", args, body.when, idem, _say_scheduled)
         return _say_scheduled(scheduled)
     async with deps.deadline(settings):
         speech = await session.say(
@@ -334,7 +334,14 @@ async def interrupt(
         response.status_code = 202  # before the answer is recorded with the effect (an idempotent replay gets it)
         async with deps.deadline(services.settings):
             scheduled = await schedule(
-                request, session, "interrupt", {"force": body.force}, body.when, idem, _interrupt_scheduled
+                request,
+                services.host.store,
+                session,
+                "interrupt",
+                {"force": body.force},
+                body.when,
+                idem,
+                _interrupt_scheduled,
             )
         return _interrupt_scheduled(scheduled)
     started = time.perf_counter()

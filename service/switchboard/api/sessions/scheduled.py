@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from ...runtime.pending import COACH_PREFIX, PendingCommand, PendingKind
 from ...runtime.scheduled import PendingEnded, TooManyPending, UnknownPending, UnknownToolCall
 from ...runtime.session import AgentSession
+from ...store import Store
 from .. import audit, deps
 from ..auth import Require
 from ..deps import HostDep, KnownSession, SettingsDep
@@ -32,8 +33,14 @@ def scheduled_at(when: Any) -> bool:
     return when is not None and not isinstance(when, WhenNow)
 
 
+async def _ended_in_store(store: Store, session: AgentSession, call_id: str) -> bool:
+    info = await store.tool_call(session.id, call_id)
+    return info is not None and info.ended
+
+
 async def schedule(
     request: Request,
+    store: Store,
     session: AgentSession,
     kind: PendingKind,
     args: dict[str, Any],
@@ -44,9 +51,18 @@ async def schedule(
     """Accept a command to apply at ``when`` (durable before it answers); problems: 422 ``unknown_tool_call``, 409
     ``too_many_scheduled``."""
     call_id = when.call_id if isinstance(when, WhenAfterTool) else None
+    # a call the live session no longer remembers (it keeps the latest ones) may have ended long ago: the store knows
+    ended = (
+        call_id is not None and session.tool_call(call_id) is None and await _ended_in_store(store, session, call_id)
+    )
     try:
         command = await session.scheduled.schedule(
-            kind, args, at=when.at, call_id=call_id, receipt=idem.receipt(lambda c: render(ScheduledRead.of(c)))
+            kind,
+            args,
+            at=when.at,
+            call_id=call_id,
+            receipt=idem.receipt(lambda c: render(ScheduledRead.of(c))),
+            ended_call=ended,
         )
     except UnknownToolCall:
         raise ProblemError(
