@@ -200,7 +200,20 @@ class ChatRead(BaseModel):
     )
 
 
-class InputCreate(_In):
+class _Schedulable(_In):
+    """A command's body that may carry ``when``: without one it dumps as it did before ``when`` existed, so the digest
+    of an ``Idempotency-Key``'s request is the same (a retry across an upgrade is still recognised)."""
+
+    # no return annotation: the schema of the body stays the model's (an annotation would replace it)
+    @model_serializer(mode="wrap")
+    def _without_no_when(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        data = handler(self)
+        if isinstance(data, dict) and data.get("when", "") is None:
+            del data["when"]
+        return data
+
+
+class InputCreate(_Schedulable):
     text: str = Field(min_length=1)
     final: bool = True
     interrupt: bool = True
@@ -237,7 +250,7 @@ class InputAccepted(_MaybeScheduled):
     )
 
 
-class SayCreate(_In):
+class SayCreate(_Schedulable):
     text: str = Field(min_length=1)
     allow_interruptions: bool = True
     add_to_chat: bool = True
@@ -253,7 +266,7 @@ class CoachCreate(_In):
     note: str = Field(min_length=1, description="For the agent's next model request only; the user never sees it.")
 
 
-class InterruptCreate(_In):
+class InterruptCreate(_Schedulable):
     force: bool = False
     when: When | None = Field(default=None, description=WHEN_DESCRIPTION + " Then it answers 202.")
 
