@@ -59,6 +59,10 @@ ROUTE_SCOPES: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("POST", "/v1/sessions/{sid}/takeover"): "sessions:control",
     ("POST", "/v1/sessions/{sid}/takeover/say"): "sessions:control",
     ("DELETE", "/v1/sessions/{sid}/takeover"): "sessions:control",
+    ("POST", "/v1/sessions/{sid}/coach"): "sessions:control",
+    ("GET", "/v1/sessions/{sid}/scheduled"): "sessions:read",
+    ("GET", "/v1/sessions/{sid}/scheduled/{scheduled_id}"): "sessions:read",
+    ("DELETE", "/v1/sessions/{sid}/scheduled/{scheduled_id}"): "sessions:control",
     ("GET", "/v1/sessions/{sid}/speeches/{speech_id}"): "sessions:read",
     ("POST", "/v1/sessions/{sid}/tokens"): "sessions:read",
     ("GET", "/v1/sessions/{sid}/tool-calls"): "sessions:read",
@@ -88,6 +92,7 @@ BODIES = {  # a valid body where one is needed, so that the right scope is seen 
     "/v1/sessions": {"agent": "tester"},
     "/v1/sessions/{sid}/input": {"text": "hello"},
     "/v1/sessions/{sid}/say": {"text": "hello"},
+    "/v1/sessions/{sid}/coach": {"note": "be brief"},
     "/v1/sessions/{sid}/tool-calls/{call_id}/progress": {"message": "half way", "progress": 0.5},
     "/v1/sessions/{sid}/tool-calls/{call_id}/result": {"output": "done"},
 }
@@ -155,7 +160,9 @@ def test_every_route_has_its_scope_in_the_table(tmp_path: Path, registry: AgentR
 
 
 def _path(path: str, sid: str = SID) -> str:
-    return path.format(sid=sid, speech_id="sp-1", call_id="call-1", name="tester", agent="tester")
+    return path.format(
+        sid=sid, speech_id="sp-1", call_id="call-1", name="tester", agent="tester", scheduled_id="sched-1"
+    )
 
 
 async def _http(client: httpx.AsyncClient, method: str, path: str, credential: str | None) -> httpx.Response:

@@ -23,8 +23,8 @@ from switchboard.store.models import metadata
 from .conftest import Db
 
 REPO = Path(__file__).resolve().parents[2]
-HEAD = "0012"
-TABLES = {"sessions", "chat_items", "tool_calls", "speeches", "events", "idempotency_keys", "nodes"}
+HEAD = "0013"
+TABLES = {"sessions", "chat_items", "tool_calls", "speeches", "events", "idempotency_keys", "nodes", "pending_commands"}
 
 
 def _diff(conn: Connection) -> list[Any]:

@@ -182,3 +182,13 @@ def test_every_sse_frame_carries_the_position_to_resume_from():
     assert [f["type"] for f in frames] == ["RUN_STARTED", "STATE_SNAPSHOT"]
     assert [f["rawEvent"] for f in frames] == [{"seq": 0}, {"seq": 1}]  # the whole event again, or after it
     assert text.count("id: 1\n") == 1
+
+
+def test_a_coaching_note_never_reaches_an_agui_client():
+    """An operator's note is for the agent only: the user's own UI (an AG-UI client) is not sent it."""
+    translator = AguiTranslator("coach-1")
+    note = Event(seq=1, session_id="coach-1", type="session.coached", data={"id": "coach_1", "note": "be brief"})
+    assert translator.translate(note) == []
+    after = Event(seq=2, session_id="coach-1", type="session.started", data={"agent": "a"})
+    frames = encode_sse(translator.translate(after), after.seq)
+    assert "be brief" not in frames and frames

@@ -235,6 +235,8 @@ def _defaults(model: type[EventPayload]) -> dict[str, Any]:
         "action": "cancel_tool",
         "since": NOW,
         "until": NOW,
+        "kind": "say",
+        "at": "idle",
     }
     return {name: samples[name] for name in model.model_fields if name in samples}
 

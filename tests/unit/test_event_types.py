@@ -38,6 +38,10 @@ DOCUMENTED = {  # the event types the design names, with the keys its consumers 
     "session.taken_over": {"operator", "since"},
     "session.handed_back": {"operator", "since", "until"},
     "operator.spoke": {"operator", "speech_id", "item_id", "text"},
+    "scheduled.created": {"id", "kind", "at"},
+    "scheduled.applied": {"id", "kind"},
+    "scheduled.cancelled": {"id", "kind", "reason"},
+    "session.coached": {"id", "note"},
 }
 
 

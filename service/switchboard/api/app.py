@@ -54,6 +54,7 @@ from .rate_limit import RateLimiter, SharedRateLimits
 from .request_metrics import RequestMetrics
 from .sessions import export as session_export
 from .sessions import routes as session_routes
+from .sessions import scheduled as session_scheduled
 from .sessions import takeover as session_takeover
 from .sessions.export_budget import ExportBudget
 from .streams import agui_routes, agui_runs
@@ -363,6 +364,7 @@ def create_app(
     routers = (
         session_routes,
         session_takeover,
+        session_scheduled,
         session_export,
         tool_routes,
         tool_reports,

@@ -33,9 +33,17 @@ def record(
     call_id: str | None = None,
     force: bool | None = None,
     displaced: str | None = None,
+    scheduled_id: str | None = None,
 ) -> None:
     """Log ``action`` in ``session``'s events, by the request's caller under its ``Idempotency-Key``."""
-    details = {"item_id": item_id, "speech_id": speech_id, "call_id": call_id, "force": force, "displaced": displaced}
+    details = {
+        "item_id": item_id,
+        "speech_id": speech_id,
+        "call_id": call_id,
+        "force": force,
+        "displaced": displaced,
+        "scheduled_id": scheduled_id,
+    }
     record_as(actor_of(request), session, action, request.headers.get(IDEMPOTENCY_HEADER), **details)
 
 

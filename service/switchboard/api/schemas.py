@@ -6,7 +6,16 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    WithJsonSchema,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from ..control.attention import AttentionCode
 from ..control.catalog import AgentDescription, ModelSummary
@@ -14,6 +23,7 @@ from ..control.session_config import PlayoutSettings, SessionConfig
 from ..runtime.chat import ChatItem
 from ..runtime.llm.scripted import ScriptConfig
 from ..runtime.text import valid_json
+from .schemas_scheduled import WHEN_DESCRIPTION, ScheduledRead, When
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 #: A session's metadata as JSON, at most: it comes back in every list of sessions (up to ``MAX_SESSIONS_PAGE``).
@@ -193,28 +203,66 @@ class ChatRead(BaseModel):
     )
 
 
-class InputCreate(_In):
+class _Schedulable(_In):
+    """A command's body that may carry ``when``: without one it dumps as it did before ``when`` existed, so the digest
+    of an ``Idempotency-Key``'s request is the same (a retry across an upgrade is still recognised)."""
+
+    # no return annotation: the schema of the body stays the model's (an annotation would replace it)
+    @model_serializer(mode="wrap")
+    def _without_no_when(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        data = handler(self)
+        if isinstance(data, dict) and data.get("when", "") is None:
+            del data["when"]
+        return data
+
+
+class InputCreate(_Schedulable):
     text: str = Field(min_length=1)
     final: bool = True
     interrupt: bool = True
     force: bool = False
     reply: bool = True
     role: Literal["user", "system", "developer"] = "user"
+    when: When | None = Field(default=None, description=WHEN_DESCRIPTION + " Only for a final input.")
+
+    @model_validator(mode="after")
+    def _final_when_scheduled(self) -> InputCreate:
+        if self.when is not None and self.when.at != "now" and not self.final:
+            raise ValueError("an interim transcript (final=false) cannot be scheduled: it applies now or never")
+        return self
 
 
-class InputAccepted(BaseModel):
+class _MaybeScheduled(BaseModel):
+    """A command's answer: ``scheduled`` appears only when the command was scheduled (``when``); the answer of a
+    command applied now is what it always was."""
+
+    # no return annotation: the schema of the answer stays the model's (an annotation would replace it)
+    @model_serializer(mode="wrap")
+    def _without_unscheduled(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        data = handler(self)
+        if isinstance(data, dict) and data.get("scheduled", "") is None:
+            del data["scheduled"]
+        return data
+
+
+class InputAccepted(_MaybeScheduled):
     item_id: str | None
     speech_id: str | None
+    scheduled: ScheduledRead | None = Field(
+        default=None, description="Set when the input was scheduled (`when`): then `item_id` and `speech_id` are null."
+    )
 
 
-class SayCreate(_In):
+class SayCreate(_Schedulable):
     text: str = Field(min_length=1)
     allow_interruptions: bool = True
     add_to_chat: bool = True
+    when: When | None = Field(default=None, description=WHEN_DESCRIPTION)
 
 
-class SayAccepted(BaseModel):
-    speech_id: str
+class SayAccepted(_MaybeScheduled):
+    speech_id: str | None = Field(description="The speech queued; null when it was scheduled (`scheduled`).")
+    scheduled: ScheduledRead | None = Field(default=None, description="Set when the say was scheduled (`when`).")
 
 
 class TakeoverCreate(_In):
@@ -246,13 +294,21 @@ class HandBackRead(BaseModel):
     speech_id: str | None = Field(description="The agent's reply to the user's unanswered input (null: none owed).")
 
 
-class InterruptCreate(_In):
+class CoachCreate(_In):
+    note: str = Field(min_length=1, description="For the agent's next model request only; the user never sees it.")
+
+
+class InterruptCreate(_Schedulable):
     force: bool = False
+    when: When | None = Field(default=None, description=WHEN_DESCRIPTION + " Then it answers 202.")
 
 
-class InterruptResult(BaseModel):
+class InterruptResult(_MaybeScheduled):
     speech_id: str | None
     interrupted: bool
+    scheduled: ScheduledRead | None = Field(
+        default=None, description="Set when the interrupt was scheduled (`when`, 202): nothing is interrupted yet."
+    )
 
 
 class UsageRead(BaseModel):

@@ -13,7 +13,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..client import SwitchboardError
+    from ..client import ScheduledCommand, SwitchboardError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # a shell's status for a command that wrote to a pipe whose reader had gone (killed by SIGPIPE)
@@ -71,3 +71,27 @@ def stdout_closed() -> int:
     os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush writes there, not to the closed pipe
     os.close(devnull)
     return EXIT_STDOUT_CLOSED
+
+
+WHEN_HELP = (
+    "apply at a point of the conversation instead of now: idle (when the agent is next idle), after-speech (after the "
+    "current speech), after-tool:CALL_ID (once that tool call has ended)"
+)
+_WHEN = re.compile(r"^(now|idle|after[-_]speech|after[-_]tool:.+)$")
+
+
+def when_arg(value: str) -> str:
+    """``--when``, checked before anything is sent (the client reads it: ``switchboard.client._ops.when_body``)."""
+    if not _WHEN.match(value):
+        raise argparse.ArgumentTypeError(f"{value!r}: use idle, after-speech or after-tool:CALL_ID")
+    return value
+
+
+def add_when(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--when", type=when_arg, metavar="POINT", help=WHEN_HELP)
+
+
+def scheduled_line(sid: str, command: ScheduledCommand) -> str:
+    """How a command that was scheduled (not applied now) is reported."""
+    point = f"after_tool {command.call_id}" if command.call_id else command.at
+    return f"{command.kind} scheduled on {sid} as {command.id} ({point}): {command.state}"

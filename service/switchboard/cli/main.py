@@ -21,6 +21,7 @@ from .edge import add_edge_command
 from .operator import add_client_commands
 from .output import terminal_output
 from .runner import run_bounded
+from .scheduled_commands import add_scheduled_commands
 from .session_commands import add_session_commands
 from .takeover_commands import add_takeover_commands
 
@@ -234,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_commands(sub)  # sessions, tail, input, interrupt, tools, cancel
     add_session_commands(sub)  # create, say, close, agents, attention
     add_takeover_commands(sub)  # takeover, handback
+    add_scheduled_commands(sub)  # coach, scheduled, unschedule
     add_edge_command(sub)  # a media edge that speaks with espeak-ng
     return parser
 

@@ -28,7 +28,7 @@ from ..client import (
     ToolStatus,
     Unavailable,
 )
-from .common import global_options, refusal, target
+from .common import add_when, global_options, refusal, scheduled_line, target
 from .output import Style, age, choose_style, event_line, format_arguments, printable, short, table
 
 TIMEOUT_S = 15.0
@@ -94,7 +94,11 @@ def cmd_input(args: argparse.Namespace) -> int:
             interrupt=not args.no_interrupt,
             force=args.force,
             role=args.role,
+            when=args.when,
         )
+    if res.scheduled is not None:
+        print(scheduled_line(args.sid, res.scheduled))
+        return 0
     reply = f"; reply in speech {res.speech_id}" if res.speech_id else ""
     print(f"input {res.item_id} sent to {args.sid}{reply}")
     return 0
@@ -102,8 +106,10 @@ def cmd_input(args: argparse.Namespace) -> int:
 
 def cmd_interrupt(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        res = client.interrupt(args.sid, force=args.force)
-    if res.interrupted:
+        res = client.interrupt(args.sid, force=args.force, when=args.when)
+    if res.scheduled is not None:
+        print(scheduled_line(args.sid, res.scheduled))
+    elif res.interrupted:
         print(f"interrupted speech {res.speech_id}")
     else:
         print("nothing to interrupt: the agent is not speaking")
@@ -246,18 +252,20 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("--retry-for", type=float, default=120.0, help="seconds to keep reconnecting after a drop")
     p.set_defaults(func=_guarded(cmd_tail))
 
-    p = sub.add_parser("input", parents=[common], help="inject user input into a session")
+    p = sub.add_parser("input", aliases=["inject"], parents=[common], help="inject user input into a session")
     p.add_argument("sid")
     p.add_argument("text")
     p.add_argument("--no-reply", action="store_true", help="commit the input without asking for a reply")
     p.add_argument("--no-interrupt", action="store_true", help="do not interrupt the current speech")
     p.add_argument("--force", action="store_true", help="interrupt even a speech that does not allow it")
     p.add_argument("--role", choices=("user", "system", "developer"), default="user")
+    add_when(p)
     p.set_defaults(func=_guarded(cmd_input))
 
     p = sub.add_parser("interrupt", parents=[common], help="interrupt the agent's current speech")
     p.add_argument("sid")
     p.add_argument("--force", action="store_true", help="even if the speech does not allow interruptions")
+    add_when(p)
     p.set_defaults(func=_guarded(cmd_interrupt))
 
     p = sub.add_parser("tools", parents=[common], help="running tool calls (of every session, or of one)")

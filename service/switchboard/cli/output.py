@@ -265,7 +265,8 @@ def _tool_ended(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
 def _operator_action(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
     line = s(f"operator {d.get('actor')}: {d.get('action')}", "blue", "bold")
     call = d.get("call_id")
-    details = [str(x) for x in (names.get(str(call), call) if call else None, d.get("speech_id")) if x]
+    shown = (names.get(str(call), call) if call else None, d.get("speech_id"), d.get("scheduled_id"))
+    details = [str(x) for x in shown if x]
     if d.get("force"):
         details.append("forced")
     if d.get("displaced"):
@@ -295,6 +296,19 @@ def _operator_spoke(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
     return who + short(d.get("text", ""), 200)
 
 
+def _scheduled_created(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    waits = [str(x) for x in (names.get(str(d.get("call_id")), d.get("call_id")), d.get("speech_id")) if x]
+    line = f"{d.get('kind')} {d.get('id')} scheduled ({d.get('at')}{' ' + ', '.join(waits) if waits else ''})"
+    return s(line, "blue")
+
+
+def _scheduled_applied(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
+    what = [str(x) for x in (d.get("item_id"), d.get("speech_id")) if x]
+    if d.get("interrupted") is not None:
+        what.append("interrupted" if d["interrupted"] else "nothing to interrupt")
+    return s(f"{d.get('kind')} {d.get('id')} applied" + (f" ({', '.join(what)})" if what else ""), "blue")
+
+
 def _unknown(d: dict[str, Any], s: Style, names: dict[str, str]) -> str:
     return s(short(d), "dim")
 
@@ -322,6 +336,10 @@ EVENT_FORMATTERS: dict[str, Formatter] = {
     "session.taken_over": _taken_over,
     "session.handed_back": _handed_back,
     "operator.spoke": _operator_spoke,
+    "scheduled.created": _scheduled_created,
+    "scheduled.applied": _scheduled_applied,
+    "scheduled.cancelled": _template("{kind} {id} cancelled ({reason})", "yellow"),
+    "session.coached": _template("coaching note {id}: {note}", "blue"),
 }
 
 

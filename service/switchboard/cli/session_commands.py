@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..client import Client, SwitchboardError
-from .common import global_options, refusal, target
+from .common import add_when, global_options, refusal, scheduled_line, target
 from .output import CHAT_ITEM_FORMATTERS, age, choose_style, other_item, short, table
 
 
@@ -49,11 +49,17 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_say(args: argparse.Namespace) -> int:
+    if args.operator and args.when is not None:
+        print("switchboard: an operator's words (--operator) are spoken now: no --when", file=sys.stderr)
+        return 2
     with _client(args) as sb:
-        if args.operator:  # the operator who holds the session speaks as the agent
+        if args.operator:  # the operator who holds the session speaks as the agent, now
             res = sb.takeover_say(args.sid, args.text)
         else:
-            res = sb.say(args.sid, args.text, allow_interruptions=not args.no_interruptions)
+            res = sb.say(args.sid, args.text, allow_interruptions=not args.no_interruptions, when=args.when)
+    if res.scheduled is not None:
+        print(scheduled_line(args.sid, res.scheduled))
+        return 0
     print(f"{args.sid} will say it in speech {res.speech_id}")
     return 0
 
@@ -175,6 +181,7 @@ def add_session_commands(sub: Any) -> None:
     p.add_argument(
         "--operator", action="store_true", help="your own words, as the operator holding the session (`takeover`)"
     )
+    add_when(p)
     p.set_defaults(func=_guarded(cmd_say))
 
     p = sub.add_parser("chat", parents=[common], help="the conversation as the model sees it")

@@ -16,11 +16,14 @@ from .models import (
     Alert,
     AlertList,
     Chat,
+    CoachAccepted,
     HandBack,
     Health,
     InputAccepted,
     InterruptResult,
     SayAccepted,
+    ScheduledCommand,
+    ScheduledList,
     Session,
     SessionExport,
     SessionList,
@@ -37,6 +40,31 @@ M = TypeVar("M", bound=BaseModel)
 REPORT_TOKEN_HEADER = "X-Switchboard-Report-Token"  # the webhook delivery's report_token goes here
 MISSING_NODES_HEADER = "Switchboard-Missing-Nodes"  # cluster mode: the nodes left out of an attention list
 Role = Literal["user", "system", "developer"]
+#: When a command applies: ``None`` or ``"now"`` (now), ``"idle"``, ``"after_speech"`` (or ``"after-speech"``),
+#: ``"after_tool:CALL_ID"`` (or ``"after-tool:CALL_ID"``), or the request's own ``{"at": ..., "call_id"?: ...}``.
+When = str | Mapping[str, Any] | None
+
+
+def when_body(when: When) -> dict[str, Any] | None:
+    """The ``when`` of a command's body (None: now, and the body carries none)."""
+    if when is None or when == "now":
+        return None
+    if isinstance(when, Mapping):
+        return dict(when)
+    point, _, call_id = when.replace("-", "_").partition(":")
+    if point == "after_tool":
+        if not call_id:
+            raise ValueError("after_tool needs the call's id: after_tool:CALL_ID")
+        return {"at": "after_tool", "call_id": when.partition(":")[2]}
+    if point not in ("idle", "after_speech") or call_id:
+        raise ValueError(f"not a point of the conversation: {when!r} (idle, after_speech, after_tool:CALL_ID)")
+    return {"at": point}
+
+
+def _with_when(body: dict[str, Any], when: When) -> dict[str, Any]:
+    point = when_body(when)
+    return {**body, "when": point} if point is not None else body
+
 
 TOOL_CALL_PAGE_MAX = 1000  # the largest page of tool calls the service answers
 
@@ -165,28 +193,30 @@ def input(
     reply: bool,
     role: Role,
     idempotency_key: str | None,
+    when: When = None,
 ) -> Call[InputAccepted]:
     body = {"text": text, "final": final, "interrupt": interrupt, "force": force, "reply": reply, "role": role}
+    body = _with_when(body, when)
     return Call(
         "POST", _session(sid, "input"), _model(InputAccepted), json=body, command=True, idempotency_key=idempotency_key
     )
 
 
 def say(
-    sid: str, text: str, *, allow_interruptions: bool, add_to_chat: bool, idempotency_key: str | None
+    sid: str, text: str, *, allow_interruptions: bool, add_to_chat: bool, idempotency_key: str | None, when: When = None
 ) -> Call[SayAccepted]:
-    body = {"text": text, "allow_interruptions": allow_interruptions, "add_to_chat": add_to_chat}
+    body = _with_when({"text": text, "allow_interruptions": allow_interruptions, "add_to_chat": add_to_chat}, when)
     return Call(
         "POST", _session(sid, "say"), _model(SayAccepted), json=body, command=True, idempotency_key=idempotency_key
     )
 
 
-def interrupt(sid: str, *, force: bool, idempotency_key: str | None) -> Call[InterruptResult]:
+def interrupt(sid: str, *, force: bool, idempotency_key: str | None, when: When = None) -> Call[InterruptResult]:
     return Call(
         "POST",
         _session(sid, "interrupt"),
         _model(InterruptResult),
-        json={"force": force},
+        json=_with_when({"force": force}, when),
         command=True,
         idempotency_key=idempotency_key,
     )
@@ -198,6 +228,17 @@ def take_over(sid: str, *, force: bool, idempotency_key: str | None) -> Call[Tak
         _session(sid, "takeover"),
         _model(Takeover),
         json={"force": force},
+        command=True,
+        idempotency_key=idempotency_key,
+    )
+
+
+def coach(sid: str, note: str, *, idempotency_key: str | None) -> Call[CoachAccepted]:
+    return Call(
+        "POST",
+        _session(sid, "coach"),
+        _model(CoachAccepted),
+        json={"note": note},
         command=True,
         idempotency_key=idempotency_key,
     )
@@ -216,6 +257,19 @@ def takeover_say(sid: str, text: str, *, idempotency_key: str | None) -> Call[Sa
 
 def hand_back(sid: str, *, force: bool) -> Call[HandBack]:
     return Call("DELETE", _session(sid, "takeover"), _model(HandBack), params={"force": "true"} if force else None)
+
+
+def list_scheduled(sid: str, *, pending_only: bool) -> Call[ScheduledList]:
+    params = {"pending_only": "true"} if pending_only else {}
+    return Call("GET", _session(sid, "scheduled"), _model(ScheduledList), params=params)
+
+
+def get_scheduled(sid: str, scheduled_id: str) -> Call[ScheduledCommand]:
+    return Call("GET", _session(sid, "scheduled", scheduled_id), _model(ScheduledCommand))
+
+
+def cancel_scheduled(sid: str, scheduled_id: str) -> Call[ScheduledCommand]:
+    return Call("DELETE", _session(sid, "scheduled", scheduled_id), _model(ScheduledCommand))
 
 
 def export_session(sid: str) -> Call[SessionExport]:

@@ -16,11 +16,13 @@ from .models import (
     AgentInfo,
     Alert,
     ChatItem,
+    CoachAccepted,
     HandBack,
     Health,
     InputAccepted,
     InterruptResult,
     SayAccepted,
+    ScheduledCommand,
     Session,
     SessionExport,
     SessionList,
@@ -181,8 +183,11 @@ class AsyncClient:
         reply: bool = True,
         role: _ops.Role = "user",
         idempotency_key: str | None = None,
+        when: _ops.When = None,
     ) -> InputAccepted:
-        """Inject user input (``final=False``: an interim transcript, not committed)."""
+        """Inject user input (``final=False``: an interim transcript, not committed). ``when`` schedules it for a
+        point of the conversation instead of now: ``"idle"``, ``"after_speech"``, ``"after_tool:CALL_ID"`` (the
+        answer's ``scheduled`` then says where it stands)."""
         call = _ops.input(
             sid,
             text,
@@ -192,6 +197,7 @@ class AsyncClient:
             reply=reply,
             role=role,
             idempotency_key=idempotency_key,
+            when=when,
         )
         return await self._send(call)
 
@@ -203,17 +209,42 @@ class AsyncClient:
         allow_interruptions: bool = True,
         add_to_chat: bool = True,
         idempotency_key: str | None = None,
+        when: _ops.When = None,
     ) -> SayAccepted:
-        """Have the agent say ``text`` verbatim, after anything already queued."""
+        """Have the agent say ``text`` verbatim, after anything already queued (``when``: at that point of the
+        conversation instead, see ``input``)."""
         call = _ops.say(
-            sid, text, allow_interruptions=allow_interruptions, add_to_chat=add_to_chat, idempotency_key=idempotency_key
+            sid,
+            text,
+            allow_interruptions=allow_interruptions,
+            add_to_chat=add_to_chat,
+            idempotency_key=idempotency_key,
+            when=when,
         )
         return await self._send(call)
 
-    async def interrupt(self, sid: str, *, force: bool = False, idempotency_key: str | None = None) -> InterruptResult:
+    async def interrupt(
+        self, sid: str, *, force: bool = False, idempotency_key: str | None = None, when: _ops.When = None
+    ) -> InterruptResult:
         """Interrupt the current speech; returns once what was heard is committed. ``Conflict``
-        (``not_interruptible``) when the speech does not allow it, unless ``force``."""
-        return await self._send(_ops.interrupt(sid, force=force, idempotency_key=idempotency_key))
+        (``not_interruptible``) when the speech does not allow it, unless ``force``. ``when``: at that point of the
+        conversation instead (see ``input``)."""
+        return await self._send(_ops.interrupt(sid, force=force, idempotency_key=idempotency_key, when=when))
+
+    async def coach(self, sid: str, note: str, *, idempotency_key: str | None = None) -> CoachAccepted:
+        """Leave ``note`` for the agent's next model request only (the user never sees it)."""
+        return await self._send(_ops.coach(sid, note, idempotency_key=idempotency_key))
+
+    async def list_scheduled(self, sid: str, *, pending_only: bool = False) -> list[ScheduledCommand]:
+        """The session's scheduled commands and coaching notes, oldest first (``pending_only``: those pending)."""
+        return (await self._send(_ops.list_scheduled(sid, pending_only=pending_only))).items
+
+    async def get_scheduled(self, sid: str, scheduled_id: str) -> ScheduledCommand:
+        return await self._send(_ops.get_scheduled(sid, scheduled_id))
+
+    async def cancel_scheduled(self, sid: str, scheduled_id: str) -> ScheduledCommand:
+        """Cancel a pending scheduled command or note; ``Conflict`` (``already_ended``) once applied or cancelled."""
+        return await self._send(_ops.cancel_scheduled(sid, scheduled_id))
 
     async def take_over(self, sid: str, *, force: bool = False, idempotency_key: str | None = None) -> Takeover:
         """Take the session over as this client's operator: the speech under way is interrupted and the model is

@@ -211,18 +211,46 @@ class Chat(_Model):
     next_cursor: str | None = None
 
 
+class ScheduledCommand(_Model):
+    """A command scheduled for a point of the conversation (``when``), or a coaching note (``kind="coach"``)."""
+
+    id: str
+    kind: str  # input, say, interrupt, coach
+    at: str  # idle, after_speech, after_tool, next_turn
+    state: str  # pending, applied, cancelled
+    args: dict[str, Any] = Field(default_factory=dict)
+    call_id: str | None = None
+    speech_id: str | None = None
+    created_at: datetime
+    ended_at: datetime | None = None
+    reason: str | None = None  # cancelled: cancelled_by_operator, session_closed, not_interruptible, failed
+    result: dict[str, Any] = Field(default_factory=dict)  # applied: item_id, speech_id, interrupted
+
+
+class ScheduledList(_Model):
+    items: list[ScheduledCommand]
+
+
+class CoachAccepted(_Model):
+    id: str
+    state: str
+
+
 class InputAccepted(_Model):
-    item_id: str | None = None  # None for an interim (final=false) input: nothing was committed
+    item_id: str | None = None  # None for an interim (final=false) input, or a scheduled one: nothing was committed
     speech_id: str | None = None  # None when no reply was queued
+    scheduled: ScheduledCommand | None = None  # set when the input was scheduled (``when``)
 
 
 class SayAccepted(_Model):
-    speech_id: str
+    speech_id: str | None = None  # None when the say was scheduled
+    scheduled: ScheduledCommand | None = None
 
 
 class InterruptResult(_Model):
     speech_id: str | None = None
     interrupted: bool
+    scheduled: ScheduledCommand | None = None  # set when the interrupt was scheduled: nothing interrupted yet
 
 
 class Usage(_Model):

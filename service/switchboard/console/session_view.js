@@ -3,6 +3,7 @@
 import { Intent } from "./api.js";
 import { REASON_LABELS } from "./attention.js";
 import { h } from "./dom.js";
+import { CoachBox, SCHEDULED_EVENTS, WhenChoice } from "./scheduled.js";
 import { SessionStream } from "./stream.js";
 import { TakeoverPanel } from "./takeover.js";
 import { TalkPanel } from "./talk.js";
@@ -110,6 +111,10 @@ export class SessionView {
 
   _onEvents(events) {
     this.timeline.ingest(events);
+    if (this.coachBox && events.some((ev) => SCHEDULED_EVENTS.has(ev.type))) {
+      clearTimeout(this._scheduledTimer);
+      this._scheduledTimer = setTimeout(() => this.coachBox.refresh(), 150);
+    }
     if (events.some((ev) => REFRESH_ON.has(ev.type))) {
       clearTimeout(this._refreshTimer);
       this._refreshTimer = setTimeout(() => this._refreshSession(), 250);
@@ -225,6 +230,7 @@ export class SessionView {
     const send = h("button", { type: "submit", class: "primary", id: "op-send", text: "Send as user" });
     const say = h("button", { type: "button", id: "op-say", text: "Agent says it" });
     say.addEventListener("click", () => this.say(say));
+    this.when = new WhenChoice();
     const form = h(
       "form",
       { class: "composer", "aria-label": "Operator input" },
@@ -235,6 +241,7 @@ export class SessionView {
         { class: "composer-row" },
         h("label", { for: "op-reply" }, this.reply, " Agent replies"),
         h("label", { for: "op-interrupt" }, this.interruptFirst, " Interrupt current speech"),
+        this.when.element,
         h("span", { class: "spacer" }),
         send,
         say,
@@ -301,7 +308,20 @@ export class SessionView {
       hidden: true,
       text: "This session has ended; it takes no more commands.",
     });
-    this.controls = h("section", { class: "controls", "aria-label": "Controls" }, this.closedNote, actions, form);
+    this.coachBox = new CoachBox({
+      api: this.api,
+      path: this.path,
+      command: (...args) => this._command(...args),
+    });
+    this.coachBox.refresh();
+    this.controls = h(
+      "section",
+      { class: "controls", "aria-label": "Controls" },
+      this.closedNote,
+      actions,
+      form,
+      this.coachBox.element,
+    );
     return this.controls;
   }
 
@@ -387,13 +407,38 @@ export class SessionView {
     const text = this._composed("Type a message first.");
     if (!text) return;
     const body = { text, reply: this.reply.checked, interrupt: this.interruptFirst.checked };
-    if (await this._command("input", button, "POST", `${this.path}/input`, body, "Sending the input")) this._sent(text);
+    if (!this._withWhen(body)) return;
+    const res = await this._command("input", button, "POST", `${this.path}/input`, body, "Sending the input");
+    if (res) this._accepted(text, res);
   }
 
   async say(button) {
     const text = this._composed("Type what the agent should say first.");
     if (!text) return;
-    if (await this._command("say", button, "POST", `${this.path}/say`, { text }, "Saying it")) this._sent(text);
+    const body = { text };
+    if (!this._withWhen(body)) return;
+    const res = await this._command("say", button, "POST", `${this.path}/say`, body, "Saying it");
+    if (res) this._accepted(text, res);
+  }
+
+  /** Add the "when" choice to a command's body; false (and why, shown) when it is incomplete. */
+  _withWhen(body) {
+    try {
+      const when = this.when.value();
+      if (when) body.when = when;
+      return true;
+    } catch (err) {
+      this._showError(err.message);
+      return false;
+    }
+  }
+
+  _accepted(text, res) {
+    this._sent(text);
+    if (res.scheduled) {
+      this.when.reset();
+      this.coachBox.refresh();
+    }
   }
 
   async interrupt(button, force) {

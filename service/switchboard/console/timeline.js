@@ -48,6 +48,12 @@ function summary(ev) {
       return `${d.actor}: ${d.action}`;
     case "operator.spoke":
       return `${d.operator}: ${truncate(d.text, 120)}`;
+    case "scheduled.created":
+      return `${d.kind} scheduled (${d.at}${d.call_id ? ` ${d.call_id}` : ""})`;
+    case "scheduled.applied":
+      return `${d.kind} ${d.id} applied`;
+    case "scheduled.cancelled":
+      return `${d.kind} ${d.id} cancelled (${d.reason})`;
     default:
       return "";
   }
@@ -232,6 +238,9 @@ export class Timeline {
           h("p", { text: d.reply_speech_id ? "The agent answers the user's last input." : "The agent has it again." }),
         );
         break;
+      case "session.coached":
+        row = this._row(ev, "coach", "Coaching note", h("p", { class: "text", text: (ev.data || {}).note || "" }));
+        break;
       default:
         break;
     }
@@ -251,6 +260,9 @@ export class Timeline {
       takeover: d.displaced ? `took the session over from ${d.displaced}` : "took the session over",
       takeover_say: "spoke as the agent",
       handback: "handed the session back",
+      coach: "coached the agent",
+      schedule: "scheduled a command",
+      cancel_scheduled: "cancelled a scheduled command",
     }[d.action];
     const text = `${what || d.action}${d.force ? " (forced)" : ""}`;
     const key = d.idempotency_key ? h("p", { class: "muted small", text: `Idempotency-Key ${d.idempotency_key}` }) : null;

@@ -558,6 +558,7 @@ class SessionHost:
                 speeches=data.speeches,
                 reported=data.reported,
                 tools_of=self._tools_of,
+                pending=data.pending,
             )
         except Exception:
             # half recovered: stop it here; the next round starts again from what is durable (as after a crash)

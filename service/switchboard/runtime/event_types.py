@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .chat import ChatItem
+from .pending import PendingKind, PendingPoint
 from .speech import SpeechSource
 from .status import AgentState
 from .tools import DropReason, ToolStatus
@@ -23,7 +24,18 @@ from .tools import DropReason, ToolStatus
 InputRole = Literal["user", "system", "developer"]
 # ``transcript``: a final transcript a media edge sent, taken as the user's input
 OperatorActionKind = Literal[
-    "input", "transcript", "say", "interrupt", "cancel_tool", "close", "takeover", "takeover_say", "handback"
+    "input",
+    "transcript",
+    "say",
+    "interrupt",
+    "cancel_tool",
+    "close",
+    "takeover",
+    "takeover_say",
+    "handback",
+    "coach",
+    "schedule",
+    "cancel_scheduled",
 ]
 SpeculationState = Literal["started", "used", "discarded"]
 
@@ -289,6 +301,11 @@ class OperatorAction(EventPayload):
     item_id: str | None = Field(default=None, description="The user message it committed (`input`).")
     speech_id: str | None = Field(default=None, description="The speech it queued or interrupted.")
     call_id: str | None = Field(default=None, description="The tool call it cancelled.")
+    scheduled_id: str | None = Field(
+        default=None,
+        description="The scheduled command or coaching note it created or cancelled (`schedule`, `coach`, "
+        "`cancel_scheduled`).",
+    )
     force: bool | None = Field(
         default=None,
         description="Whether it was forced past `allow_interruptions` (a takeover or a hand-back: past another "
@@ -330,6 +347,55 @@ class OperatorSpoke(EventPayload):
     text: str
 
 
+# -- scheduled commands and coaching ----------------------------------------------------------------------------
+
+
+class ScheduledCreated(EventPayload):
+    """An operator command was accepted to apply at a point of the conversation (it is durable: a drain or a failover
+    keeps it). `GET /v1/sessions/{sid}/scheduled/{id}` is its status."""
+
+    type: ClassVar[Literal["scheduled.created"]] = "scheduled.created"
+    id: str
+    kind: PendingKind = Field(description="The command: `input`, `say` or `interrupt`.")
+    at: PendingPoint = Field(description="The point it waits for: `idle`, `after_speech` or `after_tool`.")
+    call_id: str | None = Field(default=None, description="`after_tool`: the tool call it waits for.")
+    speech_id: str | None = Field(default=None, description="`after_speech`: the speech it waits for.")
+
+
+class ScheduledApplied(EventPayload):
+    """A scheduled command reached its point and was applied (once), or a coaching note was given to the model
+    (kind `coach`). Emitted after its effect is durable."""
+
+    type: ClassVar[Literal["scheduled.applied"]] = "scheduled.applied"
+    id: str
+    kind: PendingKind
+    item_id: str | None = Field(default=None, description="`input`: the user message it committed.")
+    speech_id: str | None = Field(
+        default=None, description="The speech it queued or interrupted (`coach`: the speech whose request carried it)."
+    )
+    interrupted: bool | None = Field(default=None, description="`interrupt`: whether a speech was interrupted.")
+
+
+class ScheduledCancelled(EventPayload):
+    """A scheduled command or a coaching note will never apply: an operator cancelled it
+    (`cancelled_by_operator`), the session closed before its point came (`session_closed`), or applying it failed
+    (`failed`, `not_interruptible`)."""
+
+    type: ClassVar[Literal["scheduled.cancelled"]] = "scheduled.cancelled"
+    id: str
+    kind: PendingKind
+    reason: str
+
+
+class SessionCoached(EventPayload):
+    """An operator left a note for the agent's next model request only. The user never sees it: it is no chat item,
+    and later requests do not carry it. `scheduled.applied` (kind `coach`) follows when a request carried it."""
+
+    type: ClassVar[Literal["session.coached"]] = "session.coached"
+    id: str
+    note: str
+
+
 EVENT_PAYLOADS: tuple[type[EventPayload], ...] = (
     SessionStarted,
     SessionRecovered,
@@ -354,6 +420,10 @@ EVENT_PAYLOADS: tuple[type[EventPayload], ...] = (
     SessionTakenOver,
     SessionHandedBack,
     OperatorSpoke,
+    ScheduledCreated,
+    ScheduledApplied,
+    ScheduledCancelled,
+    SessionCoached,
 )
 
 #: Event type -> its payload model: the only types an ``EventLog`` emits.

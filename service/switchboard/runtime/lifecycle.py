@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from . import event_types as ev
 from .aio import cancel_and_wait
+from .coach import CoachNotes
 from .commit import CommitPipeline
 from .events import EventLog
 from .executor import ToolExecutor
@@ -21,6 +22,7 @@ from .handoff import HandoffStep
 from .llm.base import LLM
 from .options import SessionOptions
 from .ports import Commit, SessionState
+from .scheduled import ScheduledCommands, ended_event
 from .speculative import Speculation
 from .speeches import Speeches
 from .status import AgentState, SessionStatus
@@ -53,6 +55,8 @@ class SessionEnds:
     _hooks: set[asyncio.Task[Any]]
     _sealed: bool
     user_turn: UserTurn
+    scheduled: ScheduledCommands
+    coach: CoachNotes
 
     def snapshot(self) -> SessionState:
         raise NotImplementedError
@@ -72,6 +76,7 @@ class SessionEnds:
             if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED, SessionStatus.SUSPENDED):
                 return
             self.state = SessionStatus.SUSPENDED
+        await self.scheduled.stop()  # what is pending stays so in the store, for the next owner
         await self.speculation.abandon()
         await cancel_and_wait(*self._hooks)
         await self._hand_over_speeches()
@@ -120,6 +125,7 @@ class SessionEnds:
             if self.state in (SessionStatus.CLOSING, SessionStatus.CLOSED):
                 return
             self.state = SessionStatus.CLOSING
+        await self.scheduled.stop()  # one being applied finishes; the others are cancelled with the last write
         await self.speculation.discard()
         await cancel_and_wait(*self._hooks)
         if self.speeches.deferring is not None:  # a deferred reply being committed: queue it, then close it
@@ -148,12 +154,16 @@ class SessionEnds:
         for record in unwritten:
             last.items.extend(record.items)
             last.tool_calls.append(record.info)
+        # what is still pending never applies: cancelled, durably, with the close (reported before session.closed)
+        last.pending.extend([*self.scheduled.closing(), *self.coach.closing()])
         try:
             await self.commit(last, then=lambda: self.executor.report_written(unwritten))
         except Exception:  # logged by the pipeline: the store keeps the session live, and recovery settles it
             logger.error("session %s: its close could not be stored; it stays live there", self.id)
             await self.writes.landed()
             return
+        for command in last.pending:
+            self.events.emit(ended_event(command))
         await self.events.emit(ev.SessionClosed(reason=reason) if reason else ev.SessionClosed())
         await self.writes.landed()
 

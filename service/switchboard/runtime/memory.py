@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable
 
 from .chat import ChatItem, order_items
 from .events import Event, done_future
+from .pending import PendingCommand, split_marks
 from .ports import ChatStore, Commit, EventSink, SessionState
 from .speech import SpeechInfo
 from .tools import ToolCallInfo
@@ -27,6 +28,7 @@ class MemoryStore(ChatStore):
         self.tool_calls: dict[str, dict[str, ToolCallInfo]] = defaultdict(dict)
         self.speeches: dict[str, dict[str, SpeechInfo]] = defaultdict(dict)
         self.sessions: dict[str, SessionState] = {}
+        self.pending: dict[str, dict[str, PendingCommand]] = defaultdict(dict)  # scheduled commands, coaching notes
         self.commits: list[tuple[str, Commit]] = []
         self.fail_next = 0
         self.retries = 0  # attempts that failed during a simulated outage
@@ -53,6 +55,9 @@ class MemoryStore(ChatStore):
             self.speeches[session_id][sp.id] = sp
         if commit.session is not None:
             self.sessions[session_id] = commit.session
+        marks, _ = split_marks(commit.receipts)
+        for cmd in [*commit.pending, *marks]:
+            self.pending[session_id][cmd.id] = cmd
         for receipt in commit.receipts:
             receipt.mark_landed()
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .chat import ChatItem
 from .events import Event, EventSink
+from .pending import PendingCommand
 from .receipt import Completion, Receipt, completions
 from .speech import SpeechInfo
 from .status import SessionStatus
@@ -53,6 +54,7 @@ class Commit(BaseModel):
     speeches: list[SpeechInfo] = Field(default_factory=list)
     session: SessionState | None = None
     receipts: list[Completion] = Field(default_factory=list)
+    pending: list[PendingCommand] = Field(default_factory=list)  # scheduled commands and coaching notes (full records)
 
 
 @dataclass(slots=True)
@@ -71,6 +73,7 @@ class Reported:
     # the operators' holds with a ``session.taken_over`` and with a ``session.handed_back`` event ("<since> <operator>")
     taken_over: set[str] = field(default_factory=set)
     handed_back: set[str] = field(default_factory=set)
+    pending: set[str] = field(default_factory=set)  # scheduled commands and notes with their accepting event
 
     def add(self, event_type: str, key: str) -> None:
         """Note one event: ``key`` is its item id, call id or speech id."""
@@ -82,6 +85,8 @@ class Reported:
             "speech.created": self.created_speeches,
             "session.taken_over": self.taken_over,
             "session.handed_back": self.handed_back,
+            "scheduled.created": self.pending,
+            "session.coached": self.pending,
         }
         target[event_type].add(key)
 
@@ -121,6 +126,8 @@ REPORTED_KEYS: dict[str, tuple[str, str | None]] = {
     "speech.done": ("speech_id", None),
     "user.input": ("item_id", None),
     "speech.created": ("speech_id", None),
+    "scheduled.created": ("id", None),
+    "session.coached": ("id", None),
 }
 
 

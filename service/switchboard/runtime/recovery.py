@@ -10,7 +10,9 @@ from . import event_types as ev
 from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, FunctionCallOutput, new_id, utcnow
 from .events import EventLog
 from .executor import resumes
+from .pending import PendingCommand
 from .ports import ChatStore, Commit, Reported, Takeover, hold_subject
+from .scheduled import accepted_event
 from .session import AgentSession
 from .speech import SpeechInfo, SpeechSource, SpeechState
 from .tool_call import dropped_outcome, dropped_reason
@@ -28,6 +30,7 @@ async def recover(
     speeches: Sequence[SpeechInfo] = (),
     reported: Reported | None = None,
     tools_of: Callable[[str], Mapping[str, FunctionTool]] | None = None,
+    pending: Sequence[PendingCommand] = (),
 ) -> dict[str, list[str]]:
     """Start ``session`` as recovered and settle what was in flight when its previous process stopped (a crash, a
     drain, a graceful restart, a lost lease: the same durable obligations, derived from the store alone).
@@ -47,6 +50,10 @@ async def recover(
 
     ``tools_of`` gives the tools of an agent by name: a call that resumes goes on with the tool of the agent that
     made it, also after a handoff that the session's move did at once while that call still ran.
+
+    ``pending`` are the scheduled commands and coaching notes accepted and not yet applied (their effect is not in
+    the store: a command is marked applied in the commit of its effect): they are held again, once the owed speeches
+    are queued (a command waiting for the end of one of them still waits for it), and apply when their point comes.
     """
     if reported is not None:
         # the hold first: input a crash left unreported was taken after it (a held session's is not answered)
@@ -64,6 +71,8 @@ async def recover(
     owed_ids = {sp.id for sp in owed}
     superseded = [sp for sp in unfinished if not sp.interrupted and sp.id not in owed_ids]
 
+    # the notes first: the first request made here (an owed reply, a hook's) is the one they are for
+    session.coach.restore(_notes(pending, notes=True))
     await session.start(
         recovered=True,
         interrupted_calls=[i.call_id for i in interrupted],
@@ -81,8 +90,24 @@ async def recover(
     for sp in owed:
         logger.info("session %s: playing %s (%s), owed since before the restart", session.id, sp.id, sp.source)
         session.requeue(sp)
+    _hold_pending(session, pending, reported)
     _restart_calls(session, retry, resume)
     return {"interrupted": [i.call_id for i in interrupted], "retried": retry_ids, "resumed": resume_ids}
+
+
+def _notes(pending: Sequence[PendingCommand], *, notes: bool) -> list[PendingCommand]:
+    """The coaching notes among ``pending`` (``notes``), or the scheduled commands."""
+    return [c for c in pending if (c.kind == "coach") == notes]
+
+
+def _hold_pending(session: AgentSession, pending: Sequence[PendingCommand], reported: Reported | None) -> None:
+    """Hold again the scheduled commands that were pending (applied when their point comes; the notes are held
+    already), each command and note reported as accepted first when a crash lost that event."""
+    for command in pending:
+        if reported is not None and command.id not in reported.pending:
+            session.events.emit(accepted_event(command))
+    session.scheduled.restore(_notes(pending, notes=False))
+    session.scheduled.wake()
 
 
 def _restart_calls(

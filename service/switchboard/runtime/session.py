@@ -13,6 +13,7 @@ from .agent import Agent, complete_user_turn
 from .aio import forget_when_done, spawn
 from .arguments import parse_arguments
 from .chat import FINAL_SUFFIX, ChatContext, ChatItem, ChatMessage, FunctionCall, new_id, order_items
+from .coach import CoachNotes
 from .commit import CommitPipeline
 from .event_types import InputRole as Role
 from .events import EventLog, EventSink
@@ -25,6 +26,7 @@ from .options import SessionOptions
 from .playout import Playout
 from .ports import ChatStore, Commit, Receipt, SessionState, Takeover, completions
 from .reply import ReplyJob, run_job
+from .scheduled import ScheduledCommands
 from .speculative import Speculation
 from .speech import (
     SPEECH_PRIORITY_NORMAL,
@@ -136,6 +138,8 @@ class AgentSession(SessionEnds):
         self._answering = 0
         self.user_turn = UserTurn()
         self.seat = OperatorSeat(self, takeover)  # an operator's takeover (``runtime.takeover``): held or not
+        self.scheduled = ScheduledCommands(self)  # commands that apply at a point of the conversation
+        self.coach = CoachNotes(self)  # operators' notes for the next model request
         agent.attach(self)
 
     def __repr__(self) -> str:
@@ -167,6 +171,7 @@ class AgentSession(SessionEnds):
         )
         self.set_agent_state("listening")
         self.speeches.scheduler.start()
+        self.scheduled.start()
         if enter:
             self._run_hook(self.agent.on_enter(), f"on_enter:{self.agent.name}")
 
@@ -512,6 +517,7 @@ class AgentSession(SessionEnds):
         if spec is None:
             return None
         if self.speculation.still_fits(spec, job.context_version):
+            self.coach.used_by(spec.request)
             return spec
         await self.speculation.drop_stale(spec)
         return None
@@ -520,6 +526,7 @@ class AgentSession(SessionEnds):
         self._start_pending_speculative()
         if not self.speeches.scheduler.has_queued:
             self.set_agent_state("listening")
+        self.scheduled.wake()
 
     async def finish_speech(self, speech: SpeechHandle) -> None:
         """Mark ``speech`` done and write its end (``Speeches.finish``)."""
@@ -535,6 +542,7 @@ class AgentSession(SessionEnds):
         if state != self.agent_state:
             self.agent_state = state
             self.events.emit(ev.AgentStateChanged(state=state))
+            self.scheduled.wake()
 
     # -- what a reply needs (``ReplySession``) --------------------------------------------------------------
 
@@ -605,6 +613,7 @@ class AgentSession(SessionEnds):
             items = order_items([*items, *turn_messages])
         if pending_user_text is not None:
             items.append(ChatMessage(id=new_id("item"), role="user", text=pending_user_text))
+        items.extend(self.coach.messages(take=not preemptive, speech_id=speech.id if speech else None))
         full_instructions = self.agent.instructions
         if instructions:
             full_instructions = f"{full_instructions}\n\n{instructions}"
@@ -669,6 +678,7 @@ class AgentSession(SessionEnds):
         self.speeches.on_tool_result(rc, durable=durable, active=active)
         if active:
             self._start_pending_speculative()
+        self.scheduled.wake()
 
     def requeue(self, info: SpeechInfo) -> None:
         """Queue again a speech the session owes (``Speeches.requeue``): after a move or a crash."""

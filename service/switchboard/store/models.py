@@ -164,6 +164,20 @@ speeches = sa.Table(
     sa.Column("completion_tokens", sa.Integer(), nullable=False, server_default="0"),
 )
 
+# Operator commands scheduled for a point of the conversation, and coaching notes for the next model request
+# (``runtime.pending.PendingCommand``): ``data`` is the full record; ``state`` pending until applied or cancelled.
+pending_commands = sa.Table(
+    "pending_commands",
+    metadata,
+    sa.Column("session_id", String(), _session_fk(), primary_key=True),
+    sa.Column("id", String(), primary_key=True),
+    sa.Column("kind", String(), nullable=False),
+    sa.Column("state", String(), nullable=False),
+    sa.Column("created_at", TZDateTime(), nullable=False),
+    sa.Column("data", json_type(), nullable=False),
+    sa.Index(None, "session_id", "state"),
+)
+
 # ``id`` is a global, monotonic cursor for the multi-session dashboard stream; (session_id, seq) is the log key.
 # It is the primary key (not (session_id, seq)) because SQLite can only autoincrement an INTEGER PRIMARY KEY.
 events = sa.Table(

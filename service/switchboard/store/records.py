@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from ..runtime.chat import ChatItem
 from ..runtime.events import Event
+from ..runtime.pending import PendingCommand
 from ..runtime.ports import Reported, Takeover
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import SessionStatus
@@ -88,6 +89,7 @@ class SessionData:
     items: list[ChatItem] = field(default_factory=list)  # ordered, as ``Store.chat_items`` returns them
     tool_calls: list[ToolCallInfo] = field(default_factory=list)
     speeches: list[SpeechInfo] = field(default_factory=list)
+    pending: list[PendingCommand] = field(default_factory=list)  # scheduled commands and notes not yet applied
     last_seq: int = 0
     reported: Reported = field(default_factory=Reported)  # what its durable event log reports
     recent: list[Event] = field(default_factory=list)  # its latest events of the kinds asked for, oldest first

@@ -10,6 +10,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ..runtime.chat import ChatItem, chat_item_adapter
 from ..runtime.events import Event
+from ..runtime.pending import PendingCommand
 from ..runtime.ports import reported_subject
 from ..runtime.speech import SpeechInfo
 from ..runtime.tools import ToolCallInfo
@@ -144,6 +145,24 @@ def speech_from_row(row: Mapping[Any, Any]) -> SpeechInfo:
     data = {name: row[name] for name in SPEECH_FIELDS}
     data["usage"] = {name: row[name] for name in USAGE_FIELDS}
     return _validated(SpeechInfo.model_validate, data)
+
+
+# -- pending commands -------------------------------------------------------------------------------------------
+
+
+def pending_row(session_id: str, command: PendingCommand) -> dict[str, Any]:
+    return {
+        "session_id": session_id,
+        "id": command.id,
+        "kind": command.kind,
+        "state": command.state,
+        "created_at": command.created_at,
+        "data": command.model_dump(mode="json"),
+    }
+
+
+def pending_from_row(row: Mapping[Any, Any]) -> PendingCommand:
+    return _validated(PendingCommand.model_validate, _json(row["data"], "data"))
 
 
 # -- events -----------------------------------------------------------------------------------------------------

@@ -30,7 +30,14 @@ class StoreChatStore(ChatStore):
         self._epoch = epoch
 
     async def commit(self, session_id: str, commit: Commit) -> None:
-        if not (commit.items or commit.tool_calls or commit.speeches or commit.session is not None or commit.receipts):
+        if not (
+            commit.items
+            or commit.tool_calls
+            or commit.speeches
+            or commit.session is not None
+            or commit.receipts
+            or commit.pending
+        ):
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._writer.submit(Op(session_id, fut, commit=commit, epoch=self._epoch))

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..runtime.chat import ChatItem, order_items
 from ..runtime.events import Event
+from ..runtime.pending import PendingCommand
 from ..runtime.ports import ChatStore, Completion, EventSink
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import ENDED_STATUSES, LIVE_STATUSES, SessionStatus
@@ -54,6 +55,7 @@ from .rows import (
     idempotency_from_row,
     item_from_row,
     items_from_texts,
+    pending_from_row,
     session_from_row,
     session_row,
     speech_from_row,
@@ -369,6 +371,12 @@ class Store:
         stmt = sa.select(t).where(t.c.session_id == sid).order_by(t.c.created_at, t.c.id)
         return self._convert(await self._fetch(stmt), speech_from_row, "speeches")
 
+    async def pending_commands(self, sid: str) -> list[PendingCommand]:
+        """The session's scheduled commands and coaching notes, whatever their state, oldest first."""
+        t = m.pending_commands
+        stmt = sa.select(t).where(t.c.session_id == sid).order_by(t.c.created_at, t.c.id)
+        return self._convert(await self._fetch(stmt), pending_from_row, "pending_commands")
+
     async def speech(self, sid: str, speech_id: str) -> SpeechInfo | None:
         t = m.speeches
         rows = await self._fetch(sa.select(t).where(t.c.session_id == sid, t.c.id == speech_id))
@@ -439,6 +447,11 @@ class Store:
                 rows = (await conn.execute(stmt.order_by(sp.c.created_at, sp.c.id))).mappings().all()
                 for row, speech in self._convert_pairs(rows, speech_from_row, "speeches"):
                     out[row["session_id"]].speeches.append(speech)
+                pc = m.pending_commands
+                stmt = sa.select(pc).where(pc.c.session_id.in_(chunk), pc.c.state == "pending")
+                rows = (await conn.execute(stmt.order_by(pc.c.created_at, pc.c.id))).mappings().all()
+                for row, command in self._convert_pairs(rows, pending_from_row, "pending_commands"):
+                    out[row["session_id"]].pending.append(command)
                 stmt = sa.select(ev.c.session_id, sa.func.max(ev.c.seq)).where(ev.c.session_id.in_(chunk))
                 for sid, top in await conn.execute(stmt.group_by(ev.c.session_id)):
                     out[sid].last_seq = int(top or 0)
@@ -475,7 +488,7 @@ class Store:
         async with self.engine.begin() as conn:
             ids = [row.id for row in (await conn.execute(pick)).all()]
             if ids:
-                for table in (m.events, m.chat_items, m.tool_calls, m.speeches):
+                for table in (m.events, m.chat_items, m.tool_calls, m.speeches, m.pending_commands):
                     await conn.execute(sa.delete(table).where(table.c.session_id.in_(ids)))
                 # the state is checked again: only ended sessions are ever deleted
                 await conn.execute(sa.delete(t).where(t.c.id.in_(ids), t.c.state.in_(ended)))
@@ -513,6 +526,7 @@ class Store:
             "chat_items": "pos",
             "tool_calls": "call_id",
             "speeches": "id",
+            "pending_commands": "id",
             "events": "seq",
             "sessions": "id",
             "idempotency_keys": "key",

@@ -17,12 +17,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ..runtime.chat import ChatItem
 from ..runtime.events import Event
+from ..runtime.pending import split_marks
 from ..runtime.ports import Commit, Completion
 from ..runtime.status import SessionStatus
 from . import models as m
 from .idempotency import complete_in
 from .records import now_utc
-from .rows import event_row, item_row, speech_row, tool_call_row
+from .rows import event_row, item_row, pending_row, speech_row, tool_call_row
 from .text import encode_text
 
 DurableCallback = Callable[[list[Event]], None]
@@ -102,6 +103,7 @@ def _upsert_stmt(dialect: str, table: sa.Table, keys: tuple[str, ...], update: t
 _SESSION_STATE_COLUMNS = ("agent", "entered", "state", "llm_state", "current_speech_id", "takeover", "updated_at")
 _TOOL_CALL_UPDATE = tuple(c.name for c in m.tool_calls.columns if c.name not in ("session_id", "call_id"))
 _SPEECH_UPDATE = tuple(c.name for c in m.speeches.columns if c.name not in ("session_id", "id"))
+_PENDING_UPDATE = ("state", "data")
 
 
 @dataclass(eq=False)
@@ -115,6 +117,7 @@ class _Batch:
     item_keys: set[tuple[str, str]] = field(default_factory=set)
     tool_calls: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     speeches: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pending: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # scheduled commands, notes
     events: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     event_objs: dict[tuple[str, int], list[Event]] = field(default_factory=dict)
     receipts: list[Completion] = field(default_factory=list)  # idempotency reservations completed by this batch
@@ -132,7 +135,10 @@ class _Batch:
         return batch
 
     def add_commit(self, sid: str, commit: Commit) -> None:
-        self.receipts.extend(commit.receipts)
+        marks, receipts = split_marks(commit.receipts)  # a scheduled command applied with its effect rides there
+        self.receipts.extend(receipts)
+        for command in [*commit.pending, *marks]:
+            self.pending[(sid, command.id)] = pending_row(sid, command)
         for it in commit.items:
             if (sid, it.id) not in self.item_keys:
                 self.item_keys.add((sid, it.id))
@@ -190,6 +196,7 @@ def apply_batch(
     counters = _append_items(conn, batch.items, next_pos)
     _upsert_rows(conn, m.tool_calls, ("session_id", "call_id"), _TOOL_CALL_UPDATE, batch.tool_calls)
     _upsert_rows(conn, m.speeches, ("session_id", "id"), _SPEECH_UPDATE, batch.speeches)
+    _upsert_rows(conn, m.pending_commands, ("session_id", "id"), _PENDING_UPDATE, batch.pending)
     _insert_events(conn, batch, ordered)
     return counters
 

@@ -81,6 +81,8 @@ PLACEMENTS: dict[tuple[str, str], Placement] = {
     ("GET", "/v1/sessions/{sid}/tool-calls"): Placement.ANYWHERE,
     ("GET", "/v1/sessions/{sid}/tool-calls/{call_id}"): Placement.ANYWHERE,
     ("GET", "/v1/sessions/{sid}/export"): Placement.ANYWHERE,
+    ("GET", "/v1/sessions/{sid}/scheduled"): Placement.ANYWHERE,
+    ("GET", "/v1/sessions/{sid}/scheduled/{scheduled_id}"): Placement.ANYWHERE,
     ("GET", "/v1/sessions/{sid}/ag-ui"): Placement.ANYWHERE,
     ("POST", "/v1/sessions/{sid}/ag-ui"): Placement.ANYWHERE,
     ("POST", "/v1/sessions/{sid}/tokens"): Placement.ANYWHERE,

@@ -46,6 +46,8 @@ from ..schemas import (
     TokenCreate,
     TokenRead,
 )
+from ..schemas_scheduled import ScheduledRead
+from .scheduled import schedule, scheduled_at
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -218,9 +220,15 @@ async def inject_input(
     sid: str, body: InputCreate, host: HostDep, settings: SettingsDep, request: Request, idem: Idem
 ) -> InputAccepted:
     """Inject user input. `final=false` is an interim transcript (reported, not committed). A final input
-    interrupts the current speech when `interrupt` is true and it allows it (or `force`), and queues a reply."""
+    interrupts the current speech when `interrupt` is true and it allows it (or `force`), and queues a reply.
+    With `when`, it is scheduled instead (`scheduled`), and applied as it would be now when its point comes."""
     _check_text(settings, body.text)
     session = await deps.active_session(host, sid)
+    if scheduled_at(body.when):
+        args = body.model_dump(include={"text", "interrupt", "force", "reply", "role"})
+        async with deps.deadline(settings):
+            scheduled = await schedule(request, host.store, session, "input", args, body.when, idem, _input_scheduled)
+        return _input_scheduled(scheduled)
     async with deps.deadline(settings):
         result = await session.input(
             body.text,
@@ -238,8 +246,16 @@ async def inject_input(
     return _accepted(result)
 
 
+def _input_scheduled(scheduled: ScheduledRead) -> InputAccepted:
+    return InputAccepted(item_id=None, speech_id=None, scheduled=scheduled)
+
+
 def _said(speech: SpeechHandle) -> SayAccepted:
     return SayAccepted(speech_id=speech.id)
+
+
+def _say_scheduled(scheduled: ScheduledRead) -> SayAccepted:
+    return SayAccepted(speech_id=None, scheduled=scheduled)
 
 
 @router.post(
@@ -254,9 +270,16 @@ def _said(speech: SpeechHandle) -> SayAccepted:
 async def say(
     sid: str, body: SayCreate, host: HostDep, settings: SettingsDep, request: Request, idem: Idem
 ) -> SayAccepted:
-    """Have the agent say `text` verbatim, after anything already queued."""
+    """Have the agent say `text` verbatim, after anything already queued; with `when`, at that point of the
+    conversation instead (`scheduled`): a backend can make the agent speak at the right moment without cutting it
+    off."""
     _check_text(settings, body.text)
     session = await deps.active_session(host, sid)
+    if scheduled_at(body.when):
+        args = body.model_dump(include={"text", "allow_interruptions", "add_to_chat"})
+        async with deps.deadline(settings):
+            scheduled = await schedule(request, host.store, session, "say", args, body.when, idem, _say_scheduled)
+        return _say_scheduled(scheduled)
     async with deps.deadline(settings):
         speech = await session.say(
             body.text,
@@ -272,24 +295,55 @@ def _interrupted(speech: SpeechHandle | None) -> InterruptResult:
     return InterruptResult(speech_id=speech.id if speech else None, interrupted=speech is not None)
 
 
+def _interrupt_scheduled(scheduled: ScheduledRead) -> InterruptResult:
+    return InterruptResult(speech_id=None, interrupted=False, scheduled=scheduled)
+
+
 @router.post(
     "/{sid}/interrupt",
     operation_id="interrupt",
     response_model=InterruptResult,
-    responses=problem_responses(
-        400, 404, 408, (409, "The current speech does not allow interruptions, or the session is not active"), 413
-    ),
+    responses={
+        202: {"model": InterruptResult, "description": "Scheduled (`when`): it applies when its point comes"},
+        **problem_responses(
+            400,
+            404,
+            408,
+            (409, "The current speech does not allow interruptions, or the session is not active"),
+            413,
+            422,
+        ),
+    },
     dependencies=[Depends(Require("sessions:control"))],
 )
 @idempotent
 async def interrupt(
-    sid: str, services: ServicesDep, request: Request, idem: Idem, body: InterruptCreate | None = None
+    sid: str,
+    services: ServicesDep,
+    request: Request,
+    response: Response,
+    idem: Idem,
+    body: InterruptCreate | None = None,
 ) -> InterruptResult:
     """Interrupt the current speech and the queued ones after it, up to the first that does not allow
     interruptions (`force`: all of them). Returns once the interrupted message (only what was heard) is committed;
     409 `not_interruptible` when the current speech does not allow interruptions and `force` is false."""
     body = body or InterruptCreate()
     session = await deps.active_session(services.host, sid)
+    if scheduled_at(body.when):
+        response.status_code = 202  # before the answer is recorded with the effect (an idempotent replay gets it)
+        async with deps.deadline(services.settings):
+            scheduled = await schedule(
+                request,
+                services.host.store,
+                session,
+                "interrupt",
+                {"force": body.force},
+                body.when,
+                idem,
+                _interrupt_scheduled,
+            )
+        return _interrupt_scheduled(scheduled)
     started = time.perf_counter()
     async with deps.deadline(services.settings):
         speech = await session.interrupt(force=body.force, receipt=idem.receipt(_interrupted))

@@ -51,6 +51,8 @@ PROTOCOL_VERSION = "1.0"
 CUSTOM_PREFIX = "switchboard."  # CUSTOM event names: `switchboard.<event type>`
 PROGRESS_ACTIVITY = "switchboard.tool_progress"
 BUSY_AGENT_STATES = frozenset({"thinking", "speaking"})
+# an operator's coaching note is for the agent, never for the user: an AG-UI client (the user's own UI) is not sent it
+OPERATORS_ONLY = frozenset({"session.coached"})
 SETTLING_EVENTS = frozenset({"agent.state", "tool.ended", "speech.done"})  # the events that can make a run quiet
 
 Handler = Callable[["AguiTranslator", Event, int], list[BaseEvent]]
@@ -101,7 +103,7 @@ class AguiTranslator:
 
     def translate(self, event: Event) -> list[BaseEvent]:
         """The AG-UI events for ``event``, framed in a run (none for a progress update's chat items)."""
-        if _update_item(event):
+        if _update_item(event) or event.type in OPERATORS_ONLY:
             return []
         self._key = None
         ts = int(event.at.timestamp() * 1000)

@@ -13,10 +13,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..chat import AgentHandoff, ChatMessage, FunctionCallOutput
+from ..pending import coach_note_text
 from .base import LLMChunk, LLMError, LLMRequest, TextDelta, ToolCallChunk, Usage, config_error
 
 KEEP_REQUESTS = 200
 _TOOL_OUTPUT = re.compile(r"\{\{tool_output:([A-Za-z0-9_.\-]+)\}\}")
+_COACH = "{{coach}}"
 _WORDS = re.compile(r"\S+\s*")
 
 
@@ -45,7 +47,8 @@ class Turn(BaseModel):
     text: str = Field(
         default="",
         description="What the model says. `{{tool_output:NAME}}` becomes the latest output of tool NAME in the context "
-        "the request received (`<none>` if there is none).",
+        "the request received (`<none>` if there is none); `{{coach}}` becomes the operator's coaching notes the "
+        "request carried (`<none>` if none).",
     )
     tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
     ttft_ms: float = Field(default=0, ge=0, le=600_000, description="Time to the first word, in milliseconds.")
@@ -101,7 +104,7 @@ PROGRESS_OUTPUT_PREFIX = "Progress of the call running in the background"
 def rule_turn(config: ScriptConfig, request: LLMRequest) -> Turn | None:
     """The turn a rule of ``config`` gives for ``request``, if any."""
     # what the request answers: its last item (a handoff is committed with the output of the tool that made it)
-    last = next((item for item in reversed(request.items) if not isinstance(item, AgentHandoff)), None)
+    last = next((item for item in reversed(request.items) if not aside(item)), None)
     if isinstance(last, FunctionCallOutput):
         if last.output.startswith(PROGRESS_OUTPUT_PREFIX):
             return config.on_progress.get(last.name, Turn())
@@ -116,7 +119,20 @@ def rule_turn(config: ScriptConfig, request: LLMRequest) -> Turn | None:
     return None
 
 
+def aside(item: object) -> bool:
+    """An item a request's answer does not answer: a handoff, an operator's coaching note."""
+    return isinstance(item, AgentHandoff) or (isinstance(item, ChatMessage) and coach_note_text(item) is not None)
+
+
+def _coach_notes(request: LLMRequest) -> str:
+    notes = [note for item in request.items if isinstance(item, ChatMessage) and (note := coach_note_text(item))]
+    return " / ".join(notes) if notes else "<none>"
+
+
 def render_text(text: str, request: LLMRequest) -> str:
+    if _COACH in text:
+        text = text.replace(_COACH, _coach_notes(request))
+
     def latest(match: re.Match[str]) -> str:
         name = match.group(1)
         for item in reversed(request.items):

@@ -14,12 +14,12 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..chat import PLACEHOLDER_OUTPUT, AgentHandoff, ChatMessage, FunctionCallOutput
+from ..chat import PLACEHOLDER_OUTPUT, ChatMessage, FunctionCallOutput
 from ..companions import COMPANION_TOOLS
 from ..text import read_json, valid_json
 from ..tools import CONFIRM_FIELD
 from .base import LLMChunk, LLMRequest
-from .scripted import BACKGROUND_OUTPUT_PREFIX, PROGRESS_OUTPUT_PREFIX, ScriptedToolCall, Turn, play_turn
+from .scripted import BACKGROUND_OUTPUT_PREFIX, PROGRESS_OUTPUT_PREFIX, ScriptedToolCall, Turn, aside, play_turn
 
 #: How summaries of a session's model (``GET /v1/agents``, a session's ``model``) name the stand-in.
 STAND_IN_PROVIDER = "stand-in"
@@ -131,7 +131,7 @@ class StandInLLM:
     def answer(self, request: LLMRequest) -> Turn:
         """The turn that answers ``request``."""
         # what the request answers: its last item (a handoff is committed with the output of the tool that made it)
-        last = next((item for item in reversed(request.items) if not isinstance(item, AgentHandoff)), None)
+        last = next((item for item in reversed(request.items) if not aside(item)), None)
         if isinstance(last, FunctionCallOutput):
             return Turn() if last.output.startswith(_NOT_RESULTS) else Turn(text=said_output(last))
         tools = request.tools if self.calls_tools else []
