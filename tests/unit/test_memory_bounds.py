@@ -8,7 +8,8 @@ import pytest
 
 from switchboard import Agent, RunContext, function_tool
 from switchboard.runtime import executor as executor_mod
-from switchboard.runtime.llm import scripted
+from switchboard.runtime.llm import build_llm, scripted
+from switchboard.runtime.llm.scripted import ScriptedLLM
 from tests.waiting import WAIT_S
 
 from .harness import Harness
@@ -65,3 +66,20 @@ async def _no_task_left(before: set[asyncio.Task[object]]) -> None:
     async with asyncio.timeout(WAIT_S):
         while [t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()]:
             await asyncio.sleep(0.01)
+
+
+def test_sessions_running_one_script_share_its_parsed_form_and_keep_their_own_position():
+    """An agent's default script is parsed once per process, not held once per session; each model keeps its own
+    place in it, and a bad script is still refused with its error."""
+    config = {
+        "provider": "scripted",
+        "turns": [{"text": "one"}, {"text": "two"}],
+        "on_user": [{"match": "hi", "turn": {"text": "hello"}}],
+    }
+    first, second = build_llm(config), build_llm(dict(config))
+    assert isinstance(first, ScriptedLLM) and isinstance(second, ScriptedLLM)
+    assert first.rules is second.rules and first.turns == second.turns
+    first.load_state({"position": 1})
+    assert first.save_state() == {"position": 1} and second.save_state() == {"position": 0}
+    with pytest.raises(ValueError, match="turns"):
+        build_llm({"provider": "scripted", "turns": "not a list"})

@@ -4,6 +4,7 @@ drive sessions. ``{{tool_output:NAME}}`` in a turn's text shows the output the r
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 from collections import deque
@@ -127,6 +128,20 @@ def render_text(text: str, request: LLMRequest) -> str:
     return _TOOL_OUTPUT.sub(latest, text)
 
 
+def _validated(config: dict[str, Any]) -> ScriptConfig:
+    try:
+        return ScriptConfig.model_validate(config)
+    except ValidationError as err:
+        raise config_error("scripted", err, ScriptConfig, extra_keys="provider") from None
+
+
+@functools.lru_cache(maxsize=128)
+def _parsed(config_json: str) -> ScriptConfig:
+    """A script parsed once, shared by the sessions that run it (an agent's default script, a test's): each holds
+    nothing of it that it changes (its position is its own), and parsing it cost a create more than the rest of it."""
+    return _validated(json.loads(config_json))
+
+
 class ScriptedLLM:
     def __init__(
         self, turns: list[Turn] | None = None, fallback: Turn | None = None, rules: ScriptConfig | None = None
@@ -141,9 +156,9 @@ class ScriptedLLM:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ScriptedLLM:
         try:
-            parsed = ScriptConfig.model_validate(config)
-        except ValidationError as err:
-            raise config_error("scripted", err, ScriptConfig, extra_keys="provider") from None
+            parsed = _parsed(json.dumps(config, sort_keys=True))
+        except TypeError:  # not JSON: parsed for itself
+            parsed = _validated(config)
         has_rules = parsed.on_user or parsed.on_started or parsed.on_output or parsed.on_progress
         return cls(parsed.turns, parsed.fallback, parsed if has_rules else None)
 
