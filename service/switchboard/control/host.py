@@ -32,7 +32,7 @@ from .cluster.ownership import NodeLease
 from .hub import EventHub
 from .model_meter import MeteredLLM, ModelObserver, model_label
 from .pending import PendingCreates
-from .session_config import SessionConfig
+from .session_config import SessionConfig, SharedOptions
 from .session_view import SessionView
 from .settings import Settings
 
@@ -134,6 +134,7 @@ class SessionHost:
         self._sinks: dict[int | None, EventSink] = {}
         self._chat_stores: dict[int | None, ChatStore] = {}
         self._creating = PendingCreates()
+        self._options = SharedOptions(settings)
         # when each live session last reported anything (its events), for closing idle ones; a clock tests can move
         self.clock: Callable[[], float] = time.monotonic
         self._active_at: dict[str, float] = {}
@@ -260,13 +261,7 @@ class SessionHost:
             playout=EdgePlayout(SimulatedPlayout(float(wps), first_audio_s=self._first_audio_ms(config) / 1000)),
             store=self._chat_store_for(epoch),
             events=self._sink_for(epoch),
-            options=config.options().model_copy(
-                update={
-                    "max_tool_calls_per_turn": self.settings.max_tool_calls_per_turn,
-                    "max_tool_calls_per_session": self.settings.max_tool_calls_per_session,
-                    "shutdown_tool_grace_s": self.settings.shutdown_tool_grace_s,
-                }
-            ),
+            options=self._options(config),  # one object per distinct set of options, shared
             items=items,
             last_seq=last_seq,
             entered=rec.entered,

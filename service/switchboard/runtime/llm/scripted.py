@@ -150,8 +150,18 @@ class ScriptedLLM:
         self.fallback = fallback or Turn(text="OK.")
         self.rules = rules
         self.position = 0
-        # the latest requests received, for tests and debugging (bounded: a session can live for a long time)
-        self.requests: deque[LLMRequest] = deque(maxlen=KEEP_REQUESTS)
+        self._requests: deque[LLMRequest] | None = None  # made at the first request: an idle session has none
+
+    @property
+    def requests(self) -> deque[LLMRequest]:
+        """The latest requests received, for tests and debugging (bounded: a session can live for a long time)."""
+        if self._requests is None:
+            self._requests = deque(maxlen=KEEP_REQUESTS)
+        return self._requests
+
+    @requests.setter
+    def requests(self, value: deque[LLMRequest]) -> None:
+        self._requests = value
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ScriptedLLM:
