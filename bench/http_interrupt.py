@@ -373,6 +373,7 @@ async def run(args: argparse.Namespace) -> int:
             SWITCHBOARD_WORDS_PER_SECOND="3",
             SWITCHBOARD_MAX_SESSIONS="1000",
             SWITCHBOARD_WS_MAX_STREAMS_PER_CREDENTIAL="1000",
+            SWITCHBOARD_MAX_CONNECTIONS_PER_CLIENT="0",  # every connection comes from 127.0.0.1
             **({"PYTHONPATH": f"{args.source}/service:{ROOT}"} if args.source else {}),
         ).start(timeout=120)  # a busy machine starts it slowly
         sessions: list[Sess] = []

@@ -64,6 +64,29 @@ async def test_with_auth_off_the_only_limit_is_the_servers(served: Any):
     assert [(await _create(client)).status_code for _ in range(4)] == [201, 201, 201, 429]
 
 
+@pytest.mark.parametrize("served", [{"api_keys": KEYS, "max_sessions": 3, "max_sessions_per_key": 2}], indirect=True)
+async def test_creates_at_the_same_moment_count_toward_the_limits_before_they_land(served: Any):
+    """Creates run concurrently (their rows share group commits): the ones under way count, so neither a key's quota
+    nor the server's limit is passed by creates that all checked before any landed."""
+    _, client = served
+    mine = await asyncio.gather(*(_create(client, WRITER) for _ in range(5)))
+    assert sorted(r.status_code for r in mine) == [201, 201, 429, 429, 429]
+    theirs = await asyncio.gather(*(_create(client, NEIGHBOUR) for _ in range(3)))
+    assert sorted(r.status_code for r in theirs) == [201, 429, 429]  # the server's 3
+
+
+async def test_creates_of_one_id_at_the_same_moment_make_one_session(served: Any):
+    """The same id created five times at once: one create (201), the others answer that session (200); a different
+    body for that id is a conflict (409)."""
+    app, client = served
+    same = await asyncio.gather(*(_create(client, WRITER, id="once", metadata={"n": 1}) for _ in range(5)))
+    assert sorted(r.status_code for r in same) == [200, 200, 200, 200, 201]
+    assert {r.json()["id"] for r in same} == {"once"}
+    other = await _create(client, WRITER, id="once", metadata={"n": 2})
+    assert other.status_code == 409, other.text
+    assert app.state.services.host.live("once") is not None
+
+
 def test_the_default_quota_is_half_the_server():
     assert Settings(max_sessions=1000).session_quota == 500
     assert Settings(max_sessions=1).session_quota == 1

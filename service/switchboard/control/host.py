@@ -32,7 +32,8 @@ from .catalog import AgentCatalog, ModelSummary, summarize_model
 from .cluster.ownership import NodeLease
 from .hub import EventHub
 from .model_meter import MeteredLLM, ModelObserver, model_label
-from .session_config import SessionConfig
+from .pending import PendingCreates
+from .session_config import SessionConfig, SharedOptions
 from .session_view import SessionView
 from .settings import Settings
 
@@ -135,7 +136,8 @@ class SessionHost:
         # one of each per epoch, shared by the sessions of that epoch: neither keeps anything of a session's own
         self._sinks: dict[int | None, EventSink] = {}
         self._chat_stores: dict[int | None, ChatStore] = {}
-        self._create_lock = asyncio.Lock()
+        self._creating = PendingCreates()
+        self._options = SharedOptions(settings)
         # when each live session last reported anything (its events), for closing idle ones; a clock tests can move
         self.clock: Callable[[], float] = time.monotonic
         self._active_at: dict[str, float] = {}
@@ -262,13 +264,7 @@ class SessionHost:
             playout=EdgePlayout(SimulatedPlayout(float(wps), first_audio_s=self._first_audio_ms(config) / 1000)),
             store=self._chat_store_for(epoch),
             events=self._sink_for(epoch),
-            options=config.options().model_copy(
-                update={
-                    "max_tool_calls_per_turn": self.settings.max_tool_calls_per_turn,
-                    "max_tool_calls_per_session": self.settings.max_tool_calls_per_session,
-                    "shutdown_tool_grace_s": self.settings.shutdown_tool_grace_s,
-                }
-            ),
+            options=self._options(config),  # one object per distinct set of options, shared
             items=items,
             last_seq=last_seq,
             entered=rec.entered,
@@ -286,43 +282,18 @@ class SessionHost:
         """
         sid = config.id or new_id("sess")
         stored = config.model_copy(update={"id": sid}).stored()
-        async with self._create_lock:
-            existing = self.sessions.get(sid)
-            rec = await self.store.get_session(sid) if existing is None else None
-            if existing is not None or rec is not None:
-                return self._created_before(sid, rec or await self.store.get_session(sid), existing, stored, metadata)
-            if self.lease is not None:
-                self.lease.check_serving()
-            if len(self.sessions) >= self.settings.max_sessions:
-                raise TooManySessions(f"this server hosts at most {self.settings.max_sessions} live sessions")
-            shared_quota = self._shared_quota(config.owner)
-            if shared_quota is None:
-                self._check_quota(config.owner)
-            now = utcnow()
-            rec = SessionRecord(
-                id=sid,
-                agent=config.agent,
-                state=SessionStatus.INITIALIZING,
-                config=stored,
-                metadata=metadata,
-                llm_state=None,
-                current_speech_id=None,
-                entered=False,  # its agent enters when it starts (``AgentSession.start``), or where it runs next
-                created_at=now,
-                updated_at=now,
-                owner_node=self.node_id,
-                owner_epoch=1 if self.lease is not None else 0,
-            )
-            try:
-                session = self._build(rec)  # validates agent and llm before anything is stored
-            except MissingCredential as err:
-                raise ModelNotConfigured(str(err)) from err
-            except ValueError as err:
-                raise InvalidSessionConfig(str(err)) from err
+        await self._creating.wait(sid)  # the same id created at the same moment: the first one's outcome first
+        existing = self.sessions.get(sid)
+        if existing is not None:
+            return self._created_before(sid, await self.store.get_session(sid), existing, stored, metadata)
+        self._check_room(config.owner)
+        with self._creating.hold(sid, config.owner):
+            # a stored session of this id (closed, or another node's) is found by the insert: no read before it
+            session, rec = self._new_session(sid, config, stored, metadata)
             try:
                 done = receipt.complete(rec) if receipt is not None else None
-                await self.store.create_session(rec, owner_quota=shared_quota, receipt=done)
-            except SessionExists:  # another node inserted it first: the same create sent to both is no conflict
+                await self.store.create_session(rec, owner_quota=self._shared_quota(config.owner), receipt=done)
+            except SessionExists:  # stored before, or another node inserted it first: the same create is no conflict
                 return self._created_before(sid, await self.store.get_session(sid), None, stored, metadata)
             except QuotaFull:
                 raise self._quota_exceeded() from None
@@ -340,6 +311,42 @@ class SessionHost:
         start.add_done_callback(self._starts.discard)
         await asyncio.shield(start)
         return SessionView(rec, session, self.store), True
+
+    def _check_room(self, owner: str | None) -> None:
+        """This node may take one more session (its creates under way counted as live)."""
+        if self.lease is not None:
+            self.lease.check_serving()
+        if len(self.sessions) + len(self._creating) >= self.settings.max_sessions:
+            raise TooManySessions(f"this server hosts at most {self.settings.max_sessions} live sessions")
+        if self._shared_quota(owner) is None:
+            self._check_quota(owner)
+
+    def _new_session(
+        self, sid: str, config: SessionConfig, stored: dict[str, Any], metadata: dict[str, Any]
+    ) -> tuple[AgentSession, SessionRecord]:
+        """The record of a new session and its live session, built (agent and llm validated) before anything is
+        stored."""
+        now = utcnow()
+        rec = SessionRecord(
+            id=sid,
+            agent=config.agent,
+            state=SessionStatus.INITIALIZING,
+            config=stored,
+            metadata=metadata,
+            llm_state=None,
+            current_speech_id=None,
+            entered=False,  # its agent enters when it starts (``AgentSession.start``), or where it runs next
+            created_at=now,
+            updated_at=now,
+            owner_node=self.node_id,
+            owner_epoch=1 if self.lease is not None else 0,
+        )
+        try:
+            return self._build(rec), rec
+        except MissingCredential as err:
+            raise ModelNotConfigured(str(err)) from err
+        except ValueError as err:
+            raise InvalidSessionConfig(str(err)) from err
 
     def _created_before(
         self,
@@ -366,7 +373,8 @@ class SessionHost:
         """One credential cannot fill the server: it runs at most ``session_quota`` live sessions at once."""
         if owner is None:
             return
-        if sum(1 for rec in self.records.values() if rec.config.get("owner") == owner) >= self.settings.session_quota:
+        live = sum(1 for rec in self.records.values() if rec.config.get("owner") == owner)
+        if live + self._creating.of_owner(owner) >= self.settings.session_quota:
             raise self._quota_exceeded()
 
     def _quota_exceeded(self) -> SessionQuotaExceeded:
@@ -491,12 +499,12 @@ class SessionHost:
     async def _settle_uncertain(self) -> None:
         """Creates that failed while their row may have been committed (the connection lost, or the caller gone, in
         the commit): a row that landed is this node's session, recovered with the others of the round, so it neither
-        lingers unrun nor holds a place of its key's quota for nothing; one that did not land is forgotten. Under the
-        create lock: a create of the same id meanwhile finds the row, or inserts it itself."""
-        if not self._uncertain:
-            return
-        async with self._create_lock:
-            for sid in sorted(self._uncertain):
+        lingers unrun nor holds a place of its key's quota for nothing; one that did not land is forgotten. Each held
+        as a create of its id (``PendingCreates``): a create of the same id meanwhile finds the row, or inserts it
+        itself."""
+        for sid in sorted(self._uncertain):
+            await self._creating.wait(sid)
+            with self._creating.hold(sid, None):
                 rec = None if sid in self.sessions else await self.store.get_session(sid)
                 self._uncertain.discard(sid)
                 if rec is not None and SessionStatus(rec.state).live and self._inserted_here(rec):

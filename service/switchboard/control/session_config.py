@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..runtime.options import SessionOptions
 from ..store import SessionRecord
+from .settings import Settings
 
 
 class PlayoutSettings(BaseModel):
@@ -56,4 +57,26 @@ class SessionConfig(BaseModel):
         return SessionOptions(**{key: value for key, value in given.items() if value is not None})
 
 
-__all__ = ["PlayoutSettings", "SessionConfig"]
+class SharedOptions:
+    """The options of a session of a config, with the server's limits: one object per distinct set, shared by the
+    sessions that have it (none changes its options), not one object per session."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._made: dict[tuple[int | None, bool | None, bool | None], SessionOptions] = {}
+
+    def __call__(self, config: SessionConfig) -> SessionOptions:
+        key = (config.max_tool_steps, config.preemptive_generation, config.allow_interruptions)
+        found = self._made.get(key)
+        if found is None:
+            found = self._made[key] = config.options().model_copy(
+                update={
+                    "max_tool_calls_per_turn": self._settings.max_tool_calls_per_turn,
+                    "max_tool_calls_per_session": self._settings.max_tool_calls_per_session,
+                    "shutdown_tool_grace_s": self._settings.shutdown_tool_grace_s,
+                }
+            )
+        return found
+
+
+__all__ = ["PlayoutSettings", "SessionConfig", "SharedOptions"]

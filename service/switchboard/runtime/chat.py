@@ -178,6 +178,7 @@ class ChatContext:
         self._ids = {it.id for it in self._items}
         self._version = itertools.count(1)
         self.version = 0
+        self._ordered: list[ChatItem] | None = None  # the ordered view of ``_items``, until the next append
 
     def __len__(self) -> int:
         return len(self._items)
@@ -188,12 +189,15 @@ class ChatContext:
                 continue  # idempotent: the same item committed twice is kept once
             self._ids.add(it.id)
             self._items.append(it)
+            self._ordered = None
         self.version = next(self._version)
 
     @property
     def items(self) -> list[ChatItem]:
-        """Ordered view (a new list)."""
-        return order_items(self._items)
+        """Ordered view (a new list; the order is worked out once per append, items are immutable)."""
+        if self._ordered is None:
+            self._ordered = order_items(self._items)
+        return list(self._ordered)
 
     def find_call(self, call_id: str) -> FunctionCall | None:
         for it in self._items:

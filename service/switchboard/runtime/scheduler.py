@@ -39,13 +39,15 @@ class SpeechScheduler:
         self._finish = finish
         self._after_speech = after_speech
         self._queue: list[ReplyJob] = []  # in playout order
-        self._queue_ev = asyncio.Event()
+        # the loop runs only while there is something to play: an idle session holds no task (nor its frame)
         self._task: asyncio.Task[None] | None = None
+        self._started = False
+        self._stopped = False
         self.current: SpeechHandle | None = None
 
     @property
     def started(self) -> bool:
-        return self._task is not None
+        return self._started
 
     @property
     def queued(self) -> tuple[ReplyJob, ...]:
@@ -68,7 +70,12 @@ class SpeechScheduler:
         # after every queued speech of the same or a higher priority
         at = bisect.bisect_right([-j.speech.priority for j in self._queue], -job.speech.priority)
         self._queue.insert(at, job)
-        self._queue_ev.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Run the loop if something is queued and it is not running (it ends once the queue is empty)."""
+        if self._started and not self._stopped and self._queue and (self._task is None or self._task.done()):
+            self._task = asyncio.create_task(self._run(), name=f"scheduler:{self.session_id}")
 
     def interrupt_chain(self, *, force: bool) -> list[SpeechHandle]:
         """Interrupt the current speech and every queued one after it, in playout order, stopping at the first that
@@ -89,11 +96,13 @@ class SpeechScheduler:
         return interrupted
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"scheduler:{self.session_id}")
+        if not self._started:
+            self._started = True
+            self._wake()
 
     async def stop(self) -> None:
-        """Stop the loop (a speech it was playing is cancelled, then ended)."""
+        """Stop the loop (a speech it was playing is cancelled, then ended); nothing queued later plays."""
+        self._stopped = True
         await cancel_and_wait(self._task)
 
     async def finish_unstarted(self, job: ReplyJob) -> None:
@@ -116,10 +125,8 @@ class SpeechScheduler:
             await self.finish_unstarted(self._queue.pop(0))
 
     async def _run(self) -> None:
-        while True:
-            while not self._queue:
-                self._queue_ev.clear()
-                await self._queue_ev.wait()
+        # returns when the queue is empty: nothing can be pushed between that check and the task's end (no await)
+        while self._queue:
             job = self._queue.pop(0)
             if job.speech.interrupted:  # ended by an interrupt while it waited (an interrupt walks the queue)
                 await self.finish_unstarted(job)

@@ -17,23 +17,26 @@ class UserTurn:
     and not answered, since the session is closing (``last_words``)."""
 
     def __init__(self) -> None:
-        self._ended_ev = asyncio.Event()
-        self._ended_ev.set()
+        # set while a turn is under way, made at its first begin: an idle session (most of them) holds no event
+        self._ended_ev: asyncio.Event | None = None
         self.last_words = False  # a close waits for the turn's final transcript: it is recorded, not answered
 
     @property
     def under_way(self) -> bool:
-        return not self._ended_ev.is_set()
+        return self._ended_ev is not None and not self._ended_ev.is_set()
 
     def begin(self) -> None:
+        if self._ended_ev is None:
+            self._ended_ev = asyncio.Event()
         self._ended_ev.clear()
 
     def end(self) -> None:
-        self._ended_ev.set()
+        if self._ended_ev is not None:
+            self._ended_ev.set()
 
     async def wait_for_last_words(self, timeout_s: float) -> None:
         """Wait, at most ``timeout_s``, for the end of the turn under way; at once when there is none."""
-        if not self.under_way:
+        if self._ended_ev is None or not self.under_way:
             return
         self.last_words = True
         with contextlib.suppress(TimeoutError):

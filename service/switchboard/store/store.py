@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from ..runtime.chat import ChatItem, order_items
 from ..runtime.events import Event
 from ..runtime.pending import PendingCommand
-from ..runtime.ports import ChatStore, Completion, EventSink
+from ..runtime.ports import ChatStore, Commit, Completion, EventSink
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import ENDED_STATUSES, LIVE_STATUSES, SessionStatus
 from ..runtime.tools import RUNNING_STATUSES, ToolCallInfo, ToolCallKey, ToolStatus
@@ -190,23 +190,37 @@ class Store:
     ) -> None:
         """Insert a session row; raises ``SessionExists`` if the id is taken.
 
-        With ``owner_quota``, the row is inserted only while its owner (``config["owner"]``) has fewer live sessions
-        than that in the database, else ``QuotaFull``: counted and inserted in one transaction holding the owner's
-        lock (PostgreSQL), so creates for one owner on several nodes at once cannot both pass the count. A create
-        that fails leaves nothing counted. ``receipt`` completes the create's idempotency reservation in the same
-        transaction (else ``ReceiptRefused``, nothing inserted: its holder no longer holds it)."""
+        The row goes through the group-commit writer (creates that arrive together share a transaction; one of an
+        id that is taken fails alone, writing nothing). With ``owner_quota``, the row is inserted only while its
+        owner (``config["owner"]``) has fewer live sessions than that in the database, else ``QuotaFull``: counted
+        and inserted in a transaction of its own holding the owner's lock (PostgreSQL), so creates for one owner on
+        several nodes at once cannot both pass the count. A create that fails leaves nothing counted. ``receipt``
+        completes the create's idempotency reservation in the same transaction (else ``ReceiptRefused``, nothing
+        inserted: its holder no longer holds it)."""
         owner = rec.config.get("owner")
+        quota = (str(owner), owner_quota) if owner_quota is not None and owner is not None else None
         try:
-            async with self.engine.begin() as conn:
-                if owner_quota is not None and owner is not None:
-                    await self._check_owner_quota(conn, str(owner), owner_quota)
-                await conn.execute(sa.insert(m.sessions), [session_row(rec)])
-                if receipt is not None and not await complete_async(conn, receipt):
-                    raise ReceiptRefused(receipt.key)
-        except sa_exc.IntegrityError as err:
+            if quota is not None or not self.writer.running:  # (a store not started: a transaction of its own)
+                await self._create_alone(rec, receipt, quota)
+            else:
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                commit = Commit(receipts=[receipt]) if receipt is not None else None  # landed with the row
+                self.writer.submit(Op(rec.id, fut, create=session_row(rec), commit=commit))
+                await asyncio.shield(fut)
+        except sa_exc.IntegrityError as err:  # another node inserted the same id at the same moment
             if await self.get_session(rec.id) is not None:
                 raise SessionExists(rec.id) from err
             raise
+
+    async def _create_alone(
+        self, rec: SessionRecord, receipt: Completion | None, quota: tuple[str, int] | None
+    ) -> None:
+        async with self.engine.begin() as conn:
+            if quota is not None:
+                await self._check_owner_quota(conn, *quota)
+            await conn.execute(sa.insert(m.sessions), [session_row(rec)])
+            if receipt is not None and not await complete_async(conn, receipt):
+                raise ReceiptRefused(receipt.key)
         if receipt is not None:
             receipt.mark_landed()
 

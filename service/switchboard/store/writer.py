@@ -31,7 +31,7 @@ from ..runtime.status import ENDED_STATUSES
 from .engine import IMMEDIATE, sqlite_writer_engine
 from .faults import connection_lost
 from .ownership import Fence, Owners, read_owners, refusal
-from .records import SessionFenced, StoreClosed
+from .records import SessionExists, SessionFenced, StoreClosed, StoreError
 from .writes import DurableCallback, Op, apply_batch
 
 logger = logging.getLogger("switchboard.store")
@@ -82,8 +82,9 @@ def _sessions(ops: Iterable[Op]) -> str:
     return ", ".join(sids[:10]) + (f" (+{len(sids) - 10} more)" if len(sids) > 10 else "")
 
 
-# (the chat position counters written, the operations the fencing check refused, the owners it found)
-_Committed = tuple[dict[str, int], dict[Op, SessionFenced], Owners]
+# (the chat position counters written, the operations refused (by the fencing check: ``SessionFenced``; a create of an
+# id that is taken: ``SessionExists``), the owners the fencing check found)
+_Committed = tuple[dict[str, int], dict[Op, StoreError], Owners]
 
 
 def write_fenced(
@@ -93,12 +94,16 @@ def write_fenced(
     then the writes it lets land (``ordered``: events take their ids in commit order, see
     ``writes.EVENT_ORDER_LOCK_KEY``). Each operation is judged on its own epoch (``ownership.refusal``), so two
     operations of one session made under different epochs may meet different fates in one batch."""
+    refused: dict[Op, StoreError] = {}
     if node_id is None:
-        return apply_batch(conn, batch, next_pos, ordered=ordered), {}, {}
+        return apply_batch(conn, batch, next_pos, ordered=ordered, refused=refused), refused, {}
     owners = read_owners(conn, (op.session_id for op in batch))
-    refused = {op: err for op in batch if (err := refusal(node_id, op.session_id, op.epoch, owners)) is not None}
+    for op in batch:
+        err = refusal(node_id, op.session_id, op.epoch, owners)
+        if err is not None:  # a create of an id that some node owns: the id is taken
+            refused[op] = SessionExists(op.session_id) if op.create is not None else err
     writable = [op for op in batch if op not in refused] if refused else batch
-    return apply_batch(conn, writable, next_pos, ordered=ordered), refused, owners
+    return apply_batch(conn, writable, next_pos, ordered=ordered, refused=refused), refused, owners
 
 
 class _SqliteThread:
@@ -226,10 +231,12 @@ class GroupCommitWriter:
                 self._fail(batch, err)
 
     async def _write(self, batch: Sequence[Op]) -> None:
-        batch = self._refuse_lost(batch)
+        batch = list(self._refuse_lost(batch))
         if not batch:
             return
         err, refused = await self._commit_until_settled(batch)
+        if not batch:  # only creates, failed as the database was unavailable
+            return
         if err is None:
             if refused:
                 batch = self._refuse(batch, refused)
@@ -260,10 +267,11 @@ class GroupCommitWriter:
                 _failed(op, err)
         return kept
 
-    def _refuse(self, batch: Sequence[Op], refused: dict[Op, SessionFenced]) -> list[Op]:
-        """Fail the operations the fencing check refused; the rest were written."""
-        assert self.fence is not None
-        self.fence.refusals += len(refused)
+    def _refuse(self, batch: Sequence[Op], refused: dict[Op, StoreError]) -> list[Op]:
+        """Fail the operations the batch refused (the fencing check, a create of an id taken); the rest were
+        written."""
+        if self.fence is not None:
+            self.fence.refusals += sum(1 for err in refused.values() if isinstance(err, SessionFenced))
         written = []
         for op in batch:
             found = refused.get(op)
@@ -284,8 +292,9 @@ class GroupCommitWriter:
             if err is not None:
                 self.fence.lose(sid, err.detail, epoch=epoch)
 
-    async def _commit_until_settled(self, batch: Sequence[Op]) -> tuple[Exception | None, dict[Op, SessionFenced]]:
-        """Commit ``batch`` in one transaction, retrying while the database is unavailable.
+    async def _commit_until_settled(self, batch: list[Op]) -> tuple[Exception | None, dict[Op, StoreError]]:
+        """Commit ``batch`` in one transaction, retrying while the database is unavailable (the session creates in it
+        fail instead, and leave ``batch``: ``_fail_creates``).
 
         Returns (None, refused) once committed, with the operations the fencing check refused (nothing of theirs was
         written), or the error that shows the batch itself is bad.
@@ -304,6 +313,8 @@ class GroupCommitWriter:
                 # The outcome is unknown (the commit itself may have landed): start over from what is stored.
                 for op in batch:
                     self._next_pos.pop(op.session_id, None)
+                if self._fail_creates(batch, err):
+                    return None, {}
                 self.retries += 1
                 self.unavailable = True
                 first = batch[0].session_id
@@ -328,6 +339,18 @@ class GroupCommitWriter:
             if self.on_commit is not None:
                 self.on_commit(committed_s, written)
             return None, refused
+
+    @staticmethod
+    def _fail_creates(batch: list[Op], err: Exception) -> bool:
+        """A session create is not retried: it fails with ``err`` (its caller answers that the database is
+        unavailable, and settles later whether its row landed), as it did in a transaction of its own; the rest of
+        ``batch`` stays to be retried. Returns True when nothing is left."""
+        creates = [op for op in batch if op.create is not None]
+        if creates:
+            for op in creates:
+                _failed(op, err)
+            batch[:] = [op for op in batch if op.create is None]
+        return not batch
 
     def _held(self, batch: Sequence[Op]) -> dict[str, int | None]:
         """The epoch this node holds for each session of ``batch`` as an attempt begins (what the attempt may find

@@ -22,7 +22,7 @@ from ..runtime.ports import Commit, Completion
 from ..runtime.status import SessionStatus
 from . import models as m
 from .idempotency import complete_in
-from .records import now_utc
+from .records import SessionExists, StoreError, now_utc
 from .rows import event_row, item_row, pending_row, speech_row, tool_call_row
 from .text import encode_text
 
@@ -34,7 +34,8 @@ _LOOKUP_CHUNK = 2000
 
 @dataclass(slots=True, eq=False)
 class Op:
-    """One queued write. Exactly one of ``commit``, ``event`` and ``mark_state`` is set.
+    """One queued write. Exactly one of ``commit``, ``event`` and ``mark_state`` is set, or ``create`` (a new
+    session's row), then with an optional ``commit`` carrying only the create's idempotency receipts.
 
     ``epoch`` is its fencing token: the ownership epoch it was made under (that of the live session that made it, or
     of the claim it acts under). On a fenced store it lands only while the session's row names this node at exactly
@@ -48,6 +49,7 @@ class Op:
     mark_state: SessionStatus | None = None
     on_durable: DurableCallback | None = None
     epoch: int | None = None
+    create: dict[str, Any] | None = None  # a ``sessions`` row to insert; an id already taken fails this op alone
 
 
 def dialect_insert(conn: AsyncConnection | Connection, table: sa.Table) -> Any:
@@ -121,11 +123,14 @@ class _Batch:
     events: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     event_objs: dict[tuple[str, int], list[Event]] = field(default_factory=dict)
     receipts: list[Completion] = field(default_factory=list)  # idempotency reservations completed by this batch
+    created: list[dict[str, Any]] = field(default_factory=list)  # new sessions' rows
 
     @classmethod
     def of(cls, ops: Sequence[Op]) -> _Batch:
         batch = cls()
         for op in ops:
+            if op.create is not None:
+                batch.created.append(op.create)
             if op.commit is not None:
                 batch.add_commit(op.session_id, op.commit)
             elif op.event is not None:
@@ -172,7 +177,12 @@ class _Batch:
 
 
 def apply_batch(
-    conn: Connection, ops: Sequence[Op], next_pos: dict[str, int], *, ordered: bool = False
+    conn: Connection,
+    ops: Sequence[Op],
+    next_pos: dict[str, int],
+    *,
+    ordered: bool = False,
+    refused: dict[Op, StoreError] | None = None,
 ) -> dict[str, int]:
     """Write ``ops`` on ``conn`` (inside the caller's transaction), in order.
 
@@ -188,9 +198,16 @@ def apply_batch(
     The idempotency reservations the commits complete are completed first: one no longer held by its holder raises
     ``ReceiptRefused`` (the caller's transaction is rolled back, and the writer writes the operations one by one, so
     that only the commit carrying it fails).
+
+    A create (``Op.create``) of an id already stored, or created earlier in the batch, writes nothing (its receipts
+    are not completed either) and is put in ``refused`` with ``SessionExists`` (raised when ``refused`` is None);
+    the rest of the batch is written.
     """
+    ops = _without_taken(conn, ops, refused)
     batch = _Batch.of(ops)
     complete_in(conn, batch.receipts)
+    if batch.created:
+        conn.execute(sa.insert(m.sessions), batch.created)
     # Sessions first: a SessionState may create the row the other tables' foreign keys point at.
     _write_sessions(conn, batch, now_utc())
     counters = _append_items(conn, batch.items, next_pos)
@@ -199,6 +216,31 @@ def apply_batch(
     _upsert_rows(conn, m.pending_commands, ("session_id", "id"), _PENDING_UPDATE, batch.pending)
     _insert_events(conn, batch, ordered)
     return counters
+
+
+_TAKEN_IDS = sa.select(m.sessions.c.id).where(m.sessions.c.id.in_(sa.bindparam("ids", expanding=True)))
+
+
+def _without_taken(conn: Connection, ops: Sequence[Op], refused: dict[Op, StoreError] | None) -> Sequence[Op]:
+    """``ops`` without the creates of ids that are taken (stored, or created by an earlier op of the batch)."""
+    creates = [op for op in ops if op.create is not None]
+    if not creates:
+        return ops
+    ids = sorted({op.session_id for op in creates})
+    taken: set[str] = set()
+    for start in range(0, len(ids), _LOOKUP_CHUNK):
+        taken.update(conn.execute(_TAKEN_IDS, {"ids": ids[start : start + _LOOKUP_CHUNK]}).scalars())
+    kept: list[Op] = []
+    for op in ops:
+        if op.create is not None:
+            if op.session_id in taken:
+                if refused is None:
+                    raise SessionExists(op.session_id)
+                refused[op] = SessionExists(op.session_id)
+                continue
+            taken.add(op.session_id)
+        kept.append(op)
+    return kept
 
 
 def _write_sessions(conn: Connection, batch: _Batch, now: datetime) -> None:

@@ -4,6 +4,7 @@ drive sessions. ``{{tool_output:NAME}}`` in a turn's text shows the output the r
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 from collections import deque
@@ -143,6 +144,20 @@ def render_text(text: str, request: LLMRequest) -> str:
     return _TOOL_OUTPUT.sub(latest, text)
 
 
+def _validated(config: dict[str, Any]) -> ScriptConfig:
+    try:
+        return ScriptConfig.model_validate(config)
+    except ValidationError as err:
+        raise config_error("scripted", err, ScriptConfig, extra_keys="provider") from None
+
+
+@functools.lru_cache(maxsize=128)
+def _parsed(config_json: str) -> ScriptConfig:
+    """A script parsed once, shared by the sessions that run it (an agent's default script, a test's): each holds
+    nothing of it that it changes (its position is its own), and parsing it cost a create more than the rest of it."""
+    return _validated(json.loads(config_json))
+
+
 class ScriptedLLM:
     def __init__(
         self, turns: list[Turn] | None = None, fallback: Turn | None = None, rules: ScriptConfig | None = None
@@ -151,15 +166,25 @@ class ScriptedLLM:
         self.fallback = fallback or Turn(text="OK.")
         self.rules = rules
         self.position = 0
-        # the latest requests received, for tests and debugging (bounded: a session can live for a long time)
-        self.requests: deque[LLMRequest] = deque(maxlen=KEEP_REQUESTS)
+        self._requests: deque[LLMRequest] | None = None  # made at the first request: an idle session has none
+
+    @property
+    def requests(self) -> deque[LLMRequest]:
+        """The latest requests received, for tests and debugging (bounded: a session can live for a long time)."""
+        if self._requests is None:
+            self._requests = deque(maxlen=KEEP_REQUESTS)
+        return self._requests
+
+    @requests.setter
+    def requests(self, value: deque[LLMRequest]) -> None:
+        self._requests = value
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ScriptedLLM:
         try:
-            parsed = ScriptConfig.model_validate(config)
-        except ValidationError as err:
-            raise config_error("scripted", err, ScriptConfig, extra_keys="provider") from None
+            parsed = _parsed(json.dumps(config, sort_keys=True))
+        except TypeError:  # not JSON: parsed for itself
+            parsed = _validated(config)
         has_rules = parsed.on_user or parsed.on_started or parsed.on_output or parsed.on_progress
         return cls(parsed.turns, parsed.fallback, parsed if has_rules else None)
 
