@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.waiting import WAIT_S
+
 
 @dataclass
 class RunResult:
@@ -57,7 +59,7 @@ def cpu_hog(processes: int) -> Iterator[list[int]]:
         for hog in hogs:
             hog.terminate()
         for hog in hogs:
-            hog.join(10)
+            hog.join(WAIT_S)
 
 
 def _node_id(case: ET.Element) -> str:

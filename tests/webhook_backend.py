@@ -59,7 +59,7 @@ class FakeBackend:
 
     async def __aenter__(self) -> FakeBackend:
         self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]), name="fake-backend")
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_S):
             while not self._server.started:
                 await asyncio.sleep(0.01)
         return self

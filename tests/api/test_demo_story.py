@@ -52,7 +52,7 @@ async def test_the_quickstart_story(api: Api, monkeypatch: pytest.MonkeyPatch) -
     )
 
     await api.client.post("/v1/sessions/s1/input", json={"text": "Can you find me a flight to Rome?"})
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(WAIT_S):
         while not (calls := [c for c in await running(api, "s1") if c["name"] == "search_flights"]):
             await asyncio.sleep(0.02)
     call = calls[0]

@@ -7,6 +7,7 @@ from typing import Any
 
 from switchboard.api.idempotency import KeyLocks
 from tests.agents_fixture import AGENTS as TEST_AGENTS
+from tests.waiting import WAIT_S
 
 from .conftest import Api
 from .test_sessions_api import assert_problem
@@ -59,12 +60,12 @@ async def test_a_retry_arriving_while_another_waits_does_not_run_the_command_bes
         return asyncio.create_task(api.client.post(f"/v1/sessions/{sid}/input", json=BURST, headers=headers))
 
     a = post()
-    await asyncio.wait_for(a_entered.wait(), 3)
+    await asyncio.wait_for(a_entered.wait(), WAIT_S)
     b = post()
     await asyncio.sleep(0.2)  # B is now waiting for A's key
     release_a.set()
     assert_problem(await a, 503, "unavailable")
-    await asyncio.wait_for(b_entered.wait(), 3)
+    await asyncio.wait_for(b_entered.wait(), WAIT_S)
     c = post()
     await asyncio.sleep(0.2)  # C arrives while B runs the command
     release_b.set()

@@ -27,6 +27,7 @@ from switchboard.store.records import now_utc
 from tests.agents_fixture import AGENTS as TEST_AGENTS
 from tests.e2e.test_faults import PG_URL, pg_database
 from tests.store.test_idempotency_reservations import answers_fail
+from tests.waiting import WAIT_S
 from tests.webhook_backend import FakeBackend
 
 from .conftest import Api, make_settings
@@ -159,7 +160,7 @@ async def test_a_retry_waits_for_a_live_holder_and_replays_its_answer(api: Api, 
     waiting = asyncio.create_task(
         api.client.post(f"/v1/sessions/{sid}/input", json=TEXT, headers={"Idempotency-Key": "busy"})
     )
-    await asyncio.wait_for(polling.wait(), 10)
+    await asyncio.wait_for(polling.wait(), WAIT_S)
     assert not waiting.done()
     answer = {"item_id": "item_from_the_holder", "speech_id": "speech_from_the_holder"}
     holder = {"holder_node": "node-busy", "holder_incarnation": "b-1"}

@@ -22,7 +22,7 @@ from switchboard.control import logs
 from switchboard.control.settings import ALL_SCOPES, ApiKey
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.events import Event
-from tests.waiting import until
+from tests.waiting import WAIT_S, until
 
 from .conftest import Api, make_settings
 
@@ -105,7 +105,7 @@ class AsgiWebSocket:
     def stall(self) -> None:
         self._flowing.clear()
 
-    async def closed(self, timeout: float = 5.0) -> tuple[int, str]:
+    async def closed(self, timeout: float = WAIT_S) -> tuple[int, str]:
         async with asyncio.timeout(timeout):
             await asyncio.shield(self.task)
         assert self.close is not None
@@ -113,7 +113,7 @@ class AsgiWebSocket:
 
     async def disconnect(self) -> None:
         self.inbox.put_nowait({"type": "websocket.disconnect", "code": 1000})
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_S):
             await asyncio.shield(self.task)
 
 

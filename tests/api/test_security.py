@@ -214,11 +214,11 @@ async def _stream_status(
              "path": path, "raw_path": path.encode(), "query_string": b"", "headers": raw, "root_path": "",
              "client": ("127.0.0.1", 50000), "server": ("test", 80)}  # fmt: skip
     task = asyncio.create_task(app(scope, receive, send))
-    status, response_headers = await asyncio.wait_for(started, 5)
+    status, response_headers = await asyncio.wait_for(started, WAIT_S)
     # a refusal in full; a stream once its first frame is out (its replay query done: none is cut off midway)
-    await asyncio.wait_for((finished if status != 200 else first_frame).wait(), 5)
+    await asyncio.wait_for((finished if status != 200 else first_frame).wait(), WAIT_S)
     leave.set()
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, WAIT_S)
     return httpx.Response(status, headers=[(k.decode(), v.decode()) for k, v in response_headers], content=bytes(body))
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 
 from tests.e2e.cluster_support import RedisServer
 from tests.e2e.server import Server
+from tests.waiting import WAIT_S
 from tests.webhook_backend import FakeBackend
 
 from .proxy import Balancer, FaultProxy
@@ -239,7 +240,7 @@ class ChaosCluster:
         if node.pid is not None:
             os.kill(node.pid, signal.SIGKILL)
             assert node.server.proc is not None
-            node.server.proc.wait(30)
+            node.server.proc.wait(WAIT_S)
         node.paused = False
 
     def pause(self, node: Node) -> None:

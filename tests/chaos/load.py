@@ -321,7 +321,9 @@ class Load:
         """Each delivery of the long webhook tool gets its reports later, through the balancer (any node)."""
         while self._reporting:
             try:
-                got, payload = await asyncio.wait_for(self.backend.received.get(), 0.5)
+                got, payload = await asyncio.wait_for(
+                    self.backend.received.get(), 0.5
+                )  # bound: a poll of the queue, expected to run out
             except TimeoutError:
                 continue
             if got == "call" and payload.get("tool") == "refund":

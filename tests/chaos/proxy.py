@@ -70,7 +70,9 @@ class _Forwarder:
             _abort(writer)
             return
         try:
-            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*target), 5)
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(*target), 5
+            )  # bound: the proxy gives up on a node that does not accept, as a client would
         except (OSError, TimeoutError):
             _abort(writer)  # the client sees its connection fail, as behind a real balancer without retries
             return

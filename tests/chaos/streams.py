@@ -76,7 +76,7 @@ class _Resuming:
                 await self._ws.close()
         if self._task is not None:
             try:
-                await asyncio.wait_for(self._task, 20)
+                await asyncio.wait_for(self._task, 20)  # bound: then the reader is cancelled
             except TimeoutError:
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -59,7 +59,7 @@ class RedisServer:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(10)
+            self.proc.wait(WAIT_S)
 
 
 def cluster_node(tmp_path: Path, database_url: str, node_id: str, redis_url: str, **env: str) -> Server:
@@ -212,7 +212,7 @@ class Load:
                 n += 1
                 await asyncio.gather(*(self.send(client, sid, f"n{n} {sid}") for sid in self.sids))
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.5):
+                    async with asyncio.timeout(0.5):  # bound: the pace between rounds, expected to run out
                         await self._stop.wait()
 
     async def aclose(self) -> None:

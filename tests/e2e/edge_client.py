@@ -12,6 +12,8 @@ from urllib.parse import urlencode
 import websockets
 from websockets.asyncio.client import ClientConnection
 
+from tests.waiting import WAIT_S
+
 Frame = dict[str, Any]
 
 
@@ -57,7 +59,7 @@ class Edge:
     def of_type(self, kind: str) -> list[Frame]:
         return [f for f in self.frames if f["type"] == kind]
 
-    async def wait_for(self, kind: str, pred: Any = lambda f: True, timeout: float = 30.0) -> Frame:
+    async def wait_for(self, kind: str, pred: Any = lambda f: True, timeout: float = WAIT_S) -> Frame:
         async with asyncio.timeout(timeout):
             while True:
                 for frame in self.frames:
@@ -68,7 +70,7 @@ class Edge:
                 self._changed.clear()
                 await self._changed.wait()
 
-    async def wait_text(self, speech_id: str, chars: int, timeout: float = 30.0) -> str:
+    async def wait_text(self, speech_id: str, chars: int, timeout: float = WAIT_S) -> str:
         """The speech's text once at least ``chars`` characters of it were sent."""
         async with asyncio.timeout(timeout):
             while len(self.texts.get(speech_id, "")) < chars:
@@ -78,7 +80,7 @@ class Edge:
                 await self._changed.wait()
         return self.texts[speech_id]
 
-    async def wait_closed(self, timeout: float = 30.0) -> tuple[int, str]:
+    async def wait_closed(self, timeout: float = WAIT_S) -> tuple[int, str]:
         async with asyncio.timeout(timeout):
             await asyncio.shield(self._task)
         assert self.closed is not None

@@ -16,6 +16,8 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from tests.waiting import WAIT_S
+
 
 @dataclass
 class RelayedConnection:
@@ -51,7 +53,7 @@ class MediaRelay:
             self._server.close()
             self._call(self._server.wait_closed())
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._thread.join(WAIT_S)
 
     async def _listen(self) -> Server:
         return await serve(self._relay, "127.0.0.1", 0)

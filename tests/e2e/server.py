@@ -87,7 +87,7 @@ class Server:
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+            self.proc.wait(WAIT_S)
 
     def __enter__(self) -> Server:
         return self
@@ -99,7 +99,7 @@ class Server:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(15)
+                self.proc.wait(15)  # bound: SIGTERM's grace, then SIGKILL
             except subprocess.TimeoutExpired:
                 self.kill()
 

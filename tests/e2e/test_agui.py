@@ -16,6 +16,8 @@ import pytest
 import websockets
 from ag_ui_validate.pytest_plugin import assert_valid_agui, validate_agui_endpoint
 
+from tests.waiting import WAIT_S
+
 from .server import EventStream, Server
 from .test_streams import flood_until_dropped, metric
 
@@ -148,8 +150,8 @@ async def test_full_scenario_passes_the_validator_live_and_maps_every_event(serv
         read_task = asyncio.create_task(read_sse(client, url, capture))
         await asyncio.sleep(0.2)
         await run_scenario(client, sid, events)
-        report = await asyncio.wait_for(report_task, 10)
-        assert await asyncio.wait_for(read_task, 10) == 200
+        report = await asyncio.wait_for(report_task, WAIT_S)
+        assert await asyncio.wait_for(read_task, WAIT_S) == 200
         await events.close()
 
     problems = [d for d in report.diagnostics if d.severity in ("error", "warning")]
@@ -214,11 +216,11 @@ async def test_resume_with_last_event_id_is_gap_free_across_live_and_replay(serv
         read_task = asyncio.create_task(read_sse(client, url, first, stop_after_id=12))
         await asyncio.sleep(0.2)
         scenario = asyncio.create_task(run_scenario(client, sid, events))
-        await asyncio.wait_for(read_task, 10)
+        await asyncio.wait_for(read_task, WAIT_S)
         second = SseCapture()
         # an EventSource resumes with Last-Event-ID: replayed from the store, then live, with nothing missed
         assert await read_sse(client, url, second, headers={"Last-Event-ID": str(first.ids()[-1])}) == 200
-        await asyncio.wait_for(scenario, 10)
+        await asyncio.wait_for(scenario, WAIT_S)
         # after the end, `since` does the same from the store alone
         third = SseCapture()
         assert await read_sse(client, f"{url}?since=30", third) == 200
@@ -247,7 +249,7 @@ async def test_websocket_format_ag_ui_is_valid_and_names_the_seq_to_resume_from(
         reader = asyncio.create_task(read())
         await asyncio.sleep(0.2)
         await run_scenario(client, sid, events)
-        await asyncio.wait_for(reader, 10)
+        await asyncio.wait_for(reader, WAIT_S)
         assert ws.close_code == 1000
         await events.close()
         bad = await websockets.connect(f"{server.ws_url}/v1/sessions/{sid}/events?format=ag-ui&types=tool.*")
@@ -284,7 +286,7 @@ async def test_a_slow_sse_reader_is_dropped_and_resumes_without_loss(tmp_path):
             sock.sendall(f"GET /v1/sessions/{sid}/ag-ui HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n\r\n".encode())
             sock.setblocking(False)  # and nothing is read from it for now
             await flood_until_dropped(client, sid)
-            raw = await asyncio.wait_for(read_all(sock), 30)  # it reads again: what was sent, then the end
+            raw = await asyncio.wait_for(read_all(sock), WAIT_S)  # it reads again: what was sent, then the end
             ids = [int(m) for m in re.findall(rb"^id: (\d+)$", raw, re.MULTILINE)]
             assert ids and ids == list(range(ids[0], ids[0] + len(ids))) and ids[0] <= 2  # gap-free, from the start
             assert raw.endswith(b"0\r\n\r\n"), raw[-200:]  # the response ended (chunked)

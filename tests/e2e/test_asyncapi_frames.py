@@ -101,7 +101,7 @@ class Stream:
         return [f for f in self.frames if f["type"] != "pong"]
 
     async def wait_for(
-        self, type: str, pred: Callable[[dict[str, Any]], bool] = lambda d: True, timeout: float = 10.0
+        self, type: str, pred: Callable[[dict[str, Any]], bool] = lambda d: True, timeout: float = WAIT_S
     ) -> dict[str, Any]:
         async with asyncio.timeout(timeout):
             while True:
@@ -119,7 +119,7 @@ class Stream:
         await self.ws.send(json.dumps({"type": "ping"}))
         await self.wait_for("pong")
 
-    async def ended(self, timeout: float = 10.0) -> int | None:
+    async def ended(self, timeout: float = WAIT_S) -> int | None:
         async with asyncio.timeout(timeout):
             await self._task
         return self.close_code

@@ -67,7 +67,7 @@ async def session_token(server: Server, sid: str, key: str = READER) -> str:
 
 async def refused(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
     """The server must close the socket promptly, before sending any frame."""
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(WAIT_S):
         async with websockets.connect(url, additional_headers=headers) as ws:
             with pytest.raises(websockets.ConnectionClosed):
                 frame = await ws.recv()
@@ -77,14 +77,14 @@ async def refused(url: str, headers: dict[str, str] | None = None) -> tuple[int,
 
 
 async def first_frame(url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(WAIT_S):
         async with websockets.connect(url, additional_headers=headers) as ws:
             return dict(json.loads(await ws.recv()))
 
 
 async def assert_no_stream_left(server: Server) -> None:
     async with httpx.AsyncClient(base_url=server.url, headers=bearer(ADMIN), timeout=WAIT_S) as client:  # metrics:read
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_S):
             while True:
                 text = (await client.get("/metrics")).text
                 lines = [

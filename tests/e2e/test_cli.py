@@ -66,7 +66,7 @@ def cli_env(server: Server, key: str | None = KEY) -> dict[str, str]:
 
 def run(server: Server, *argv: str, key: str | None = KEY) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "switchboard.cli", *argv]
-    return subprocess.run(cmd, env=cli_env(server, key), capture_output=True, text=True, timeout=30)
+    return subprocess.run(cmd, env=cli_env(server, key), capture_output=True, text=True, timeout=WAIT_S)
 
 
 class Tail:
@@ -84,17 +84,17 @@ class Tail:
         self._reader = threading.Thread(target=lambda: self._rest.append(self.proc.stdout.read()), daemon=True)
         self._reader.start()
 
-    def finish(self, timeout: float = 15) -> tuple[int, str, str]:
+    def finish(self, timeout: float = WAIT_S) -> tuple[int, str, str]:
         assert self.proc.stderr is not None
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            self._reader.join(5)
+            self._reader.join(WAIT_S)
             out, err = "".join(self._rest), self.proc.stderr.read()
             raise AssertionError(f"tail did not end\nstdout:\n{out}\nstderr:\n{err}") from None
-        self._reader.join(5)
+        self._reader.join(WAIT_S)
         return self.proc.returncode, self.first_line + "".join(self._rest), self.proc.stderr.read()
 
 
@@ -237,11 +237,11 @@ async def test_tail_honours_4008_and_resumes_without_gaps(srv: Server) -> None:
             api = AsyncClient(f"http://127.0.0.1:{port}", api_key=KEY)
             tail_task = asyncio.create_task(tail(api, sid, style=Style(False, True), out=out, note=notes.append))
             await client.post(f"/v1/sessions/{sid}/input", json={"text": "count"})
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(WAIT_S):
                 while " tool.ended " not in out.getvalue():
                     await asyncio.sleep(0.02)
             assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
-            assert await asyncio.wait_for(tail_task, 10) == 0
+            assert await asyncio.wait_for(tail_task, WAIT_S) == 0
             await api.aclose()
     assert notes == ["fell behind the live stream; resuming from seq 8"]
     assert [p.rsplit("since=", 1)[1] for p in requested] == ["0", "8"]

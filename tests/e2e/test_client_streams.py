@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from switchboard.client import AsyncClient, AsyncEventStream, Event, Resume
+from tests.waiting import WAIT_S
 
 from .server import Server
 
@@ -51,7 +52,7 @@ class Reader:
                     return
                 await self.gate.wait()
 
-    async def seen(self, predicate: Callable[[Event], bool], timeout: float = 30.0) -> Event:
+    async def seen(self, predicate: Callable[[Event], bool], timeout: float = WAIT_S) -> Event:
         async with asyncio.timeout(timeout):
             while True:
                 for event in self.events:
@@ -62,7 +63,7 @@ class Reader:
                     raise AssertionError(f"the stream ended first: {[e.type for e in self.events]}")
                 await asyncio.sleep(0.01)
 
-    async def finished(self, timeout: float = 30.0) -> list[Event]:
+    async def finished(self, timeout: float = WAIT_S) -> list[Event]:
         async with asyncio.timeout(timeout):
             await self.task
         return self.events

@@ -18,6 +18,7 @@ import pytest
 import websockets
 
 from switchboard.runtime.recovery import RESTART_OUTPUT
+from tests.waiting import WAIT_S
 
 from .cluster_support import (
     FORWARDED,
@@ -204,7 +205,7 @@ async def test_redis_outage_and_rolling_restart_under_load(tmp_path: Path, datab
             redis.stop()
             await until(lambda: _redis_down(http, b))
             seen = len(remote.frames)
-            await remote.wait_for(lambda fr: len(fr) > seen + 5, timeout_s=30)  # read from the database meanwhile
+            await remote.wait_for(lambda fr: len(fr) > seen + 5, timeout_s=WAIT_S)  # read from the database meanwhile
             redis.start()
             await until(lambda: _redis_up(http, nodes))
 
@@ -302,7 +303,7 @@ async def _everything(node: Server) -> list[dict[str, Any]]:
     async with websockets.connect(f"{node.ws_url}/v1/events?cursor=0") as ws:
         while True:
             try:
-                async with asyncio.timeout(2.0):
+                async with asyncio.timeout(2.0):  # bound: read until quiet: expected to run out
                     frames.append(json.loads(await ws.recv()))
             except TimeoutError:
                 return frames

@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.waiting import WAIT_S
+
 from .cluster_support import FORWARDED, SECRET, RedisServer, cluster_node, drain_stop, start_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -40,7 +42,7 @@ async def test_an_input_whose_reply_is_still_thinking_is_answered_after_a_drain(
             accepted = await http.post(f"{a.url}/v1/sessions/{sid}/input", json={"text": "What is the answer?"})
             assert accepted.status_code == 202, accepted.text
             speech_id = accepted.json()["speech_id"]
-            async with asyncio.timeout(30):  # thinking: the model has been asked, nothing heard yet
+            async with asyncio.timeout(WAIT_S):  # thinking: the model has been asked, nothing heard yet
                 while (await http.get(f"{a.url}/v1/sessions/{sid}")).json()["agent_state"] != "thinking":
                     await asyncio.sleep(0.05)
 

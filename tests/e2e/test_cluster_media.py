@@ -176,7 +176,7 @@ async def test_an_owner_killed_under_a_relayed_edge_closes_it_to_reconnect_anywh
             await edge.wait_text(start["speech_id"], 10, timeout=WAIT_S)
 
             a.kill()
-            code, reason = await edge.wait_closed(timeout=10)
+            code, reason = await edge.wait_closed(timeout=WAIT_S)
             assert code == 4410 and "node-a" in reason, (code, reason)
             assert (await _metrics(http, b, "switchboard_node_media_relays_total"))['{outcome="lost"}'] == 1.0
 

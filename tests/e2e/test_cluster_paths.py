@@ -11,6 +11,8 @@ import httpx
 import pytest
 import websockets
 
+from tests.waiting import WAIT_S
+
 from .cluster_support import FORWARDED, SECRET, RedisServer, cluster_node, start_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -56,7 +58,7 @@ async def test_a_path_the_owner_cannot_be_sent_is_a_400_on_the_node_it_reached(
         edge = f"{other.ws_url}/v1/sessions/p1/media?edge_id=e1&connection=1&x=%zz"
         async with websockets.connect(edge) as ws:
             with pytest.raises(websockets.ConnectionClosed) as closed:
-                await asyncio.wait_for(ws.recv(), 30)
+                await asyncio.wait_for(ws.recv(), WAIT_S)
         assert closed.value.rcvd is not None
         assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4400, "invalid_path")
     finally:

@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 
 from switchboard.control.cluster.fanout import CHANNEL_PREFIX, message_key, sign
 from switchboard.runtime.events import Event
+from tests.waiting import WAIT_S
 
 from .cluster_support import (
     FORWARDED,
@@ -223,9 +224,9 @@ async def test_a_session_token_minted_on_one_node_reads_and_streams_the_session_
             ws = await websockets.connect(f"{b.ws_url}/v1/sessions/{sid}/events?since=0&token={token}")
             stream = EventStream(ws)
             try:
-                await stream.wait_for("session.started", timeout=30)
+                await stream.wait_for("session.started", timeout=WAIT_S)
                 await _say(http, a, sid, "hello", **auth)
-                await stream.wait_for("speech.done", timeout=30)
+                await stream.wait_for("speech.done", timeout=WAIT_S)
             finally:
                 await ws.close()
     finally:

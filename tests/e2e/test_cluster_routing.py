@@ -26,7 +26,7 @@ HOOK_SECRET = "e2e-webhook-secret-0123456789abcdef"
 
 
 async def _said(http: httpx.AsyncClient, node: Server, sid: str, text: str) -> None:
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(WAIT_S):
         while True:
             r = await http.get(f"{node.url}/v1/sessions/{sid}/chat", params={"limit": 1000})
             if any(i.get("role") == "assistant" and i.get("text") == text for i in r.json()["items"]):

@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.waiting import WAIT_S
+
 from .cluster_support import FORWARDED, SECRET, RedisServer, cluster_node, drain_stop, start_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -38,14 +40,14 @@ async def test_a_drain_hands_over_what_is_scheduled_and_it_applies_once(
         slow = {"text": "Thinking done.", "ttft_ms": 4000}  # the reply is still thinking at the drain
         # node-b generates the owed reply anew (the script goes on where it was: the fallback), with the note
         llm = {"provider": "scripted", "turns": [slow], "fallback": {"text": "Noted: {{coach}}"}}
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with httpx.AsyncClient(timeout=WAIT_S) as http:
             r = await http.post(
                 f"{a.url}/v1/sessions", json={"agent": "tester", "llm": llm}, headers={FORWARDED: SECRET}
             )
             assert r.status_code == 201 and r.json()["owner_node"] == "node-a", r.text
             sid = r.json()["id"]
             assert (await http.post(f"{a.url}/v1/sessions/{sid}/input", json={"text": "hello"})).status_code == 202
-            async with asyncio.timeout(30):
+            async with asyncio.timeout(WAIT_S):
                 while (await http.get(f"{a.url}/v1/sessions/{sid}")).json()["agent_state"] != "thinking":
                     await asyncio.sleep(0.05)
             # through node-b: forwarded to node-a, which runs the session

@@ -21,6 +21,7 @@ import pytest
 
 from switchboard.api.cluster.attention import ATTENTION_TIMEOUT_S, MISSING_NODES_HEADER
 from switchboard.client import AsyncClient
+from tests.waiting import WAIT_S
 
 from .cluster_support import FORWARDED, LEASE_S, SECRET, RedisServer, cluster_node, start_all, until
 from .server import Server
@@ -318,4 +319,4 @@ async def _attention_cli(node: Server) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
     env.update(SWITCHBOARD_URL=node.url, SWITCHBOARD_KEY=SETUP)
     cmd = [sys.executable, "-m", "switchboard.cli", "attention"]
-    return await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=30)
+    return await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=WAIT_S)

@@ -102,11 +102,11 @@ def test_multi_session_stream_from_now_skips_history(srv: Server, client: httpx.
     assert server_events(srv, old)[0]["type"] == "session.started"  # durable, so history from now on
     with connect(f"{srv.ws_url}/v1/events?cursor=now&types=session.*") as ws:
         ws.send(json.dumps({"type": "ping"}))
-        assert json.loads(ws.recv(timeout=5)) == {"type": "pong"}  # subscribed: nothing missed from here on
+        assert json.loads(ws.recv(timeout=WAIT_S)) == {"type": "pong"}  # subscribed: nothing missed from here on
         new = create_session(client, [])
-        frames = [json.loads(ws.recv(timeout=5))]
+        frames = [json.loads(ws.recv(timeout=WAIT_S))]
         while frames[-1]["session_id"] != new:
-            frames.append(json.loads(ws.recv(timeout=5)))
+            frames.append(json.loads(ws.recv(timeout=WAIT_S)))
     assert all(f["session_id"] != old for f in frames), "no history is replayed"
     assert frames[-1]["type"] == "session.started" and isinstance(frames[-1]["cursor"], int)
 
@@ -215,7 +215,7 @@ def test_dropped_websocket_resumes_with_contiguous_rows(srv: Server, client: htt
         page.wait_for_timeout(200)
         page.wait_for_function("() => window.switchboard.view.stream.ws?.readyState === WebSocket.OPEN")
         page.evaluate("() => window.switchboard.view.stream.ws.close()")
-    page.wait_for_selector('.row.tool[data-status="completed"]', timeout=10000)
+    page.wait_for_selector('.row.tool[data-status="completed"]', timeout=WAIT_S * 1000)
     events = server_events(srv, sid)
     page.wait_for_function(f"() => document.querySelector('.session-view').dataset.lastSeq == {events[-1]['seq']}")
     assert_rows_match_log(page, events)
@@ -247,7 +247,7 @@ def test_too_slow_4008_resumes_from_the_last_seq(srv: Server, client: httpx.Clie
     sid = create_session(client, turns)
     open_session(page, srv, sid)
     client.post(f"/v1/sessions/{sid}/input", json={"text": "count"})
-    page.wait_for_selector('.row.tool[data-status="completed"]', timeout=10000)
+    page.wait_for_selector('.row.tool[data-status="completed"]', timeout=WAIT_S * 1000)
     events = server_events(srv, sid)
     page.wait_for_function(f"() => document.querySelector('.session-view').dataset.lastSeq == {events[-1]['seq']}")
     assert_rows_match_log(page, events)

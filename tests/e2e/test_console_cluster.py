@@ -59,7 +59,9 @@ async def test_the_attention_queue_names_a_node_that_does_not_answer(
                 b.proc.send_signal(signal.SIGSTOP)
                 try:
                     # within a poll or two, well inside the frozen node's lease (nothing fails over meanwhile)
-                    note = await page.wait_for_selector(f"{MISSING}:not([hidden])", timeout=6000)
+                    note = await page.wait_for_selector(
+                        f"{MISSING}:not([hidden])", timeout=6000
+                    )  # bound: inside the frozen node's lease
                     assert await note.inner_text() == "Not answering: node-b — their sessions are not listed."
                     assert await note.get_attribute("data-nodes") == "node-b"
                     shown = await page.eval_on_selector_all(

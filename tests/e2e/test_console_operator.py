@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.waiting import WAIT_S
+
 from .console_support import create_session, wait_until
 from .server import Server
 
@@ -181,5 +183,5 @@ def test_progress_without_a_fraction_is_indeterminate_and_a_completed_call_is_fu
     page.wait_for_selector(running_bar, state="attached")
     assert page.eval_on_selector(running_bar, "b => b.hasAttribute('value')") is False
     wait_until(lambda: page.eval_on_selector(bar, "b => b.value") == 0.67, what="two thirds")
-    page.wait_for_selector(".timeline .row.tool[data-status='completed']", timeout=20000)
+    page.wait_for_selector(".timeline .row.tool[data-status='completed']", timeout=WAIT_S * 1000)
     assert page.eval_on_selector(bar, "b => b.value") == 1, "a completed call is at 100%, not where its last report was"

@@ -15,6 +15,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from tests.waiting import WAIT_S
+
 from .console_support import checked_page, create_session, wait_until
 from .media_support import KEY, KEYS
 from .server import Server
@@ -172,7 +174,7 @@ def test_talk_reconnects_by_itself_after_a_graceful_restart_and_speaks_again(tmp
 
         page.fill("#talk-text", "Are you still there?")
         page.press("#talk-text", "Enter")
-        entry = page.wait_for_selector(".talk-log li.agent[data-speech-id]", timeout=20000)
+        entry = page.wait_for_selector(".talk-log li.agent[data-speech-id]", timeout=WAIT_S * 1000)
         assert entry.query_selector(".heard").inner_text().strip() == ANSWER
     finally:
         srv.stop()
@@ -308,7 +310,7 @@ def test_talk_sends_a_line_again_with_its_id_until_the_service_says_it_took_it(
     page.fill("#talk-text", "A table for four.")
     page.press("#talk-text", "Enter")
     page.wait_for_selector('#talk-state[data-state="reconnecting"]')
-    entry = page.wait_for_selector('.talk-log li.user[data-state="taken"]', timeout=20000)
+    entry = page.wait_for_selector('.talk-log li.user[data-state="taken"]', timeout=WAIT_S * 1000)
     [lost] = route.withheld
     assert entry.get_attribute("data-transcript-id") == lost["id"]
     first, second = route.up[0], route.up[1]

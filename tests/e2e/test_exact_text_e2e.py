@@ -15,6 +15,8 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.waiting import WAIT_S
+
 from .server import EventStream, Server
 from .test_faults import PG_URL, pg_database
 from .traffic import assert_gap_free, replay
@@ -31,7 +33,7 @@ async def database(kind: str, tmp_path: Path) -> AsyncIterator[str]:
         yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
 
 
-async def _until(check: Any, timeout_s: float = 10.0) -> None:
+async def _until(check: Any, timeout_s: float = WAIT_S) -> None:
     async with asyncio.timeout(timeout_s):
         while not await check():
             await asyncio.sleep(0.05)

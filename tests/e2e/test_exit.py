@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.waiting import WAIT_S
+
 from .server import Server
 
 pytestmark = pytest.mark.e2e
@@ -35,7 +37,7 @@ async def test_ctrl_c_stops_a_server_whose_tool_ignores_cancellation_and_names_t
             assert r.status_code == 201, r.text
             sid = r.json()["id"]
             assert (await client.post(f"/v1/sessions/{sid}/input", json={"text": "go"})).status_code == 202
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(WAIT_S):
                 while not (await client.get(f"/v1/sessions/{sid}/tool-calls?status=running")).json()["items"]:
                     await asyncio.sleep(0.05)
         assert server.proc is not None

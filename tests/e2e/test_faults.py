@@ -73,8 +73,8 @@ async def test_sigkill_mid_stream_then_subscribers_resume_without_loss_or_duplic
             await stream.wait_for("tool.progress", lambda d: d["message"] == "step 40/400")
             await multi.wait_for("tool.progress", lambda d: d["message"] == "step 40/400")
             first.kill()  # mid-stream: progress events are being produced and delivered
-        await wait_closed(stream, 5)
-        await wait_closed(multi, 5)
+        await wait_closed(stream)
+        await wait_closed(multi)
     finally:
         first.kill()
     assert stream.closed is not None and stream.closed[0] != 1000  # an abnormal close, not a goodbye
@@ -253,15 +253,15 @@ async def test_database_outage_answers_503_then_recovers_without_restart(tmp_pat
                 await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - outage_started)))
                 proxy.restore()
 
-                async with asyncio.timeout(20):  # recovers by itself, no restart
+                async with asyncio.timeout(WAIT_S):  # recovers by itself, no restart
                     while (await client.get("/readyz")).status_code != 200:
                         await asyncio.sleep(0.2)
                 for sid in sids:
-                    await streams[sid].wait_for("tool.ended", timeout=20)
+                    await streams[sid].wait_for("tool.ended", timeout=WAIT_S)
                     await streams[sid].wait_for("chat.item", lambda d: d["item"].get("text") == "Done counting.")
                     r = await client.post(f"/v1/sessions/{sid}/input", json={"text": "still there?"})
                     assert r.status_code == 202, r.text
-                    await streams[sid].wait_for("chat.item", lambda d: d["item"].get("text") == "OK.", timeout=10)
+                    await streams[sid].wait_for("chat.item", lambda d: d["item"].get("text") == "OK.", timeout=WAIT_S)
                 assert (await client.get(f"/v1/sessions/{closed}/chat")).status_code == 200
                 for sid in sids:
                     assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
@@ -414,7 +414,7 @@ async def test_webhook_backend_that_hangs_or_resets_fails_the_call_and_the_sessi
 
 
 async def _closed_after(url: str, send: Any) -> tuple[int, str]:
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(WAIT_S):
         async with websockets.connect(url, max_size=None) as ws:
             await ws.recv()  # session.started: the stream works before the bad frame
             await send(ws)
@@ -472,7 +472,7 @@ def _upgrade(path: str, extra_headers: str = "") -> bytes:
     ).encode()
 
 
-def _answer_until_closed(port: int, request: bytes, timeout_s: float = 5.0) -> bytes:
+def _answer_until_closed(port: int, request: bytes, timeout_s: float = WAIT_S) -> bytes:
     """What the server answers ``request`` before it closes the connection (a TimeoutError if it never does)."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
         sock.sendall(request)

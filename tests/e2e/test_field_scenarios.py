@@ -77,9 +77,11 @@ async def test_interrupt_unblocks_wait_for_playout_and_answers_input(server: Ser
         await asyncio.sleep(0.15)  # a few words of the preamble are heard
         r = await client.post(f"/v1/sessions/{sid}/input", json={"text": "stop", "interrupt": True})
         assert r.status_code == 202
-        ended = await events.wait_for("tool.ended", timeout=2.0)  # far below the 5 s forced-cancel net
+        ended = await events.wait_for("tool.ended", timeout=2.0)  # bound: far below the 5 s forced-cancel net
         assert ended["data"]["status"] == "interrupted"
-        await events.wait_for("chat.item", lambda d: d["item"].get("text") == "Stopping now.", timeout=2.0)
+        await events.wait_for(
+            "chat.item", lambda d: d["item"].get("text") == "Stopping now.", timeout=2.0
+        )  # bound: far below the 5 s forced-cancel net
         items = await chat(client, sid)
         roles = [(i.get("role"), i.get("interrupted")) for i in items if i["type"] == "message"]
         assert roles == [("user", False), ("assistant", True), ("user", False), ("assistant", False)]

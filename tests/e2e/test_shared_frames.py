@@ -77,13 +77,13 @@ async def serving(app: Any) -> AsyncIterator[int]:
     )
     task = asyncio.create_task(server.serve())
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(WAIT_S):
             while not server.started:
                 await asyncio.sleep(0.02)
         yield port
     finally:
         server.should_exit = True
-        await asyncio.wait_for(task, 30)
+        await asyncio.wait_for(task, WAIT_S)
 
 
 async def test_every_client_reads_the_shared_frame_encoded_once_per_encoding():
@@ -114,9 +114,9 @@ async def test_every_client_reads_the_shared_frame_encoded_once_per_encoding():
             before = FRAMES.encoded
             go.set()
             for ws in deflating + plain:
-                assert await asyncio.wait_for(ws.recv(), 10) == TEXT
-                assert await asyncio.wait_for(ws.recv(), 10) == SECOND
-                assert await asyncio.wait_for(ws.recv(), 10) == "done"
+                assert await asyncio.wait_for(ws.recv(), WAIT_S) == TEXT
+                assert await asyncio.wait_for(ws.recv(), WAIT_S) == SECOND
+                assert await asyncio.wait_for(ws.recv(), WAIT_S) == "done"
             assert sent == [True] * 5
             assert FRAMES.encoded - before == 4  # each once compressed, once plain: not once per connection
 
@@ -136,9 +136,9 @@ async def test_a_connection_that_cannot_take_a_frame_at_once_refuses_it():
     app = Starlette(routes=[WebSocketRoute("/ws", endpoint)])
     async with serving(app) as port:
         async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
-            await asyncio.wait_for(closed.wait(), 10)
+            await asyncio.wait_for(closed.wait(), WAIT_S)
             with pytest.raises(websockets.ConnectionClosedOK):
-                await asyncio.wait_for(ws.recv(), 10)
+                await asyncio.wait_for(ws.recv(), WAIT_S)
     assert results == [False]
 
 
@@ -171,7 +171,7 @@ async def test_a_send_that_waits_for_a_full_socket_still_writes_the_shared_frame
             assert any(waited)  # the sockets did fill up
             for ws in clients:
                 for text in texts:
-                    assert await asyncio.wait_for(ws.recv(), 10) == text
+                    assert await asyncio.wait_for(ws.recv(), WAIT_S) == text
             assert FRAMES.encoded - before == len(texts)  # each message encoded once, for both connections
 
 

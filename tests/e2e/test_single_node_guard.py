@@ -20,6 +20,8 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.waiting import WAIT_S
+
 from .server import Server
 from .test_faults import PG_URL, pg_database
 
@@ -53,7 +55,7 @@ async def create(client: httpx.AsyncClient, turns: list[dict[str, Any]]) -> str:
 async def say_and_settle(client: httpx.AsyncClient, sid: str, text: str) -> None:
     r = await client.post(f"/v1/sessions/{sid}/input", json={"text": text})
     assert r.status_code == 202, r.text
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(WAIT_S):
         while True:
             chat = (await client.get(f"/v1/sessions/{sid}/chat")).json()["items"]
             if any(i.get("role") == "assistant" for i in chat[-1:]):
@@ -92,7 +94,7 @@ async def test_a_second_instance_refuses_to_start_while_the_first_runs(tmp_path:
             sid = await create(client, [])
             await say_and_settle(client, sid, "one")
             second.launch()
-            code = await asyncio.to_thread(wait_exit, second, 30)
+            code = await asyncio.to_thread(wait_exit, second, WAIT_S)
             assert code != 0, second.logs()
             assert REFUSAL in second.logs() and "stop it first" in second.logs()
             # the first instance runs on, alone: its session answers, and nothing was written twice
@@ -197,7 +199,7 @@ async def test_a_frozen_instance_whose_sessions_moved_never_writes_for_them_agai
                 # it finds out: on the way it may first say its database is unreachable (the connection it held
                 # while frozen was ended by the server), never ready
                 seen = []
-                async with asyncio.timeout(15):
+                async with asyncio.timeout(WAIT_S):
                     while (r := await client.get("/readyz")).json()["status"] != "fenced":
                         seen.append(r.json()["status"])
                         await asyncio.sleep(0.05)

@@ -65,7 +65,7 @@ async def wait_closed(stream: EventStream, timeout: float = WAIT_S) -> tuple[int
 
 async def rejected(url: str) -> tuple[int, str]:
     """Connect and expect the server to close at once, before sending any frame."""
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(WAIT_S):
         async with websockets.connect(url) as ws:
             with pytest.raises(websockets.ConnectionClosed):
                 frame = await ws.recv()
@@ -169,7 +169,7 @@ async def test_type_filters_with_globs_live_and_replayed(server: Server):
 async def test_ping_pong_and_bad_messages(server: Server):
     async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as client:
         sid = await create(client, [])
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(WAIT_S):
         async with websockets.connect(f"{server.ws_url}/v1/sessions/{sid}/events") as ws:
             events: list[Frame] = []
 
@@ -297,13 +297,13 @@ async def test_multi_session_stream_filters_by_session_and_type(server: Server):
         stream = await connect(url)
         for sid in (a, b, c):
             await client.post(f"/v1/sessions/{sid}/input", json={"text": "go"})
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_S):
             while {f["session_id"] for f in stream.frames if f["type"] == "tool.ended"} != {a, b}:
                 await asyncio.sleep(0.01)
         await stream.close()
         # the stored log, read by cursor from the start, is the reference
         reference = await connect(f"{server.ws_url}/v1/events?session_ids={a},{b},{c}")
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_S):
             while len({f["session_id"] for f in reference.frames if f["type"] == "tool.ended"}) < 3:
                 await asyncio.sleep(0.01)
         await reference.close()
@@ -345,7 +345,7 @@ async def test_multi_session_resume_by_cursor_delivers_everything_once_in_order(
         cursor = first.frames[-1]["cursor"]
         await asyncio.sleep(0.1)  # events go on while nobody listens
         second = await connect(f"{url}&cursor={cursor}")
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(WAIT_S):
             while len([f for f in second.frames if f["type"] == "tool.ended"]) < 2:
                 await asyncio.sleep(0.01)
         await second.close()

@@ -26,6 +26,8 @@ from typing import Any
 import httpx
 import websockets
 
+from tests.waiting import WAIT_S
+
 from .server import EventStream, Server
 
 Frame = dict[str, Any]
@@ -97,7 +99,7 @@ def assert_gap_free(frames: list[Frame], start: int = 1) -> None:
     assert seqs == list(range(start, start + len(seqs))), seqs
 
 
-async def replay(ws_url: str, sid: str, *, since: int = 0, timeout_s: float = 15.0) -> list[Frame]:
+async def replay(ws_url: str, sid: str, *, since: int = 0, timeout_s: float = WAIT_S) -> list[Frame]:
     """A closed session's event log over the WebSocket: every frame after ``since``, until the 1000 close."""
     frames: list[Frame] = []
     async with asyncio.timeout(timeout_s):
@@ -302,7 +304,7 @@ async def _worker(
         await asyncio.sleep(rng.uniform(*cfg.think_s))
 
 
-async def wait_closed(stream: EventStream, timeout_s: float = 15.0) -> tuple[int, str] | None:
+async def wait_closed(stream: EventStream, timeout_s: float = WAIT_S) -> tuple[int, str] | None:
     """Wait until the server closed the stream (it does, with 1000, once the session is closed)."""
     try:
         async with asyncio.timeout(timeout_s):

@@ -17,6 +17,7 @@ from switchboard.runtime.executor import INTERNAL_ERROR_OUTPUT
 from switchboard.runtime.speech import NotInterruptible
 from switchboard.runtime.tool_call import MAX_ERROR_CHARS
 from switchboard.runtime.tools import TRUNCATION_MARKER, ToolStatus
+from tests.waiting import WAIT_S
 
 from ..unit.harness import Harness
 from .clock import on_virtual_clock
@@ -445,7 +446,7 @@ async def test_every_update_reaches_the_model_as_its_own_pair_in_a_bounded_conte
     turns = [{"text": "Starting.", "tool_calls": [call("report", "u1")]}, {"text": "It runs."}, {"text": "Here."}]
     async with Harness(agent, turns) as h:
         await h.session.input("go")
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_S):
             while len(h.of_type("tool.progress")) < 6:
                 await asyncio.sleep(0.01)
         await h.idle()
@@ -536,7 +537,7 @@ async def test_tool_context_session_say_and_generate_reply_and_speech_handle() -
     async with Harness(agent, turns) as h:
         first = await h.session.input("hold a table")
         await h.tools_done()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_S):
             while len(h.of_type("speech.done")) < 3:
                 await asyncio.sleep(0.01)
         await h.idle()
@@ -575,7 +576,7 @@ async def test_the_readme_tool_that_speaks_through_ctx_session_carries_over() ->
     async with Harness(agents["front"](), turns, fallback={"text": "never asked"}) as h:
         await h.session.input("thanks, that is all")
         await h.tools_done()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_S):
             while len(h.of_type("speech.done")) < 2:
                 await asyncio.sleep(0.01)
         await h.idle()

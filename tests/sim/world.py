@@ -507,7 +507,7 @@ class World:
             pending = [t for t in dead if not t.done()]
             if not pending:
                 break
-            await asyncio.wait(pending, timeout=1.0)
+            await asyncio.wait(pending, timeout=1.0)  # bound: then the tasks still running are cancelled again
             for t in pending:
                 t.cancel()
 

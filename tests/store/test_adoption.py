@@ -17,6 +17,7 @@ from switchboard.control.host import SessionHost
 from switchboard.control.hub import EventHub
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.store import SessionData, SessionRecord
+from tests.waiting import WAIT_S
 
 from .conftest import ON_POSTGRESQL, Db
 from .test_lease import cluster_settings
@@ -174,7 +175,8 @@ async def test_the_last_live_node_drains_without_waiting_for_adopters(db: Db, ho
     # next node to start adopts them
     await host.recover_all()
     assert sorted(host.sessions) == SIDS
-    waiting = await asyncio.wait_for(drain(host, wake=None, timeout_s=60), 15)
+    # a drain that waited for adopters would run out its own timeout, twice the ceiling
+    waiting = await asyncio.wait_for(drain(host, wake=None, timeout_s=2 * WAIT_S), WAIT_S)
     assert sorted(waiting) == SIDS
     for sid in SIDS:
         assert (await owner(db, sid))[0] is None
@@ -218,7 +220,8 @@ async def test_a_drain_whose_first_write_meets_a_reset_connection_still_hands_ev
         await set_state(node_id, state)
 
     monkeypatch.setattr(host.store.nodes, "set_state", reset_twice)
-    waiting = await asyncio.wait_for(drain(host, wake=None, timeout_s=60), 15)
+    # a drain that waited for adopters would run out its own timeout, twice the ceiling
+    waiting = await asyncio.wait_for(drain(host, wake=None, timeout_s=2 * WAIT_S), WAIT_S)
     assert len(tries) == 3
     assert sorted(waiting) == SIDS and host.sessions == {}  # handed over (no other node is live to adopt them)
     for sid in SIDS:

@@ -16,6 +16,7 @@ from switchboard.runtime import event_types as ev
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.events import EventLog
 from switchboard.store import SessionRecord, Store
+from tests.waiting import WAIT_S
 
 from .conftest import Db
 from .test_recovery import Worker
@@ -52,7 +53,7 @@ async def test_a_session_adopted_while_its_user_waits_is_listed_by_its_new_node(
     llm = {"provider": "scripted", "turns": [slow, slow]}  # the model does not answer, before or after the restart
     await first.host.create(SessionConfig(id="s", agent="worker", llm=llm, playout=PlayoutSettings()), {})
     await first.host.sessions["s"].input("hello?")
-    async with asyncio.timeout(10):  # the first node lists it too, once the user has waited long enough
+    async with asyncio.timeout(WAIT_S):  # the first node lists it too, once the user has waited long enough
         while "s" not in await first.codes():
             await asyncio.sleep(0.05)
     await first.stop()  # a graceful restart: the reply is owed, its user still waits

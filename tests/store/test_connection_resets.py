@@ -17,6 +17,7 @@ from sqlalchemy.engine import make_url
 
 from switchboard.runtime.ports import Commit
 from switchboard.store import DATABASE_ERRORS, IdempotencyRecord, SessionRecord, Store, is_transient, make_engine
+from tests.waiting import WAIT_S
 
 from ..pg_proxy import ResettingProxy
 from .conftest import ON_POSTGRESQL, PG_URL, Db, wait_for
@@ -88,12 +89,12 @@ async def test_a_write_batch_on_reset_connections_is_retried_and_lands_once(db: 
     proxy.resetting = True
     write = asyncio.create_task(store.chat_store().commit("s1", Commit(items=[msg("during")])))
     try:
-        await wait_for(lambda: store.writer.retries >= 2, timeout_s=30)
+        await wait_for(lambda: store.writer.retries >= 2, timeout_s=WAIT_S)
         assert not write.done()  # not failed as a bad batch: retried as the database being unavailable
         assert store.writer.unavailable
     finally:
         proxy.resetting = False
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(WAIT_S):
         await write
     assert await items(db, "s1") == ["before", "during"]
 

@@ -139,7 +139,7 @@ async def test_sigkill_mid_tool_then_recover(db: Db) -> None:
         items = await store.chat_items(SID)
         assert count(items, FunctionCall, "book") == 1, "the model was made to call the completed tool again"
         assert [it.text for it in items if isinstance(it, ChatMessage) and it.role == "assistant"][-1] == expected
-        async with asyncio.timeout(10):  # its end is written once it has played
+        async with asyncio.timeout(WAIT_S):  # its end is written once it has played
             while any(sp.state != SpeechState.DONE for sp in await store.speeches(SID)):
                 await asyncio.sleep(0.02)
         assert not any(sp.interrupted for sp in await store.speeches(SID))

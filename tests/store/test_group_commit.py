@@ -16,6 +16,7 @@ from switchboard.runtime.events import Event, EventLog
 from switchboard.runtime.ports import Commit
 from switchboard.runtime.tools import ProgressUpdate, ToolCallInfo, ToolStatus
 from switchboard.store import SessionRecord, Store, StoreClosed
+from tests.waiting import WAIT_S
 
 from .conftest import Db
 
@@ -197,5 +198,5 @@ async def test_writes_to_an_unmigrated_database_fail_instead_of_hanging(db: Db) 
     store = db.store()
     await store.start()
     with pytest.raises(sa_exc.DBAPIError):
-        await asyncio.wait_for(store.chat_store().commit("s1", Commit(items=[msg("m")])), timeout=5)
+        await asyncio.wait_for(store.chat_store().commit("s1", Commit(items=[msg("m")])), timeout=WAIT_S)
     assert store.writer.retries == 0

@@ -17,7 +17,7 @@ from switchboard.control.settings import Settings
 from switchboard.store import NodeState, SessionRecord
 from switchboard.store.records import now_utc
 
-from ..waiting import until
+from ..waiting import WAIT_S, until
 from .conftest import ON_POSTGRESQL, Db, pg_dsn
 from .test_fencing import node
 
@@ -66,7 +66,7 @@ async def test_a_node_that_let_go_after_late_renewals_hands_its_sessions_back(db
         lease.claim_new("s1")
         # renewals held up past 3/4 of the lease: the node lets go of s1 (it stops acting on it)
         await held_row(db, "a", LEASE_S * 0.9)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(WAIT_S):
             while lease.fence.owns("s1"):
                 await asyncio.sleep(0.05)
         with pytest.raises(NodeDraining):  # until it rejoined, a session it created would be let go of at once

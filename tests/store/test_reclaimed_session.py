@@ -18,6 +18,7 @@ from switchboard.control.hub import EventHub
 from switchboard.runtime.agent import AgentRegistry
 from switchboard.runtime.ports import Commit
 from switchboard.store import SessionRecord
+from tests.waiting import WAIT_S
 
 from .conftest import ON_POSTGRESQL, Db, pg_dsn
 from .test_fencing import msg
@@ -73,7 +74,7 @@ async def host(db: Db) -> AsyncIterator[SessionHost]:
 
 
 async def until_sql(db: Db, statement: str, expected: list[tuple[object, ...]]) -> None:
-    async with asyncio.timeout(20):
+    async with asyncio.timeout(WAIT_S):
         while await db.sql(statement) != expected:
             await asyncio.sleep(0.02)
 
@@ -101,7 +102,7 @@ async def test_the_old_incarnations_late_tool_end_is_refused_and_recovery_is_the
             await until_sql(db, waiting, [(1,)])
             GATE["release"].set()  # the call ends in the old incarnation: its pair and its end are queued
             await asyncio.sleep(0)
-            async with asyncio.timeout(20):
+            async with asyncio.timeout(WAIT_S):
                 while host.store.writer.pending == 0:
                     await asyncio.sleep(0.01)
             # the node lets go of s1 (its renewals came too late) and rejoins: s1 is an orphan again ...
@@ -109,7 +110,7 @@ async def test_the_old_incarnations_late_tool_end_is_refused_and_recovery_is_the
             await db.sql("UPDATE sessions SET owner_node = NULL WHERE id = 's1'")
             # ... and the node's next adoption round takes it back at the next epoch and recovers it
             recovery = asyncio.create_task(host.recover_all())
-            async with asyncio.timeout(20):
+            async with asyncio.timeout(WAIT_S):
                 while host.sessions.get("s1") in (None, first):
                     await asyncio.sleep(0.01)
             assert lease.fence.epochs == {"s1": 3}

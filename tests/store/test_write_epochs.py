@@ -20,6 +20,7 @@ from switchboard.store import SessionFenced, SessionRecord, sibling_engine
 from switchboard.store.engine import sqlite_writer_engine
 from switchboard.store.writer import write_fenced
 from switchboard.store.writes import Op
+from tests.waiting import WAIT_S
 
 from .conftest import Db, pg_dsn, wait_for
 from .test_fencing import Node, items, msg
@@ -69,7 +70,7 @@ async def batch_in_flight(db: Db, node: Node, app: str) -> None:
         await wait_for(lambda: node.store.writer.retries >= 1)
         return
     waiting = "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'"
-    async with asyncio.timeout(20):
+    async with asyncio.timeout(WAIT_S):
         while not await db.sql(waiting, app):
             await asyncio.sleep(0.02)
     await db.sql(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) AS w", app)

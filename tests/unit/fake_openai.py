@@ -13,6 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.waiting import WAIT_S
+
 # -- chunks -----------------------------------------------------------------------------------------------------
 
 
@@ -115,7 +117,7 @@ class FakeOpenAI:
     def bodies(self) -> list[dict[str, Any]]:
         return [r.body for r in self.requests]
 
-    async def wait_disconnect(self, timeout: float = 2.0) -> None:
+    async def wait_disconnect(self, timeout: float = WAIT_S) -> None:
         async with asyncio.timeout(timeout):
             await self._disconnect_ev.wait()
 
@@ -131,7 +133,9 @@ class FakeOpenAI:
         for writer in list(self._writers):
             writer.close()
         if self._conns:
-            _, pending = await asyncio.wait(self._conns, timeout=1.0)
+            _, pending = await asyncio.wait(
+                self._conns, timeout=1.0
+            )  # bound: then the handlers still pausing are cancelled
             for task in pending:
                 task.cancel()
             if pending:

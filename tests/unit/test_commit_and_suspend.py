@@ -10,6 +10,7 @@ from switchboard import Agent
 from switchboard.runtime.chat import ChatMessage, message
 from switchboard.runtime.memory import MemoryStore
 from switchboard.runtime.ports import Commit
+from tests.waiting import WAIT_S
 
 from .harness import Harness
 
@@ -40,7 +41,7 @@ async def test_an_outage_is_ridden_out_by_the_store_and_writes_land_once_in_orde
         h.store.fail_next = 3
         first, second = message("user", "first"), message("user", "second")
         writes = [asyncio.create_task(h.session.commit(Commit(items=[it]))) for it in (first, second)]
-        await asyncio.wait_for(asyncio.gather(*writes), 3.0)
+        await asyncio.wait_for(asyncio.gather(*writes), WAIT_S)
         assert h.store.retries == 3
         written = [it.id for sid, c in h.store.commits if sid == h.sid for it in c.items]
         assert [i for i in written if i in (first.id, second.id)] == [first.id, second.id]
@@ -69,7 +70,7 @@ async def test_the_session_never_retries_a_failed_commit():
     async with h:
         h.store.down = True
         with pytest.raises(ConnectionError):
-            await asyncio.wait_for(h.session.commit(Commit(items=[message("user", "lost")])), 1.0)
+            await asyncio.wait_for(h.session.commit(Commit(items=[message("user", "lost")])), WAIT_S)
         assert h.store.attempts == 1
         h.store.down = False
 
@@ -81,9 +82,9 @@ async def test_a_permanent_store_error_is_raised_and_does_not_hold_up_later_writ
     async with h:
         h.store.reject_next = 1
         with pytest.raises(ValueError, match="rejected"):
-            await asyncio.wait_for(h.session.commit(Commit(items=[message("user", "refused")])), 1.0)
+            await asyncio.wait_for(h.session.commit(Commit(items=[message("user", "refused")])), WAIT_S)
         later = message("user", "accepted")
-        await asyncio.wait_for(h.session.commit(Commit(items=[later])), 1.0)
+        await asyncio.wait_for(h.session.commit(Commit(items=[later])), WAIT_S)
         assert [it.text for it in h.chat() if isinstance(it, ChatMessage)] == ["accepted"]
     assert "commit failed for good" in caplog.text
 
@@ -158,7 +159,7 @@ async def test_overlapping_commits_reach_the_store_at_once_and_are_applied_in_or
         assert store.received == ["first", "second"]
         assert applied == [] and not first.done() and not second.done()
         store.release.set()
-        await asyncio.wait_for(asyncio.gather(first, second), 1.0)
+        await asyncio.wait_for(asyncio.gather(first, second), WAIT_S)
         assert applied == ["first", "second"]
         assert stored(h) == ["first", "second"]
 
@@ -172,8 +173,8 @@ async def test_a_refused_commit_does_not_hold_up_or_reorder_the_next_one(caplog:
         await asyncio.sleep(0.01)
         store.release.set()
         with pytest.raises(ValueError, match="rejected"):
-            await asyncio.wait_for(refused, 1.0)
-        await asyncio.wait_for(later, 1.0)
+            await asyncio.wait_for(refused, WAIT_S)
+        await asyncio.wait_for(later, WAIT_S)
         assert applied == ["later"]
         assert stored(h) == ["later"]
     assert "commit failed for good" in caplog.text
@@ -190,7 +191,7 @@ async def test_a_caller_cancelled_while_an_earlier_write_is_pending_still_has_it
         with pytest.raises(asyncio.CancelledError):
             await second
         store.release.set()
-        await asyncio.wait_for(first, 1.0)
+        await asyncio.wait_for(first, WAIT_S)
         for _ in range(20):
             if len(applied) == 2:
                 break
@@ -224,7 +225,7 @@ async def test_a_session_stopped_while_its_start_is_written_does_not_start_playi
     stopping = asyncio.create_task(h.session.suspend(tool_grace=False) if stop == "suspend" else h.session.aclose())
     await asyncio.sleep(0.01)
     store.release.set()
-    await asyncio.wait_for(asyncio.gather(starting, stopping, return_exceptions=True), 1.0)
+    await asyncio.wait_for(asyncio.gather(starting, stopping, return_exceptions=True), WAIT_S)
     task = h.session.speeches.scheduler._task
     assert task is None or task.done()
     assert h.session.state != "active"

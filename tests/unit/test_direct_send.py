@@ -9,6 +9,7 @@ from typing import Any
 from switchboard.api.streams.direct_send import DirectSend
 from switchboard.control.hub import EventHub
 from switchboard.runtime.events import Event
+from tests.waiting import WAIT_S
 
 
 class Socket:
@@ -83,7 +84,7 @@ async def test_a_failed_direct_send_ends_the_readers_wait():
     await asyncio.sleep(0)
     hub.publish([(1, event(1))])
     try:
-        await asyncio.wait_for(waiting, 1)
+        await asyncio.wait_for(waiting, WAIT_S)
     except ConnectionResetError:
         pass
     else:
@@ -133,7 +134,7 @@ async def test_a_publish_with_a_terminal_event_leaves_it_and_what_follows_to_the
     hub.publish([(1, event(1)), (2, event(2)), (3, event(3, "session.closed")), (4, event(4))])
     joined += socket.sent
     assert joined == ["1;2;"] and resume == [2]  # joined: one send for the byte stream
-    assert (await asyncio.wait_for(waiting, 1))[1].seq == 3 and sub.pending() == 1  # the reader ends the stream
+    assert (await asyncio.wait_for(waiting, WAIT_S))[1].seq == 3 and sub.pending() == 1  # the reader ends the stream
     await direct.aclose()
     sub.close()
 
@@ -153,7 +154,7 @@ async def test_a_frame_that_cannot_be_made_ends_that_stream_and_not_the_publish(
     hub.publish([(1, event(1))])  # whichever subscription is offered first, the other still gets the event
     assert socket.sent == ["1"] and resume == [1]
     try:
-        await asyncio.wait_for(waiting[0], 1)
+        await asyncio.wait_for(waiting[0], WAIT_S)
     except ValueError:
         pass
     else:

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from switchboard.api.sessions.export_budget import ExportBudget, ExportsBusy
+from tests.waiting import WAIT_S
 
 
 def test_slots_per_caller_and_per_process_each_given_back_once() -> None:
@@ -37,5 +38,5 @@ async def test_bytes_never_sent_are_not_spent() -> None:
     with pytest.raises(asyncio.CancelledError):
         await waiting
     now[0] += 1.0
-    await asyncio.wait_for(budget.spend("key:a", 1000), timeout=5)  # paid for by the second gone by
+    await asyncio.wait_for(budget.spend("key:a", 1000), timeout=WAIT_S)  # paid for by the second gone by
     assert budget.running() == 0

@@ -15,6 +15,7 @@ from switchboard.runtime.reply import ReplyJob
 from switchboard.runtime.scheduler import SpeechScheduler
 from switchboard.runtime.speech import SpeechHandle
 from tests.lost_tasks import lost_tasks
+from tests.waiting import WAIT_S
 
 from .harness import Harness
 
@@ -89,7 +90,7 @@ async def test_a_speech_that_failed_is_reported_when_a_close_stops_the_loop_whil
     scheduler = SpeechScheduler("s1", play=play, finish=finish, after_speech=lambda: None)
     scheduler.start()
     scheduler.push(ReplyJob(speech=SpeechHandle(source="say"), kind="say"))
-    await asyncio.wait_for(ending.wait(), 1.0)
+    await asyncio.wait_for(ending.wait(), WAIT_S)
     await scheduler.stop()
     assert errors(caplog, "failed")[0].exc_info[1].args == ("the reply broke",)
     assert lost_tasks() == []

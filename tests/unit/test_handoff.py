@@ -6,6 +6,7 @@ import asyncio
 
 from switchboard import Agent, RunContext, SpeechInterrupted, function_tool
 from switchboard.runtime.chat import AgentHandoff, FunctionCallOutput
+from tests.waiting import WAIT_S
 
 from .harness import Harness
 
@@ -152,7 +153,7 @@ async def test_I3_interrupted_handoff_leaves_agent_unchanged():
         {"text": "Still the front desk."},
     ]
     async with Harness(agent, turns) as h:
-        async with asyncio.timeout(1.0):
+        async with asyncio.timeout(WAIT_S):
             await h.session.input("billing please")
             await h.wait_for("tool.started")
             await asyncio.sleep(0.03)
@@ -197,7 +198,7 @@ async def test_I5_two_handoffs_in_one_turn_do_not_deadlock():
     async with Harness(agent, turns, close_timeout_s=1.0) as h:
         await h.session.input("billing, billing")
         await h.tools_done(timeout=1.0)
-        await h.idle(timeout=1.0)
+        await h.idle(timeout=WAIT_S)
         assert h.session.agent.name == "billing"
         # one handoff at a time: the second is refused, and its result is kept with a note that it was not done
         outputs = sorted((c.status, c.is_error, c.output) for c in h.session.tool_calls())

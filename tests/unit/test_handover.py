@@ -19,6 +19,7 @@ from switchboard.runtime.session import AgentSession
 from switchboard.runtime.speech import SpeechState
 from switchboard.runtime.status import SessionStatus
 from switchboard.runtime.tools import ToolStatus
+from tests.waiting import WAIT_S
 
 from .harness import WPS, Harness
 
@@ -254,7 +255,7 @@ async def test_a_say_queued_when_the_session_moves_is_said_by_the_next_owner() -
 
     nxt = await _next_owner(first, Booking(), [])
     try:
-        await nxt.wait_for("speech.done", lambda e: e.data["speech_id"] == queued.id, timeout=10)
+        await nxt.wait_for("speech.done", lambda e: e.data["speech_id"] == queued.id, timeout=WAIT_S)
         # the say under way when it moved is said again whole, and is in the chat once (one say, one message)
         assert _assistant(nxt) == [MEDIUM, "Thank you for waiting."]
         assert nxt.of_type("session.recovered")[-1].data["resumed_speeches"] == [playing.id, queued.id]

@@ -17,6 +17,7 @@ from switchboard.runtime.aio import resolve
 from switchboard.runtime.chat import FunctionCallOutput
 from switchboard.runtime.playout import PlaybackReport
 from switchboard.runtime.speech import NotInterruptible
+from tests.waiting import WAIT_S
 
 from .harness import WPS, Harness
 
@@ -49,7 +50,7 @@ TURNS = [
 
 
 async def _interrupt_waiting_tool(h: Harness, agent: Waiter) -> None:
-    async with asyncio.timeout(1.0):
+    async with asyncio.timeout(WAIT_S):
         first = await h.session.input("confirm my order")
         await h.wait_for("tool.started")
         while agent.log != ["waiting"]:

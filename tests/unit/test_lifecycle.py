@@ -12,6 +12,7 @@ from switchboard.runtime.events import Event
 from switchboard.runtime.memory import MemoryEventLog, MemoryStore
 from switchboard.runtime.ports import Commit
 from switchboard.runtime.status import SessionClosed
+from tests.waiting import WAIT_S
 
 from .harness import Harness
 
@@ -90,7 +91,7 @@ async def test_close_with_speech_playing_and_tools_running():
         assert h.session.current_speech is not None and not h.session.current_speech.done
         assert {c.call_id for c in h.session.tool_calls("running")} == {"s1", "b1"}
     finally:
-        async with asyncio.timeout(2.0):
+        async with asyncio.timeout(WAIT_S):
             await h.session.aclose()
 
     assert h.session.state == "closed"
@@ -178,7 +179,7 @@ async def test_close_while_a_deferred_reply_is_being_scheduled():
         await h.wait_for("tool.progress")
         await h.idle()
         agent.gate.set()
-        await asyncio.wait_for(h.store.seen.wait(), 3)  # the call's end, with its deferred reply, is being written
+        await asyncio.wait_for(h.store.seen.wait(), WAIT_S)  # the call's end, with its deferred reply, is being written
     finally:
         await h.session.aclose()
     created = [e.data for e in h.of_type("speech.created")]

@@ -218,7 +218,7 @@ async def test_impossible_reports_are_refused_and_the_session_plays_on(frame: di
     async with h:
         s = Setup(h, playout)
         speech_id = (await h.session.input("hi")).speech_id or ""
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_S):
             while len(s.text(speech_id)) < 7:  # "A short", the rest still streaming
                 await asyncio.sleep(0.001)
         await s.frame(type="playback.progress", speech_id=speech_id, played_chars=5)
@@ -243,7 +243,7 @@ async def test_an_edge_that_leaves_mid_speech_ends_it_interrupted_and_the_sessio
         await s.frame(type="playback.progress", speech_id=speech_id, played_chars=len("one two"))
         playout.detach(s.edge)
         s.edge.close()  # even a speech that does not allow interruptions: its audio is gone
-        async with asyncio.timeout(1):  # released within ticks, the edge waited on for nothing
+        async with asyncio.timeout(1):  # bound: released within ticks, the edge waited on for nothing
             while not agent.released:
                 await asyncio.sleep(0)
         assert agent.released == ["interrupted"]
@@ -302,7 +302,7 @@ async def test_each_tool_step_is_a_segment_of_its_own() -> None:
         speech_id = (await h.session.input("hi")).speech_id or ""
         await s.until_sent("speech.end")
         await s.frame(type="playback.finished", speech_id=speech_id, interrupted=False)
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_S):
             while s.types().count("speech.end") < 2:
                 await asyncio.sleep(0.001)
         starts = [f for f in s.sent if f["type"] == "speech.start"]

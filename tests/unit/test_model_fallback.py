@@ -13,6 +13,7 @@ from switchboard.integrations.model_profiles import ModelProfiles
 from switchboard.runtime.chat import ChatMessage
 from switchboard.runtime.llm import LLMError, LLMRequest, TextDelta, build_llm
 from switchboard.runtime.llm.fallback import FallbackLLM
+from tests.waiting import WAIT_S
 
 from .harness import Harness
 
@@ -39,7 +40,7 @@ async def test_a_model_that_fails_before_answering_hands_over_to_the_next(caplog
 async def test_a_model_that_never_answers_is_given_up_after_the_first_chunk_timeout():
     slow = script({"text": "too late", "ttft_ms": 60_000})
     llm = build_llm({"provider": "fallback", "models": [slow, script({"text": "quick"})], "ttft_timeout_s": 0.05})
-    assert await asyncio.wait_for(texts(llm), 2.0) == "quick"
+    assert await asyncio.wait_for(texts(llm), WAIT_S) == "quick"
 
 
 async def test_a_failure_after_the_first_words_is_the_generations_and_the_last_failure_names_its_model():

@@ -228,7 +228,7 @@ async def test_chunks_are_yielded_as_they_arrive_and_cancelling_closes_the_http_
                 two.set()
 
     task = asyncio.create_task(consume())
-    async with asyncio.timeout(2):
+    async with asyncio.timeout(WAIT_S):
         await two.wait()
     assert got == [TextDelta("Hello"), ToolCallChunk(name="book", arguments="{}", call_id="c1")]
     assert server.disconnects == 0
@@ -236,7 +236,7 @@ async def test_chunks_are_yielded_as_they_arrive_and_cancelling_closes_the_http_
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await server.wait_disconnect(timeout=1.0)  # the server saw the connection go: it can stop generating
+    await server.wait_disconnect(timeout=1.0)  # bound: the server saw the connection go: it can stop generating
     assert time.monotonic() - start < 0.5
 
 

@@ -128,7 +128,7 @@ async def test_an_interruption_closes_the_model_stream(server: FakeOpenAI) -> No
         await h.session.input("hi")
         await h.wait_for("speech.started")
         await h.session.interrupt()
-        await server.wait_disconnect(timeout=1.0)  # the server is told at once: it can stop generating
+        await server.wait_disconnect(timeout=1.0)  # bound: the server is told at once: it can stop generating
         done = await h.wait_for("speech.done")
         assert done.data["interrupted"] is True
         assert h.of_type("generation.failed") == []

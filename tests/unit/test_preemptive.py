@@ -7,6 +7,7 @@ import asyncio
 from switchboard import Agent, RunContext, function_tool
 from switchboard.runtime.chat import PLACEHOLDER_OUTPUT, ChatMessage, FunctionCall, FunctionCallOutput, validate
 from switchboard.runtime.llm.base import LLMRequest
+from tests.waiting import WAIT_S
 
 from .harness import Harness
 
@@ -37,7 +38,7 @@ def assert_requests_valid(h: Harness) -> None:
         assert validate(r.items) == [], validate(r.items)
 
 
-async def wait_requests(h: Harness, n: int, timeout: float = 1.0) -> None:
+async def wait_requests(h: Harness, n: int, timeout: float = WAIT_S) -> None:
     async with asyncio.timeout(timeout):
         while len(h.llm.requests) < n:
             await asyncio.sleep(0.002)
@@ -52,7 +53,7 @@ async def test_I2_no_speculative_generation_while_a_foreground_tool_runs():
     ]
     async with Harness(agent, turns, preemptive_generation=True) as h:
         await h.session.input("look up x")
-        await asyncio.wait_for(agent.entered.wait(), 1.0)
+        await asyncio.wait_for(agent.entered.wait(), WAIT_S)
         await h.session.input("what about", final=False)
         await h.session.input("what about tomorrow", final=False)
         await asyncio.sleep(0.05)
@@ -158,7 +159,7 @@ async def test_I2_running_call_from_an_earlier_turn_is_shown_as_placeholder():
     ]
     async with Harness(agent, turns) as h:
         await h.session.input("look up x")
-        await asyncio.wait_for(agent.entered.wait(), 1.0)
+        await asyncio.wait_for(agent.entered.wait(), WAIT_S)
         await h.session.input("are you there?", interrupt=True)
         await h.idle()
         assert h.session.tool_call("c1").status == "running"

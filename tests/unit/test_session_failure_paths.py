@@ -19,6 +19,7 @@ from switchboard.runtime.recovery import recover
 from switchboard.runtime.session import AgentSession
 from switchboard.runtime.speech import SpeechHandle, SpeechState
 from switchboard.runtime.status import SessionClosed
+from tests.waiting import WAIT_S
 
 from .harness import WPS, Harness
 
@@ -76,7 +77,7 @@ async def test_a_rejected_speech_end_does_not_leave_the_session_deaf(caplog: pyt
         queued = await h.session.say("never played")
         queued.interrupt()  # ended without playing when its turn comes: that write is rejected
         h.store.reject_speech_end = 1
-        await asyncio.wait_for(first.wait_done(), 2.0)
+        await asyncio.wait_for(first.wait_done(), WAIT_S)
         await h.idle()
         res = await h.session.input("are you there?")
         started = await h.wait_for("generation.started", lambda e: e.data["speech_id"] == res.speech_id)
@@ -101,7 +102,7 @@ async def test_a_speech_end_the_store_keeps_rejecting_is_written_again_at_last_w
     async with harness() as h:
         h.store.reject_speech_end = 2
         speech = await h.session.say("hello there", add_to_chat=False)
-        await h.wait_for("speech.done", lambda e: e.data["speech_id"] == speech.id, timeout=5.0)
+        await h.wait_for("speech.done", lambda e: e.data["speech_id"] == speech.id, timeout=WAIT_S)
         stored = h.store.speeches[h.sid][speech.id]
         assert stored.state == SpeechState.DONE and not stored.interrupted
         assert stored.played_text == "" and speech.played_text == "hello there"
@@ -115,7 +116,7 @@ async def test_a_close_during_a_rejected_speech_end_is_the_last_write_and_report
         h.store.reject_speech_end = 1
         h.store.reject_after_s = 0.05
         speech = await h.session.say("hello there", add_to_chat=False)
-        await asyncio.wait_for(h.store.rejecting.wait(), 2.0)
+        await asyncio.wait_for(h.store.rejecting.wait(), WAIT_S)
         await h.session.aclose()
         types = [(e.type, e.data.get("speech_id")) for e in h.events.events[h.sid]]
         assert types[-1] == ("session.closed", None)
@@ -165,7 +166,7 @@ async def test_input_whose_caller_is_cut_off_during_a_stalled_commit_is_applied_
     async with harness() as h:
         h.store.hold_items = True
         caller = asyncio.create_task(h.session.input("book a table"))
-        await asyncio.wait_for(h.store.holding.wait(), 1.0)
+        await asyncio.wait_for(h.store.holding.wait(), WAIT_S)
         caller.cancel()  # the request deadline fires while the database is stalled
         with pytest.raises(asyncio.CancelledError):
             await caller
@@ -190,7 +191,7 @@ async def test_a_forced_speech_cancel_during_a_slow_commit_keeps_the_message_liv
         speech = h.session.speech(res.speech_id)
         assert speech is not None
         speech.interrupt()
-        await asyncio.wait_for(h.store.holding.wait(), 1.0)
+        await asyncio.wait_for(h.store.holding.wait(), WAIT_S)
         await asyncio.sleep(0.2)
         assert SpeechHandle.forced_cancels == forced_before + 1
         SpeechHandle.forced_cancels = forced_before  # fired on purpose here
@@ -206,13 +207,13 @@ async def test_close_racing_an_input_answers_it_fully_or_refuses_it():
     async with harness() as h:
         h.store.hold_items = True
         caller = asyncio.create_task(h.session.input("last words"))
-        await asyncio.wait_for(h.store.holding.wait(), 1.0)
+        await asyncio.wait_for(h.store.holding.wait(), WAIT_S)
         closing = asyncio.create_task(h.session.aclose())
         await asyncio.sleep(0.01)
         h.store.hold_items = False
         h.store.release.set()
         res = await caller
-        await asyncio.wait_for(closing, 2.0)
+        await asyncio.wait_for(closing, WAIT_S)
         done = [e.data["speech_id"] for e in h.of_type("speech.done")]
         assert res.speech_id in done, "an accepted input's speech must end, also when a close follows"
         assert h.store.speeches[h.sid][res.speech_id].state == SpeechState.DONE
@@ -227,7 +228,7 @@ async def test_a_close_whose_caller_is_cancelled_still_closes():
         await asyncio.sleep(0.05)  # a few words heard
         h.store.hold_items = True  # the close's write of what was heard stalls
         closing = asyncio.create_task(h.session.aclose())
-        await asyncio.wait_for(h.store.holding.wait(), 1.0)
+        await asyncio.wait_for(h.store.holding.wait(), WAIT_S)
         closing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await closing
@@ -242,13 +243,13 @@ async def test_suspend_racing_an_input_leaves_it_queued_for_recovery():
         await h.session.say(LONG, allow_interruptions=False)
         h.store.hold_items = True
         caller = asyncio.create_task(h.session.input("just before the deploy", interrupt=False))
-        await asyncio.wait_for(h.store.holding.wait(), 1.0)
+        await asyncio.wait_for(h.store.holding.wait(), WAIT_S)
         suspending = asyncio.create_task(h.session.suspend())
         await asyncio.sleep(0.01)
         h.store.hold_items = False
         h.store.release.set()
         res = await caller
-        await asyncio.wait_for(suspending, 2.0)
+        await asyncio.wait_for(suspending, WAIT_S)
         stored = h.store.speeches[h.sid][res.speech_id]
         assert stored.state == SpeechState.SCHEDULED and not stored.interrupted
         h.session.state = "closed"  # stopped; nothing left for the harness to close
@@ -262,7 +263,7 @@ async def test_a_speculative_reply_is_not_used_when_a_speech_before_it_changed_t
         await h.session.input("what time is it", final=False)
         # the final input cannot interrupt the say: the reply waits behind it, and the say's message lands first
         res = await h.session.input("what time is it")
-        await h.wait_for("speech.done", lambda e: e.data["speech_id"] == res.speech_id, timeout=5.0)
+        await h.wait_for("speech.done", lambda e: e.data["speech_id"] == res.speech_id, timeout=WAIT_S)
         started = [e.data for e in h.of_type("generation.started") if e.data["speech_id"] == res.speech_id]
         assert started == [{"speech_id": res.speech_id, "step": 0, "preemptive": False}]
         assert [r.preemptive for r in h.llm.requests] == [True, False]

@@ -15,6 +15,7 @@ from switchboard.runtime import call_ends as call_ends_module
 from switchboard.runtime.chat import AgentHandoff, FunctionCallOutput
 from switchboard.runtime.memory import MemoryStore
 from switchboard.runtime.ports import Commit
+from tests.waiting import WAIT_S
 
 from .harness import Harness
 
@@ -65,7 +66,7 @@ def stored_outputs(h: Harness, call_id: str) -> list[str]:
     return [it.output for it in h.chat() if isinstance(it, FunctionCallOutput) and it.call_id == call_id]
 
 
-async def ended(h: Harness, call_id: str, timeout: float = 3.0) -> None:
+async def ended(h: Harness, call_id: str, timeout: float = WAIT_S) -> None:
     """Wait until the call has started and ended (in memory)."""
     async with asyncio.timeout(timeout):
         while (info := h.session.tool_call(call_id)) is None or not info.ended:
@@ -176,7 +177,7 @@ async def test_I5_tool_end_the_store_always_refuses_ends_with_a_note_instead_of_
         async with h:
             await h.session.input("look it up")
             await ended(h, "c1", timeout=5.0)
-            await h.idle(timeout=5.0)
+            await h.idle(timeout=WAIT_S)
             info = h.session.tool_call("c1")
             stored = h.store.tool_calls[h.sid]["c1"]
             assert info.status == stored.status == "completed"
@@ -195,7 +196,7 @@ async def test_I5_tool_end_no_write_can_store_still_ends_in_memory_and_close_ret
     store = picky(h)
     store.refuse = lambda c: any(info.call_id == "c1" and info.ended for info in c.tool_calls)
     with caplog.at_level(logging.ERROR, logger="switchboard.runtime.tools"):
-        async with asyncio.timeout(5.0):
+        async with asyncio.timeout(WAIT_S):
             async with h:
                 await h.session.input("look it up")
                 await ended(h, "c1", timeout=5.0)
@@ -221,7 +222,7 @@ async def test_I5_tool_end_the_store_refused_for_a_while_is_written_again_while_
     async with h:
         await h.session.input("look it up")
         await ended(h, "c1", timeout=5.0)
-        event = await h.wait_for("tool.ended", timeout=5.0)
+        event = await h.wait_for("tool.ended", timeout=WAIT_S)
         stored = h.store.tool_calls[h.sid]["c1"]
         assert stored.status == "completed" and event.data["output"] == stored.output
         assert stored_outputs(h, "c1") == live_outputs(h, "c1") == [stored.output]
@@ -240,7 +241,7 @@ async def test_I5_tool_end_the_store_refused_until_the_close_is_written_by_the_c
     async with h:
         await h.session.input("look it up")
         await ended(h, "c1", timeout=5.0)
-        await h.idle(timeout=5.0)
+        await h.idle(timeout=WAIT_S)
         closing = True
     assert h.store.sessions[h.sid].state == "closed"
     assert h.store.tool_calls[h.sid]["c1"].status == "completed"
@@ -273,7 +274,7 @@ async def test_I5_tool_cancelled_during_its_first_update_commit_has_one_output()
     async with h:
         await h.session.input("search")
         await store.writing.wait()
-        info = await asyncio.wait_for(h.session.cancel_tool("s1"), 3.0)
+        info = await asyncio.wait_for(h.session.cancel_tool("s1"), WAIT_S)
         assert info.status == "cancelled"
         await h.idle()
         assert len(live_outputs(h, "s1")) == len(stored_outputs(h, "s1")) == 1
@@ -365,7 +366,7 @@ async def test_close_is_bounded_when_a_tool_swallows_cancellation(caplog):
             await h.__aenter__()
             await h.session.input("book")
             await h.wait_for("tool.started")
-            async with asyncio.timeout(3.0):
+            async with asyncio.timeout(3.0):  # bound: the 0.2 s it is given, not the default 30 s
                 await h.session.aclose()
             stored = h.store.tool_calls[h.sid]["b1"]
             assert stored.status == "interrupted"
@@ -405,7 +406,7 @@ async def test_suspend_is_bounded_when_a_tool_swallows_cancellation(swallowing_t
         await h.__aenter__()
         await h.session.input("go")
         await h.wait_for("tool.started")
-        async with asyncio.timeout(3.0):
+        async with asyncio.timeout(3.0):  # bound: the 0.2 s grace it is given, not the default 10 s
             await h.session.suspend()
         assert h.store.tool_calls[h.sid]["x1"].status == "running", "recovered on the next start"
     finally:
@@ -417,10 +418,10 @@ async def test_rest_cancel_returns_when_the_store_refuses_the_calls_end():
     h = Harness(Desk(), turns)
     store = picky(h)
     store.refuse = lambda c: any(info.call_id == "s1" and info.ended for info in c.tool_calls)
-    async with asyncio.timeout(6.0):
+    async with asyncio.timeout(WAIT_S):
         async with h:
             await h.session.input("search")
             await h.wait_for("tool.progress")
-            info = await asyncio.wait_for(h.session.cancel_tool("s1"), 4.0)
+            info = await asyncio.wait_for(h.session.cancel_tool("s1"), WAIT_S)
             assert info.status == "cancelled"
             assert h.session.tool_call("s1").status == "cancelled"

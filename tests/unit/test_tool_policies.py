@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from switchboard import Agent, RunContext, function_tool
 from switchboard.runtime.executor import AlreadyEnded, NotCancellable, ToolCallNotFound
 from switchboard.runtime.tools import CONFIRM_FIELD, ToolPolicy
+from tests.waiting import WAIT_S
 
 from .harness import Harness
 
@@ -72,7 +73,7 @@ async def run_calls(calls: list[dict[str, Any]], n_started: int) -> AsyncIterato
     async with Harness(agent, [{"text": "Working.", "tool_calls": calls}, {"text": "All done."}]) as h:
         try:
             await h.session.input("go")
-            async with asyncio.timeout(1.0):
+            async with asyncio.timeout(WAIT_S):
                 while len(h.of_type("tool.started")) < len(calls) or len(agent.started) < n_started:
                     await asyncio.sleep(0.002)
             await asyncio.sleep(0.02)
@@ -273,7 +274,7 @@ async def test_I4_cancel_non_cooperative_is_forced_after_grace():
     agent = Cancellable()
     async with Harness(agent, [{"tool_calls": [{"name": "stubborn", "id": "c1"}]}], tool_cancel_grace_s=0.05) as h:
         call_id = await _start_one(h, "stubborn")
-        async with asyncio.timeout(1.0):
+        async with asyncio.timeout(WAIT_S):
             info = await h.session.cancel_tool(call_id)
         assert agent.log == ["forced"]
         assert info.status == "cancelled" and info.is_error
@@ -375,7 +376,7 @@ async def test_I5_cancel_before_the_tool_body_started_ends_the_call_once():
         await h.wait_for("generation.started")
         await asyncio.sleep(0.01)
         h.store.fail_next = 1
-        async with asyncio.timeout(1.0):
+        async with asyncio.timeout(WAIT_S):
             while h.session.executor.get("c1") is None:
                 await asyncio.sleep(0)
             assert "tool.started" not in h.types()

@@ -7,6 +7,7 @@ import httpx
 
 from switchboard import Agent
 from switchboard.integrations.webhooks import WebhookEndpoint, Webhooks, WebhookTool
+from tests.waiting import WAIT_S
 
 from .harness import Harness
 
@@ -45,7 +46,7 @@ async def test_an_os_error_let_through_by_the_http_stack_is_a_failed_attempt_tha
     try:
         async with Harness(agent_with(webhooks, 5.0), TURNS) as h:
             await h.session.input("where is my order")
-            ended = await h.wait_for("tool.ended", timeout=5.0)
+            ended = await h.wait_for("tool.ended", timeout=WAIT_S)
             assert ended.data["status"] == "completed", ended.data
             assert ended.data["output"] == "shipped"
             assert attempts == 3
@@ -63,7 +64,7 @@ async def test_a_backend_whose_every_attempt_fails_that_way_fails_the_call_with_
     try:
         async with Harness(agent_with(webhooks, 0.5), TURNS) as h:
             await h.session.input("where is my order")
-            ended = await h.wait_for("tool.ended", timeout=5.0)
+            ended = await h.wait_for("tool.ended", timeout=WAIT_S)
             assert ended.data["status"] == "failed", ended.data
             assert ended.data["output"].startswith(
                 "lookup failed: its backend could not be reached within 0.5 s (ConnectionResetError"

@@ -640,7 +640,7 @@ class ClusterWorld:
                 break
             for t in pending:
                 t.cancel()
-            await asyncio.wait(pending, timeout=1.0)
+            await asyncio.wait(pending, timeout=1.0)  # bound: then the tasks still running are cancelled again
 
 
 def _timed_out(output: str | None) -> bool:
