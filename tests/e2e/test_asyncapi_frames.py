@@ -169,6 +169,8 @@ async def _before_restart(server: Server, streams: list[Stream]) -> tuple[str, s
         await session.wait_for("speech.done", lambda d: d["speech_id"] == search["speech_id"])
         await everything.wait_for("speech.done", lambda d: d["speech_id"] == search["speech_id"])
 
+        await _operators(server, client, streams, everything)
+
         # a tool that ignores its cancellation: listed `cancelling` until it settles (never, here: the crash ends it)
         deaf = {"provider": "scripted", "turns": [{"text": "Working.", "tool_calls": [{"name": "deaf"}]}]}
         stub = (await _post(client, "/v1/sessions", {"agent": "stubborn", "llm": deaf}))["id"]
@@ -180,6 +182,34 @@ async def _before_restart(server: Server, streams: list[Stream]) -> tuple[str, s
         await stubborn.wait_for("tool.cancelling")
         await everything.wait_for("tool.cancelling")
     return sid, retired
+
+
+async def _operators(server: Server, client: httpx.AsyncClient, streams: list[Stream], everything: Stream) -> None:
+    """An operator's commands on a session of their own: a coaching note cancelled and one used, an input scheduled
+    for when the agent is idle, a takeover with the operator's words and the hand-back."""
+    sid = (await _post(client, "/v1/sessions", {"agent": "tester", "llm": {"provider": "scripted", "turns": []}}))["id"]
+    ops = await Stream.open(server, f"/v1/sessions/{sid}/events?since=0", "sessionEvents")
+    streams.append(ops)
+    note = await _post(client, f"/v1/sessions/{sid}/coach", {"note": "Be brief."})
+    await ops.wait_for("session.coached", lambda d: d["id"] == note["id"])
+    r = await client.delete(f"/v1/sessions/{sid}/scheduled/{note['id']}")
+    assert r.status_code == 200, r.text
+    await ops.wait_for("scheduled.cancelled", lambda d: d["id"] == note["id"])
+    await _post(client, f"/v1/sessions/{sid}/coach", {"note": "Say hello."})
+    later = await _post(client, f"/v1/sessions/{sid}/input", {"text": "later", "when": {"at": "idle"}})
+    scheduled_id = later["scheduled"]["id"]
+    await ops.wait_for("scheduled.created", lambda d: d["id"] == scheduled_id)
+    applied = await ops.wait_for("scheduled.applied", lambda d: d["id"] == scheduled_id)
+    await ops.wait_for("speech.done", lambda d: d["speech_id"] == applied["data"]["speech_id"])
+
+    await _post(client, f"/v1/sessions/{sid}/takeover", {})
+    await ops.wait_for("session.taken_over")
+    await _post(client, f"/v1/sessions/{sid}/takeover/say", {"text": "Hi, an operator here."})
+    await ops.wait_for("operator.spoke")
+    r = await client.delete(f"/v1/sessions/{sid}/takeover")
+    assert r.status_code == 200, r.text
+    await ops.wait_for("session.handed_back")
+    await everything.wait_for("session.handed_back")
 
 
 async def _after_restart(server: Server, sid: str, retired: str, since: int, cursor: int, streams: list[Stream]):
@@ -220,6 +250,7 @@ async def test_every_frame_of_a_full_scenario_matches_the_asyncapi_document(tmp_
         first.kill()  # a crash, with a tool running: recovery ends it
     for stream in streams:
         await stream.ended()
+    before = len(streams)  # after the restart: the session's, all sessions', the retired session's
     since = max(f["seq"] for f in streams[0].events())
     cursor = max(f["cursor"] for f in streams[1].events())
 
@@ -241,10 +272,11 @@ async def test_every_frame_of_a_full_scenario_matches_the_asyncapi_document(tmp_
     assert session_types == all_types == {*EVENT_TYPES, "pong"}, (set(EVENT_TYPES) - session_types, all_types)
     assert sum(len(s.frames) for s in streams) > 100
     # the main session's log, across the restart, is gap-free; the multi-session cursor only moves forward
-    # (streams: before the restart the session's, all sessions', the stubborn session's; after it the same two)
-    seqs = [f["seq"] for s in (streams[0], streams[3]) for f in s.events()]
+    # (streams: before the restart the session's, all sessions', the operators' and the stubborn session's; after it
+    # the first two again)
+    seqs = [f["seq"] for s in (streams[0], streams[before]) for f in s.events()]
     assert seqs == list(range(1, len(seqs) + 1))
-    cursors = [f["cursor"] for s in (streams[1], streams[4]) for f in s.events()]
+    cursors = [f["cursor"] for s in (streams[1], streams[before + 1]) for f in s.events()]
     assert cursors == sorted(set(cursors))
 
     # the checker really checks: real frames, each broken one way, are all rejected
