@@ -17,7 +17,9 @@ __all__ = ["srv"]  # the same kind of server as the other CLI tests (module-scop
 
 pytestmark = pytest.mark.e2e
 
-LONG = " ".join(f"word{i}" for i in range(400))
+# a speech that outlasts the commands a test sends while it plays, however loaded the machine (60 s at the test
+# server's 50 words a second); a test that needs it over interrupts it
+LONG = " ".join(f"word{i}" for i in range(3000))
 
 
 def _speaking(srv: Server, sid: str) -> bool:
@@ -46,6 +48,7 @@ def test_inject_when_idle_coach_list_and_unschedule(srv: Server) -> None:
     assert bad.returncode == 2 and "after-tool:CALL_ID" in bad.stderr
     unknown = run(srv, "say", "cli-when", "x", "--when", "after-tool:call_nope")
     assert unknown.returncode == 1 and "no tool call" in unknown.stderr
+    assert run(srv, "interrupt", "cli-when").returncode == 0  # the agent is idle: the input applies
 
     def answered() -> bool:
         events = server_events(srv, "cli-when", key=KEY)
