@@ -30,7 +30,9 @@ KEYS = [
     {"key": BOB, "name": "bob", "scopes": CONTROL},
     {"key": READER, "name": "reader", "scopes": ["sessions:read", "sessions:write"]},
 ]
-LONG = " ".join(f"word{i}" for i in range(80))
+# a speech that outlasts the requests sent before the takeover, however loaded the machine (60 s at 100 words a
+# second): the takeover is what ends it
+LONG = " ".join(f"word{i}" for i in range(6000))
 
 
 def as_(key: str) -> dict[str, str]:

@@ -37,7 +37,9 @@ async def test_a_drain_hands_over_what_is_scheduled_and_it_applies_once(
     a, b = (cluster_node(tmp_path, database_url, f"node-{x}", redis.url, **env) for x in "ab")
     await start_all([a, b])
     try:
-        slow = {"text": "Thinking done.", "ttft_ms": 4000}  # the reply is still thinking at the drain
+        # the reply is still thinking at the drain, however loaded the machine (a minute, longer than the requests
+        # before the drain could take): the drain is what ends it
+        slow = {"text": "Thinking done.", "ttft_ms": 60_000}
         # node-b generates the owed reply anew (the script goes on where it was: the fallback), with the note
         llm = {"provider": "scripted", "turns": [slow], "fallback": {"text": "Noted: {{coach}}"}}
         async with httpx.AsyncClient(timeout=WAIT_S) as http:

@@ -22,7 +22,9 @@ SCOPES = ["sessions:read", "sessions:write", "sessions:control", "events:read"]
 KEYS = json.dumps(
     [{"key": KEY, "name": "day-desk", "scopes": SCOPES}, {"key": OTHER, "name": "night-desk", "scopes": SCOPES}]
 )
-LONG = " ".join(f"word{i}" for i in range(80))
+# a speech that outlasts what the operator does before taking over, however loaded the machine (60 s at 10 words a
+# second): the takeover is what ends it
+LONG = " ".join(f"word{i}" for i in range(600))
 
 
 @pytest.fixture(autouse=True)

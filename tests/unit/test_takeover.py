@@ -27,7 +27,11 @@ from tests.waiting import WAIT_S
 
 from .harness import WPS, Harness
 
-LONG = " ".join(f"word{i}" for i in range(60))
+# a speech that outlasts whatever a test does while it plays, however loaded the machine (60 s at the harness's
+# 100 words a second, real time): the takeover is what ends it
+LONG = " ".join(f"word{i}" for i in range(6000))
+# a speech a test lets end by itself (under a second)
+STORY = " ".join(f"word{i}" for i in range(60))
 
 
 class Desk(Agent):
@@ -72,7 +76,7 @@ async def test_takeover_during_speech_holds_input_and_speaks_the_operators_words
         taken = h.of_type("session.taken_over")[0]
         assert taken.data["operator"] == "alice" and "interrupted_speech_id" in taken.data
         heard = [it for it in h.chat() if isinstance(it, ChatMessage) and it.role == "assistant"]
-        assert len(heard) == 1 and heard[0].interrupted and len(heard[0].text.split()) < 60
+        assert len(heard) == 1 and heard[0].interrupted and len(heard[0].text.split()) < len(LONG.split())
 
         asked = requests(h)
         result = await h.session.input("is anyone there?")
@@ -382,7 +386,7 @@ async def test_an_operator_speech_cut_by_a_move_is_said_again_whole_where_the_se
     h = Harness(Desk(), shutdown_tool_grace_s=0.05)
     await h.session.start()
     await h.session.take_over("alice")
-    speech = await h.session.operator_say("alice", LONG)
+    speech = await h.session.operator_say("alice", STORY)
     await h.wait_for("speech.started", lambda e: e.data["speech_id"] == speech.id)
     await asyncio.sleep(0.05)
     await h.session.suspend()
@@ -398,7 +402,7 @@ async def test_an_operator_speech_cut_by_a_move_is_said_again_whole_where_the_se
     try:
         await nxt.idle()
         said = [it for it in nxt.chat() if isinstance(it, ChatMessage) and it.role == "assistant"]
-        assert [m.text for m in said] == [LONG]  # once, whole: nothing of the cut first attempt
+        assert [m.text for m in said] == [STORY]  # once, whole: nothing of the cut first attempt
         spoke = nxt.of_type("operator.spoke")
         assert [e.data["speech_id"] for e in spoke] == [speech.id] and spoke[0].data["operator"] == "alice"
         assert requests(nxt) == 0
@@ -476,7 +480,7 @@ class RefusesTakeovers(MemoryStore):
 
 
 async def test_a_takeover_the_store_rejects_leaves_the_session_to_its_agent():
-    h = Harness(Desk(), [{"text": LONG}, {"text": "Still here."}])
+    h = Harness(Desk(), [{"text": STORY}, {"text": "Still here."}])
     h.store = RefusesTakeovers()
     h.session.writes.store = h.store
     async with h:
