@@ -30,6 +30,26 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
                 t.exception()
 
 
+async def run_to_end(aw: Awaitable[T]) -> T:
+    """Await ``aw`` in a task that the caller's cancellation does not cut short.
+
+    A cancelled caller still waits for the task to end (further cancellations meanwhile are absorbed), then raises
+    CancelledError; what the task raised or returned is dropped. For work that must not stop halfway (a database
+    transaction: a driver cut off mid-statement may keep its locks).
+    """
+    task = asyncio.ensure_future(aw)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([task])
+        if not task.cancelled():
+            with contextlib.suppress(BaseException):
+                task.exception()
+        raise
+
+
 def resolve(fut: asyncio.Future[T], value: T) -> None:
     if not fut.done():
         fut.set_result(value)

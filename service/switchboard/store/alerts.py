@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..runtime.status import ENDED_STATUSES
 from . import models as m
-from .engine import IMMEDIATE
+from .engine import IMMEDIATE, whole
 
 OPENED = "opened"
 CLEARED = "cleared"
@@ -83,7 +83,7 @@ def _from_row(row: Any) -> AlertRecord:
 
 
 class Alerts:
-    """Each method is its own transaction."""
+    """Each method is its own transaction; a write runs to its end even when its caller is cancelled (``whole``)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -94,6 +94,7 @@ class Alerts:
             conn = await conn.execution_options(**{IMMEDIATE: True})
         return conn
 
+    @whole
     async def open(self, alert: AlertRecord) -> bool:
         """Insert ``alert``; False when the session already has an open alert for its reason (another node's, or
         this node's before a restart) or no longer exists."""
@@ -111,6 +112,7 @@ class Alerts:
             await conn.close()
         return True
 
+    @whole
     async def clear(
         self, alert_id: str, *, node: str, at: datetime, deliveries: dict[str, Delivery]
     ) -> AlertRecord | None:
@@ -134,6 +136,7 @@ class Alerts:
             await conn.close()
         return found
 
+    @whole
     async def record(self, alert_id: str, kind: str, deliveries: dict[str, Delivery]) -> None:
         """Store the deliveries of one transition of an alert (the other's are left as they are)."""
         a = m.alerts
@@ -193,6 +196,7 @@ class Alerts:
         async with self.engine.connect() as conn:
             return [_from_row(row) for row in await conn.execute(stmt)]
 
+    @whole
     async def take_over(self, alert_id: str, kind: str, *, gone: str | None, node: str) -> bool:
         """Make ``node`` owe the deliveries of ``kind`` that ``gone`` owed; False when another node took them first."""
         a = m.alerts

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from ..runtime.aio import run_to_end
 from .faults import watch_connections
 from .text import decode_json_text, encode_json_text
 
@@ -30,6 +33,27 @@ _BUSY_TIMEOUT = "switchboard_sqlite_busy_timeout_ms"
 # Where an engine keeps the arguments ``make_engine`` built it with, for an engine of its own on the same database
 # (``sibling_engine``).
 _MADE_WITH = "switchboard_engine_args"
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def whole(transaction: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """A store method whose transaction a cancelled caller does not cut in half: it runs to its commit or rollback,
+    and the caller, once it has, sees its CancelledError.
+
+    Cut off mid-statement, SQLAlchemy throws the connection away without rolling back; on SQLite a statement with
+    rows still to read (a SELECT, a RETURNING) is then held by the traceback of the cancellation, and the connection,
+    closed but with a statement left, keeps its transaction and the write lock for as long as that traceback lives
+    (a cancelled task keeps it): every other writer waits out its busy timeout and fails.
+    """
+
+    @functools.wraps(transaction)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return await run_to_end(transaction(*args, **kwargs))
+
+    return run
 
 
 class CorruptJSON:

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..runtime.ports import Completion
 from . import models as m
+from .engine import whole
 from .ownership import NodeState
 from .records import Claim, Holder, IdempotencyRecord, IdempotencyState, ReceiptRefused
 from .rows import idempotency_row
@@ -141,6 +142,7 @@ class IdempotencyKeys:
         self.engine = engine
         self._read = read
 
+    @whole
     async def reserve(self, key: str, scope: str, request_hash: str, holder: Holder) -> Claim:
         """Reserve ``(key, scope)`` for ``holder``: held when no row existed, or when the row is a reservation of a
         dead holder (or of ``holder`` itself: the caller knows no request of its own still runs it) that this call
@@ -197,12 +199,14 @@ class IdempotencyKeys:
             row = (await conn.execute(query, {"k_key": key, "k_scope": scope})).mappings().first()
         return None if row is None else self._read(row)
 
+    @whole
     async def complete(self, done: Completion) -> bool:
         """Complete a reservation in a transaction of its own (an answer with no durable effect to ride on); False
         when ``done``'s holder no longer holds it."""
         async with self.engine.begin() as conn:
             return await complete_async(conn, done)
 
+    @whole
     async def release(self, key: str, scope: str, holder: Holder) -> bool:
         """Delete ``holder``'s reservation of ``(key, scope)`` (its command had no effect: a retry runs it again);
         False when it holds none (it was completed, or taken over)."""
@@ -210,12 +214,14 @@ class IdempotencyKeys:
         async with self.engine.begin() as conn:
             return bool((await conn.execute(_RELEASE, params)).rowcount)
 
+    @whole
     async def put(self, rec: IdempotencyRecord) -> bool:
         """Insert ``rec`` as it is; False (and nothing written) if ``(key, scope)`` is already taken."""
         async with self.engine.begin() as conn:
             inserted = (await conn.execute(_insert_once(conn), [idempotency_row(rec)])).first()
         return inserted is not None
 
+    @whole
     async def purge(self, older_than: datetime) -> int:
         """Forget the records created before ``older_than``, and the reservations of dead holders made before it
         (a live holder's command may still be running); returns how many."""

@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..runtime.status import LIVE_STATUSES
 from . import models as m
-from .engine import IMMEDIATE
+from .engine import IMMEDIATE, whole
 from .records import SessionFenced
 
 logger = logging.getLogger("switchboard.store.ownership")
@@ -278,6 +278,7 @@ class Nodes:
         nodes = [_node_from_row(row, owned.get(row.id, 0)) for row in rows]
         return sorted(nodes, key=lambda node: (node.state != NodeState.LIVE, node.id))
 
+    @whole
     async def register(
         self, me: NodeRecord, *, gone: Iterable[str] = (), conflicts: Callable[[NodeRecord], bool]
     ) -> list[NodeRecord]:
@@ -400,6 +401,7 @@ class Nodes:
         async with self.engine.connect() as conn:
             return {sid: int(epoch) for sid, epoch in await conn.execute(stmt)}
 
+    @whole
     async def claim_orphans(self, node_id: str, *, share: bool = False) -> dict[str, int]:
         """Take over live sessions no live node owns (never claimed, or owned by a node that stopped or whose lease
         passed): each one's epoch is incremented and this node named its owner, in one transaction. With ``share``

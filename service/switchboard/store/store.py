@@ -34,7 +34,7 @@ from ..runtime.status import ENDED_STATUSES, LIVE_STATUSES, SessionStatus
 from ..runtime.tools import RUNNING_STATUSES, ToolCallInfo, ToolCallKey, ToolStatus
 from . import models as m
 from .alerts import Alerts
-from .engine import DATABASE_TIMEOUT_S, make_engine
+from .engine import DATABASE_TIMEOUT_S, make_engine, whole
 from .idempotency import IdempotencyKeys, complete_async
 from .migrate import upgrade_engine
 from .ownership import Fence, Nodes
@@ -212,6 +212,7 @@ class Store:
                 raise SessionExists(rec.id) from err
             raise
 
+    @whole
     async def _create_alone(
         self, rec: SessionRecord, receipt: Completion | None, quota: tuple[str, int] | None
     ) -> None:
@@ -492,6 +493,7 @@ class Store:
         """Forget records (and dead holders' reservations) created before ``older_than``; returns how many."""
         return await self.idempotency.purge(older_than)
 
+    @whole
     async def purge_ended_sessions(self, ended_before: datetime, *, limit: int = 500) -> list[str]:
         """Delete sessions that ended (closed, failed) before ``ended_before``, with their chat, tool calls, speeches
         and events: at most ``limit`` sessions, in one transaction. Returns their ids. An ended session is written
