@@ -25,7 +25,7 @@ from ..runtime.recovery import end_orphaned_calls, recover, report_missing
 from ..runtime.session import AgentSession
 from ..runtime.status import SessionStatus
 from ..runtime.tools import FunctionTool
-from ..store import QuotaFull, SessionData, SessionExists, SessionRecord, Store
+from ..store import QuotaFull, SessionData, SessionExists, SessionRecord, Store, is_transient
 from .alerts import AlertEngine
 from .attention import ATTENTION_EVENTS, KEEP_FAILED, AttentionReason, AttentionTracker, Thresholds
 from .catalog import AgentCatalog, ModelSummary, summarize_model
@@ -612,8 +612,11 @@ class SessionHost:
                 continue
             try:
                 await self.recover_all(claim=claim)
-            except Exception:
-                logger.exception("adopting orphaned sessions failed; will retry")
+            except Exception as err:
+                if is_transient(err):  # a database outage: said once per round, without a traceback
+                    logger.warning("adopting orphaned sessions: the database is unavailable (%r); will retry", err)
+                else:
+                    logger.exception("adopting orphaned sessions failed; will retry")
 
     async def hand_off_all(self) -> list[str]:
         """Drain (cluster mode, on SIGTERM): suspend each session (what was heard committed, tools given their grace,
