@@ -189,7 +189,27 @@ def _takeover(view: SessionView) -> TakeoverRead | None:
     return TakeoverRead(operator=hold.operator, since=hold.since, displaced=hold.displaced, last_seen_at=seen)
 
 
-def session_read(view: SessionView, host: SessionHost) -> SessionRead:
+# what a session live in the database but served nowhere at this instant reads as: one this node claimed and is
+# recovering is being started (as it is once in memory, ``initializing``); one being handed over, or whose owner is
+# gone, is suspended until a node takes it up. Never ``active``: that read promises that a command is applied now
+_NOT_SERVED_STATE = {
+    Retry.RECOVERING: SessionStatus.INITIALIZING,
+    Retry.MOVING: SessionStatus.SUSPENDED,
+    Retry.MOVED: SessionStatus.SUSPENDED,
+}
+
+
+async def session_read_now(view: SessionView, host: SessionHost) -> SessionRead:
+    """``session_read`` for one session, told as a command would find it now: a session live in the database that
+    no node serves at this instant (moving, being recovered) does not read ``active`` (the database's word), but as
+    ``_NOT_SERVED_STATE`` says, so a client that waits for ``active`` before it sends a command gets no 503."""
+    if view.live is not None or not SessionStatus(view.record.state).live:
+        return session_read(view, host)
+    where = await locate(host, view.id, view.record)
+    return session_read(view, host, not_served=where.retry if isinstance(where, Unavailable) else None)
+
+
+def session_read(view: SessionView, host: SessionHost, not_served: Retry | None = None) -> SessionRead:
     rec, live = view.record, view.live
     common = {
         "created_at": rec.created_at,
@@ -210,11 +230,12 @@ def session_read(view: SessionView, host: SessionHost) -> SessionRead:
             owner_node=rec.owner_node,
             **common,
         )
+    recovering = not_served == Retry.RECOVERING
     return SessionRead(
         id=rec.id,
         agent=rec.agent,
-        state=rec.state,
-        agent_state="listening",
+        state=_NOT_SERVED_STATE[not_served] if not_served is not None else rec.state,
+        agent_state="initializing" if recovering else "listening",
         current_speech_id=None,
         owner_node=rec.owner_node if SessionStatus(rec.state).live else None,
         **common,

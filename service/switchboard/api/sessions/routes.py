@@ -159,8 +159,10 @@ async def list_sessions(
 )
 async def get_session(session: KnownSession, services: ServicesDep, request: Request) -> SessionRead | Response:
     """Read one session. In cluster mode a node that does not run it asks the node that does (its agent state and
-    current speech are only there), or answers from the database when that node does not answer."""
-    return deps.session_read(session, services.host)
+    current speech are only there), or answers from the database when that node does not answer. A session that no
+    node serves at this instant (it is moving, or being recovered) reads `suspended` or `initializing`, not `active`,
+    until a command sent to it would be applied."""
+    return await deps.session_read_now(session, services.host)
 
 
 @router.delete(
