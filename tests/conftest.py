@@ -11,7 +11,7 @@ import pytest
 from switchboard.runtime.speech import SpeechHandle
 from tests.waiting import until
 
-pytest_plugins = ("pytester", "tests.lost_tasks")
+pytest_plugins = ("pytester", "tests.lost_tasks", "tests.cpu_report")
 
 
 @pytest.fixture(autouse=True)
