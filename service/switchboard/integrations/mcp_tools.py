@@ -30,25 +30,24 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import httpx2
 import jsonschema
-import mcp_types
 import referencing
 import referencing.exceptions
 import referencing.jsonschema
-from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from .. import __version__
 from ..runtime.companions import COMPANION_TOOLS
 from ..runtime.tools import CONFIRM_FIELD, FunctionTool, RunContext, ToolCancelled, ToolError, ToolPolicy
+
+if TYPE_CHECKING:  # the SDK is imported when an MCP server is first spoken to, not with the agents file
+    import mcp_types
+    from mcp.client.session import ClientSession
 
 logger = logging.getLogger("switchboard.integrations.mcp")
 
@@ -224,6 +223,8 @@ class MCPServer:
         self._listed_at, self._failed_at = time.monotonic(), None
 
     async def _list(self) -> list[mcp_types.Tool]:
+        import mcp_types
+
         async def list_all(session: ClientSession) -> list[mcp_types.Tool]:
             found: list[mcp_types.Tool] = []
             cursor: str | None = None
@@ -263,6 +264,10 @@ class MCPServer:
         that times out is cancelled at the server, ``notifications/cancelled``), the whole exchange at most
         ``total_s`` (by default ``CLOSE_GRACE_S`` more), and at most ``max_answer_bytes`` are read. A failure raises
         ``ToolError`` (``what`` says what failed); ``ToolCancelled`` from ``work`` goes through."""
+        import mcp_types
+        from mcp.client.session import ClientSession
+        from mcp.shared.exceptions import MCPError
+
         budget = _ByteBudget(self.max_answer_bytes)
         total_s = timeout_s + CLOSE_GRACE_S if total_s is None else total_s
         with anyio.CancelScope(deadline=anyio.current_time() + total_s) as scope:
@@ -305,6 +310,8 @@ class MCPServerHTTP(MCPServer):
 
     @asynccontextmanager
     async def connect(self, budget: _ByteBudget, timeout_s: float) -> AsyncIterator[Any]:
+        from mcp.client.streamable_http import streamable_http_client
+
         client = httpx2.AsyncClient(
             headers={"user-agent": f"switchboard/{__version__}", **self.headers},
             # the request's own timeout (which cancels it at the server) comes first; these bound the rest
@@ -342,6 +349,8 @@ class MCPServerStdio(MCPServer):
         return f"<MCPServerStdio {self.command[0]}>"
 
     def connect(self, budget: _ByteBudget, timeout_s: float) -> AbstractAsyncContextManager[Any]:
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+
         params = StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env, cwd=self.cwd)
         return stdio_client(params)
 
@@ -447,6 +456,8 @@ class MCPTool(FunctionTool):
             if limit.allows(time.monotonic()):  # each update is a chat pair and an event: a server cannot flood them
                 await ctx.update(*_progress(progress, total, message))
 
+        import mcp_types
+
         async def call(session: ClientSession) -> mcp_types.CallToolResult:
             # only the request waits on the cancellation: cancelled, it tells the server (``notifications/cancelled``)
             # while the connection is still open to carry it
@@ -519,6 +530,8 @@ def _progress(done: float, total: float | None, message: str | None) -> tuple[st
 def render_result(result: mcp_types.CallToolResult) -> str:
     """A tool result as the output's text: its text blocks, in order; other blocks named; the structured content as
     JSON when there is no text."""
+    import mcp_types
+
     parts: list[str] = []
     for block in result.content:
         if isinstance(block, mcp_types.TextContent):

@@ -8,93 +8,86 @@ differently, for MCP. A REST answer that is not a success becomes a tool error n
 an exhausted budget with its ``Retry-After``, a session that is not active).
 
 The endpoint itself refuses a request without a valid credential (401, as REST does) before the protocol is read.
+The protocol (``protocol.py``, the official SDK) is imported and started by the first request that reaches it: the SDK
+was a fifth of every server's start, the time a restarted node takes to serve again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-from mcp.server import Server, ServerRequestContext
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.shared.exceptions import MCPError
-from mcp_types import (
-    INVALID_PARAMS,
-    CallToolRequestParams,
-    CallToolResult,
-    ListToolsResult,
-    PaginatedRequestParams,
-    TextContent,
-    Tool,
-)
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ... import __version__
 from ...runtime.aio import cancel_and_wait
-from ..audit import IDEMPOTENCY_HEADER
 from ..auth import ANONYMOUS, AuthError, authenticate, bearer
 from ..deps import services
 from ..problems import problem_response
 from ..rate_limit import RateLimiter
-from .tools import BY_NAME, TOOLS, McpTool, RestCall, input_schema
+
+if TYPE_CHECKING:
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 PATH = "/mcp"
-INSTRUCTIONS = (
-    "Switchboard hosts live agent sessions. List sessions (or those needing attention), read a session's transcript, "
-    "inject user input, make the agent say something, interrupt it, and list or cancel its tool calls. Each tool is "
-    "one REST operation of the server, with the same scopes and budgets."
-)
-PLAIN_DETAIL_MAX_CHARS = 500  # of an error answer that is not a problem document
-# what the tool's REST request carries from the MCP request (the caller, the host it reached)
-_PASSED_HEADERS = ("authorization", "host", "traceparent", "tracestate")
+
+logger = logging.getLogger("switchboard.api.mcp")
 
 
 class McpService:
-    """The MCP server of one application: its tools, and the Streamable HTTP endpoint (this ASGI application) that
-    serves them while ``run()`` is entered (the application's lifespan)."""
+    """The MCP server of one application: the Streamable HTTP endpoint (this ASGI application), open while ``run()``
+    is entered (the application's lifespan); the protocol behind it starts with the first request it serves."""
 
     def __init__(self, app: ASGIApp, *, max_text_chars: int) -> None:
         self.app = app  # where tool calls are sent, as REST requests
-        self.tools = [_tool(tool, max_text_chars) for tool in TOOLS]
-        self.server: Server[Any] = Server(
-            "switchboard",
-            version=__version__,
-            instructions=INSTRUCTIONS,
-            on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
-        )
-        self._manager: StreamableHTTPSessionManager | None = None
+        self.max_text_chars = max_text_chars
+        self._open = False
+        self._manager: asyncio.Future[StreamableHTTPSessionManager] | None = None  # the SDK's, once started
+        self._task: asyncio.Task[None] | None = None
 
     @asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
-        """Serve ``/mcp`` inside this block. The SDK's manager holds an anyio task group, which must be left by the
-        task that entered it: it runs in a task of its own, so the block may be entered and left by any task."""
-        manager = StreamableHTTPSessionManager(self.server, json_response=True, stateless=True)
-        ready = asyncio.get_running_loop().create_future()
-
-        async def serve() -> None:
-            async with manager.run():
-                self._manager = manager
-                ready.set_result(None)
-                try:
-                    await asyncio.Event().wait()  # until cancelled: the block below is left
-                finally:
-                    self._manager = None
-
-        task = asyncio.create_task(serve(), name="mcp-server")
+        """Serve ``/mcp`` inside this block; leaving it stops the protocol, if a request started it."""
+        self._open = True
         try:
-            await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
-                task.result()  # it failed to start: its error
             yield
         finally:
-            await cancel_and_wait(task)
+            self._open = False
+            task, self._task, self._manager = self._task, None, None
+            if task is not None:
+                await cancel_and_wait(task)
+
+    async def _started(self) -> StreamableHTTPSessionManager:
+        """The SDK's manager, started by the first caller. It holds an anyio task group, which must be left by the
+        task that entered it, so it runs in a task of its own; a caller that goes away meanwhile does not stop it."""
+        if self._manager is None:
+            if not self._open:  # pragma: no cover - the lifespan runs it before any request is served
+                raise RuntimeError("the MCP server is not running")
+            from .protocol import McpProtocol  # the SDK, on first use
+
+            protocol = McpProtocol(self.app, max_text_chars=self.max_text_chars)
+            ready: asyncio.Future[StreamableHTTPSessionManager] = asyncio.get_running_loop().create_future()
+
+            async def serve() -> None:
+                try:
+                    async with protocol.serving(ready):
+                        await asyncio.Event().wait()  # until cancelled: ``run()`` is left
+                except Exception:
+                    logger.exception("the MCP server stopped")  # its callers get a 500; the next one starts it again
+                finally:
+                    if self._manager is ready:  # it ended by itself: the next request starts it again
+                        self._task = self._manager = None
+                    if not ready.done():
+                        ready.set_exception(RuntimeError("the MCP server did not start"))
+                        ready.exception()  # retrieved: its waiters (if any are left) get it
+
+            self._manager = ready
+            self._task = asyncio.create_task(serve(), name="mcp-server")
+        return await asyncio.shield(self._manager)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``/mcp``: 401 without a valid credential (with auth on), else the protocol."""
@@ -105,8 +98,6 @@ class McpService:
             headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
             await problem_response(err.status, err.code, err.detail, headers=headers)(scope, receive, send)
             return
-        if self._manager is None:  # pragma: no cover - the lifespan runs it before any request is served
-            raise RuntimeError("the MCP server is not started")
         body = await request.body()  # small: the body limit applies; read once, given again to the protocol below
         if principal is not ANONYMOUS and _protocol_only(body):
             # a tool call spends its REST operation's budget; the protocol's own requests (initialize, tools/list,
@@ -117,73 +108,8 @@ class McpService:
                 headers = {"Retry-After": RateLimiter.retry_after(wait_s)}
                 await problem_response(429, "rate_limited", detail, headers=headers)(scope, receive, send)
                 return
-        await self._manager.handle_request(scope, _replay(body, receive), send)
-
-    async def _list_tools(
-        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
-    ) -> ListToolsResult:
-        return ListToolsResult(tools=self.tools)
-
-    async def _call_tool(self, ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult:
-        tool = BY_NAME.get(params.name)
-        if tool is None:
-            raise MCPError(INVALID_PARAMS, f"Unknown tool {params.name!r}; tools/list names them.")
-        try:
-            args = tool.args.model_validate(params.arguments or {})
-        except ValidationError as err:
-            return _error(f"Invalid arguments: {_first_error(err)}", None)
-        request = ctx.request
-        if not isinstance(request, Request):  # pragma: no cover - Streamable HTTP always gives the request
-            raise MCPError(INVALID_PARAMS, "This server answers tool calls over HTTP only.")
-        response = await self._rest(request, tool.request(args))
-        return _result(tool, response)
-
-    async def _rest(self, request: Request, call: RestCall) -> httpx.Response:
-        """Make ``call`` as the REST request of the MCP request ``request``'s caller, through the application."""
-        headers = {name: value for name in _PASSED_HEADERS if (value := request.headers.get(name)) is not None}
-        if call.idempotency_key is not None:
-            headers[IDEMPOTENCY_HEADER] = call.idempotency_key
-        peer = (request.client.host, request.client.port) if request.client else ("127.0.0.1", 0)
-        transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False, client=peer)
-        async with httpx.AsyncClient(transport=transport, base_url="http://switchboard") as client:
-            return await client.request(call.method, call.path, params=call.params, json=call.body, headers=headers)
-
-
-def _tool(tool: McpTool, max_text_chars: int) -> Tool:
-    return Tool(
-        name=tool.name,
-        title=tool.title,
-        description=f"{tool.description} (REST: {tool.operation}; scope {tool.scope})",
-        input_schema=input_schema(tool, max_text_chars),
-        annotations=tool.annotations.model_copy(update={"title": tool.title}),
-    )
-
-
-def _first_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "arguments"
-    return f"{where}: {first['msg']}"
-
-
-def _result(tool: McpTool, response: httpx.Response) -> CallToolResult:
-    try:
-        body: Any = response.json() if response.content else None
-    except ValueError:  # not JSON: every answer of the API is, but a proxy's or a server's last-resort one may not be
-        body = None
-    if response.is_success:
-        structured = body if isinstance(body, dict) else {"done": True}  # close_session: 204, no body
-        return CallToolResult(content=[TextContent(text=json.dumps(structured))], structured_content=structured)
-    if not isinstance(body, dict):
-        body = {"status": response.status_code, "detail": response.text[:PLAIN_DETAIL_MAX_CHARS]}
-    text = f"{tool.operation} answered {response.status_code} {body.get('code', '')}: {body.get('detail', '')}"
-    retry_after = response.headers.get("retry-after")
-    if retry_after is not None:
-        text += f" Retry after {retry_after} s."
-    return _error(text, body)
-
-
-def _error(text: str, problem: dict[str, Any] | None) -> CallToolResult:
-    return CallToolResult(content=[TextContent(text=text)], structured_content=problem, is_error=True)
+        manager = await self._started()
+        await manager.handle_request(scope, _replay(body, receive), send)
 
 
 __all__ = ["PATH", "McpService"]

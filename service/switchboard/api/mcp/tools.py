@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from mcp_types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..idempotency import MAX_KEY_LEN
@@ -131,6 +130,17 @@ class RestCall:
 
 
 @dataclass(frozen=True, slots=True)
+class Hints:
+    """What a tool does, as MCP's tool annotations say it to a client (the protocol's own type is built from it when
+    the MCP server first serves: this module is imported with the application, the SDK only when ``/mcp`` is used)."""
+
+    read_only: bool
+    destructive: bool | None = None
+    idempotent: bool | None = None
+    open_world: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class McpTool:
     name: str
     title: str
@@ -138,7 +148,7 @@ class McpTool:
     operation: str  # the REST operation's id in the OpenAPI document
     scope: str
     args: type[_Args]
-    annotations: ToolAnnotations
+    annotations: Hints
     request: Callable[[Any], RestCall]
     text_limited: bool = False  # its `text` is bounded by MAX_TEXT_CHARS
 
@@ -151,13 +161,11 @@ def _query(args: _Args, *names: str) -> dict[str, Any]:
     return {name: value for name in names if (value := getattr(args, name)) is not None}
 
 
-READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+READ = Hints(read_only=True)
 
 
-def _command(*, destructive: bool, idempotent: bool) -> ToolAnnotations:
-    return ToolAnnotations(
-        read_only_hint=False, destructive_hint=destructive, idempotent_hint=idempotent, open_world_hint=False
-    )
+def _command(*, destructive: bool, idempotent: bool) -> Hints:
+    return Hints(read_only=False, destructive=destructive, idempotent=idempotent)
 
 
 def _list_sessions(a: ListSessionsArgs) -> RestCall:
