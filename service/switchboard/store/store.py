@@ -32,6 +32,7 @@ from ..runtime.ports import ChatStore, Commit, Completion, EventSink
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import ENDED_STATUSES, LIVE_STATUSES, SessionStatus
 from ..runtime.tools import RUNNING_STATUSES, ToolCallInfo, ToolCallKey, ToolStatus
+from . import bulk
 from . import models as m
 from .alerts import Alerts
 from .engine import DATABASE_TIMEOUT_S, make_engine, whole
@@ -446,18 +447,12 @@ class Store:
         ``recent_types``, also each session's latest ``recent_limit`` events of those types (``SessionData.recent``:
         what its node needs to know of its recent past, e.g. why it needs an operator)."""
         out = {sid: SessionData() for sid in ids}
-        ci, tc, sp, ev = m.chat_items, m.tool_calls, m.speeches, m.events
+        sp, ev = m.speeches, m.events
         async with self.engine.connect() as conn:
             for start in range(0, len(ids), BULK_CHUNK):
                 chunk = list(ids[start : start + BULK_CHUNK])
-                stmt = sa.select(ci.c.session_id, ci.c.pos, ITEM_DATA).where(ci.c.session_id.in_(chunk))
-                rows = (await conn.execute(stmt.order_by(ci.c.session_id, ci.c.pos))).mappings().all()
-                for sid, session_rows in itertools.groupby(rows, key=lambda row: row["session_id"]):
-                    out[sid].items = self._items(list(session_rows))
-                stmt = sa.select(tc).where(tc.c.session_id.in_(chunk))
-                rows = (await conn.execute(stmt.order_by(tc.c.started_at, tc.c.call_id))).mappings().all()
-                for row, call in self._convert_pairs(rows, tool_call_from_row, "tool_calls"):
-                    out[row["session_id"]].tool_calls.append(call)
+                await self._bulk_items(conn, chunk, out)
+                await self._bulk_tool_calls(conn, chunk, out)
                 stmt = sa.select(sp).where(sp.c.session_id.in_(chunk))
                 rows = (await conn.execute(stmt.order_by(sp.c.created_at, sp.c.id))).mappings().all()
                 for row, speech in self._convert_pairs(rows, speech_from_row, "speeches"):
@@ -477,6 +472,37 @@ class Store:
                     for row, event in self._convert_pairs(rows, event_from_row, "events"):
                         out[row["session_id"]].recent.append(event)
         return out
+
+    async def _bulk_items(self, conn: AsyncConnection, chunk: list[str], out: dict[str, SessionData]) -> None:
+        """The chat items of ``chunk`` (``bulk``: read raw, validated per session in one call); a session whose rows
+        do not all read back is read again the ordinary way, which reports and skips each bad row."""
+        rows = (await conn.execute(bulk.items_of(chunk))).all()
+        for sid, session_rows in itertools.groupby(rows, key=_first_column):
+            texts = [text for _, text in session_rows]
+            try:
+                out[sid].items = order_items(bulk.items_from_stored(texts))
+            except bulk.FastReadFailed:
+                out[sid].items = await self._items_of(conn, sid)
+
+    async def _items_of(self, conn: AsyncConnection, sid: str) -> list[ChatItem]:
+        ci = m.chat_items
+        stmt = sa.select(ci.c.session_id, ci.c.pos, ITEM_DATA).where(ci.c.session_id == sid).order_by(ci.c.pos)
+        return self._items((await conn.execute(stmt)).mappings().all())
+
+    async def _bulk_tool_calls(self, conn: AsyncConnection, chunk: list[str], out: dict[str, SessionData]) -> None:
+        """The tool calls of ``chunk`` (``bulk``: read raw, built without validating again); if any row does not
+        read back, the chunk's calls are read again the ordinary way, which reports and skips each bad row."""
+        try:
+            calls = [bulk.tool_call_from_raw(row) for row in await conn.execute(bulk.tool_calls_of(chunk))]
+        except bulk.FastReadFailed:
+            tc = m.tool_calls
+            stmt = sa.select(tc).where(tc.c.session_id.in_(chunk)).order_by(tc.c.started_at, tc.c.call_id)
+            rows = (await conn.execute(stmt)).mappings().all()
+            calls = [
+                (row["session_id"], call) for row, call in self._convert_pairs(rows, tool_call_from_row, "tool_calls")
+            ]
+        for sid, call in calls:
+            out[sid].tool_calls.append(call)
 
     # -- idempotency (I7) -------------------------------------------------------------------------------------
 
@@ -559,6 +585,10 @@ class Store:
             err,
             extra={"session_id": sid},
         )
+
+
+def _first_column(row: Sequence[Any]) -> Any:
+    return row[0]
 
 
 def _owner_lock_key(owner: str) -> int:
