@@ -77,7 +77,11 @@ class Reported:
 
     def add(self, event_type: str, key: str) -> None:
         """Note one event: ``key`` is its item id, call id or speech id."""
-        getattr(self, _REPORTED_IN[event_type]).add(key)  # recovery notes every such event of every session
+        getattr(self, _REPORTED_IN[event_type]).add(key)
+
+    def add_all(self, event_type: str, keys: Iterable[str]) -> None:
+        """Note the events of one type: ``keys`` are what they report (see ``add``)."""
+        getattr(self, _REPORTED_IN[event_type]).update(keys)
 
     def open_holds(self) -> set[str]:
         """The holds the log reports taken and not handed back."""

@@ -139,7 +139,7 @@ class RunningCall:
     """
 
     executor: CallOwner
-    item: FunctionCall
+    _item: FunctionCall | None  # ``item``; None for an adopted call until it is asked for
     info: ToolCallInfo
     tool: FunctionTool | None
     speech: SpeechHandle | None
@@ -214,21 +214,31 @@ class RunningCall:
 
     @classmethod
     def adopted_call(cls, executor: CallOwner, info: ToolCallInfo) -> RunningCall:
-        """An ended call from before a restart (``info``, as stored), to be listed and never run again. Its item is
-        built from the stored record without validation and without a random id: it is never committed (its pair is
-        in the chat already)."""
-        item = trusted(
-            FunctionCall,
-            {
-                "id": f"adopted:{info.call_id}",
-                "created_at": info.started_at,
-                "type": "function_call",
-                "call_id": info.call_id,
-                "name": info.name,
-                "arguments": info.arguments,
-            },
-        )
-        return cls(executor, item, info, None, None, 0, adopted=True)
+        """An ended call from before a restart (``info``, as stored), to be listed and never run again."""
+        return cls(executor, None, info, None, None, 0, adopted=True)
+
+    @property
+    def item(self) -> FunctionCall:
+        """The call as the model made it. An adopted call's is built from its stored record when first asked for,
+        without validation and without a random id: it is never committed (its pair is in the chat already)."""
+        if self._item is None:
+            info = self.info
+            self._item = trusted(
+                FunctionCall,
+                {
+                    "id": f"adopted:{info.call_id}",
+                    "created_at": info.started_at,
+                    "type": "function_call",
+                    "call_id": info.call_id,
+                    "name": info.name,
+                    "arguments": info.arguments,
+                },
+            )
+        return self._item
+
+    @item.setter
+    def item(self, value: FunctionCall) -> None:
+        self._item = value
 
     @property
     def ended(self) -> bool:

@@ -465,8 +465,7 @@ class Store:
                 stmt = sa.select(ev.c.session_id, sa.func.max(ev.c.seq)).where(ev.c.session_id.in_(chunk))
                 for sid, top in await conn.execute(stmt.group_by(ev.c.session_id)):
                     out[sid].last_seq = int(top or 0)
-                for sid, event_type, subject in await conn.execute(_REPORTED.where(ev.c.session_id.in_(chunk))):
-                    out[sid].reported.add(event_type, subject)
+                await self._bulk_reported(conn, chunk, out)
                 if recent_types and recent_limit > 0:
                     rows = (await conn.execute(recent_events(chunk, recent_types, recent_limit))).mappings().all()
                     for row, event in self._convert_pairs(rows, event_from_row, "events"):
@@ -493,7 +492,7 @@ class Store:
         """The tool calls of ``chunk`` (``bulk``: read raw, built without validating again); if any row does not
         read back, the chunk's calls are read again the ordinary way, which reports and skips each bad row."""
         try:
-            calls = [bulk.tool_call_from_raw(row) for row in await conn.execute(bulk.tool_calls_of(chunk))]
+            calls = bulk.tool_calls_from_raw((await conn.execute(bulk.tool_calls_of(chunk))).all())
         except bulk.FastReadFailed:
             tc = m.tool_calls
             stmt = sa.select(tc).where(tc.c.session_id.in_(chunk)).order_by(tc.c.started_at, tc.c.call_id)
@@ -503,6 +502,21 @@ class Store:
             ]
         for sid, call in calls:
             out[sid].tool_calls.append(call)
+
+    async def _bulk_reported(self, conn: AsyncConnection, chunk: list[str], out: dict[str, SessionData]) -> None:
+        """What the event logs of ``chunk`` report: their subjects by session and type, or row by row if those do not
+        read back (a subject the store did not write)."""
+        ev = m.events
+        try:
+            rows = await conn.execute(bulk.reported_of(chunk, conn.dialect.name))
+            reported = [(sid, event_type, bulk.subjects_from_stored(text)) for sid, event_type, text in rows]
+        except bulk.FastReadFailed:
+            reported = [
+                (sid, event_type, [subject])
+                for sid, event_type, subject in await conn.execute(_REPORTED.where(ev.c.session_id.in_(chunk)))
+            ]
+        for sid, event_type, subjects in reported:
+            out[sid].reported.add_all(event_type, subjects)
 
     # -- idempotency (I7) -------------------------------------------------------------------------------------
 
