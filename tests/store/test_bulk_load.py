@@ -180,3 +180,15 @@ async def test_a_json_text_that_is_not_json_is_read_the_ordinary_way(db: Db, sto
         "call-rejected",
     }
     assert {e.key for e in store.read_error_log if e.table == "tool_calls"} == {"call-running", "call-rejected"}
+
+
+async def test_a_session_whose_id_holds_what_the_store_encodes_is_read_whole(store: Store) -> None:
+    sid = f"odd\x00{ESC}id"
+    items, calls, events = await fill(store, sid)
+
+    loaded = (await store.load_sessions_bulk([sid]))[sid]
+
+    assert loaded.items == await store.chat_items(sid) and len(loaded.items) == len(items)
+    same_records(loaded.tool_calls, await store.tool_calls(sid))
+    assert len(loaded.tool_calls) == len(calls)
+    assert loaded.reported == Reported.of(events)

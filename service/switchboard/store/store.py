@@ -63,7 +63,7 @@ from .rows import (
     tool_call_from_row,
 )
 from .runtime_ports import StoreChatStore, StoreEventSink
-from .text import JSONText
+from .text import JSONText, decode_text
 from .writer import GroupCommitWriter
 from .writes import Op
 
@@ -476,7 +476,8 @@ class Store:
         """The chat items of ``chunk`` (``bulk``: read raw, validated per session in one call); a session whose rows
         do not all read back is read again the ordinary way, which reports and skips each bad row."""
         rows = (await conn.execute(bulk.items_of(chunk))).all()
-        for sid, session_rows in itertools.groupby(rows, key=_first_column):
+        for stored_id, session_rows in itertools.groupby(rows, key=_first_column):
+            sid = decode_text(stored_id)  # read raw: as stored (``text``)
             texts = [text for _, text in session_rows]
             try:
                 out[sid].items = order_items(bulk.items_from_stored(texts))
@@ -516,7 +517,7 @@ class Store:
                 for sid, event_type, subject in await conn.execute(_REPORTED.where(ev.c.session_id.in_(chunk)))
             ]
         for sid, event_type, subjects in reported:
-            out[sid].reported.add_all(event_type, subjects)
+            out[decode_text(sid)].reported.add_all(event_type, subjects)
 
     # -- idempotency (I7) -------------------------------------------------------------------------------------
 
