@@ -3,7 +3,7 @@
     .venv/bin/python bench/recovery.py                          # SQLite (temp file) and PostgreSQL if reachable
     .venv/bin/python bench/recovery.py --only sqlite --runs 5
     .venv/bin/python bench/recovery.py --only sqlite --profile recovery.prof     # cProfile of one more run
-    .venv/bin/python bench/recovery.py --source ../main --db /tmp/recovery.db --runs 4   # this code against another
+    .venv/bin/python bench/recovery.py --source OTHER_CHECKOUT --db FILE --runs 4   # this code against another
 
 The database is filled through the store (``create_session``, ``ChatStore.commit``, ``EventSink.publish``): per
 session 100 chat items (20 exchanges of user message, assistant message, tool call, tool output, assistant message),
