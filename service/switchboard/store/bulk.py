@@ -6,9 +6,10 @@ through pydantic's validation: most of recovery's CPU. Here the columns are read
 chat items of a session are validated by pydantic in one call on their joined JSON text (pydantic-core builds them
 faster than Python could), and a tool call is built from its row with the checks its columns need (``trusted``).
 
-What this store wrote always reads back here. Whatever does not (a row edited by hand, a corrupt JSON text, a value
-out of its type) makes the fast read give up (``FastReadFailed``): the caller reads those rows the ordinary way, which
-reports and skips each bad row (``Store.read_errors``), exactly as before.
+What this store wrote reads back here, but for a chat item holding a lone surrogate (pydantic's JSON parser refuses
+one, see ``text``). That and whatever else does not (a row edited by hand, a corrupt JSON text, a value out of its
+type) makes the fast read give up (``FastReadFailed``): the caller reads those rows the ordinary way, which reads
+the first and reports and skips each bad row (``Store.read_errors``), exactly as before.
 """
 
 from __future__ import annotations
