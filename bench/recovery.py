@@ -3,6 +3,7 @@
     .venv/bin/python bench/recovery.py                          # SQLite (temp file) and PostgreSQL if reachable
     .venv/bin/python bench/recovery.py --only sqlite --runs 5
     .venv/bin/python bench/recovery.py --only sqlite --profile recovery.prof     # cProfile of one more run
+    .venv/bin/python bench/recovery.py --source OTHER_CHECKOUT --db FILE --runs 4   # this code against another
 
 The database is filled through the store (``create_session``, ``ChatStore.commit``, ``EventSink.publish``): per
 session 100 chat items (20 exchanges of user message, assistant message, tool call, tool output, assistant message),
@@ -12,7 +13,12 @@ tool call left ``running`` (a crash in the middle of a tool). Each run then star
 ``SessionHost`` on a fresh copy of that database (as ``app.py`` does on start) and times
 ``SessionHost.recover_all()``: every session rebuilt with its chat context, ``seq`` continued, the running calls
 ended ``interrupted`` with their output, ``session.recovered`` emitted.
-"recover_all" is the call itself; "+ durable" adds the wait until every write it queued is committed.
+"recover_all" is the call itself; "+ durable" adds the wait until every write it queued is committed. Its CPU time is
+split into the bulk load (``Store.load_sessions_bulk``) and the rest (the rebuild of the sessions).
+
+``--source DIR`` compares this code with another checkout's (DIR/service, e.g. the code before a change) on the same
+SQLite data: each run is a fresh process on a fresh copy of one filled file, the two codes alternately (ABBA), and
+their medians are printed side by side. ``--db FILE`` keeps the filled file (and reuses it when it exists).
 
 Budget (DESIGN.md): < 3 s for 1,000 sessions x 100 items. The script exits non-zero if the SQLite median is over.
 """
@@ -23,17 +29,20 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 from sqlalchemy.engine import make_url
@@ -53,6 +62,7 @@ from switchboard.runtime.status import SessionStatus
 from switchboard.runtime.tools import ToolCallInfo, ToolStatus
 from switchboard.store import SessionRecord, Store
 
+ROOT = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("SWITCHBOARD_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 BUDGET_S = 3.0
 EVENTS_PER_SESSION = 9  # with the ones above, 151 events per session
@@ -176,12 +186,17 @@ class Run:
     recover_s: float  # recover_all(), wall clock
     durable_s: float  # ... until every write it queued is committed
     cpu_s: float  # CPU time of this process (all threads) during recover_all()
+    load_cpu_s: float  # ... of it, in the bulk load (``Store.load_sessions_bulk``)
     load: float  # the machine's 1-minute load average afterwards (the machine may be shared)
+
+    @property
+    def rebuild_cpu_s(self) -> float:
+        return self.cpu_s - self.load_cpu_s
 
     def __str__(self) -> str:
         return (
-            f"recover_all {self.recover_s:.3f} s (cpu {self.cpu_s:.3f} s), + durable {self.durable_s:.3f} s"
-            f"  [load {self.load:.1f}]"
+            f"recover_all {self.recover_s:.3f} s (cpu {self.cpu_s:.3f} s: load {self.load_cpu_s:.3f} s,"
+            f" rebuild {self.rebuild_cpu_s:.3f} s), + durable {self.durable_s:.3f} s  [load {self.load:.1f}]"
         )
 
 
@@ -196,6 +211,18 @@ async def recover_once(url: str, schema: str | None, sessions: int) -> Run:
         hub=EventHub(),
         settings=Settings(database_url=url, max_sessions=sessions),
     )
+    load_cpu = 0.0
+    bulk_load = store.load_sessions_bulk
+
+    async def timed_load(*args: Any, **kwargs: Any) -> Any:
+        nonlocal load_cpu
+        cpu = time.process_time()
+        try:
+            return await bulk_load(*args, **kwargs)
+        finally:
+            load_cpu += time.process_time() - cpu  # the load runs alone: nothing else is scheduled meanwhile
+
+    store.load_sessions_bulk = timed_load  # type: ignore[method-assign]
     gc.collect()  # like a fresh process: no garbage left over from the previous runs for the GC to wade through
     try:
         t0, cpu0 = time.perf_counter(), time.process_time()
@@ -211,7 +238,7 @@ async def recover_once(url: str, schema: str | None, sessions: int) -> Run:
     finally:
         await host.aclose()
         await store.aclose()
-    return Run(t1 - t0, t2 - t0, cpu1 - cpu0, os.getloadavg()[0])
+    return Run(t1 - t0, t2 - t0, cpu1 - cpu0, load_cpu, os.getloadavg()[0])
 
 
 async def pg_admin(sql: str) -> None:
@@ -241,11 +268,19 @@ def copy_sqlite(src: Path, dst: Path) -> None:
             shutil.copyfile(f"{src}{suffix}", f"{dst}{suffix}")
 
 
-async def bench_sqlite(tmp: Path, sessions: int, items: int, runs: int, profile: str | None) -> list[Run]:
-    template = tmp / "template.db"
+async def sqlite_template(tmp: Path, db: str | None, sessions: int, items: int) -> Path:
+    """The filled SQLite file each run copies: ``db`` if given (filled first if it does not exist yet)."""
+    template = Path(db) if db else tmp / "template.db"
+    if template.exists():
+        print(f"[sqlite] reusing {template} (filled by an earlier run: its --sessions and --items)")
+        return template
     t0 = time.perf_counter()
     await fill(f"sqlite+aiosqlite:///{template}", None, sessions, items)
     print(f"[sqlite] filled {sessions} sessions x {items} items in {time.perf_counter() - t0:.1f} s")
+    return template
+
+
+async def bench_sqlite(template: Path, tmp: Path, sessions: int, runs: int, profile: str | None) -> list[Run]:
     results = []
     for run in range(runs + (1 if profile else 0)):
         db = tmp / f"run{run}.db"
@@ -258,6 +293,44 @@ async def bench_sqlite(tmp: Path, sessions: int, items: int, runs: int, profile:
         results.append(await recover_once(url, None, sessions))
         print(f"[sqlite] run {run + 1}: {results[-1]}")
     return results
+
+
+def recover_in_process(source: Path, db: Path, sessions: int) -> Run:
+    """One run in a fresh process, with the code of ``source`` (a checkout's ``service/`` directory)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), str(ROOT)])}
+    args = [sys.executable, __file__, "--recover-once", str(db), "--sessions", str(sessions)]
+    out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
+    return Run(**json.loads(out.strip().splitlines()[-1]))
+
+
+def bench_compare(template: Path, tmp: Path, other: Path, sessions: int, runs: int) -> dict[str, list[Run]]:
+    """``runs`` runs of each code on copies of ``template``, alternately (ABBA: neither always goes first)."""
+    codes = {"this": ROOT / "service", "other": other / "service"}
+    results: dict[str, list[Run]] = {name: [] for name in codes}
+    for run in range(runs):
+        order = list(codes) if run % 2 == 0 else list(reversed(codes))
+        for name in order:
+            db = tmp / f"run{run}-{name}.db"
+            copy_sqlite(template, db)
+            results[name].append(recover_in_process(codes[name], db, sessions))
+            print(f"[sqlite] run {run + 1}, {name} code: {results[name][-1]}", flush=True)
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+    return results
+
+
+def compare_summary(results: dict[str, list[Run]], other: Path) -> str:
+    lines = [f"{'code':<6} {'runs':>4} {'cpu median':>10} {'load cpu':>9} {'rebuild cpu':>11} {'wall median':>11}"]
+    for name, runs in results.items():
+        label = "this" if name == "this" else "other"
+        lines.append(
+            f"{label:<6} {len(runs):>4} {statistics.median(r.cpu_s for r in runs):>9.3f}s"
+            f" {statistics.median(r.load_cpu_s for r in runs):>8.3f}s"
+            f" {statistics.median(r.rebuild_cpu_s for r in runs):>10.3f}s"
+            f" {statistics.median(r.recover_s for r in runs):>10.3f}s"
+        )
+        lines.append("       cpu per run: " + ", ".join(f"{r.cpu_s:.2f}" for r in runs))
+    return f"this code against {other}:\n" + "\n".join(lines)
 
 
 async def bench_pg(sessions: int, items: int, runs: int) -> list[Run]:
@@ -295,7 +368,7 @@ def summary(name: str, results: list[Run]) -> str:
     )
 
 
-async def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["sqlite", "postgresql"])
     parser.add_argument("--sessions", type=int, default=1000)
@@ -303,8 +376,31 @@ async def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="SQLite runs (PostgreSQL: --pg-runs)")
     parser.add_argument("--pg-runs", type=int, default=3, help="PostgreSQL runs (each refills a fresh schema)")
     parser.add_argument("--profile", metavar="FILE", help="cProfile one extra SQLite run into FILE")
-    args = parser.parse_args()
+    parser.add_argument("--db", metavar="FILE", help="the filled SQLite file: kept, and reused if it exists")
+    parser.add_argument("--source", metavar="DIR", help="compare with the code of this checkout (SQLite only)")
+    parser.add_argument("--recover-once", metavar="FILE", help=argparse.SUPPRESS)  # one run (--source), as JSON
+    return parser.parse_args()
 
+
+def compare(args: argparse.Namespace) -> int:
+    """``--source``: this code and the other alternately, each run a process of its own."""
+    other = Path(args.source).resolve()
+    with tempfile.TemporaryDirectory(prefix="sb-bench-recovery-") as tmp:
+        template = asyncio.run(sqlite_template(Path(tmp), args.db, args.sessions, args.items))
+        results = bench_compare(template, Path(tmp), other, args.sessions, args.runs)
+    print("\n" + compare_summary(results, other))
+    return 0
+
+
+async def recover_one(args: argparse.Namespace) -> int:
+    """``--recover-once``: one run, printed as JSON (for ``compare``)."""
+    build_llm({"provider": "scripted"})
+    run = await recover_once(f"sqlite+aiosqlite:///{args.recover_once}", None, args.sessions)
+    print(json.dumps(asdict(run)))
+    return 0
+
+
+async def main(args: argparse.Namespace) -> int:
     import sqlite3
 
     version = await pg_version() if args.only in (None, "postgresql") else None
@@ -317,7 +413,8 @@ async def main() -> int:
     ok = True
     if args.only in (None, "sqlite"):
         with tempfile.TemporaryDirectory(prefix="sb-bench-recovery-") as tmp:
-            results = await bench_sqlite(Path(tmp), args.sessions, args.items, args.runs, args.profile)
+            template = await sqlite_template(Path(tmp), args.db, args.sessions, args.items)
+            results = await bench_sqlite(template, Path(tmp), args.sessions, args.runs, args.profile)
         ok = statistics.median(r.recover_s for r in results) < BUDGET_S
         lines.append(summary("sqlite", results) + ("" if ok else "  OVER BUDGET"))
     if version is not None:
@@ -328,4 +425,7 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    arguments = parse_args()
+    if arguments.source:
+        sys.exit(compare(arguments))
+    sys.exit(asyncio.run(recover_one(arguments) if arguments.recover_once else main(arguments)))

@@ -41,6 +41,19 @@ class ToolSource(Protocol):
     def tools(self) -> Sequence[FunctionTool]: ...
 
 
+_TOOL_ATTRIBUTES: dict[type[Any], tuple[str, ...]] = {}
+
+
+def _tool_attributes(cls: type[Any]) -> tuple[str, ...]:
+    """The attributes of ``cls`` and its bases (bases first) that are function tools: found once per class (recovery
+    reads the tools of every session's agent)."""
+    found = _TOOL_ATTRIBUTES.get(cls)
+    if found is None:
+        attributes = ((attr, value) for klass in reversed(cls.__mro__) for attr, value in vars(klass).items())
+        found = _TOOL_ATTRIBUTES[cls] = tuple(attr for attr, value in attributes if isinstance(value, FunctionTool))
+    return found
+
+
 class TurnContext:
     """The chat as the reply to a user turn will see it (``items``, without the new message). Messages added with
     ``add_message`` are shown to the model for this reply only, after the chat and before the new message; they
@@ -139,11 +152,9 @@ class Agent:
     @property
     def tools(self) -> dict[str, FunctionTool]:
         found: dict[str, FunctionTool] = {}
-        for klass in reversed(type(self).__mro__):
-            for attr, value in vars(klass).items():
-                if isinstance(value, FunctionTool):
-                    bound = getattr(self, attr)
-                    found[bound.name] = bound
+        for attr in _tool_attributes(type(self)):
+            bound = getattr(self, attr)
+            found[bound.name] = bound
         for tool in self._extra_tools:
             found[tool.name] = tool
         for server in self.mcp_servers:

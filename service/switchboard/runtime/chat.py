@@ -173,12 +173,15 @@ class ChatContext:
     ``version`` changes on every append, so a snapshot can tell whether the context moved on since.
     """
 
-    def __init__(self, items: Iterable[ChatItem] = ()) -> None:
+    def __init__(self, items: Iterable[ChatItem] = (), *, ordered: bool = False) -> None:
+        """``ordered``: ``items`` are in the order of the view already (as the store reads a chat back), so they are
+        not ordered again."""
         self._items: list[ChatItem] = list(items)
         self._ids = {it.id for it in self._items}
         self._version = itertools.count(1)
         self.version = 0
-        self._ordered: list[ChatItem] | None = None  # the ordered view of ``_items``, until the next append
+        # the ordered view of ``_items``, until the next append
+        self._ordered: list[ChatItem] | None = list(self._items) if ordered else None
 
     def __len__(self) -> int:
         return len(self._items)

@@ -126,19 +126,7 @@ class ToolExecutor(CallEnds):
     def adopt(self, info: ToolCallInfo) -> None:
         """Remember an ended call from before a restart (so it can be listed and is never run again)."""
         if info.call_id not in self._calls and info.ended:
-            # built from a stored record, already valid, and never committed (its pair is stored): not validated
-            # again nor given a random id (recovery adopts every ended call of every session)
-            item = FunctionCall.model_construct(
-                id=f"adopted:{info.call_id}",
-                call_id=info.call_id,
-                name=info.name,
-                arguments=info.arguments,
-                created_at=info.started_at,
-            )
-            rc = RunningCall(self, item, info, None, None, 0)
-            resolve(rc.settled_fut, None)
-            resolve(rc.ended_fut, None)
-            self._calls[info.call_id] = rc
+            self._calls[info.call_id] = RunningCall.adopted_call(self, info)
 
     # -- starting -------------------------------------------------------------------------------------------
 

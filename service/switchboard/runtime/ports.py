@@ -77,18 +77,11 @@ class Reported:
 
     def add(self, event_type: str, key: str) -> None:
         """Note one event: ``key`` is its item id, call id or speech id."""
-        target = {
-            "chat.item": self.items,
-            "tool.ended": self.ended_calls,
-            "speech.done": self.done_speeches,
-            "user.input": self.inputs,
-            "speech.created": self.created_speeches,
-            "session.taken_over": self.taken_over,
-            "session.handed_back": self.handed_back,
-            "scheduled.created": self.pending,
-            "session.coached": self.pending,
-        }
-        target[event_type].add(key)
+        getattr(self, _REPORTED_IN[event_type]).add(key)
+
+    def add_all(self, event_type: str, keys: Iterable[str]) -> None:
+        """Note the events of one type: ``keys`` are what they report (see ``add``)."""
+        getattr(self, _REPORTED_IN[event_type]).update(keys)
 
     def open_holds(self) -> set[str]:
         """The holds the log reports taken and not handed back."""
@@ -103,6 +96,20 @@ class Reported:
             if subject is not None:
                 reported.add(event.type, subject)
         return reported
+
+
+# Where a ``Reported`` notes each kind of event it tracks.
+_REPORTED_IN = {
+    "chat.item": "items",
+    "tool.ended": "ended_calls",
+    "speech.done": "done_speeches",
+    "user.input": "inputs",
+    "speech.created": "created_speeches",
+    "session.taken_over": "taken_over",
+    "session.handed_back": "handed_back",
+    "scheduled.created": "pending",
+    "session.coached": "pending",
+}
 
 
 def reported_subject(event: Event) -> str | None:

@@ -70,7 +70,7 @@ class AgentSession(SessionEnds):
         store: ChatStore,
         events: EventSink,
         options: SessionOptions | None = None,
-        items: Iterable[ChatItem] = (),
+        items: Iterable[ChatItem] | ChatContext = (),
         last_seq: int = 0,
         entered: bool = True,
         takeover: Takeover | None = None,
@@ -80,7 +80,7 @@ class AgentSession(SessionEnds):
         self.llm = llm
         self.playout = playout
         self.options = options or SessionOptions()
-        self.chat = ChatContext(items)
+        self.chat = items if isinstance(items, ChatContext) else ChatContext(items)
         # the model's calls so far, restarts included (an async tool's `<call_id>/final` pair is not a call)
         self.tool_calls_made = sum(
             1 for item in self.chat.items if isinstance(item, FunctionCall) and not item.call_id.endswith(FINAL_SUFFIX)

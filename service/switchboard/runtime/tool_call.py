@@ -4,6 +4,7 @@ and what its end writes."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import typing
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from .tools import (
     capped_output,
     render_output,
 )
+from .trusted import trusted
 
 logger = logging.getLogger("switchboard.runtime.tools")
 
@@ -58,6 +60,13 @@ class CallOwner(Protocol):
         *,
         silent: bool = False,
     ) -> None: ...
+
+
+def _future(*, done: bool = False) -> asyncio.Future[Any]:
+    fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    if done:
+        fut.set_result(None)
+    return fut
 
 
 class ToolCallNotFound(LookupError):
@@ -130,7 +139,7 @@ class RunningCall:
     """
 
     executor: CallOwner
-    item: FunctionCall
+    _item: FunctionCall | None  # ``item``; None for an adopted call until it is asked for
     info: ToolCallInfo
     tool: FunctionTool | None
     speech: SpeechHandle | None
@@ -156,23 +165,80 @@ class RunningCall:
     end_receipts: list[Receipt[ToolCallInfo]] = field(default_factory=list)
     # the receipts of the cancel commands that cancel it: answered by its end, or by its `cancelling` record
     cancel_receipts: list[Receipt[ToolCallInfo]] = field(default_factory=list)
-    cancel_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    settled_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    ended_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    # resolved when the body ignored cancellation past its grace: the call ends without waiting for it
-    abandoned_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    # resolved when the body ignored an operator's or the model's cancellation past its grace: the call is then
-    # `cancelling`, still running, until its body returns (``cancelling_fut``: once that is recorded)
-    deaf_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    cancelling_fut: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    # a call of a speculative reply (``info.speculative``): resolved with None once its reply is confirmed, or with why
-    # it was dropped; its end waits for it
-    verdict_fut: asyncio.Future[DropReason | None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
     drained: bool = False  # cancelled by a drain (a handoff, a close), which lets a body that ignores it go
-    # the call's progress and its end are written one at a time, in order (an update never lands after the end)
-    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # an ended call from before a restart (``RunningCall.adopted_call``): it never runs here, it is settled and ended
+    adopted: bool = False
+
+    # The futures and the lock below are made when first used: recovery adopts every ended call of every session,
+    # and an ended call needs none of them (most are never asked for).
+
+    @functools.cached_property
+    def cancel_fut(self) -> asyncio.Future[None]:
+        return _future()
+
+    @functools.cached_property
+    def settled_fut(self) -> asyncio.Future[None]:
+        """Resolves when the call ended or moved to the background."""
+        return _future(done=self.adopted)
+
+    @functools.cached_property
+    def ended_fut(self) -> asyncio.Future[None]:
+        return _future(done=self.adopted)
+
+    @functools.cached_property
+    def abandoned_fut(self) -> asyncio.Future[None]:
+        """Resolved when the body ignored cancellation past its grace: the call ends without waiting for it."""
+        return _future()
+
+    @functools.cached_property
+    def deaf_fut(self) -> asyncio.Future[None]:
+        """Resolved when the body ignored an operator's or the model's cancellation past its grace: the call is then
+        `cancelling`, still running, until its body returns (``cancelling_fut``: once that is recorded)."""
+        return _future()
+
+    @functools.cached_property
+    def cancelling_fut(self) -> asyncio.Future[None]:
+        return _future()
+
+    @functools.cached_property
+    def verdict_fut(self) -> asyncio.Future[DropReason | None]:
+        """A call of a speculative reply (``info.speculative``): resolved with None once its reply is confirmed, or
+        with why it was dropped; its end waits for it."""
+        return _future()
+
+    @functools.cached_property
+    def write_lock(self) -> asyncio.Lock:
+        """The call's progress and its end are written one at a time, in order (an update never lands after the
+        end)."""
+        return asyncio.Lock()
+
+    @classmethod
+    def adopted_call(cls, executor: CallOwner, info: ToolCallInfo) -> RunningCall:
+        """An ended call from before a restart (``info``, as stored), to be listed and never run again."""
+        return cls(executor, None, info, None, None, 0, adopted=True)
+
+    @property
+    def item(self) -> FunctionCall:
+        """The call as the model made it. An adopted call's is built from its stored record when first asked for,
+        without validation and without a random id: it is never committed (its pair is in the chat already)."""
+        if self._item is None:
+            info = self.info
+            self._item = trusted(
+                FunctionCall,
+                {
+                    "id": f"adopted:{info.call_id}",
+                    "created_at": info.started_at,
+                    "type": "function_call",
+                    "call_id": info.call_id,
+                    "name": info.name,
+                    "arguments": info.arguments,
+                },
+            )
+        return self._item
+
+    @item.setter
+    def item(self, value: FunctionCall) -> None:
+        self._item = value
 
     @property
     def ended(self) -> bool:

@@ -32,6 +32,7 @@ from ..runtime.ports import ChatStore, Commit, Completion, EventSink
 from ..runtime.speech import SpeechInfo
 from ..runtime.status import ENDED_STATUSES, LIVE_STATUSES, SessionStatus
 from ..runtime.tools import RUNNING_STATUSES, ToolCallInfo, ToolCallKey, ToolStatus
+from . import bulk
 from . import models as m
 from .alerts import Alerts
 from .engine import DATABASE_TIMEOUT_S, make_engine, whole
@@ -62,7 +63,7 @@ from .rows import (
     tool_call_from_row,
 )
 from .runtime_ports import StoreChatStore, StoreEventSink
-from .text import JSONText
+from .text import JSONText, decode_text
 from .writer import GroupCommitWriter
 from .writes import Op
 
@@ -446,18 +447,12 @@ class Store:
         ``recent_types``, also each session's latest ``recent_limit`` events of those types (``SessionData.recent``:
         what its node needs to know of its recent past, e.g. why it needs an operator)."""
         out = {sid: SessionData() for sid in ids}
-        ci, tc, sp, ev = m.chat_items, m.tool_calls, m.speeches, m.events
+        sp, ev = m.speeches, m.events
         async with self.engine.connect() as conn:
             for start in range(0, len(ids), BULK_CHUNK):
                 chunk = list(ids[start : start + BULK_CHUNK])
-                stmt = sa.select(ci.c.session_id, ci.c.pos, ITEM_DATA).where(ci.c.session_id.in_(chunk))
-                rows = (await conn.execute(stmt.order_by(ci.c.session_id, ci.c.pos))).mappings().all()
-                for sid, session_rows in itertools.groupby(rows, key=lambda row: row["session_id"]):
-                    out[sid].items = self._items(list(session_rows))
-                stmt = sa.select(tc).where(tc.c.session_id.in_(chunk))
-                rows = (await conn.execute(stmt.order_by(tc.c.started_at, tc.c.call_id))).mappings().all()
-                for row, call in self._convert_pairs(rows, tool_call_from_row, "tool_calls"):
-                    out[row["session_id"]].tool_calls.append(call)
+                await self._bulk_items(conn, chunk, out)
+                await self._bulk_tool_calls(conn, chunk, out)
                 stmt = sa.select(sp).where(sp.c.session_id.in_(chunk))
                 rows = (await conn.execute(stmt.order_by(sp.c.created_at, sp.c.id))).mappings().all()
                 for row, speech in self._convert_pairs(rows, speech_from_row, "speeches"):
@@ -470,13 +465,59 @@ class Store:
                 stmt = sa.select(ev.c.session_id, sa.func.max(ev.c.seq)).where(ev.c.session_id.in_(chunk))
                 for sid, top in await conn.execute(stmt.group_by(ev.c.session_id)):
                     out[sid].last_seq = int(top or 0)
-                for sid, event_type, subject in await conn.execute(_REPORTED.where(ev.c.session_id.in_(chunk))):
-                    out[sid].reported.add(event_type, subject)
+                await self._bulk_reported(conn, chunk, out)
                 if recent_types and recent_limit > 0:
                     rows = (await conn.execute(recent_events(chunk, recent_types, recent_limit))).mappings().all()
                     for row, event in self._convert_pairs(rows, event_from_row, "events"):
                         out[row["session_id"]].recent.append(event)
         return out
+
+    async def _bulk_items(self, conn: AsyncConnection, chunk: list[str], out: dict[str, SessionData]) -> None:
+        """The chat items of ``chunk`` (``bulk``: read raw, validated per session in one call); a session whose rows
+        do not all read back is read again the ordinary way, which reports and skips each bad row."""
+        rows = (await conn.execute(bulk.items_of(chunk))).all()
+        for stored_id, session_rows in itertools.groupby(rows, key=_first_column):
+            sid = decode_text(stored_id)  # read raw: as stored (``text``)
+            texts = [text for _, text in session_rows]
+            try:
+                out[sid].items = order_items(bulk.items_from_stored(texts))
+            except bulk.FastReadFailed:
+                out[sid].items = await self._items_of(conn, sid)
+
+    async def _items_of(self, conn: AsyncConnection, sid: str) -> list[ChatItem]:
+        ci = m.chat_items
+        stmt = sa.select(ci.c.session_id, ci.c.pos, ITEM_DATA).where(ci.c.session_id == sid).order_by(ci.c.pos)
+        return self._items((await conn.execute(stmt)).mappings().all())
+
+    async def _bulk_tool_calls(self, conn: AsyncConnection, chunk: list[str], out: dict[str, SessionData]) -> None:
+        """The tool calls of ``chunk`` (``bulk``: read raw, built without validating again); if any row does not
+        read back, the chunk's calls are read again the ordinary way, which reports and skips each bad row."""
+        try:
+            calls = bulk.tool_calls_from_raw((await conn.execute(bulk.tool_calls_of(chunk))).all())
+        except bulk.FastReadFailed:
+            tc = m.tool_calls
+            stmt = sa.select(tc).where(tc.c.session_id.in_(chunk)).order_by(tc.c.started_at, tc.c.call_id)
+            rows = (await conn.execute(stmt)).mappings().all()
+            calls = [
+                (row["session_id"], call) for row, call in self._convert_pairs(rows, tool_call_from_row, "tool_calls")
+            ]
+        for sid, call in calls:
+            out[sid].tool_calls.append(call)
+
+    async def _bulk_reported(self, conn: AsyncConnection, chunk: list[str], out: dict[str, SessionData]) -> None:
+        """What the event logs of ``chunk`` report: their subjects by session and type, or row by row if those do not
+        read back (a subject the store did not write)."""
+        ev = m.events
+        try:
+            rows = await conn.execute(bulk.reported_of(chunk, conn.dialect.name))
+            reported = [(sid, event_type, bulk.subjects_from_stored(text)) for sid, event_type, text in rows]
+        except bulk.FastReadFailed:
+            reported = [
+                (sid, event_type, [subject])
+                for sid, event_type, subject in await conn.execute(_REPORTED.where(ev.c.session_id.in_(chunk)))
+            ]
+        for sid, event_type, subjects in reported:
+            out[decode_text(sid)].reported.add_all(event_type, subjects)
 
     # -- idempotency (I7) -------------------------------------------------------------------------------------
 
@@ -559,6 +600,10 @@ class Store:
             err,
             extra={"session_id": sid},
         )
+
+
+def _first_column(row: Sequence[Any]) -> Any:
+    return row[0]
 
 
 def _owner_lock_key(owner: str) -> int:
