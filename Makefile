@@ -40,10 +40,11 @@ fmt: $(STAMP)
 	$(BIN)/ruff format service tests bench migrations
 	$(BIN)/ruff check --fix service tests bench migrations
 
-# three workers, each test file on one of them (its fixtures, servers and databases stay its own); most e2e time
-# is waiting on servers and clocks, so this halves the wall time even on two cores. PYTEST_WORKERS=0: one process;
-# the 25 slowest tests are listed at the end, to keep the suite inside its ten minutes
-PYTEST_WORKERS ?= 3
+# four workers, each test file on one of them (its fixtures, servers and databases stay its own): most e2e time is
+# waiting on servers and clocks (SWITCHBOARD_TEST_CPU_REPORT=FILE, then `python -m tests.cpu_report FILE`: with three
+# workers the suite's processes kept about one core of two busy). PYTEST_WORKERS=0: one process; the 25 slowest
+# tests are listed at the end, to keep the suite inside its ten minutes
+PYTEST_WORKERS ?= 4
 
 test: lint $(SPEC_LINTER)
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25
