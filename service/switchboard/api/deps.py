@@ -116,8 +116,13 @@ async def owned_here(host: SessionHost, view: SessionView) -> None:
         raise ProblemError(503, Retry.MOVED.value, detail, headers=_RETRY)
 
 
-async def _forwarded(conn: HTTPConnection) -> bool:
+def is_forwarded(conn: HTTPConnection) -> bool:
+    """Another node forwarded this request here (its header checked by ``ForwardedGuard``)."""
     return FORWARDED_HEADER in conn.headers
+
+
+async def _forwarded(conn: HTTPConnection) -> bool:
+    return is_forwarded(conn)
 
 
 Forwarded = Annotated[bool, Depends(_forwarded)]

@@ -244,6 +244,11 @@ AttemptDep = Annotated[Attempt, Depends(_attempt)]
 Idem = AttemptDep  # what a route takes to hand its command a receipt (the same object its wrapper gets)
 
 
+def _is_attempt(annotation: Any) -> bool:
+    """``annotation`` is ``Idem`` (``AttemptDep``): the attempt, as a dependency."""
+    return any(getattr(m, "dependency", None) is _attempt for m in getattr(annotation, "__metadata__", ()))
+
+
 def _body_model(annotation: Any) -> type[BaseModel]:
     """The model of a ``body`` parameter annotated ``Model`` or ``Model | None``."""
     union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
@@ -441,13 +446,19 @@ class _IdempotentRoute(Generic[R]):
         signature = inspect.signature(endpoint)
         self._body_model = _body_model(hints[BODY_PARAM]) if BODY_PARAM in signature.parameters else None
         params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in signature.parameters.values()]
-        params.append(inspect.Parameter(_ATTEMPT_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=AttemptDep))
+        # a route that takes the attempt itself (``Idem``) shares its parameter: one dependency fewer to solve on every
+        # request (FastAPI solves a dependency each time it is named, even when its value is cached)
+        own = [p.name for p in params if _is_attempt(p.annotation)]
+        self._attempt_param = own[0] if own else _ATTEMPT_PARAM
+        self._own_attempt = bool(own)
+        if not own:
+            params.append(inspect.Parameter(_ATTEMPT_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=AttemptDep))
         self.__signature__ = signature.replace(
             parameters=params, return_annotation=hints.get("return", signature.return_annotation)
         )
 
     async def __call__(self, **kwargs: Any) -> R | Response:
-        attempt: Attempt = kwargs.pop(_ATTEMPT_PARAM)
+        attempt: Attempt = kwargs[self._attempt_param] if self._own_attempt else kwargs.pop(_ATTEMPT_PARAM)
         if attempt.key is None:
             return await self._endpoint(**kwargs)
         body: Any = {}
