@@ -227,6 +227,15 @@ def _holder(request: HTTPConnection) -> Holder:
     return Holder(lease.node_id, lease.incarnation)
 
 
+def _path(request: Request) -> str:
+    """``request.url.path`` (part of a record's scope on every node, whatever its version), without building the whole
+    URL: the path as sent, unless it holds what a URL escapes or drops."""
+    path: str = request.scope["path"]
+    if not path.isprintable() or "?" in path or "#" in path or "\\" in path:
+        return request.url.path
+    return path
+
+
 async def _attempt(request: Request, response: Response) -> Attempt:
     key = request.headers.get("idempotency-key")
     if key is not None and (not key or len(key) > MAX_KEY_LEN):
@@ -234,7 +243,7 @@ async def _attempt(request: Request, response: Response) -> Attempt:
     route = request.scope.get("route")
     default_status = route.status_code if isinstance(route, APIRoute) and route.status_code else 200
     # the caller first: records are never shared between credentials
-    scope = f"{principal_of(request).identity} {request.method} {request.url.path}"
+    scope = f"{principal_of(request).identity} {request.method} {_path(request)}"
     found = services(request)
     return Attempt(key, scope, found.store, found.settings, response, default_status, _holder(request))
 

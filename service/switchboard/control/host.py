@@ -139,6 +139,7 @@ class SessionHost:
         self._creating = PendingCreates()
         self._options = SharedOptions(settings)
         self._agent_models: dict[str, tuple[dict[str, Any] | None, Callable[[], LLM]]] = {}  # ``_agent_model``
+        self._agent_summaries: dict[str, tuple[ModelSummary | None]] = {}  # ``model_summary``
         # when each live session last reported anything (its events), for closing idle ones; a clock tests can move
         self.clock: Callable[[], float] = time.monotonic
         self._active_at: dict[str, float] = {}
@@ -431,6 +432,13 @@ class SessionHost:
 
     def model_summary(self, rec: SessionRecord) -> ModelSummary | None:
         """The provider and model name a session uses, and its profile: nothing secret (no URL, no variable)."""
+        agent = rec.config.get("agent", rec.agent)
+        if rec.config.get("llm") is None and isinstance(agent, str):  # its agent's default: one summary per agent
+            found = self._agent_summaries.get(agent)
+            if found is None:
+                summary = summarize_model(self.models, None, self.default_llms.get(agent))
+                found = self._agent_summaries[agent] = (summary,)
+            return found[0]
         config = SessionConfig.from_record(rec)
         return summarize_model(self.models, config.llm, self.default_llms.get(config.agent))
 
