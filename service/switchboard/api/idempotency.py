@@ -231,7 +231,7 @@ def _path(request: Request) -> str:
     """``request.url.path`` (part of a record's scope on every node, whatever its version), without building the whole
     URL: the path as sent, unless it holds what a URL escapes or drops."""
     path: str = request.scope["path"]
-    if not path.isprintable() or "?" in path or "#" in path or "\\" in path:
+    if not path.startswith("/") or not path.isprintable() or "?" in path or "#" in path or "\\" in path:
         return request.url.path
     return path
 
