@@ -17,6 +17,7 @@ from fastapi.routing import APIRoute, APIWebSocketRoute
 
 from switchboard.api.app import create_app
 
+from ..waiting import until
 from .conftest import Api, make_settings
 
 
@@ -72,3 +73,23 @@ async def test_commands_never_use_the_thread_pool(api: Api, monkeypatch: pytest.
     assert (await c.post(f"/v1/sessions/{sid}/say", json={"text": "ok"}, headers={"Idempotency-Key": "k1"})).is_success
     assert (await c.get(f"/v1/sessions/{sid}/chat")).status_code == 200
     assert hops == []
+
+
+def test_a_create_solves_only_the_dependencies_that_read_the_request(tmp_path: Any) -> None:
+    """FastAPI solves every dependency a route names on every request, a cached one too: a create names only its
+    credential check and its idempotency attempt (the service's parts come from the request itself)."""
+    app = create_app(make_settings(tmp_path))
+    create = next(r for r in _routes(app.routes) if isinstance(r, APIRoute) and r.operation_id == "createSession")
+    names = [getattr(call, "__qualname__", type(call).__qualname__) for call in _calls(create.dependant)]
+    assert sorted(names) == ["Require", "_attempt"]
+
+
+async def test_sessions_of_an_agent_share_its_parsed_script_and_keep_their_own_requests(api: Api) -> None:
+    host = api.app.state.services.host
+    first, second = [(await api.create(agent="demo"))["id"] for _ in range(2)]
+    models = [host.sessions[sid].llm.llm for sid in (first, second)]  # inside the metering wrapper
+    assert models[0] is not models[1]
+    assert models[0].rules is not None and models[0].rules is models[1].rules  # parsed once, for the agent
+    assert (await api.client.post(f"/v1/sessions/{first}/input", json={"text": "my order"})).status_code == 202
+    await until(lambda: len(models[0].requests) == 1)
+    assert len(models[1].requests) == 0

@@ -390,7 +390,8 @@ def create_app(
     app.add_middleware(JsonBodies)  # inside BodyLimit: an oversize body is a 413 whatever its type
     # every request about one session reaches the node that runs it (cluster mode); inside BodyLimit (a forwarded body
     # is bounded), outside the deadline (the owner's own deadline bounds a forwarded command)
-    app.add_middleware(OwnerRouting, router=app.router, enabled=settings.cluster_mode)
+    if settings.cluster_mode:  # a layer that would pass every request on costs each request a call and its frames
+        app.add_middleware(OwnerRouting, router=app.router, enabled=True)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,
@@ -398,7 +399,8 @@ def create_app(
         body_timeout_s=settings.body_timeout_s,
     )
     app.state.tracing = traces
-    app.add_middleware(PrivatePaths, settings=settings)
+    if settings.auth_enabled:  # with auth off every path is public
+        app.add_middleware(PrivatePaths, settings=settings)
     app.add_middleware(ForwardedGuard, cluster_mode=settings.cluster_mode, secret=settings.cluster_secret)
     # outermost: a request browsers must not make is refused before anything else; every answer gets the headers
     app.add_middleware(BrowserGuard, settings=settings)

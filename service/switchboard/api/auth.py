@@ -16,7 +16,7 @@ from fastapi import Request
 
 from ..control.settings import Settings
 from .cluster.forward import FORWARDED_HEADER
-from .deps import SettingsDep, services
+from .deps import services
 from .problems import ProblemError
 from .rate_limit import COMMAND_METHODS, READ_METHODS, RateLimiter
 
@@ -222,9 +222,10 @@ class Require:
         self.scope = scope
         self.keys_only = keys_only
 
-    async def __call__(self, request: Request, settings: SettingsDep) -> Principal:
+    # the settings from the request, not a dependency of their own: FastAPI solves each dependency on every request
+    async def __call__(self, request: Request) -> Principal:
         try:
-            principal = authenticate(settings, bearer(None, request.headers.get("authorization")))
+            principal = authenticate(services(request).settings, bearer(None, request.headers.get("authorization")))
             check(principal, self.scope, request.path_params.get("sid"))
             if self.keys_only:
                 refuse_session_token(principal)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Annotated
 
 import httpx
@@ -116,8 +116,13 @@ async def owned_here(host: SessionHost, view: SessionView) -> None:
         raise ProblemError(503, Retry.MOVED.value, detail, headers=_RETRY)
 
 
-async def _forwarded(conn: HTTPConnection) -> bool:
+def is_forwarded(conn: HTTPConnection) -> bool:
+    """Another node forwarded this request here (its header checked by ``ForwardedGuard``)."""
     return FORWARDED_HEADER in conn.headers
+
+
+async def _forwarded(conn: HTTPConnection) -> bool:
+    return is_forwarded(conn)
 
 
 Forwarded = Annotated[bool, Depends(_forwarded)]
@@ -151,20 +156,41 @@ KnownSession = Annotated[SessionView, Depends(_known_session)]
 command_outlives_caller: contextvars.ContextVar[bool] = contextvars.ContextVar("command_outlives_caller", default=False)
 
 
-@contextlib.asynccontextmanager
-async def deadline(settings: Settings) -> AsyncIterator[None]:
+class _Deadline:
+    """``deadline``: a class rather than a generator, for it runs on every command (a generator-based context manager
+    costs a command several calls more)."""
+
+    __slots__ = ("_timeout",)
+
+    def __init__(self, settings: Settings) -> None:
+        self._timeout = None if command_outlives_caller.get() else asyncio.timeout(settings.request_timeout_s)
+
+    async def __aenter__(self) -> None:
+        if self._timeout is not None:
+            await self._timeout.__aenter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self._timeout is not None:
+                await self._timeout.__aexit__(exc_type, exc, tb)  # raises TimeoutError when it cut the body off
+        except TimeoutError:
+            raise _unavailable() from None
+        if exc_type is not None and issubclass(exc_type, TimeoutError):
+            raise _unavailable() from None
+
+
+def _unavailable() -> ProblemError:
+    return ProblemError(
+        503, "unavailable", "The service could not complete this in time; retry.", headers={"Retry-After": "1"}
+    )
+
+
+def deadline(settings: Settings) -> contextlib.AbstractAsyncContextManager[None]:
     """Bound a request's wait on the runtime/store: 503 with Retry-After instead of hanging (not for a command run
     under an Idempotency-Key: cutting it off would lose the answer its retry must get)."""
-    try:
-        if command_outlives_caller.get():
-            yield
-        else:
-            async with asyncio.timeout(settings.request_timeout_s):
-                yield
-    except TimeoutError:
-        raise ProblemError(
-            503, "unavailable", "The service could not complete this in time; retry.", headers={"Retry-After": "1"}
-        ) from None
+    return _Deadline(settings)
 
 
 def _ms(seconds: float | None) -> float | None:

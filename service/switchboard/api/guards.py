@@ -31,6 +31,7 @@ CLOSE_POLICY_VIOLATION = 1008
 COMMAND_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 METRICS_PATH = "/metrics"
 METRICS_SCOPE = "metrics:read"
+SEEN_MAX = 1024  # BrowserGuard's decisions kept
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -65,12 +66,15 @@ class BrowserGuard:
     def __init__(self, app: ASGIApp, *, settings: Settings) -> None:
         self.app = app
         self.settings = settings
+        # (kind, Host, Origin) -> the refusal: the same few values on every request (parsing an address cost more than
+        # the rest of the check); bounded, emptied when full, since a client chooses them
+        self._seen: dict[tuple[str, str | None, str | None], str | None] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        refusal = self.refusal(scope)
+        refusal = self._refusal_seen(scope)
         if refusal is None:
             await self.app(scope, receive, send)
         elif scope["type"] == "http":
@@ -81,6 +85,17 @@ class BrowserGuard:
             if message["type"] == "websocket.connect":
                 await send({"type": "websocket.accept"})
                 await send({"type": "websocket.close", "code": CLOSE_POLICY_VIOLATION, "reason": refusal})
+
+    def _refusal_seen(self, scope: Scope) -> str | None:
+        key = (scope["type"], _header(scope, b"host"), _header(scope, b"origin"))
+        try:
+            return self._seen[key]
+        except KeyError:
+            pass
+        if len(self._seen) >= SEEN_MAX:
+            self._seen.clear()
+        found = self._seen[key] = self.refusal(scope)
+        return found
 
     def refusal(self, scope: Scope) -> str | None:
         """The problem code for a request browsers must not make, or None."""

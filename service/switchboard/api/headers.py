@@ -36,9 +36,15 @@ def csp_for(path: str) -> str:
     return API_CSP
 
 
+# made once: they are added to every answer
+_HEADERS = {
+    csp: (*COMMON_HEADERS, (b"content-security-policy", csp.encode())) for csp in (CONSOLE_CSP, DOCS_CSP, API_CSP)
+}
+
+
 def security_headers(path: str) -> tuple[tuple[bytes, bytes], ...]:
     """The headers for an answer on ``path`` (raw ASGI pairs)."""
-    return (*COMMON_HEADERS, (b"content-security-policy", csp_for(path).encode()))
+    return _HEADERS[csp_for(path)]
 
 
 def problem_headers() -> dict[str, str]:

@@ -227,6 +227,15 @@ def _holder(request: HTTPConnection) -> Holder:
     return Holder(lease.node_id, lease.incarnation)
 
 
+def _path(request: Request) -> str:
+    """``request.url.path`` (part of a record's scope on every node, whatever its version), without building the whole
+    URL: the path as sent, unless it holds what a URL escapes or drops."""
+    path: str = request.scope["path"]
+    if not path.startswith("/") or not path.isprintable() or "?" in path or "#" in path or "\\" in path:
+        return request.url.path
+    return path
+
+
 async def _attempt(request: Request, response: Response) -> Attempt:
     key = request.headers.get("idempotency-key")
     if key is not None and (not key or len(key) > MAX_KEY_LEN):
@@ -234,7 +243,7 @@ async def _attempt(request: Request, response: Response) -> Attempt:
     route = request.scope.get("route")
     default_status = route.status_code if isinstance(route, APIRoute) and route.status_code else 200
     # the caller first: records are never shared between credentials
-    scope = f"{principal_of(request).identity} {request.method} {request.url.path}"
+    scope = f"{principal_of(request).identity} {request.method} {_path(request)}"
     found = services(request)
     return Attempt(key, scope, found.store, found.settings, response, default_status, _holder(request))
 
@@ -242,6 +251,11 @@ async def _attempt(request: Request, response: Response) -> Attempt:
 _ATTEMPT_PARAM = "idempotency_attempt"
 AttemptDep = Annotated[Attempt, Depends(_attempt)]
 Idem = AttemptDep  # what a route takes to hand its command a receipt (the same object its wrapper gets)
+
+
+def _is_attempt(annotation: Any) -> bool:
+    """``annotation`` is ``Idem`` (``AttemptDep``): the attempt, as a dependency."""
+    return any(getattr(m, "dependency", None) is _attempt for m in getattr(annotation, "__metadata__", ()))
 
 
 def _body_model(annotation: Any) -> type[BaseModel]:
@@ -441,13 +455,19 @@ class _IdempotentRoute(Generic[R]):
         signature = inspect.signature(endpoint)
         self._body_model = _body_model(hints[BODY_PARAM]) if BODY_PARAM in signature.parameters else None
         params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in signature.parameters.values()]
-        params.append(inspect.Parameter(_ATTEMPT_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=AttemptDep))
+        # a route that takes the attempt itself (``Idem``) shares its parameter: one dependency fewer to solve on every
+        # request (FastAPI solves a dependency each time it is named, even when its value is cached)
+        own = [p.name for p in params if _is_attempt(p.annotation)]
+        self._attempt_param = own[0] if own else _ATTEMPT_PARAM
+        self._own_attempt = bool(own)
+        if not own:
+            params.append(inspect.Parameter(_ATTEMPT_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=AttemptDep))
         self.__signature__ = signature.replace(
             parameters=params, return_annotation=hints.get("return", signature.return_annotation)
         )
 
     async def __call__(self, **kwargs: Any) -> R | Response:
-        attempt: Attempt = kwargs.pop(_ATTEMPT_PARAM)
+        attempt: Attempt = kwargs[self._attempt_param] if self._own_attempt else kwargs.pop(_ATTEMPT_PARAM)
         if attempt.key is None:
             return await self._endpoint(**kwargs)
         body: Any = {}

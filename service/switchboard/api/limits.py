@@ -42,8 +42,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
+        length = None
+        for key, value in scope.get("headers") or ():  # the last one, as a dict of them would hold
+            if key == b"content-length":
+                length = value
         if length is not None:
             try:
                 too_big = int(length) > self.max_bytes

@@ -17,7 +17,7 @@ from ..runtime.agent import AgentRegistry
 from ..runtime.chat import ChatContext, ChatItem, new_id, utcnow
 from ..runtime.event_types import SessionFailed
 from ..runtime.events import Event, EventLog
-from ..runtime.llm import LLM, MissingCredential, StandInLLM, build_llm
+from ..runtime.llm import LLM, MissingCredential, StandInLLM, build_llm, prepare_llm
 from ..runtime.media import EdgePlayout
 from ..runtime.playout import SimulatedPlayout
 from ..runtime.ports import ChatStore, EventSink, Receipt
@@ -146,6 +146,8 @@ class SessionHost:
         self._chat_stores: dict[int | None, ChatStore] = {}
         self._creating = PendingCreates()
         self._options = SharedOptions(settings)
+        self._agent_models: dict[str, tuple[dict[str, Any] | None, Callable[[], LLM]]] = {}  # ``_agent_model``
+        self._agent_summaries: dict[str, tuple[ModelSummary | None]] = {}  # ``model_summary``
         # when each live session last reported anything (its events), for closing idle ones; a clock tests can move
         self.clock: Callable[[], float] = time.monotonic
         self._active_at: dict[str, float] = {}
@@ -245,13 +247,31 @@ class SessionHost:
         the agent it started with, else the stand-in (it runs the tool calls a user writes only where a session may
         bring a script of its own: both pick tool calls). A session's own llm is checked on every build, recovery
         included: a stored config never bypasses it."""
-        resolved = self.models.for_session(config.llm, self.default_llms.get(config.agent))
-        llm = build_llm(resolved) if resolved is not None else StandInLLM(calls_tools=self.models.sessions_may_script)
+        if config.llm is None:  # its agent's default
+            resolved, make = self._agent_model(config.agent)
+            llm = make()
+        else:
+            resolved = self.models.for_session(config.llm, self.default_llms.get(config.agent))
+            llm = build_llm(resolved) if resolved is not None else self._stand_in()
         if self._wrap_llm is not None:
             llm = self._wrap_llm(session_id, llm, resolved)
         if self.model_observer is None:
             return llm
         return MeteredLLM(llm, model_label(resolved), self.model_observer)
+
+    def _agent_model(self, agent: str) -> tuple[dict[str, Any] | None, Callable[[], LLM]]:
+        """The model configuration of ``agent``'s sessions that bring none, and how to build one: resolved and
+        prepared (a script parsed) once per agent, not per session (a create spent more on it than on the rest of
+        the session). Not kept when it fails: the next session fails the same way, and says why."""
+        found = self._agent_models.get(agent)
+        if found is None:
+            resolved = self.models.for_session(None, self.default_llms.get(agent))
+            make = prepare_llm(resolved) if resolved is not None else self._stand_in
+            found = self._agent_models[agent] = (resolved, make)
+        return found
+
+    def _stand_in(self) -> LLM:
+        return StandInLLM(calls_tools=self.models.sessions_may_script)
 
     def _build(self, rec: SessionRecord, *, items: Sequence[ChatItem] = (), last_seq: int = 0) -> AgentSession:
         """One incarnation of ``rec`` on this node, with its chat ``items`` (ordered, as the store reads them back):
@@ -421,6 +441,13 @@ class SessionHost:
 
     def model_summary(self, rec: SessionRecord) -> ModelSummary | None:
         """The provider and model name a session uses, and its profile: nothing secret (no URL, no variable)."""
+        agent = rec.config.get("agent", rec.agent)
+        if rec.config.get("llm") is None and isinstance(agent, str):  # its agent's default: one summary per agent
+            found = self._agent_summaries.get(agent)
+            if found is None:
+                summary = summarize_model(self.models, None, self.default_llms.get(agent))
+                found = self._agent_summaries[agent] = (summary,)
+            return found[0]
         config = SessionConfig.from_record(rec)
         return summarize_model(self.models, config.llm, self.default_llms.get(config.agent))
 

@@ -296,6 +296,7 @@ class Metrics:
             buckets=HTTP_BUCKETS_S,
             registry=r,
         )
+        self._http_series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}  # ``http_request``
         self.alert_attempts = Counter(
             "switchboard_alert_delivery_attempts",
             "Attempts to deliver an alert to a webhook sink, by sink and result (ok: answered 2xx; error: not)",
@@ -317,8 +318,16 @@ class Metrics:
         )
 
     def http_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        self.http_requests.labels(method, route, str(status)).inc()
-        self.http_duration.labels(method, route, f"{status // 100}xx").observe(seconds)
+        # each (method, route, status)'s two series found once: ``labels`` validates and locks on every call
+        key = (method, route, status)
+        found = self._http_series.get(key)
+        if found is None:
+            found = self._http_series[key] = (
+                self.http_requests.labels(method, route, str(status)),
+                self.http_duration.labels(method, route, f"{status // 100}xx"),
+            )
+        found[0].inc()
+        found[1].observe(seconds)
 
     def websocket_accepted(self, route: str) -> None:
         self.websockets.labels(route).inc()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from . import event_types as ev
@@ -121,7 +121,13 @@ class PendingBook:
         self._session = session
         self.limit = limit
         self.pending: list[PendingCommand] = []
-        self.ended: deque[PendingCommand] = deque(maxlen=KEEP_ENDED)
+        # made at the first end: an empty bounded deque is most of what an idle session's two books would hold
+        self._ended: deque[PendingCommand] | None = None
+
+    @property
+    def ended(self) -> Sequence[PendingCommand]:
+        """The ones ended lately, oldest first (at most ``KEEP_ENDED``)."""
+        return self._ended if self._ended is not None else ()
 
     def get(self, command_id: str) -> PendingCommand | None:
         return next((c for c in [*self.pending, *self.ended] if c.id == command_id), None)
@@ -168,8 +174,11 @@ class PendingBook:
         await self._session.commit(Commit(pending=ended), then=lambda: self.report_ended(ended))
 
     def report_ended(self, ended: list[PendingCommand]) -> None:
+        kept = self._ended
+        if kept is None:
+            kept = self._ended = deque(maxlen=KEEP_ENDED)
         for command in ended:
-            self.ended.append(command)
+            kept.append(command)
             self._session.events.emit(ended_event(command))
 
     async def cancel(self, command_id: str, reason: str = CANCELLED_BY_OPERATOR) -> PendingCommand:

@@ -70,20 +70,16 @@ def _check_text(settings: Settings, text: str) -> None:
     dependencies=[Depends(Require("sessions:write"))],
 )
 @idempotent
-async def create_session(
-    body: SessionCreate,
-    request: Request,
-    response: Response,
-    host: HostDep,
-    settings: SettingsDep,
-    forwarded: deps.Forwarded,
-    idem: Idem,
-) -> SessionRead:
+async def create_session(body: SessionCreate, request: Request, response: Response, idem: Idem) -> SessionRead:
     """Create a live session running `agent`. Creating the same `id` again with the same body returns it (200),
     also when the two creates reach two nodes at once; with a different body it is a conflict (409). In cluster mode
     it runs on the least-loaded node. One API key runs at most `SWITCHBOARD_MAX_SESSIONS_PER_KEY` live sessions, on
     all nodes together (429 `session_quota_exceeded`)."""
-    await deps.place_new_session(host, forwarded)
+    # the service's parts from the request, not as dependencies: FastAPI solves each one on every request, and the
+    # solving cost a create more than these lookups
+    found = deps.services(request)
+    host, settings = found.host, found.settings
+    await deps.place_new_session(host, deps.is_forwarded(request))
     # the creator's live sessions count against its key's quota (with auth off there is one caller: no quota)
     owner = principal_of(request).identity if settings.auth_enabled else None
     config = body.session_config().model_copy(update={"owner": owner})

@@ -1,7 +1,7 @@
 """Language models: the protocol the session speaks and the providers that implement it."""
 
 from .base import LLM, LLMError, LLMRequest, MissingCredential, TextDelta, ToolCallChunk, Usage
-from .factory import build_llm
+from .factory import build_llm, prepare_llm
 from .scripted import ScriptedLLM, Turn
 from .stand_in import STAND_IN_PROVIDER, StandInLLM
 
@@ -18,4 +18,5 @@ __all__ = [
     "Turn",
     "Usage",
     "build_llm",
+    "prepare_llm",
 ]

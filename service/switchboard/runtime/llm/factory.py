@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from .base import LLM
@@ -25,3 +27,16 @@ def build_llm(config: dict[str, Any] | None) -> LLM:
     if provider == "fallback":
         return FallbackLLM.from_config(config, build_llm)
     raise ValueError(f"unknown llm provider {provider!r} (available: {', '.join(PROVIDERS)})")
+
+
+def prepare_llm(config: dict[str, Any] | None) -> Callable[[], LLM]:
+    """A maker of providers of one configuration (an agent's default, built for each of its sessions): each provider
+    is its own (its position in a script, its client), and what they can share is made once, here: a scripted
+    model's parsed script. The configuration is checked when each provider is built, as ``build_llm`` does."""
+    from .scripted import ScriptedLLM, parse_script
+
+    config = dict(config or {"provider": "scripted"})
+    if config.get("provider", "scripted") != "scripted":
+        return functools.partial(build_llm, config)
+    config.pop("provider", None)
+    return functools.partial(ScriptedLLM.from_script, parse_script(config))

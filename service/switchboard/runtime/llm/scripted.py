@@ -158,6 +158,11 @@ def _parsed(config_json: str) -> ScriptConfig:
     return _validated(json.loads(config_json))
 
 
+def parse_script(config: dict[str, Any]) -> ScriptConfig:
+    """Parse a script once for the many models that will run it (``ScriptedLLM.from_script``). Raises ``ValueError``."""
+    return _validated(config)
+
+
 class ScriptedLLM:
     def __init__(
         self, turns: list[Turn] | None = None, fallback: Turn | None = None, rules: ScriptConfig | None = None
@@ -185,6 +190,11 @@ class ScriptedLLM:
             parsed = _parsed(json.dumps(config, sort_keys=True))
         except TypeError:  # not JSON: parsed for itself
             parsed = _validated(config)
+        return cls.from_script(parsed)
+
+    @classmethod
+    def from_script(cls, parsed: ScriptConfig) -> ScriptedLLM:
+        """A model of a parsed script, at its first turn (the script is shared, never changed)."""
         has_rules = parsed.on_user or parsed.on_started or parsed.on_output or parsed.on_progress
         return cls(parsed.turns, parsed.fallback, parsed if has_rules else None)
 
