@@ -78,6 +78,37 @@ def checked_page(
     assert not errors, f"uncaught errors in the page: {errors}"
 
 
+def open_session(page: Any, server: Server, sid: str) -> None:
+    """Open session ``sid`` in the console, and wait for its timeline."""
+    page.goto(f"{server.url}/console/#session={sid}")
+    page.wait_for_selector("[data-type='session.started']")
+
+
+def api_keys(*keys: tuple[str, str, list[str]]) -> str:
+    """``SWITCHBOARD_API_KEYS`` for ``(key, name, scopes)`` each."""
+    return json.dumps([{"key": key, "name": name, "scopes": scopes} for key, name, scopes in keys])
+
+
+@contextmanager
+def console_server(tmp_path_factory: pytest.TempPathFactory, name: str, keys: str) -> Iterator[Server]:
+    """A server for a console test file (its keys, speech at 10 words a second, so that speeches last)."""
+    tmp = tmp_path_factory.mktemp(name)
+    with Server(tmp, SWITCHBOARD_API_KEYS=keys, SWITCHBOARD_WORDS_PER_SECOND="10").start(timeout=60) as server:
+        yield server
+
+
+@contextmanager
+def signed_in_page(browser: Any, server: Server, key: str, **context: Any) -> Iterator[Any]:
+    """A checked page (``checked_page``) of the console, signed in with ``key``."""
+    context.setdefault("viewport", {"width": 1400, "height": 900})
+    with checked_page(browser, timeout_ms=15000, **context) as page:
+        page.goto(f"{server.url}/console/")
+        page.wait_for_selector("#auth-form:visible")
+        page.fill("#auth-key", key)
+        page.press("#auth-key", "Enter")
+        yield page
+
+
 def create_session(client: httpx.Client, turns: list[dict[str, Any]], *, sid: str | None = None, **kw: Any) -> str:
     llm = {"provider": "scripted", "turns": turns, **kw.pop("llm_extra", {})}
     body: dict[str, Any] = {"agent": "tester", "llm": llm, **kw}

@@ -11,20 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from .console_support import create_session, wait_until
+from .console_support import api_keys, console_server, create_session, signed_in_page, wait_until
 from .server import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.timeout(240)]
 
 KEY = "coach-desk-key-0123456789"
-KEYS = json.dumps(
-    [
-        {
-            "key": KEY,
-            "name": "coach-desk",
-            "scopes": ["sessions:read", "sessions:write", "sessions:control", "tools:cancel", "events:read"],
-        }
-    ]
+KEYS = api_keys(
+    (KEY, "coach-desk", ["sessions:read", "sessions:write", "sessions:control", "tools:cancel", "events:read"])
 )
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -36,8 +30,7 @@ def no_leaked_tasks() -> None:
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("coach")
-    with Server(tmp, SWITCHBOARD_API_KEYS=KEYS, SWITCHBOARD_WORDS_PER_SECOND="10").start(timeout=60) as server:
+    with console_server(tmp_path_factory, "coach", KEYS) as server:
         yield server
 
 
@@ -49,19 +42,8 @@ def client(srv: Server) -> Iterator[httpx.Client]:
 
 @pytest.fixture
 def page(browser: Any, srv: Server) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    p = context.new_page()
-    errors: list[str] = []
-    p.on("pageerror", lambda e: errors.append(str(e)))
-    p.on("console", lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None)
-    p.set_default_timeout(15000)
-    p.goto(f"{srv.url}/console/")
-    p.wait_for_selector("#auth-form:visible")
-    p.fill("#auth-key", KEY)
-    p.press("#auth-key", "Enter")
-    yield p
-    context.close()
-    assert not errors, errors
+    with signed_in_page(browser, srv, KEY) as p:
+        yield p
 
 
 def chat(client: httpx.Client, sid: str) -> list[dict[str, Any]]:

@@ -4,27 +4,20 @@ words were heard says so instead of showing an empty card."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from .console_support import checked_page, create_session, wait_until
+from .console_support import api_keys, console_server, create_session, signed_in_page, wait_until
 from .server import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.timeout(240)]
 
 KEY = "first-hour-key-0123456789"
-KEYS = json.dumps(
-    [
-        {
-            "key": KEY,
-            "name": "newcomer",
-            "scopes": ["sessions:read", "sessions:write", "sessions:control", "tools:cancel", "events:read"],
-        }
-    ]
+KEYS = api_keys(
+    (KEY, "newcomer", ["sessions:read", "sessions:write", "sessions:control", "tools:cancel", "events:read"])
 )
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -36,8 +29,7 @@ def no_leaked_tasks() -> None:
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("start")
-    with Server(tmp, SWITCHBOARD_API_KEYS=KEYS, SWITCHBOARD_WORDS_PER_SECOND="10").start(timeout=60) as server:
+    with console_server(tmp_path_factory, "start", KEYS) as server:
         yield server
 
 
@@ -49,11 +41,7 @@ def client(srv: Server) -> Iterator[httpx.Client]:
 
 @pytest.fixture
 def page(browser: Any, srv: Server) -> Iterator[Any]:
-    with checked_page(browser, timeout_ms=15000, viewport={"width": 1400, "height": 900}) as p:
-        p.goto(f"{srv.url}/console/")
-        p.wait_for_selector("#auth-form:visible")
-        p.fill("#auth-key", KEY)
-        p.press("#auth-key", "Enter")
+    with signed_in_page(browser, srv, KEY) as p:
         yield p
 
 

@@ -4,14 +4,13 @@ holds the session (and able to take it anyway)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from .console_support import create_session, wait_until
+from .console_support import api_keys, console_server, create_session, open_session, signed_in_page, wait_until
 from .server import Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.timeout(240)]
@@ -19,9 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.timeout(240)]
 KEY = "day-desk-key-0123456789ab"
 OTHER = "night-desk-key-0123456789"
 SCOPES = ["sessions:read", "sessions:write", "sessions:control", "events:read"]
-KEYS = json.dumps(
-    [{"key": KEY, "name": "day-desk", "scopes": SCOPES}, {"key": OTHER, "name": "night-desk", "scopes": SCOPES}]
-)
+KEYS = api_keys((KEY, "day-desk", SCOPES), (OTHER, "night-desk", SCOPES))
 # a speech that outlasts what the operator does before taking over, however loaded the machine (60 s at 10 words a
 # second): the takeover is what ends it
 LONG = " ".join(f"word{i}" for i in range(600))
@@ -34,8 +31,7 @@ def no_leaked_tasks() -> None:
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("takeover")
-    with Server(tmp, SWITCHBOARD_API_KEYS=KEYS, SWITCHBOARD_WORDS_PER_SECOND="10").start(timeout=60) as server:
+    with console_server(tmp_path_factory, "takeover", KEYS) as server:
         yield server
 
 
@@ -47,24 +43,8 @@ def client(srv: Server) -> Iterator[httpx.Client]:
 
 @pytest.fixture
 def page(browser: Any, srv: Server) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    p = context.new_page()
-    errors: list[str] = []
-    p.on("pageerror", lambda e: errors.append(str(e)))
-    p.on("console", lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None)
-    p.set_default_timeout(15000)
-    p.goto(f"{srv.url}/console/")
-    p.wait_for_selector("#auth-form:visible")
-    p.fill("#auth-key", KEY)
-    p.press("#auth-key", "Enter")
-    yield p
-    context.close()
-    assert not errors, errors
-
-
-def open_session(page: Any, srv: Server, sid: str) -> None:
-    page.goto(f"{srv.url}/console/#session={sid}")
-    page.wait_for_selector("[data-type='session.started']")
+    with signed_in_page(browser, srv, KEY) as p:
+        yield p
 
 
 def test_take_over_speak_as_the_agent_and_hand_back(page: Any, srv: Server, client: httpx.Client) -> None:
