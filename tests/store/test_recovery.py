@@ -8,6 +8,7 @@ is ``test_crash_recovery``). The next process recovers them with ``recover_all()
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -485,3 +486,28 @@ async def test_a_session_stored_with_an_earlier_config_row_recovers(db: Db) -> N
         await proc.said("old", "Still here.")
     finally:
         await proc.stop()
+
+
+async def test_recovery_leaves_what_was_frozen_frozen(db: Db) -> None:
+    """The server freezes what exists when it starts (``gc.freeze``: kept out of every later full collection). A
+    recovery that moved its own objects to the oldest generation by a freeze and an unfreeze thawed all of it, at
+    every recovery and adoption round (and made the simulations, whose drivers freeze their imports, 3x slower)."""
+    first = await Proc(db, AGENTS).start()
+    await first.create("s", [{"text": "Noted."}])
+    await first.host.sessions["s"].input("hello")
+    await first.said("s", "Noted.")
+    await first.idle("s")
+    await first.stop()
+
+    thawed_before = gc.get_freeze_count() == 0
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    second = await Proc(db, AGENTS).start()  # recovers "s"
+    try:
+        assert second.host.recovered == ["s"]
+        # what is frozen and freed meanwhile leaves the count: a thaw empties it
+        assert gc.get_freeze_count() > frozen * 0.9, (gc.get_freeze_count(), frozen)
+    finally:
+        await second.stop()
+        if thawed_before:
+            gc.unfreeze()

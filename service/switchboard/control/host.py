@@ -55,18 +55,15 @@ def _gc_paused() -> Iterator[None]:
     cyclic GC would scan them again and again as they pile up (measured: a third of the recovery time of 1,000
     sessions x 100 items). Recovery runs before the service serves, so the GC is simply paused meanwhile.
 
-    What it made is then moved to the oldest generation as it is (``gc.freeze``, then ``gc.unfreeze``): left in the
-    youngest, it would all be scanned by the first collection after the pause, then again by the next generation's
-    (a tenth of the CPU of recovering 1,000 sessions x 100 items), only to be found alive: it lives as long as its
-    session. The oldest generation's next full collection scans it (and frees any garbage among it), as it scans every
-    long-lived object."""
+    What is frozen stays frozen (``gc.freeze``: the server freezes what exists when it starts, to keep it out of every
+    later full collection): moving what recovery made to the oldest generation with ``gc.freeze()`` then
+    ``gc.unfreeze()`` saved a tenth of a large recovery's CPU, but the unfreeze also thawed everything frozen before,
+    at every recovery and adoption round, and every full collection after it scanned the whole process again."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
-        gc.unfreeze()
         if was_enabled:
             gc.enable()
 
