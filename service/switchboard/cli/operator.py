@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TextIO
 
 from pydantic import BaseModel
@@ -30,8 +31,10 @@ from ..client import (
 )
 from .common import add_when, global_options, refusal, scheduled_line, target
 from .output import Style, age, choose_style, event_line, format_arguments, printable, short, table
+from .runner import run_bounded
 
 TIMEOUT_S = 15.0
+STOP_GRACE_S = 2.0  # what a command that runs until ^C gives its stream to close once it is stopped
 
 
 class ClientError(Exception):
@@ -154,15 +157,35 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with AsyncClient(url, api_key=key, timeout_s=TIMEOUT_S, reconnect_for_s=args.retry_for) as client:
-            return await tail(
-                client,
-                args.sid,
-                since=args.since,
-                types=args.types,
-                style=choose_style(args.color, sys.stdout),
+            following = tail(
+                client, args.sid, since=args.since, types=args.types, style=choose_style(args.color, sys.stdout)
             )
+            return await until_signalled(following)
 
-    return asyncio.run(run())
+    return run_bounded(run(), grace_s=STOP_GRACE_S)
+
+
+async def until_signalled(work: Coroutine[Any, Any, int]) -> int:
+    """``work``'s exit status, or 130 once SIGINT (^C) or SIGTERM arrives: ``work`` is then cancelled and given
+    ``STOP_GRACE_S`` to end, and the command ends even if it does not (a cancellation that a stream's own timeout
+    swallowed once kept ``tail`` running after ^C, its reconnects and all)."""
+    loop = asyncio.get_running_loop()
+    signalled = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, signalled.set)
+    task = asyncio.ensure_future(work)
+    stop = asyncio.ensure_future(signalled.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        stop.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.wait({task}, timeout=STOP_GRACE_S)
+    return 130
 
 
 def resume_note(resume: Resume) -> str:
