@@ -162,7 +162,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
             )
             return await until_signalled(following)
 
-    return run_bounded(run(), grace_s=STOP_GRACE_S)
+    return run_bounded(run(), grace_s=STOP_GRACE_S, what="tail")
 
 
 async def until_signalled(work: Coroutine[Any, Any, int]) -> int:

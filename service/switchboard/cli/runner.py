@@ -20,6 +20,7 @@ def run_bounded(
     *,
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
     grace_s: float = EXIT_GRACE_S,
+    what: str = "the server",
 ) -> T:
     """``asyncio.run``, with a bounded end: what still runs once ``main`` has returned is cancelled and gets
     ``grace_s`` to end. ``asyncio.run`` waits for it however long it takes, and a tool body abandoned at shutdown
@@ -31,7 +32,7 @@ def run_bounded(
         return loop.run_until_complete(main)
     finally:
         try:
-            _cancel_remaining(loop, grace_s)
+            _cancel_remaining(loop, grace_s, what)
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
         finally:
@@ -39,7 +40,7 @@ def run_bounded(
             loop.close()
 
 
-def _cancel_remaining(loop: asyncio.AbstractEventLoop, grace_s: float) -> None:
+def _cancel_remaining(loop: asyncio.AbstractEventLoop, grace_s: float, what: str) -> None:
     pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
     if not pending:
         return
@@ -53,8 +54,9 @@ def _cancel_remaining(loop: asyncio.AbstractEventLoop, grace_s: float) -> None:
             )
     if stuck:
         logger.error(
-            "%d task(s) ignore cancellation %.0f s after the server stopped; exiting without them: %s",
+            "%d task(s) ignore cancellation %.0f s after %s stopped; exiting without them: %s",
             len(stuck),
             grace_s,
+            what,
             ", ".join(sorted(task.get_name() for task in stuck)),
         )
